@@ -1,0 +1,84 @@
+"""Reports: one JSON document per command (--json FILE) and a short table."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+PATCH_STATUSES = ("applied", "already-applied", "failed", "not-attempted")
+
+
+@dataclass
+class PatchResult:
+    id: str
+    file: str
+    status: str
+    detail: str = ""
+
+
+@dataclass
+class UpstreamResult:
+    name: str
+    base: str
+    workspace: str
+    head: str | None = None
+    base_commit: str | None = None
+    patches: list[PatchResult] = field(default_factory=list)
+    wheels: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return any(p.status == "failed" for p in self.patches)
+
+
+@dataclass
+class ApplyReport:
+    series: str
+    ok: bool = True
+    check: bool = False
+    digest: str = ""
+    upstreams: list[UpstreamResult] = field(default_factory=list)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def write_json(path: Path | str, doc: dict[str, Any]) -> None:
+    """Write atomically so a reader never sees half a report."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)] if rows else [len(h) for h in headers]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*headers), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*(str(x) for x in r)) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def render_apply(rep: ApplyReport) -> str:
+    rows = []
+    for u in rep.upstreams:
+        for p in u.patches:
+            rows.append([u.name, p.id, p.status, p.detail])
+        if not u.patches:
+            rows.append([u.name, "-", "pristine", "no patch selected"])
+    head = f"series {rep.series}{' (check only, nothing written)' if rep.check else ''}"
+    out = [head, table(rows, ["upstream", "patch", "status", "detail"])]
+    for u in rep.upstreams:
+        if u.head:
+            out.append(f"{u.name}: {u.workspace} at {u.head[:12]} (base {u.base})")
+        for w in u.wheels:
+            out.append(f"{u.name}: wheel {w}")
+    return "\n".join(out)

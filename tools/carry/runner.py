@@ -1,0 +1,161 @@
+"""The one subprocess runner. git and docker go through small named verbs.
+
+Every git call passes ``-C`` and pinned ``-c`` options so results do not
+depend on the user's configuration (pager, signing, identity, diff style).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .errors import CommandError
+
+# Fixed identity and date for every commit the tool makes, so heads are
+# reproducible from the same base and series.
+IDENTITY_NAME = "gtp-carry"
+IDENTITY_EMAIL = "gtp-carry@invalid"
+FIXED_DATE = "2000-01-01T00:00:00+0000"
+
+_GIT_CONFIG = (
+    "core.pager=cat",
+    "core.autocrlf=false",
+    "core.safecrlf=false",
+    "core.fileMode=true",
+    "core.symlinks=true",
+    "core.quotePath=false",
+    "commit.gpgSign=false",
+    "tag.gpgSign=false",
+    "gc.auto=0",
+    "maintenance.auto=false",
+    "advice.detachedHead=false",
+    "init.defaultBranch=main",
+    "diff.algorithm=myers",
+    "diff.noprefix=false",
+    "diff.mnemonicPrefix=false",
+    "diff.renames=true",
+    "diff.external=",
+    "am.threeWay=false",
+    "am.keepcr=false",
+    "apply.whitespace=nowarn",
+    "format.signature=",
+    "format.numbered=false",
+    f"user.name={IDENTITY_NAME}",
+    f"user.email={IDENTITY_EMAIL}",
+    "rerere.enabled=false",
+    "uploadpack.allowAnySHA1InWant=true",
+    "protocol.file.allow=always",
+)
+
+
+def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in list(env):
+        # A user's GIT_DIR / GIT_WORK_TREE / GIT_INDEX_FILE would redirect us.
+        if key.startswith("GIT_") and key not in ("GIT_SSL_CAINFO", "GIT_TRACE"):
+            del env[key]
+    env.update(
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_TERMINAL_PROMPT="0",
+        GIT_AUTHOR_NAME=IDENTITY_NAME,
+        GIT_AUTHOR_EMAIL=IDENTITY_EMAIL,
+        GIT_COMMITTER_NAME=IDENTITY_NAME,
+        GIT_COMMITTER_EMAIL=IDENTITY_EMAIL,
+        GIT_AUTHOR_DATE=FIXED_DATE,
+        GIT_COMMITTER_DATE=FIXED_DATE,
+        LC_ALL="C",
+    )
+    if extra:
+        env.update(extra)
+    return env
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: list[str]
+    returncode: int
+    stdout: Any  # str, or bytes with binary=True
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    cwd: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    input: str | bytes | None = None,
+    check: bool = True,
+    timeout: float | None = None,
+    binary: bool = False,
+) -> Result:
+    """Run a command, capture its output, raise CommandError when check fails."""
+    argv = [str(a) for a in argv]
+    try:
+        proc = subprocess.run(
+            argv,
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            input=input,
+            capture_output=True,
+            text=not binary,
+            timeout=timeout,
+        )
+    except FileNotFoundError as exc:
+        raise CommandError(argv, 127, "", f"{argv[0]}: not found ({exc})") from None
+    except subprocess.TimeoutExpired as exc:
+        raise CommandError(argv, 124, "", f"timed out after {timeout}s") from exc
+    # binary=True keeps stdout as bytes (archives); stderr is always text.
+    err = proc.stderr if not binary else proc.stderr.decode("utf-8", "replace")
+    result = Result(argv, proc.returncode, proc.stdout, err)
+    if check and proc.returncode != 0:
+        raise CommandError(argv, proc.returncode, "" if binary else proc.stdout, err)
+    return result
+
+
+class Git:
+    """git verbs on one repository (``git -C path`` with pinned config)."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+
+    def __call__(self, *args: str, check: bool = True, input: str | None = None,
+                 env: Mapping[str, str] | None = None) -> Result:
+        argv = ["git", "-C", str(self.path)]
+        for item in _GIT_CONFIG:
+            argv += ["-c", item]
+        return run([*argv, *args], env=git_env(env), input=input, check=check)
+
+    # -- small named verbs -------------------------------------------------
+    def init(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self("init", "-q")
+
+    def rev_parse(self, rev: str) -> str | None:
+        res = self("rev-parse", "--verify", "-q", f"{rev}^{{commit}}", check=False)
+        return res.stdout.strip() or None
+
+    def head(self) -> str | None:
+        return self.rev_parse("HEAD")
+
+    def status_porcelain(self) -> list[str]:
+        out = self("status", "--porcelain", "--untracked-files=all").stdout
+        return [line for line in out.splitlines() if line.strip()]
+
+    def commit_all(self, message: str) -> str:
+        self("add", "-A", ".")
+        self("commit", "-q", "--allow-empty", "--no-verify", "-m", message)
+        return self.head() or ""
+
+    def rev_list(self, spec: str) -> list[str]:
+        return self("rev-list", "--reverse", spec).stdout.split()
+
+    def is_repo(self) -> bool:
+        return (self.path / ".git").exists() and self("rev-parse", "--git-dir", check=False).ok

@@ -1,0 +1,287 @@
+"""Upstream sources: pinned PyPI artifacts, git commits, local overrides.
+
+Each upstream resolves to a *base*: a cached git repository whose single
+commit is the pristine tree in the upstream's git layout. Artifacts are
+downloaded with pip, checked against their pinned sha256 and cached, so a
+second run downloads nothing; bases are cached by the identity of what they
+were built from, so a second run unpacks nothing either.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import io
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import progress
+from .errors import IntegrityError, SourceError, UsageError
+from .manifest import Artifact, PyPISource, Upstream
+from .runner import Git, run
+
+
+def default_cache() -> Path:
+    env = os.environ.get("GTP_CARRY_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "gtp-carry"
+
+
+@dataclass(frozen=True)
+class Base:
+    upstream: str
+    key: str        # identity of the pristine tree's origin (cache key, digest input)
+    describe: str   # for people: where the tree came from
+    repo: Path      # cached repository holding the base commit on refs/heads/main
+    commit: str
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# -- PyPI artifacts ---------------------------------------------------------------
+def _pip_download_args(art: Artifact) -> list[str]:
+    """pip flags that make exactly the pinned wheel the only candidate."""
+    if not art.file.endswith(".whl"):
+        return ["--no-binary=:all:"]
+    parts = art.file[:-4].split("-")
+    pytag, abi, plats = parts[-3], parts[-2], parts[-1]
+    if plats == "any":
+        return ["--only-binary=:all:"]
+    args = ["--only-binary=:all:", "--implementation", pytag[:2], "--abi", abi,
+            "--python-version", pytag[2:3] + "." + pytag[3:]]
+    for plat in plats.split("."):
+        args += ["--platform", plat]
+    return args
+
+
+def fetch_artifact(upstream: str, pypi: PyPISource, art: Artifact, cache: Path) -> Path:
+    """The pinned artifact from the cache, downloading it once; always hash-checked."""
+    dest = cache / "artifacts" / art.sha256 / art.file
+    if dest.exists():
+        got = sha256_file(dest)
+        if got != art.sha256:
+            raise IntegrityError(
+                f"{upstream}: cached artifact {dest} has sha256 {got}, the pin says {art.sha256}",
+                hint=f"the cache was modified or corrupted; delete {dest.parent} and run again")
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        req = Path(tmp) / "req.txt"
+        req.write_text(f"{pypi.name}=={pypi.version} --hash=sha256:{art.sha256}\n")
+        progress.say(f"{upstream}: downloading {art.file}")
+        res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python",
+                   "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
+                   "--dest", tmp, "--require-hashes", "-r", str(req), *_pip_download_args(art)],
+                  check=False)
+        got_path = Path(tmp) / art.file
+        if not res.ok or not got_path.exists():
+            tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
+            if "HASHES" in res.stderr.upper() and "DO NOT MATCH" in res.stderr.upper():
+                raise IntegrityError(f"{upstream}: {art.file} downloaded with a different sha256 than pinned: {tail}")
+            raise SourceError(f"{upstream}: could not download {pypi.name}=={pypi.version} ({art.file}): {tail}",
+                              hint=f"check network access to the package index, or pass --source {upstream}=PATH "
+                                   "(a wheel file, a checkout or an unpacked tree)")
+        got = sha256_file(got_path)
+        if got != art.sha256:
+            raise IntegrityError(f"{upstream}: downloaded {art.file} has sha256 {got}, the pin says {art.sha256}")
+        os.replace(got_path, dest)
+    return dest
+
+
+def _map_member(name: str, pypi_map: tuple[tuple[str, str], ...], exclude: tuple[str, ...]) -> str | None:
+    best = None
+    for src, dst in pypi_map:
+        if name.startswith(src) and (best is None or len(src) > len(best[0])):
+            best = (src, dst)
+    if best is None:
+        return None
+    out = best[1] + name[len(best[0]):]
+    if any(fnmatch.fnmatch(out, pat) or fnmatch.fnmatch(os.path.basename(out), pat) for pat in exclude):
+        return None
+    return out
+
+
+def unpack_wheel(wheel: Path, dest: Path, pypi: PyPISource) -> int:
+    count = 0
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            if info.is_dir():
+                continue
+            out = _map_member(info.filename, pypi.map, pypi.exclude)
+            if out is None:
+                continue
+            if out.startswith("/") or ".." in Path(out).parts:
+                raise IntegrityError(f"{wheel.name}: member {info.filename!r} escapes the tree")
+            target = dest / out
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(zf.read(info))
+            mode = (info.external_attr >> 16) & 0o777
+            if mode & 0o111:
+                target.chmod(0o755)
+            count += 1
+    return count
+
+
+# -- git --------------------------------------------------------------------------
+def _archive_into(repo: Path, commit: str, paths: tuple[str, ...], dest: Path) -> None:
+    res = run(["git", "-C", str(repo), "archive", "--format=tar", commit, "--", *paths], binary=True, check=False)
+    if not res.ok:
+        raise SourceError(f"cannot read {commit} from {repo}: {res.stderr.strip()}")
+    with tarfile.open(fileobj=io.BytesIO(res.stdout)) as tf:
+        tf.extractall(dest, filter="data")
+
+
+def _fetch_git(upstream: Upstream, cache: Path) -> Path:
+    g = upstream.git
+    assert g is not None
+    mirror = cache / "git" / (hashlib.sha256(g.url.encode()).hexdigest()[:16] + ".git")
+    repo = Git(mirror)
+    want = g.commit or g.ref
+    if mirror.exists() and g.commit and repo("cat-file", "-e", f"{g.commit}^{{commit}}", check=False).ok:
+        return mirror
+    if not mirror.exists():
+        mirror.parent.mkdir(parents=True, exist_ok=True)
+        run(["git", "init", "-q", "--bare", str(mirror)])
+    progress.say(f"{upstream.name}: fetching {want} from {g.url}")
+    res = repo("fetch", "-q", "--depth=1", g.url, want, check=False)
+    if not res.ok:
+        raise SourceError(f"{upstream.name}: cannot fetch {want} from {g.url}: "
+                          + " ".join(res.stderr.strip().splitlines()[-2:]),
+                          hint=f"pass --source {upstream.name}=PATH with a local checkout or mirror "
+                               "that has this commit")
+    return mirror
+
+
+# -- bases ------------------------------------------------------------------------
+def _make_base(cache: Path, upstream: str, key: str, describe: str, populate) -> Base:
+    dest = cache / "bases" / upstream / f"{key}.git"
+    repo = Git(dest)
+    if dest.exists():
+        commit = repo.rev_parse("refs/heads/main")
+        if commit:
+            return Base(upstream, key, describe, dest, commit)
+        shutil.rmtree(dest)  # a half-written base from an interrupted run
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".build-") as tmp:
+        tree = Path(tmp) / "tree"
+        tree.mkdir()
+        progress.say(f"{upstream}: preparing pristine base ({describe})")
+        populate(tree)
+        t = Git(tree)
+        t.init()
+        t.commit_all(f"base: {describe}\n\nPristine upstream tree, unmodified.\nCarry-Base-Key: {key}\n")
+        staged = Path(tmp) / "base.git"
+        run(["git", "clone", "-q", "--bare", "--no-local", str(tree), str(staged)])
+        run(["git", "-C", str(staged), "remote", "remove", "origin"], check=False)
+        try:
+            os.rename(staged, dest)
+        except OSError:
+            if not dest.exists():
+                raise
+    commit = repo.rev_parse("refs/heads/main")
+    assert commit
+    return Base(upstream, key, describe, dest, commit)
+
+
+def _dir_key(path: Path) -> str:
+    h = hashlib.sha256()
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d != ".git")
+        for f in sorted(files):
+            p = Path(root) / f
+            h.update(str(p.relative_to(path)).encode() + b"\0")
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def resolve(upstream: Upstream, cache: Path, override: Path | None = None) -> Base:
+    """The pristine base of an upstream: from --source PATH, or from its pins in order."""
+    if override is not None:
+        return _resolve_override(upstream, cache, override)
+    errors: list[SourceError] = []
+    for kind in upstream.sources:
+        try:
+            if kind == "pypi":
+                return _resolve_pypi(upstream, cache)
+            return _resolve_git(upstream, cache)
+        except IntegrityError:
+            raise
+        except SourceError as exc:
+            errors.append(exc)
+    if len(errors) == 1:
+        raise errors[0]
+    raise SourceError(f"{upstream.name}: no source could be reached:\n    " +
+                      "\n    ".join(e.message for e in errors),
+                      hint=f"pass --source {upstream.name}=PATH")
+
+
+def _resolve_pypi(upstream: Upstream, cache: Path) -> Base:
+    pypi = upstream.pypi
+    assert pypi is not None
+    art = pypi.tree_artifact
+    key = "pypi-" + hashlib.sha256(repr((art.sha256, pypi.map, pypi.exclude)).encode()).hexdigest()[:20]
+    describe = f"{pypi.name}=={pypi.version} ({art.file})"
+    wheel = fetch_artifact(upstream.name, pypi, art, cache)  # hash-checked on every use
+    return _make_base(cache, upstream.name, key, describe, lambda tree: unpack_wheel(wheel, tree, pypi))
+
+
+def _resolve_git(upstream: Upstream, cache: Path) -> Base:
+    g = upstream.git
+    assert g is not None
+    mirror = _fetch_git(upstream, cache)
+    commit = Git(mirror).rev_parse(g.commit or "FETCH_HEAD")
+    if not commit:
+        raise SourceError(f"{upstream.name}: {g.commit or g.ref} not found after fetching {g.url}")
+    key = "git-" + hashlib.sha256(repr((commit, g.paths)).encode()).hexdigest()[:20]
+    return _make_base(cache, upstream.name, key, f"{g.url}@{commit}",
+                      lambda tree: _archive_into(mirror, commit, g.paths, tree))
+
+
+def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
+    path = path.expanduser().resolve()
+    if not path.exists():
+        raise UsageError(f"--source {upstream.name}={path}: no such file or directory")
+    if path.is_file():
+        if upstream.pypi is None or path.suffix != ".whl":
+            raise UsageError(f"--source {upstream.name}={path}: a file source must be a wheel of a PyPI-pinned upstream")
+        sha = sha256_file(path)
+        pypi = upstream.pypi
+        note = "" if sha == pypi.tree_artifact.sha256 else " (not the pinned artifact)"
+        key = "pypi-" + hashlib.sha256(repr((sha, pypi.map, pypi.exclude)).encode()).hexdigest()[:20]
+        return _make_base(cache, upstream.name, key, f"{path.name}{note}", lambda tree: unpack_wheel(path, tree, pypi))
+    g = Git(path)
+    is_git = (path / ".git").exists() or (path / "HEAD").is_file() and (path / "objects").is_dir()
+    if is_git:
+        pinned = upstream.git.commit if upstream.git else None
+        paths = upstream.git.paths if upstream.git else ()
+        if pinned and g("cat-file", "-e", f"{pinned}^{{commit}}", check=False).ok:
+            commit, note = pinned, "the pinned commit"
+        elif pinned:
+            raise SourceError(f"{upstream.name}: {path} does not contain the pinned commit {pinned}",
+                              hint=f"run `git -C {path} fetch origin {pinned}` or point --source at a checkout that has it")
+        else:
+            commit = g.rev_parse("HEAD") or ""
+            note = "HEAD of the checkout; this upstream has no pinned commit"
+            if not commit:
+                raise SourceError(f"{upstream.name}: {path} has no HEAD commit")
+        key = "git-" + hashlib.sha256(repr((commit, paths)).encode()).hexdigest()[:20]
+        return _make_base(cache, upstream.name, key, f"{commit} from a local checkout ({note})",
+                          lambda tree: _archive_into(path, commit, paths, tree))
+    key = "dir-" + _dir_key(path)[:20]
+    return _make_base(cache, upstream.name, key, "an unpacked tree given with --source",
+                      lambda tree: shutil.copytree(path, tree, dirs_exist_ok=True,
+                                                   ignore=shutil.ignore_patterns(".git")))

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import progress, sources, wheels
-from .errors import ConflictError, DirtyTreeError, UsageError
+from .errors import DirtyTreeError, PatchFormatError, UsageError
 from .manifest import PatchMeta, Series
-from .patchfile import parse_file
+from .patchfile import parse_file, safety_problems
 from .report import ApplyReport, PatchResult, UpstreamResult, write_json
 from .runner import Git, run
 from .workspace import STATE_VERSION, WorkDir
@@ -35,28 +35,46 @@ class Options:
     lock_timeout: float = 600.0
 
 
-def am_patches(repo: Path, series: Series, patches: list[PatchMeta]) -> list[PatchResult]:
-    """git am each patch (3-way fallback). Stops at the first failure, leaving no am in progress."""
+def am_patches(repo: Path, series: Series, patches: list[PatchMeta],
+               older_bases: list[Path] | None = None) -> list[PatchResult]:
+    """git am each patch (3-way fallback). Stops at the first failure, leaving no am in progress.
+
+    A 3-way merge needs the blobs a patch was written against. When the base
+    moved, those live in older cached bases of the same upstream: they are
+    fetched into the workspace the first time a patch asks for them.
+    """
     g = Git(repo)
     results: list[PatchResult] = []
     failed = False
+    pending_bases = list(older_bases or [])
     for p in patches:
         path = series.patch_path(p)
         if failed:
             results.append(PatchResult(p.id, p.file, "not-attempted", "an earlier patch failed"))
             continue
-        res = g("am", "-q", "--3way", "--keep-cr", str(path), check=False)
+        before = g.head()
+        res = g("am", "--3way", "--keep-cr", str(path), check=False)
         out = res.stdout + res.stderr
-        if res.ok:
+        if not res.ok and pending_bases and ("fake ancestor" in out or "lacking or useless" in out):
+            g("am", "--abort", check=False)
+            for old in pending_bases:
+                g("fetch", "-q", "--no-tags", str(old), "+refs/heads/main:refs/carry/older", check=False)
+            g("update-ref", "-d", "refs/carry/older", check=False)
+            pending_bases = []
+            res = g("am", "--3way", "--keep-cr", str(path), check=False)
+            out = res.stdout + res.stderr
+        if res.ok and g.head() != before:
             detail = "applied with a 3-way merge" if "3-way merge" in out else "applied"
             results.append(PatchResult(p.id, p.file, "applied", detail))
-        elif "already applied" in out or "No changes" in out:
-            g("am", "--skip", check=False)
+        elif "already applied" in out or "No changes" in out or res.ok:
+            if not res.ok:
+                g("am", "--skip", check=False)
             results.append(PatchResult(p.id, p.file, "already-applied",
                                        "the base already has this change; see tools/retire.py"))
         else:
-            detail = _conflict_detail(g, path, out)
+            conflicted = g("diff", "--name-only", "--diff-filter=U", check=False).stdout.split()
             g("am", "--abort", check=False)
+            detail = _conflict_detail(g, path, out, conflicted)
             results.append(PatchResult(p.id, p.file, "failed", detail))
             failed = True
     return results
@@ -65,9 +83,10 @@ def am_patches(repo: Path, series: Series, patches: list[PatchMeta]) -> list[Pat
 _FAILED_AT = re.compile(r"patch failed: (?P<file>.+?):(?P<line>\d+)")
 
 
-def _conflict_detail(g: Git, patch_path: Path, am_output: str) -> str:
-    conflicted = g("diff", "--name-only", "--diff-filter=U", check=False).stdout.split()
-    spots = [(m["file"], int(m["line"])) for m in _FAILED_AT.finditer(am_output)]
+def _conflict_detail(g: Git, patch_path: Path, am_output: str, conflicted: list[str]) -> str:
+    """Which files and hunks failed: a plain `git apply --check` names them precisely."""
+    probe = g("apply", "--check", str(patch_path), check=False)
+    spots = [(m["file"], int(m["line"])) for m in _FAILED_AT.finditer(am_output + probe.stderr)]
     if not conflicted:
         missing = re.findall(r"error: (.+?): does not exist in index", am_output)
         conflicted = missing or sorted({f for f, _ in spots})
@@ -104,6 +123,10 @@ def apply(series: Series, opts: Options) -> ApplyReport:
         if not series.patch_path(p).exists():
             raise UsageError(f"{p.upstream}: patch {p.id} names {p.file}, which does not exist",
                              hint=f"run tools/lint.py --series {series.name}")
+        unsafe = safety_problems(parse_file(series.patch_path(p)))  # malformed -> PatchFormatError
+        if unsafe:
+            raise PatchFormatError(f"{p.upstream}: patch {p.id} ({p.file}) is unsafe: {'; '.join(unsafe)}",
+                                   hint="a patch may only edit regular files inside its upstream's tree")
     targets = _targets(series, selected, opts)
     report = ApplyReport(series=series.name, check=opts.check, digest=series.digest(selected)[:12])
     wd = WorkDir(opts.workdir)
@@ -120,11 +143,13 @@ def apply(series: Series, opts: Options) -> ApplyReport:
                 up = series.upstream(name)
                 mine = [p for p in selected if p.upstream == name]
                 everyone = series.patches_for(name)
-                base = sources.resolve(up, opts.cache, opts.sources.get(name))
-                digest = series.upstream_digest(name, mine, base.key)
                 if name in opts.into:
-                    ur = _apply_into(series, name, opts.into[name], base, mine, digest, opts.check, into_done)
+                    # The checkout is the base: nothing to fetch.
+                    digest = series.upstream_digest(name, mine, "into")
+                    ur = _apply_into(series, name, opts.into[name], mine, digest, opts.check, into_done)
                 else:
+                    base = sources.resolve(up, opts.cache, opts.sources.get(name))
+                    digest = series.upstream_digest(name, mine, base.key)
                     ur = UpstreamResult(name=name, base=base.describe, workspace=str(wd.workspace(name)),
                                         base_commit=base.commit)
                     recorded = recorded_all.get(name)
@@ -140,7 +165,8 @@ def apply(series: Series, opts: Options) -> ApplyReport:
                         ws = staging / name
                         run(["git", "clone", "-q", "--local", "--branch", "main", str(base.repo), str(ws)])
                         Git(ws)("remote", "remove", "origin")
-                        ur.patches = am_patches(ws, series, mine)
+                        older = [b for b in base.repo.parent.glob("*.git") if b != base.repo]
+                        ur.patches = am_patches(ws, series, mine, older)
                         ur.head = Git(ws).head()
                         rebuilt.append(name)
                         new_records[name] = _record(series, base, digest, ws, mine, ur)
@@ -206,13 +232,13 @@ def _conflict_message(series: Series, failed: list[UpstreamResult], opts: Option
 
 
 # -- --into: applying onto an existing checkout --------------------------------------
-def _apply_into(series: Series, name: str, target: Path, base, mine: list[PatchMeta], digest: str,
+def _apply_into(series: Series, name: str, target: Path, mine: list[PatchMeta], digest: str,
                 check: bool, done: list[tuple[Path, str]]) -> UpstreamResult:
     target = target.expanduser().resolve()
     g = Git(target)
     if not target.exists() or not g("rev-parse", "--git-dir", check=False).ok:
         raise UsageError(f"--into {name}={target}: not a git checkout")
-    ur = UpstreamResult(name=name, base=base.describe, workspace=str(target))
+    ur = UpstreamResult(name=name, base=f"the checkout {target}", workspace=str(target))
     git_dir = Path(g("rev-parse", "--absolute-git-dir").stdout.strip())
     if (git_dir / "rebase-apply").exists():
         g("am", "--abort", check=False)

@@ -1,0 +1,72 @@
+"""A small real upstream for end-to-end tests: a git repository with history,
+and a series whose patches were exported from it by the tool itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from carry.export import format_patch
+from carry.runner import Git
+
+LINES = [f"value_{i} = {i}\n" for i in range(1, 41)]
+
+
+def write(repo: Path, rel: str, text: str) -> None:
+    p = repo / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+
+
+def make_upstream(root: Path) -> Path:
+    repo = root / "upstream"
+    g = Git(repo)
+    g.init()
+    write(repo, "megatron/core/alpha.py", "".join(LINES))
+    write(repo, "megatron/core/beta.py", "".join(LINES))
+    write(repo, "megatron/core/gamma.py", "".join(LINES))
+    write(repo, "megatron/core/delta.py", "".join(LINES))
+    write(repo, "README.md", "fake upstream\n")
+    g.commit_all("upstream v0")
+    return repo
+
+
+def edit(repo: Path, rel: str, lineno: int, new: str) -> None:
+    p = repo / rel
+    lines = p.read_text().splitlines(keepends=True)
+    lines[lineno - 1] = new
+    p.write_text("".join(lines))
+
+
+def make_patch(repo: Path, base: str, changes: list[tuple[str, int, str]], subject: str, out: Path) -> Path:
+    """Commit changes on a throwaway branch from base and export the patch with the tool's normaliser."""
+    g = Git(repo)
+    head = g("rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
+    g("checkout", "-q", "--detach", base)
+    for rel, lineno, new in changes:
+        edit(repo, rel, lineno, new)
+    commit = g.commit_all(subject)
+    text = format_patch(repo, commit)
+    g("checkout", "-q", head)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return out
+
+
+def series_toml(commit: str, url: str, patches: list[dict], extra_top: str = "") -> str:
+    out = [extra_top,
+           '[series]\nname = "demo"\ndescription = "test series"\n',
+           '[upstreams.megatron-lm]\npython_path = "."\nsources = ["git"]\n',
+           f'[upstreams.megatron-lm.git]\nurl = "{url}"\ncommit = "{commit}"\n']
+    for p in patches:
+        out.append("[[patches]]")
+        for k, v in p.items():
+            out.append(f"{k} = {v!r}" if not isinstance(v, list) else f"{k} = {v!r}".replace("'", '"'))
+        out.append("")
+    return "\n".join(out).replace("'", '"')
+
+
+def patch_entry(pid: str, file: str, **kw) -> dict:
+    d = {"id": pid, "upstream": "megatron-lm", "title": f"test patch {pid}", "file": file,
+         "status": "pending", "owner": "tests", "why": "exercise the tool", "retire_when": "never"}
+    d.update(kw)
+    return d

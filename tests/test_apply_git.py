@@ -1,0 +1,234 @@
+"""apply/export end to end on a real git upstream built here: clean, 3-way,
+already-upstream and conflicting patches; idempotency; --check; --only;
+foreign changes; --into; the export round trip."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import git, read_json, tool
+from fakeup import make_patch, make_upstream, patch_entry, series_toml, write, edit
+
+
+@pytest.fixture
+def demo(tmp_path):
+    """Upstream v0 and v1, four patches written against v0, a series pinned at v0."""
+    up = make_upstream(tmp_path)
+    v0 = git(up, "rev-parse", "HEAD")
+    sdir = tmp_path / "patches" / "demo"
+    files = {
+        "clean": ("megatron-lm/0001-clean.patch", [("megatron/core/alpha.py", 5, "value_5 = 'patched'\n")]),
+        "threeway": ("megatron-lm/0002-threeway.patch", [("megatron/core/beta.py", 10, "value_10 = 'patched'\n")]),
+        "upstreamed": ("megatron-lm/0003-upstreamed.patch", [("megatron/core/gamma.py", 20, "value_20 = 'fixed'\n")]),
+        "conflict": ("megatron-lm/0004-conflict.patch", [("megatron/core/delta.py", 15, "value_15 = 'ours'\n")]),
+    }
+    for pid, (rel, changes) in files.items():
+        make_patch(up, v0, changes, f"demo: {pid} change", sdir / rel)
+    # v1: upstream moves on: context near 'threeway', the 'upstreamed' fix, a clash with 'conflict'.
+    edit(up, "megatron/core/beta.py", 8, "value_8 = 'upstream v1'\n")
+    edit(up, "megatron/core/gamma.py", 20, "value_20 = 'fixed'\n")
+    edit(up, "megatron/core/delta.py", 15, "value_15 = 'theirs'\n")
+    v1 = git(up, "commit", "-qam", "upstream v1") or git(up, "rev-parse", "HEAD")
+    v1 = git(up, "rev-parse", "HEAD")
+
+    def write_series(commit: str, ids=("clean", "threeway", "upstreamed", "conflict")):
+        entries = [patch_entry(pid, files[pid][0]) for pid in ids]
+        (sdir / "series.toml").write_text(series_toml(commit, "https://example.invalid/upstream.git", entries))
+        for pid, (rel, _) in files.items():  # unlisted files would be orphans for lint
+            if pid not in ids and (sdir / rel).exists():
+                (sdir / rel).unlink()
+        return sdir
+
+    write_series(v0)
+    return {"up": up, "v0": v0, "v1": v1, "series": sdir, "write_series": write_series,
+            "work": tmp_path / "work", "cache": tmp_path / "cache", "tmp": tmp_path}
+
+
+def apply(d, *extra, check=None):
+    return tool("apply", "--series", d["series"], "--workdir", d["work"], "--cache", d["cache"],
+                "--source", f"megatron-lm={d['up']}", *extra, check=check)
+
+
+def statuses(report_path):
+    doc = read_json(report_path)
+    return {p["id"]: p["status"] for u in doc["upstreams"] for p in u["patches"]}, doc
+
+
+def test_apply_on_pinned_base_then_idempotent(demo):
+    out = demo["tmp"] / "r1.json"
+    apply(demo, "--json", out, check=0)
+    st, doc = statuses(out)
+    assert st == dict.fromkeys(["clean", "threeway", "upstreamed", "conflict"], "applied")
+    assert doc["ok"] is True and doc["series"] == "demo"
+    u = doc["upstreams"][0]
+    assert u["name"] == "megatron-lm" and u["workspace"] == str(demo["work"] / "megatron-lm")
+    ws = demo["work"] / "megatron-lm"
+    log = git(ws, "log", "--format=%s", "--reverse").splitlines()
+    assert log[0].startswith("base: ") and len(log) == 5 and log[1] == "demo: clean change"
+    assert u["head"] == git(ws, "rev-parse", "HEAD")
+    assert "value_5 = 'patched'" in (ws / "megatron/core/alpha.py").read_text()
+
+    # Second run: nothing to do, nothing touched.
+    before = git(ws, "rev-parse", "HEAD")
+    mtime = (ws / "megatron/core/alpha.py").stat().st_mtime_ns
+    out2 = demo["tmp"] / "r2.json"
+    apply(demo, "--json", out2, check=0)
+    st2, _ = statuses(out2)
+    assert set(st2.values()) == {"already-applied"}
+    assert git(ws, "rev-parse", "HEAD") == before
+    assert (ws / "megatron/core/alpha.py").stat().st_mtime_ns == mtime
+
+
+def test_heads_are_reproducible(demo, tmp_path):
+    apply(demo, check=0)
+    other = dict(demo, work=tmp_path / "elsewhere", cache=tmp_path / "cache2")
+    apply(other, check=0)
+    assert git(demo["work"] / "megatron-lm", "rev-parse", "HEAD") == git(other["work"] / "megatron-lm", "rev-parse", "HEAD")
+
+
+def test_new_base_threeway_upstreamed_and_conflict_changes_nothing(demo):
+    apply(demo, check=0)
+    ws = demo["work"] / "megatron-lm"
+    old_head = git(ws, "rev-parse", "HEAD")
+    old_state = (demo["work"] / ".carry" / "state.json").read_text()
+
+    demo["write_series"](demo["v1"])
+    out = demo["tmp"] / "bump.json"
+    res = apply(demo, "--json", out, check=1)
+    st, doc = statuses(out)
+    assert doc["ok"] is False
+    assert st == {"clean": "applied", "threeway": "applied", "upstreamed": "already-applied", "conflict": "failed"}
+    detail = {p["id"]: p["detail"] for p in doc["upstreams"][0]["patches"]}
+    assert "3-way" in detail["threeway"]
+    assert "megatron/core/delta.py" in detail["conflict"] and "@@" in detail["conflict"]
+    # The message names upstream, patch, file, and what to do next.
+    assert "megatron-lm" in res.stderr and "conflict" in res.stderr and "delta.py" in res.stderr
+    assert "nothing was changed" in res.stderr
+    # Nothing changed.
+    assert git(ws, "rev-parse", "HEAD") == old_head
+    assert (demo["work"] / ".carry" / "state.json").read_text() == old_state
+    assert git(ws, "status", "--porcelain") == ""
+    assert not list((demo["work"] / ".carry").glob("staging-*"))
+
+    # Without the conflicting patch the series moves to v1.
+    demo["write_series"](demo["v1"], ids=("clean", "threeway", "upstreamed"))
+    out = demo["tmp"] / "bump2.json"
+    apply(demo, "--json", out, check=0)
+    st, _ = statuses(out)
+    assert st == {"clean": "applied", "threeway": "applied", "upstreamed": "already-applied"}
+    text = (ws / "megatron/core/beta.py").read_text()
+    assert "value_8 = 'upstream v1'" in text and "value_10 = 'patched'" in text
+    assert len(git(ws, "log", "--format=%H").splitlines()) == 3  # base + two real commits
+
+
+def test_check_is_a_dry_run(demo):
+    res = apply(demo, "--check", "--json", demo["tmp"] / "c.json", check=0)
+    assert not (demo["work"] / "megatron-lm").exists()
+    assert "check only" in res.stdout
+    demo["write_series"](demo["v1"])
+    apply(demo, "--check", check=1)
+    assert not (demo["work"] / "megatron-lm").exists()
+
+
+def test_only_selects_patches_and_requires(demo):
+    sdir = demo["series"]
+    text = (sdir / "series.toml").read_text().replace(
+        'id = "threeway"', 'id = "threeway"\nrequires = ["clean"]')
+    (sdir / "series.toml").write_text(text)
+    out = demo["tmp"] / "only.json"
+    apply(demo, "--only", "threeway", "--json", out, check=0)
+    st, _ = statuses(out)
+    assert st == {"clean": "applied", "threeway": "applied", "upstreamed": "not-attempted",
+                  "conflict": "not-attempted"}
+    ws = demo["work"] / "megatron-lm"
+    assert len(git(ws, "log", "--format=%H").splitlines()) == 3
+    # Going back to the whole series rebuilds; no leftovers of the partial one.
+    apply(demo, check=0)
+    assert len(git(ws, "log", "--format=%H").splitlines()) == 5
+    res = apply(demo, "--only", "no-such-patch", check=2)
+    assert "unknown patch id" in res.stderr
+
+
+def test_refuses_foreign_changes(demo):
+    apply(demo, check=0)
+    ws = demo["work"] / "megatron-lm"
+    head = git(ws, "rev-parse", "HEAD")
+    (ws / "megatron/core/alpha.py").write_text("local edit\n")
+    demo["write_series"](demo["v0"], ids=("clean", "threeway"))  # a change that would rebuild
+    res = apply(demo, check=1)
+    assert "uncommitted changes" in res.stderr and "alpha.py" in res.stderr
+    assert (ws / "megatron/core/alpha.py").read_text() == "local edit\n"
+    git(ws, "commit", "-qam", "my own commit")
+    res = apply(demo, check=1)
+    assert "commits the series does not know" in res.stderr and "export.py" in res.stderr
+    assert git(ws, "rev-parse", "HEAD") != head
+    # A directory that the tool did not make is never replaced.
+    shutil.rmtree(demo["work"])
+    (demo["work"] / "megatron-lm").mkdir(parents=True)
+    (demo["work"] / "megatron-lm" / "keep.txt").write_text("mine")
+    res = apply(demo, check=1)
+    assert "not made by tools/apply.py" in res.stderr
+    assert (demo["work"] / "megatron-lm" / "keep.txt").read_text() == "mine"
+
+
+def test_export_round_trip_and_edit_workflow(demo):
+    apply(demo, check=0)
+    sdir = demo["series"]
+    before = {p: p.read_bytes() for p in (sdir / "megatron-lm").glob("*.patch")}
+    tool("export", "--series", sdir, "--workdir", demo["work"], "--check", check=0)
+    tool("export", "--series", sdir, "--workdir", demo["work"], check=0)
+    assert {p: p.read_bytes() for p in (sdir / "megatron-lm").glob("*.patch")} == before
+
+    # Edit a patch in the workspace: amend the last commit, export picks it up.
+    ws = demo["work"] / "megatron-lm"
+    write(ws, "megatron/core/delta.py", (ws / "megatron/core/delta.py").read_text() + "extra = 1\n")
+    git(ws, "commit", "-q", "--amend", "-a", "--no-edit")
+    res = tool("export", "--series", sdir, "--workdir", demo["work"], "--check", check=1)
+    assert "0004-conflict.patch" in res.stderr
+    tool("export", "--series", sdir, "--workdir", demo["work"], check=0)
+    assert "+extra = 1" in (sdir / "megatron-lm/0004-conflict.patch").read_text()
+    # The workspace now equals the series: apply has nothing to do, and a fresh apply reproduces it.
+    st_path = demo["tmp"] / "after.json"
+    apply(demo, "--json", st_path, check=0)
+    assert set(statuses(st_path)[0].values()) == {"already-applied"}
+    fresh = dict(demo, work=demo["tmp"] / "fresh")
+    apply(fresh, check=0)
+    assert git(fresh["work"] / "megatron-lm", "diff", "HEAD", git(ws, "rev-parse", "HEAD")) == ""
+
+
+def test_into_existing_checkout(demo, tmp_path):
+    target = tmp_path / "checkout"
+    git(tmp_path, "clone", "-q", str(demo["up"]), str(target))
+    git(target, "checkout", "-q", demo["v0"])
+    # dirty target: refused, untouched
+    (target / "README.md").write_text("dirty\n")
+    res = tool("apply", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+               "--into", f"megatron-lm={target}", check=1)
+    assert "uncommitted changes" in res.stderr and "README.md" in res.stderr
+    assert (target / "README.md").read_text() == "dirty\n"
+    git(target, "checkout", "-q", "--", "README.md")
+
+    start = git(target, "rev-parse", "HEAD")
+    out = tmp_path / "into.json"
+    tool("apply", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+         "--into", f"megatron-lm={target}", "--json", out, check=0)
+    st, doc = statuses(out)
+    assert set(st.values()) == {"applied"} and doc["upstreams"][0]["workspace"] == str(target)
+    assert len(git(target, "log", "--format=%H", f"{start}..HEAD").splitlines()) == 4
+    assert not (demo["work"] / "megatron-lm").exists()
+    # idempotent
+    tool("apply", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+         "--into", f"megatron-lm={target}", "--json", out, check=0)
+    assert set(statuses(out)[0].values()) == {"already-applied"}
+
+    # a failing series leaves the checkout where it was
+    head = git(target, "rev-parse", "HEAD")
+    patch = demo["series"] / "megatron-lm/0001-clean.patch"
+    patch.write_text(patch.read_text().replace("-value_5 = 5", "-value_5 = 555"))
+    res = tool("apply", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+               "--into", f"megatron-lm={target}", check=1)
+    assert "0001-clean" in res.stderr or "clean" in res.stderr
+    assert git(target, "rev-parse", "HEAD") == head and git(target, "status", "--porcelain") == ""

@@ -1,0 +1,170 @@
+"""Failure paths: interruption, concurrency, bad manifests and patches, lint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TOOLS, git, read_json, tool
+from test_apply_git import apply, demo  # noqa: F401 - the fixture
+
+
+def _spawn_apply(d):
+    env = dict(os.environ)
+    return subprocess.Popen([sys.executable, str(TOOLS / "apply.py"), "--series", str(d["series"]), "--workdir",
+                             str(d["work"]), "--cache", str(d["cache"]), "--source", f"megatron-lm={d['up']}"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _consistent(d, allowed_heads):
+    ws = d["work"] / "megatron-lm"
+    state = json.loads((d["work"] / ".carry" / "state.json").read_text())
+    head = git(ws, "rev-parse", "HEAD")
+    assert head in allowed_heads, "workspace holds a half-applied series"
+    assert state["upstreams"]["megatron-lm"]["head"] == head
+    assert git(ws, "status", "--porcelain") == ""
+
+
+def test_killed_mid_apply_leaves_previous_workspace(demo):
+    apply(demo, check=0)
+    old = git(demo["work"] / "megatron-lm", "rev-parse", "HEAD")
+    demo["write_series"](demo["v0"], ids=("clean", "threeway"))
+    # Kill the rebuild at increasing delays: each time the workspace is the old or the new one, whole.
+    kills = 0
+    for delay in (0.05, 0.15, 0.3, 0.45, 0.6, 0.8):
+        proc = _spawn_apply(demo)
+        time.sleep(delay)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait()
+        if (demo["work"] / ".carry" / "journal.json").exists():
+            # Killed during the swap: the next run must finish it.
+            break
+        ws_head = git(demo["work"] / "megatron-lm", "rev-parse", "HEAD")
+        if ws_head != old:
+            break
+        _consistent(demo, {old})
+    assert kills >= 1, "the apply finished before any kill; the machine is too fast for this test"
+    res = apply(demo, "--json", demo["tmp"] / "after.json", check=0)
+    doc = read_json(demo["tmp"] / "after.json")
+    new = doc["upstreams"][0]["head"]
+    _consistent(demo, {new})
+    assert len(git(demo["work"] / "megatron-lm", "log", "--format=%H").splitlines()) == 3
+    assert not list((demo["work"] / ".carry").glob("staging-*")), res.stdout
+
+
+def test_journal_is_rolled_forward(demo, tmp_path):
+    """A run killed between 'all trees built' and 'state written' is completed by the next run."""
+    apply(demo, check=0)
+    other = dict(demo, work=tmp_path / "other")
+    demo["write_series"](demo["v0"], ids=("clean",))
+    apply(other, check=0)  # the tree the interrupted run had built
+    meta = demo["work"] / ".carry"
+    staging = meta / "staging-killed"
+    staging.mkdir()
+    os.rename(other["work"] / "megatron-lm", staging / "megatron-lm")
+    new_state = json.loads((other["work"] / ".carry" / "state.json").read_text())
+    (meta / "journal.json").write_text(json.dumps({"staging": str(staging), "names": ["megatron-lm"],
+                                                   "state": new_state}))
+    out = tmp_path / "r.json"
+    apply(demo, "--json", out, check=0)
+    assert {p["status"] for p in read_json(out)["upstreams"][0]["patches"] if p["id"] == "clean"} == {"already-applied"}
+    assert not (meta / "journal.json").exists() and not staging.exists()
+    _consistent(demo, {new_state["upstreams"]["megatron-lm"]["head"]})
+
+
+def test_concurrent_applies_serialise(demo):
+    procs = [_spawn_apply(demo) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    statuses = [o[0] for o in outs]
+    assert sum("already-applied" in s for s in statuses) == 2  # one built, the others found it done
+    ws = demo["work"] / "megatron-lm"
+    assert len(git(ws, "log", "--format=%H").splitlines()) == 5 and git(ws, "status", "--porcelain") == ""
+
+
+def test_lock_timeout_is_a_clear_failure(demo):
+    from carry.lock import DirLock
+    with DirLock(demo["work"] / ".carry" / "lock"):
+        res = apply(demo, "--lock-timeout", "0.2", check=1)
+    assert "locked by another run" in res.stderr and str(os.getpid()) in res.stderr
+    assert not (demo["work"] / "megatron-lm").exists()
+
+
+def test_malformed_and_escaping_patches_are_rejected(demo):
+    patch = demo["series"] / "megatron-lm/0002-threeway.patch"
+    good = patch.read_text()
+    patch.write_text("this is not a patch\n")
+    res = apply(demo, check=2)
+    assert "0002-threeway.patch" in res.stderr and "format-patch" in res.stderr
+    lint = tool("lint", "--series", demo["series"], check=1)
+    assert "threeway" in lint.stderr
+    patch.write_text(good.replace("a/megatron/core/beta.py", "a/../outside.py").replace(
+        "b/megatron/core/beta.py", "b/../outside.py"))
+    res = apply(demo, check=2)
+    assert "escapes the tree" in res.stderr
+    assert not (demo["work"] / "megatron-lm").exists()
+    assert not (demo["tmp"] / "outside.py").exists()
+    lint = tool("lint", "--series", demo["series"], check=1)
+    assert "escapes the tree" in lint.stderr
+    # hand-edited hunk counts
+    patch.write_text(good.replace("@@ -7,7 +7,7 @@", "@@ -7,9 +7,7 @@"))
+    assert "header" in apply(demo, check=2).stderr
+
+
+def test_symlink_patch_is_rejected(demo):
+    patch = demo["series"] / "megatron-lm/0001-clean.patch"
+    patch.write_text(patch.read_text().replace("index ", "new mode 120000\nold mode 100644\nindex ", 1))
+    res = tool("lint", "--series", demo["series"], check=1)
+    assert "symlink" in res.stderr
+
+
+def test_unknown_manifest_key_suggests(demo):
+    toml = demo["series"] / "series.toml"
+    toml.write_text(toml.read_text().replace('retire_when = ', 'retire_wen = ', 1))
+    res = apply(demo, check=2)
+    assert "unknown key 'retire_wen'" in res.stderr and "did you mean 'retire_when'" in res.stderr
+    toml.write_text(toml.read_text().replace('retire_wen = ', 'retire_when = ').replace(
+        'status = "pending"', 'status = "pendng"', 1))
+    res = tool("lint", "--series", demo["series"], check=2)
+    assert "pendng" in res.stderr and "did you mean 'pending'" in res.stderr
+
+
+def test_lint_catches_orphans_duplicates_cycles(demo):
+    sdir = demo["series"]
+    assert tool("lint", "--series", sdir, check=0).stdout.strip().endswith("0 problem(s)")
+    (sdir / "megatron-lm/0009-orphan.patch").write_text((sdir / "megatron-lm/0001-clean.patch").read_text())
+    toml = sdir / "series.toml"
+    text = toml.read_text()
+    text = text.replace('id = "clean"', 'id = "clean"\nrequires = ["conflict"]')
+    text = text.replace('id = "conflict"', 'id = "conflict"\nrequires = ["clean"]\nlinks = ["not a url"]')
+    toml.write_text(text)
+    res = tool("lint", "--series", sdir, check=1)
+    err = res.stderr
+    assert "orphan" in err and "0009-orphan.patch" in err
+    assert "cycle" in err
+    assert "comes later" in err
+    assert "not an https URL" in err
+
+
+def test_unreachable_source_names_the_override(demo):
+    res = tool("apply", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"], check=1)
+    assert "megatron-lm" in res.stderr and "--source megatron-lm=PATH" in res.stderr
+    res = apply(demo, "--source", "nemo-rl", check=2)
+    assert "NAME=PATH" in res.stderr
+
+
+def test_bad_usage(demo):
+    res = tool("apply", "--series", "no-such-series", "--workdir", demo["work"], check=2)
+    assert "no series manifest" in res.stderr
+    res = tool("apply", "--workdir", demo["work"], check=2)
+    assert "--series" in res.stderr
+    assert "exit codes" in tool("apply", "--help", check=0).stdout

@@ -159,5 +159,32 @@ def lint_main(argv: list[str]) -> int:
     return 1 if probs else 0
 
 
+# -- prove --------------------------------------------------------------------------
+def prove_main(argv: list[str]) -> int:
+    from .prove import prove
+    p = parser("tools/prove.py", "Run each patch's proof on the pristine base (must fail) and on the patched\n"
+               "tree (must pass), each in a fresh interpreter. Needs the workspaces from tools/apply.py.\n"
+               "A proof that needs a GPU reports 'skipped' without one, never 'pass'.")
+    p.add_argument("--workdir", required=True, type=Path)
+    p.add_argument("--only", help="comma-separated patch ids and/or upstream names")
+    p.add_argument("--json", type=Path, metavar="FILE")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per proof run (900)")
+    p.add_argument("--logs", type=Path, metavar="DIR", help="keep each proof run's output here")
+    a = p.parse_args(argv)
+    series = load_series(a.series)
+    rep = prove(series, a.workdir, csv(a.only), a.timeout, a.logs)
+    if a.json:
+        report.write_json(a.json, rep.to_dict())
+    rows = [[r.id, r.pristine, r.patched, {True: "ok", False: "FAILED", None: "not run here"}[r.ok],
+             r.patched_detail if r.ok is None else (r.pristine_detail if r.pristine != "fail" else r.patched_detail)]
+            for r in rep.proofs]
+    print(report.table(rows, ["patch", "pristine", "patched", "verdict", "detail"]))
+    bad = [r.id for r in rep.proofs if r.ok is False]
+    if bad:
+        print(f"error: proof not red/green for: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def json_dump(doc) -> str:
     return json.dumps(doc, indent=2)

@@ -1,0 +1,84 @@
+"""prove.py on the demo upstream: red/green, a proof that proves nothing,
+a crashing proof, a skipped (GPU-only) proof."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import SERIES, read_json, tool
+from test_apply_git import apply, demo  # noqa: F401
+
+GOOD = '''
+import megatron.core.alpha as alpha
+
+def test_value_5_is_patched():
+    assert alpha.value_5 == "patched"
+'''
+VACUOUS = '''
+import megatron.core.beta as beta
+
+def test_always_true():
+    assert beta.value_1 == 1
+'''
+CRASH = '''
+import os
+
+def test_crash():
+    os._exit(7)
+'''
+GPU = '''
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(True, reason="needs a CUDA GPU")]
+
+def test_on_gpu():
+    assert False
+'''
+
+
+@pytest.fixture
+def proved(demo):
+    sdir = demo["series"]
+    proofs = sdir / "proofs" / "megatron_lm"
+    proofs.mkdir(parents=True)
+    (sdir / "proofs" / "pytest.ini").write_text((SERIES / "proofs" / "pytest.ini").read_text())
+    for name, body in {"good": GOOD, "vacuous": VACUOUS, "crash": CRASH, "gpu": GPU}.items():
+        (proofs / f"test_{name}.py").write_text(body)
+    toml = sdir / "series.toml"
+    text = toml.read_text()
+    for pid, proof in {"clean": "good", "threeway": "vacuous", "upstreamed": "crash", "conflict": "gpu"}.items():
+        text = text.replace(f'id = "{pid}"', f'id = "{pid}"\nproof = "proofs/megatron_lm/test_{proof}.py"')
+    toml.write_text(text)
+    apply(demo, check=0)
+    return demo
+
+
+def test_red_green_and_the_ways_a_proof_can_be_wrong(proved, tmp_path):
+    out = tmp_path / "prove.json"
+    res = tool("prove", "--series", proved["series"], "--workdir", proved["work"], "--json", out,
+               "--logs", tmp_path / "logs", check=1)
+    doc = read_json(out)
+    by = {r["id"]: r for r in doc["proofs"]}
+    assert (by["clean"]["pristine"], by["clean"]["patched"], by["clean"]["ok"]) == ("fail", "pass", True)
+    assert "value_5" in by["clean"]["pristine_detail"] or "assert" in by["clean"]["pristine_detail"]
+    assert (by["threeway"]["pristine"], by["threeway"]["ok"]) == ("pass", False)  # proves nothing
+    assert by["upstreamed"]["pristine"] == "error" and by["upstreamed"]["ok"] is False
+    assert (by["conflict"]["pristine"], by["conflict"]["patched"], by["conflict"]["ok"]) == ("skipped", "skipped", None)
+    assert "needs a CUDA GPU" in by["conflict"]["patched_detail"]
+    assert doc["ok"] is False
+    assert "threeway" in res.stderr and "upstreamed" in res.stderr
+    assert (tmp_path / "logs" / "clean.pristine.log").exists()
+    # Only the good one: exit 0
+    tool("prove", "--series", proved["series"], "--workdir", proved["work"], "--only", "clean", check=0)
+    # The skipped one alone is not a failure, and is never reported as passed.
+    res = tool("prove", "--series", proved["series"], "--workdir", proved["work"], "--only", "conflict", check=0)
+    assert "not run here" in res.stdout and "pass" not in res.stdout.split("verdict")[1]
+
+
+def test_prove_needs_a_workspace(demo, tmp_path):
+    (demo["series"] / "proofs" / "megatron_lm").mkdir(parents=True)
+    (demo["series"] / "proofs" / "megatron_lm" / "test_good.py").write_text(GOOD)
+    toml = demo["series"] / "series.toml"
+    toml.write_text(toml.read_text().replace('id = "clean"', 'id = "clean"\nproof = "proofs/megatron_lm/test_good.py"'))
+    res = tool("prove", "--series", demo["series"], "--workdir", tmp_path / "nothing", check=2)
+    assert "tools/apply.py" in res.stderr

@@ -1,0 +1,170 @@
+"""Proofs: each patch's test must fail on the pristine base and pass patched.
+
+A proof runs in a fresh interpreter (``python -m pytest``) with the trees of
+every upstream on PYTHONPATH: the upstream under test at its pristine base
+or at that patch's commit, the others at their patched heads. Outcomes come
+from pytest's JUnit XML, not from guessing at its output. A proof that passes
+on the pristine base proves nothing and fails the run; one that needs a GPU
+reports ``skipped`` where there is none, never ``pass``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import tarfile
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import progress
+from .errors import UsageError
+from .manifest import PatchMeta, Series
+from .runner import run
+from .workspace import WorkDir
+
+
+@dataclass
+class Outcome:
+    result: str          # pass | fail | skipped | error
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class ProofResult:
+    id: str
+    proof: str
+    pristine: str
+    patched: str
+    ok: bool | None       # None: not decided here (skipped)
+    pristine_detail: str = ""
+    patched_detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class ProveReport:
+    series: str
+    ok: bool = True
+    proofs: list[ProofResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def env_name(upstream: str) -> str:
+    return "CARRY_TREE_" + upstream.upper().replace("-", "_")
+
+
+def extract(repo: Path, commit: str, dest: Path) -> Path:
+    res = run(["git", "-C", str(repo), "archive", "--format=tar", commit], binary=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(res.stdout)) as tf:
+        tf.extractall(dest, filter="data")
+    return dest
+
+
+def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout: float,
+              log_dir: Path | None = None, label: str = "") -> Outcome:
+    """Run one proof against the given upstream trees; classify from JUnit XML."""
+    assert patch.proof
+    proofs_dir = series.root / "proofs"
+    target = series.root / patch.proof
+    paths = [str(proofs_dir)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CARRY_TREE_")}
+    for up in series.upstreams:
+        if up.name in trees:
+            root = trees[up.name]
+            paths.append(str((root / up.python_path).resolve()))
+            env[env_name(up.name)] = str(root.resolve())
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    with tempfile.TemporaryDirectory(prefix="carry-proof-") as tmp:
+        xml = Path(tmp) / "junit.xml"
+        argv = [sys.executable, "-m", "pytest", "-q", "-c", str(proofs_dir / "pytest.ini"),
+                "--rootdir", str(proofs_dir), f"--junitxml={xml}", "-o", "junit_family=xunit1",
+                str(target) + (patch.proof.split(".py", 1)[1] if "::" in patch.proof else "")]
+        t0 = time.monotonic()
+        try:
+            res = run(argv, env=env, cwd=series.root.parents[1], check=False, timeout=timeout)
+            rc, output = res.returncode, res.stdout + res.stderr
+        except Exception as exc:  # noqa: BLE001 - a timeout is an outcome, not a crash of ours
+            return Outcome("error", f"did not finish: {exc}", time.monotonic() - t0)
+        secs = time.monotonic() - t0
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            (log_dir / f"{patch.id}.{label}.log").write_text(output)
+        return _classify(rc, xml, output, secs)
+
+
+def _classify(rc: int, xml: Path, output: str, secs: float) -> Outcome:
+    tests = failed = skipped = 0
+    first_failure = skip_note = ""
+    if xml.exists():
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            tests += 1
+            for child in case:
+                text = (child.get("message") or child.text or child.tag).strip()
+                line = text.splitlines()[0][:300] if text else child.tag
+                if child.tag in ("failure", "error"):
+                    failed += 1
+                    first_failure = first_failure or line
+                elif child.tag == "skipped":
+                    skipped += 1
+                    skip_note = skip_note or line
+    tail = " | ".join(output.strip().splitlines()[-3:])[-400:]
+    if rc == 0 and tests and skipped == tests:
+        return Outcome("skipped", skip_note or "all tests skipped", secs)
+    if rc == 0 and tests > skipped:
+        return Outcome("pass", f"{tests - skipped} passed" + (f", {skipped} skipped" if skipped else ""), secs)
+    if rc in (1, 2) and failed:
+        # rc 2 with a recorded error is a collection error: the tree lacks what the proof imports.
+        return Outcome("fail", first_failure, secs)
+    return Outcome("error", f"pytest exited {rc}: {tail}", secs)
+
+
+def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
+          log_dir: Path | None = None) -> ProveReport:
+    wd = WorkDir(workdir)
+    state = wd.load_state().get("upstreams", {})
+    chosen = series.select(only) if only else list(series.patches)
+    if only:
+        named = set(only)
+        chosen = [p for p in chosen if p.id in named or p.upstream in named]
+    with_proof = [p for p in chosen if p.proof]
+    if not with_proof:
+        raise UsageError("no selected patch has a proof", hint="check --only and the proof keys in series.toml")
+    report = ProveReport(series=series.name)
+    with tempfile.TemporaryDirectory(prefix="carry-prove-") as tmp:
+        tmpd = Path(tmp)
+        for p in with_proof:
+            rec = state.get(p.upstream)
+            if rec is None:
+                raise UsageError(f"{p.upstream}: no workspace in {workdir} for proof of {p.id}",
+                                 hint=f"run tools/apply.py --series {series.name} --workdir {workdir} first")
+            commits = {x["id"]: x["commit"] for x in rec["patches"]}
+            if p.id not in commits:
+                raise UsageError(f"{p.upstream}: patch {p.id} is not applied in {workdir}",
+                                 hint=f"apply the series with {p.id} selected first")
+            repo = wd.workspace(p.upstream)
+            others = {u: wd.workspace(u) for u in state if u != p.upstream}
+            pristine_tree = tmpd / f"{p.upstream}-base"
+            if not pristine_tree.exists():
+                extract(repo, rec["base_commit"], pristine_tree)
+            patched_tree = extract(repo, commits[p.id], tmpd / f"{p.upstream}-{p.id}")
+            progress.say(f"{p.id}: proof on the pristine base")
+            a = run_proof(series, p, {**others, p.upstream: pristine_tree}, timeout, log_dir, "pristine")
+            progress.say(f"{p.id}: proof on the patched tree")
+            b = run_proof(series, p, {**others, p.upstream: patched_tree}, timeout, log_dir, "patched")
+            if a.result == "skipped" and b.result == "skipped":
+                ok = None
+            else:
+                ok = a.result == "fail" and b.result == "pass"
+            report.proofs.append(ProofResult(p.id, p.proof or "", a.result, b.result, ok, a.detail, b.detail,
+                                             round(a.seconds + b.seconds, 1)))
+    report.ok = all(r.ok is not False for r in report.proofs)
+    return report

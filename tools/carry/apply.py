@@ -44,6 +44,9 @@ def am_patches(repo: Path, series: Series, patches: list[PatchMeta],
     fetched into the workspace the first time a patch asks for them.
     """
     g = Git(repo)
+    fast = _am_all_at_once(g, series, patches)
+    if fast is not None:
+        return fast
     results: list[PatchResult] = []
     failed = False
     pending_bases = list(older_bases or [])
@@ -78,6 +81,30 @@ def am_patches(repo: Path, series: Series, patches: list[PatchMeta],
             results.append(PatchResult(p.id, p.file, "failed", detail))
             failed = True
     return results
+
+
+def _am_all_at_once(g: Git, series: Series, patches: list[PatchMeta]) -> list[PatchResult] | None:
+    """The common case in one git process; None (and the repo as it was) if anything is unusual."""
+    if not patches:
+        return []
+    before = g.head()
+    res = g("am", "--3way", "--keep-cr", *(str(series.patch_path(p)) for p in patches), check=False)
+    chunks = re.split(r"(?m)^Applying: ", res.stdout + res.stderr)[1:]
+    if res.ok and len(chunks) == len(patches):
+        results = []
+        for p, chunk in zip(patches, chunks):
+            if "No changes" in chunk or "already applied" in chunk:
+                results.append(PatchResult(p.id, p.file, "already-applied",
+                                           "the base already has this change; see tools/retire.py"))
+            else:
+                detail = "applied with a 3-way merge" if "3-way merge" in chunk else "applied"
+                results.append(PatchResult(p.id, p.file, "applied", detail))
+        made = g.rev_list(f"{before}..HEAD")
+        if len(made) == sum(r.status == "applied" for r in results):
+            return results
+    g("am", "--abort", check=False)
+    g("reset", "-q", "--hard", before or "HEAD")
+    return None
 
 
 _FAILED_AT = re.compile(r"patch failed: (?P<file>.+?):(?P<line>\d+)")

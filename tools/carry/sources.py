@@ -235,8 +235,9 @@ def _resolve_pypi(upstream: Upstream, cache: Path) -> Base:
     art = pypi.tree_artifact
     key = "pypi-" + hashlib.sha256(repr((art.sha256, pypi.map, pypi.exclude)).encode()).hexdigest()[:20]
     describe = f"{pypi.name}=={pypi.version} ({art.file})"
-    wheel = fetch_artifact(upstream.name, pypi, art, cache)  # hash-checked on every use
-    return _make_base(cache, upstream.name, key, describe, lambda tree: unpack_wheel(wheel, tree, pypi))
+    # The artifact is only read (and then hash-checked) when the base must be built.
+    return _make_base(cache, upstream.name, key, describe,
+                      lambda tree: unpack_wheel(fetch_artifact(upstream.name, pypi, art, cache), tree, pypi))
 
 
 def _resolve_git(upstream: Upstream, cache: Path) -> Base:

@@ -42,6 +42,7 @@ def main() -> int:
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-apply-"))
     env = dict(os.environ, GTP_CARRY_QUIET="1")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # time the tool as installed: with its bytecode cache
     try:
         sdir = tmp / "patches" / "bench"
         sdir.mkdir(parents=True)

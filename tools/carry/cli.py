@@ -186,5 +186,78 @@ def prove_main(argv: list[str]) -> int:
     return 0
 
 
+def _against(value: str, flag: str) -> tuple[str, str]:
+    name, sep, target = value.partition("=")
+    if not sep or not name or not target:
+        raise UsageError(f"{flag} expects NAME=VERSION_OR_COMMIT, got {value!r}")
+    return name, target
+
+
+# -- retire -------------------------------------------------------------------------
+def retire_main(argv: list[str]) -> int:
+    from .retire import retire
+    from .sources import default_cache
+    p = parser("tools/retire.py", "Decide for each patch of one upstream whether a new upstream base already has it:\n"
+               "landed, needed, conflicts or unknown, with the evidence (text, behaviour = the proof on the\n"
+               "pristine new base, link) and any disagreement between them. --write retires the landed\n"
+               "patches to patches/<series>/retired/, moves the pin and re-applies the rest; nothing is\n"
+               "written if that fails.")
+    p.add_argument("--against", required=True, metavar="NAME=VERSION_OR_COMMIT")
+    p.add_argument("--write", action="store_true")
+    p.add_argument("--accept-candidates", action="store_true",
+                   help="with --write, also retire patches landed by behaviour whose text still applies")
+    p.add_argument("--source", type=Path, metavar="PATH", help="the new base from a local wheel or checkout")
+    p.add_argument("--workdir", type=Path, help="applied workspaces for the other upstreams' trees (proofs)")
+    p.add_argument("--json", type=Path, metavar="FILE")
+    p.add_argument("--cache", type=Path)
+    p.add_argument("--timeout", type=float, default=900.0)
+    a = p.parse_args(argv)
+    series = load_series(a.series)
+    name, target = _against(a.against, "--against")
+    series.upstream(name)
+    rep = retire(series, name, target, a.cache or default_cache(), a.write, a.workdir, a.source, a.timeout,
+                 a.accept_candidates)
+    if a.json:
+        report.write_json(a.json, rep.to_dict())
+    rows = [[v.id, v.verdict + (" (candidate)" if v.candidate else ""), v.text, v.behaviour, v.link,
+             "; ".join(v.disagreements)] for v in rep.patches]
+    print(f"{name} against {target}: {rep.new_base}")
+    print(report.table(rows, ["patch", "verdict", "text", "behaviour", "link", "disagreements"]))
+    if rep.written:
+        print(f"retired: {', '.join(rep.retired) or 'none'}; pin moved to {target}")
+    if not rep.ok:
+        print("error: " + (rep.error or "failed"), file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- rebase -------------------------------------------------------------------------
+def rebase_main(argv: list[str]) -> int:
+    from .rebase import rebase
+    from .sources import default_cache
+    p = parser("tools/rebase.py", "Re-apply one upstream's patches on a new base (3-way), export them\n"
+               "normalised, move the pin, and summarise each patch: unchanged, refreshed (context only),\n"
+               "modified, dropped (already upstream), conflicting. A conflict stops with git am in\n"
+               "progress in the workspace; resolve it there and run again with --continue.")
+    p.add_argument("--onto", required=True, metavar="NAME=VERSION_OR_COMMIT")
+    p.add_argument("--workdir", type=Path, default=Path("rebase-work"), help="where the workspace lives (rebase-work)")
+    p.add_argument("--continue", dest="cont", action="store_true", help="pick up a resolved workspace")
+    p.add_argument("--source", type=Path, metavar="PATH")
+    p.add_argument("--json", type=Path, metavar="FILE")
+    p.add_argument("--cache", type=Path)
+    a = p.parse_args(argv)
+    series = load_series(a.series)
+    name, target = _against(a.onto, "--onto")
+    series.upstream(name)
+    rep = rebase(series, name, target, a.cache or default_cache(), a.workdir.absolute(), a.source, a.cont)
+    if a.json:
+        report.write_json(a.json, rep.to_dict())
+    print(f"{name} onto {target}: {rep.new_base}")
+    print(report.table([[e.id, e.outcome, e.detail] for e in rep.patches], ["patch", "outcome", "detail"]))
+    if rep.next:
+        print(f"next: {rep.next}", file=sys.stderr)
+    return 0 if rep.ok else 1
+
+
 def json_dump(doc) -> str:
     return json.dumps(doc, indent=2)

@@ -145,10 +145,15 @@ def _archive_into(repo: Path, commit: str, paths: tuple[str, ...], dest: Path) -
         tf.extractall(dest, filter="data")
 
 
+def mirror_path(upstream: Upstream, cache: Path) -> Path:
+    assert upstream.git is not None
+    return cache / "git" / (hashlib.sha256(upstream.git.url.encode()).hexdigest()[:16] + ".git")
+
+
 def _fetch_git(upstream: Upstream, cache: Path) -> Path:
     g = upstream.git
     assert g is not None
-    mirror = cache / "git" / (hashlib.sha256(g.url.encode()).hexdigest()[:16] + ".git")
+    mirror = mirror_path(upstream, cache)
     repo = Git(mirror)
     want = g.commit or g.ref
     if mirror.exists() and g.commit and repo("cat-file", "-e", f"{g.commit}^{{commit}}", check=False).ok:
@@ -286,3 +291,63 @@ def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
     return _make_base(cache, upstream.name, key, "an unpacked tree given with --source",
                       lambda tree: shutil.copytree(path, tree, dirs_exist_ok=True,
                                                    ignore=shutil.ignore_patterns(".git")))
+
+
+# -- moving a pin -----------------------------------------------------------------
+def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None = None) -> tuple[Upstream, Base]:
+    """The upstream pinned at a new version (PyPI) or commit (git), and its pristine base.
+
+    New PyPI artifacts are downloaded with the same tags as the current pins and
+    their sha256 recorded, so the returned pin can be written to series.toml.
+    """
+    from dataclasses import replace
+
+    if override is not None:
+        override = override.expanduser().resolve()
+        if upstream.pypi and override.is_file():
+            art = Artifact(override.name, sha256_file(override), tree=True)
+            new = replace(upstream, pypi=replace(upstream.pypi, version=target, artifacts=(art,)))
+            return new, _resolve_override(new, cache, override)
+        if upstream.git and override.is_dir() and upstream.sources[0] == "git":
+            commit = Git(override).rev_parse(target)
+            if not commit:
+                raise SourceError(f"{upstream.name}: {override} has no commit {target}")
+            new = replace(upstream, git=replace(upstream.git, commit=commit, ref=None))
+            return new, _resolve_override(new, cache, override)
+        return upstream, _resolve_override(upstream, cache, override)
+    if upstream.sources[0] == "pypi":
+        pypi = upstream.pypi
+        assert pypi is not None
+        arts = []
+        for art in pypi.artifacts:
+            arts.append(_download_version(upstream.name, pypi, art, target, cache))
+        new = replace(upstream, pypi=replace(pypi, version=target, artifacts=tuple(arts)))
+        return new, _resolve_pypi(new, cache)
+    g = upstream.git
+    assert g is not None
+    probe = replace(upstream, git=replace(g, commit=None, ref=target))
+    mirror = _fetch_git(probe, cache)
+    commit = Git(mirror).rev_parse(target if len(target) == 40 else "FETCH_HEAD")
+    if not commit:
+        raise SourceError(f"{upstream.name}: {target} not found in {g.url}")
+    new = replace(upstream, git=replace(g, commit=commit, ref=None if len(target) == 40 else target))
+    return new, _resolve_git(new, cache)
+
+
+def _download_version(upstream: str, pypi: PyPISource, art: Artifact, version: str, cache: Path) -> Artifact:
+    guess = art.file.replace(f"-{pypi.version}-", f"-{version}-", 1)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        progress.say(f"{upstream}: downloading {pypi.name}=={version} ({guess})")
+        res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python",
+                   "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--dest", tmp,
+                   f"{pypi.name}=={version}", *_pip_download_args(Artifact(guess, "0" * 64))], check=False)
+        got = sorted(Path(tmp).glob("*"))
+        if not res.ok or len(got) != 1:
+            tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
+            raise SourceError(f"{upstream}: could not download {pypi.name}=={version} like {art.file}: {tail}",
+                              hint=f"check the version, or pass --source {upstream}=PATH (a wheel or a checkout)")
+        sha = sha256_file(got[0])
+        dest = cache / "artifacts" / sha / got[0].name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(got[0], dest)
+    return Artifact(dest.name, sha, art.tree)

@@ -1,0 +1,257 @@
+"""retire and rebase end to end on real git histories: an upstream that merges
+one patch verbatim, fixes another differently, merges then reverts a third;
+and a real pair of megatron-core releases (0.19.1 -> 0.19.2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from carry.runner import Git
+from conftest import SERIES, TOOLS, git, read_json, tool
+from fakeup import edit, make_patch, make_upstream, patch_entry, series_toml
+
+PROOF = '''
+import importlib
+
+def test_fixed():
+    mod = importlib.import_module("megatron.core.{mod}")
+    assert mod.{name} == {value!r}
+'''
+
+
+@pytest.fixture
+def history(tmp_path):
+    up = make_upstream(tmp_path)
+    v0 = git(up, "rev-parse", "HEAD")
+    sdir = tmp_path / "patches" / "demo"
+    specs = {
+        "verbatim": ("alpha", 5, "value_5 = 'patched'\n", "value_5", "patched"),
+        "different": ("beta", 10, "value_10 = 'patched'\n", "value_10", "patched"),
+        "reverted": ("gamma", 20, "value_20 = 'patched'\n", "value_20", "patched"),
+        "plain": ("delta", 15, "value_15 = 'patched'\n", "value_15", "patched"),
+    }
+    (sdir / "proofs" / "megatron_lm").mkdir(parents=True)
+    (sdir / "proofs" / "pytest.ini").write_text((SERIES / "proofs" / "pytest.ini").read_text())
+    entries = []
+    for i, (pid, (mod, line, new, name, value)) in enumerate(specs.items(), 1):
+        rel = f"megatron-lm/{i:04d}-{pid}.patch"
+        make_patch(up, v0, [(f"megatron/core/{mod}.py", line, new)], f"demo: {pid}", sdir / rel)
+        (sdir / f"proofs/megatron_lm/test_{pid}.py").write_text(PROOF.format(mod=mod, name=name, value=value))
+        entries.append(patch_entry(pid, rel, proof=f"proofs/megatron_lm/test_{pid}.py"))
+    # upstream history: merge 'verbatim' as is, fix 'different' its own way, merge then revert 'reverted'
+    g = Git(up)
+    g("am", "-q", str(sdir / "megatron-lm/0001-verbatim.patch"))
+    edit(up, "megatron/core/beta.py", 10, 'value_10 = "patched"  # fixed upstream, differently\n')
+    g.commit_all("upstream: fix beta")
+    g("am", "-q", str(sdir / "megatron-lm/0003-reverted.patch"))
+    merged = g.head()
+    v1 = merged
+    g("revert", "--no-edit", merged)
+    v2 = g.head()
+    entries[2]["merged_in"] = merged
+    (sdir / "series.toml").write_text(series_toml(v0, "https://example.invalid/up.git", entries))
+    return {"up": up, "v0": v0, "v1": v1, "v2": v2, "series": sdir, "tmp": tmp_path,
+            "cache": tmp_path / "cache"}
+
+
+def retire(h, target, *extra, check=None):
+    return tool("retire", "--series", h["series"], "--against", f"megatron-lm={target}", "--source", h["up"],
+                "--cache", h["cache"], *extra, check=check)
+
+
+def test_verdicts_and_evidence(history):
+    out = history["tmp"] / "r.json"
+    retire(history, history["v2"], "--json", out, check=0)
+    doc = read_json(out)
+    v = {p["id"]: p for p in doc["patches"]}
+    assert (v["verbatim"]["verdict"], v["verbatim"]["text"], v["verbatim"]["behaviour"]) == ("landed", "landed", "pass")
+    assert v["different"]["verdict"] == "landed" and v["different"]["behaviour"] == "pass"
+    assert v["different"]["text"] == "conflicts" and "differently" in " ".join(v["different"]["disagreements"])
+    assert (v["reverted"]["verdict"], v["reverted"]["behaviour"], v["reverted"]["link"]) == ("needed", "fail", "landed")
+    assert v["reverted"]["disagreements"], "link says landed, the proof says the bug is back: reported"
+    assert (v["plain"]["verdict"], v["plain"]["text"], v["plain"]["behaviour"]) == ("needed", "applies", "fail")
+    assert doc["written"] is False
+    # before the revert, the merged patch is landed by text, link and behaviour
+    out1 = history["tmp"] / "r1.json"
+    retire(history, history["v1"], "--json", out1, check=0)
+    v1 = {p["id"]: p for p in read_json(out1)["patches"]}
+    assert (v1["reverted"]["verdict"], v1["reverted"]["link"]) == ("landed", "landed")
+
+
+def test_write_retires_repins_and_reapplies(history):
+    before = (history["series"] / "series.toml").read_text()
+    res = retire(history, history["v2"], "--write", check=0)
+    assert "retired: verbatim, different" in res.stdout
+    sdir = history["series"]
+    text = (sdir / "series.toml").read_text()
+    assert text != before and history["v2"] in text and history["v0"] not in text
+    assert 'id = "verbatim"' not in text and 'id = "different"' not in text and 'id = "plain"' in text
+    rec = (sdir / "retired" / "verbatim" / "record.toml").read_text()
+    assert "reverse-applies" in rec and history["v2"] in rec
+    assert (sdir / "retired" / "verbatim" / "0001-verbatim.patch").exists()
+    assert not (sdir / "megatron-lm" / "0001-verbatim.patch").exists()
+    assert not (sdir / "proofs/megatron_lm/test_verbatim.py").exists()
+    tool("lint", "--series", sdir, check=0)
+    tool("apply", "--series", sdir, "--workdir", history["tmp"] / "w", "--cache", history["cache"],
+         "--source", f"megatron-lm={history['up']}", check=0)
+
+
+def test_write_does_nothing_when_the_rest_does_not_apply(history):
+    # a new upstream commit that breaks 'plain'
+    up = history["up"]
+    edit(up, "megatron/core/delta.py", 15, "value_15 = 'theirs'\n")
+    v3 = Git(up).commit_all("upstream: clash with plain")
+    before = (history["series"] / "series.toml").read_text()
+    res = retire(history, v3, "--write", check=1)
+    assert "nothing was written" in res.stderr
+    assert (history["series"] / "series.toml").read_text() == before
+    assert not (history["series"] / "retired").exists() or not any((history["series"] / "retired").iterdir())
+    assert (history["series"] / "megatron-lm/0001-verbatim.patch").exists()
+
+
+def test_interrupted_write_leaves_series_unchanged(history):
+    before = {p: p.read_bytes() for p in history["series"].rglob("*") if p.is_file()}
+    proc = subprocess.Popen([sys.executable, str(TOOLS / "retire.py"), "--series", str(history["series"]),
+                             "--against", f"megatron-lm={history['v2']}", "--source", str(history["up"]),
+                             "--cache", str(history["cache"]), "--write"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    time.sleep(1.5)  # inside the proof runs, well before the commit point
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    after = {p: p.read_bytes() for p in history["series"].rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_crashing_proof_and_unreachable_base(history):
+    (history["series"] / "proofs/megatron_lm/test_plain.py").write_text("import os\n\ndef test_x():\n    os._exit(3)\n")
+    out = history["tmp"] / "c.json"
+    retire(history, history["v2"], "--json", out, check=0)
+    v = {p["id"]: p for p in read_json(out)["patches"]}
+    assert v["plain"]["behaviour"] == "error" and v["plain"]["verdict"] == "unknown"
+    assert "crashed" in " ".join(v["plain"]["disagreements"])
+    res = retire(history, "0" * 40, check=1)
+    assert "has no commit" in res.stderr
+    res = tool("retire", "--series", history["series"], "--against", f"megatron-lm={history['v2']}",
+               "--cache", history["cache"], check=1)
+    assert "--source" in res.stderr
+
+
+def test_rebase_summary_and_conflict_continue(history, tmp_path):
+    sdir = history["series"]
+    up = history["up"]
+    # v2 + unrelated upstream change near 'plain' (context only) -> refreshed
+    edit(up, "megatron/core/delta.py", 13, "value_13 = 'context moved'\n")
+    v3 = Git(up).commit_all("upstream: touch context near plain")
+    out = tmp_path / "rb.json"
+    res = tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", up, "--cache",
+               history["cache"], "--workdir", tmp_path / "rw", "--json", out, check=1)
+    doc = read_json(out)
+    e = {x["id"]: x["outcome"] for x in doc["patches"]}
+    assert e["different"] == "conflicting" and e["verbatim"] == "dropped"
+    assert "--continue" in res.stderr and "git am --continue" in res.stderr
+    ws = tmp_path / "rw" / "megatron-lm"
+    # resolve as a person would: keep upstream's fix for 'different' (drop our patch), continue the rest
+    g = Git(ws)
+    g("am", "--skip")
+    rest = [str(sdir / "megatron-lm/0003-reverted.patch"), str(sdir / "megatron-lm/0004-plain.patch")]
+    g("am", "-q", "--3way", *rest)
+    # the dropped patch must leave the series first: retire it (landed) on the old base range
+    res = tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", up, "--cache",
+               history["cache"], "--workdir", tmp_path / "rw", "--continue", check=2)
+    assert "expected" in res.stderr  # 'different' has no commit: the series must say so first
+    text = (sdir / "series.toml").read_text()
+    from carry.seriesedit import remove_patches
+    (sdir / "series.toml").write_text(remove_patches(text, {"different"}))
+    (sdir / "megatron-lm/0002-different.patch").unlink()
+    res = tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", up, "--cache",
+               history["cache"], "--workdir", tmp_path / "rw", "--continue", "--json", out, check=0)
+    e = {x["id"]: x["outcome"] for x in read_json(out)["patches"]}
+    assert e == {"verbatim": "dropped", "reverted": "unchanged", "plain": "refreshed"}
+    assert v3 in (sdir / "series.toml").read_text()
+    assert "value_13 = 'context moved'" in (sdir / "megatron-lm/0004-plain.patch").read_text()
+    tool("apply", "--series", sdir, "--workdir", tmp_path / "w", "--cache", history["cache"],
+         "--source", f"megatron-lm={up}", check=0)
+
+
+# -- a real pair of PyPI releases ------------------------------------------------------
+PAIR_PROOF = '''
+"""0.19.1's TransformerLayer lacks get_inner_quantization_context (0.19.2 adds it)."""
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+from megatron.core.transformer.transformer_layer import TransformerLayer
+
+
+def test_layer_has_quantization_context():
+    fake = SimpleNamespace(config=SimpleNamespace(fp8=None, fp4=None, fp8_recipe=None), layer_number=1)
+    ctx = TransformerLayer.get_inner_quantization_context(fake)
+    assert isinstance(ctx, nullcontext)
+'''
+
+OLD_WHEEL = ("megatron_core-0.19.1-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
+             "615c0cc84df2d0cb67dc9ade04686d78ac1624772550315db2150fd941dd9390")
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_real_release_pair_landed_by_behaviour(tmp_path, pin_cache):
+    sdir = tmp_path / "patches" / "pair"
+    pins = (SERIES / "series.toml").read_text().split("\n[[patches]]")[0].split("[upstreams.megatron-bridge]")[0]
+    pins = pins.replace('name = "gtp"', 'name = "pair"').replace('version = "0.19.2"', 'version = "0.19.1"')
+    import re
+    pins = re.sub(r"artifacts = \[.*?\n\]", f'artifacts = [\n  {{ file = "{OLD_WHEEL[0]}", sha256 = "{OLD_WHEEL[1]}", '
+                  'tree = true },\n]', pins, flags=re.S)
+    sdir.mkdir(parents=True)
+    (sdir / "series.toml").write_text(pins)
+    author = tmp_path / "author"
+    tool("apply", "--series", sdir, "--workdir", author, "--cache", pin_cache, check=0)
+    ws = author / "megatron-lm"
+    f = ws / "megatron/core/transformer/transformer_layer.py"
+    text = f.read_text()
+    anchor = "        self.bias_dropout_add_exec_handler = torch.enable_grad\n"
+    assert anchor in text
+    text = text.replace(anchor, anchor + "\n    def get_inner_quantization_context(self):\n"
+                        "        \"\"\"Carried: the low-precision context the fine-grained schedule needs.\"\"\"\n"
+                        "        from contextlib import nullcontext\n\n"
+                        "        cfg = self.config\n"
+                        "        if cfg.fp8 and str(cfg.fp8_recipe) != 'delayed':\n"
+                        "            from megatron.core.fp8_utils import get_fp8_context\n\n"
+                        "            return get_fp8_context(cfg, self.layer_number - 1)\n"
+                        "        if cfg.fp4:\n"
+                        "            from megatron.core.fp4_utils import get_fp4_context\n\n"
+                        "            return get_fp4_context(cfg, self.layer_number - 1)\n"
+                        "        return nullcontext()\n", 1)
+    f.write_text(text)
+    from carry.export import format_patch
+    commit = Git(ws).commit_all("transformer_layer: a quantization context for fine-grained schedules")
+    (sdir / "megatron-lm").mkdir()
+    (sdir / "megatron-lm/0001-quant-context.patch").write_text(format_patch(ws, commit))
+    (sdir / "proofs/megatron_lm").mkdir(parents=True)
+    (sdir / "proofs/pytest.ini").write_text((SERIES / "proofs/pytest.ini").read_text())
+    (sdir / "proofs/megatron_lm/test_quant_context.py").write_text(PAIR_PROOF)
+    (sdir / "series.toml").write_text(pins + """
+[[patches]]
+id = "quant-context"
+upstream = "megatron-lm"
+title = "TransformerLayer.get_inner_quantization_context"
+file = "megatron-lm/0001-quant-context.patch"
+status = "pending"
+owner = "tests"
+why = "0.19.1's fine-grained schedule ignores FP4"
+retire_when = "a release has the method"
+proof = "proofs/megatron_lm/test_quant_context.py"
+""")
+    out = tmp_path / "pair.json"
+    tool("retire", "--series", sdir, "--against", "megatron-lm=0.19.2", "--cache", pin_cache, "--json", out,
+         timeout=1800, check=0)
+    v = read_json(out)["patches"][0]
+    assert v["verdict"] == "landed" and v["behaviour"] == "pass", v
+    assert v["text"] in ("conflicts", "applies"), v  # upstream wrote it its own way

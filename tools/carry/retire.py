@@ -1,0 +1,266 @@
+"""Retire: decide, with evidence, which patches an upstream base already has.
+
+Three kinds of evidence per patch, reported side by side:
+  text       the patch reverse-applies on the new base, or applying it finds
+             it already there, or (git) an upstream commit in the new range
+             has the same `git patch-id --stable`;
+  behaviour  the patch's proof passes on the pristine new base: the bug is
+             gone upstream even if upstream fixed it differently;
+  link       (git) the recorded upstream merge commit is an ancestor of the
+             new base.
+Disagreements are reported, not hidden. ``--write`` retires the landed
+patches, re-pins the upstream and re-applies the rest on the new base; if
+that fails nothing is written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import apply as applying
+from . import manifest, progress, seriesedit, sources
+from .errors import OperationError, UsageError
+from .manifest import PatchMeta, Series
+from .prove import extract, run_proof
+from .runner import Git, run
+from .workspace import WorkDir
+
+
+@dataclass
+class Verdict:
+    id: str
+    verdict: str                  # landed | needed | conflicts | unknown
+    text: str                     # landed | applies | conflicts | n/a
+    behaviour: str                # pass | fail | skipped | error | no-proof
+    link: str = "n/a"             # landed | not-yet | n/a
+    candidate: bool = False       # landed by behaviour only while the text still applies
+    evidence: list[str] = field(default_factory=list)
+    disagreements: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RetireReport:
+    series: str
+    upstream: str
+    against: str
+    new_base: str
+    ok: bool = True
+    written: bool = False
+    patches: list[Verdict] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _text_signal(series: Series, p: PatchMeta, base_repo: Path, base_commit: str, scratch: Path,
+                 seq_status: str, range_ids: dict[str, str]) -> tuple[str, list[str]]:
+    ev = []
+    tree = scratch / "probe"
+    if not tree.exists():
+        run(["git", "clone", "-q", "--local", "--branch", "main", str(base_repo), str(tree)])
+    g = Git(tree)
+    path = series.patch_path(p)
+    if g("apply", "--reverse", "--check", str(path), check=False).ok:
+        ev.append("text: the patch reverse-applies cleanly on the new base")
+        return "landed", ev
+    if seq_status == "already-applied":
+        ev.append("text: applying it on the new base (3-way) finds the change already there")
+        return "landed", ev
+    pid = _patch_id(path)
+    if pid and pid in range_ids:
+        ev.append(f"text: upstream commit {range_ids[pid][:12]} has the same patch-id")
+        return "landed", ev
+    if seq_status == "applied":
+        ev.append("text: the patch still applies on the new base")
+        return "applies", ev
+    ev.append("text: the patch conflicts with the new base")
+    return "conflicts", ev
+
+
+def _patch_id(path: Path) -> str | None:
+    import subprocess
+    res = subprocess.run(["git", "patch-id", "--stable"], input=path.read_bytes(), capture_output=True)
+    out = res.stdout.decode().split()
+    return out[0] if out else None
+
+
+def _range_patch_ids(up, old_commit: str | None, new_commit: str, mirror: Path | None) -> dict[str, str]:
+    if not (mirror and old_commit):
+        return {}
+    g = Git(mirror)
+    if not g("cat-file", "-e", f"{old_commit}^{{commit}}", check=False).ok:
+        return {}
+    ids = {}
+    for c in g("rev-list", f"{old_commit}..{new_commit}", check=False).stdout.split():
+        import subprocess
+        show = subprocess.run(["git", "-C", str(mirror), "show", "--format=", c], capture_output=True).stdout
+        res = subprocess.run(["git", "patch-id", "--stable"], input=show, capture_output=True).stdout.decode().split()
+        if res:
+            ids[res[0]] = c
+    return ids
+
+
+def _decide(text: str, behaviour: str, link: str) -> tuple[str, bool, list[str]]:
+    dis = []
+    if behaviour == "error":
+        return "unknown", False, ["the proof crashed on the new base: no behaviour evidence"]
+    if behaviour == "pass":
+        if text == "applies" and link != "landed":
+            dis.append("the proof passes upstream but the patch still applies: upstream fixed it some other way "
+                       "(a candidate, not a certainty)")
+            return "landed", True, dis
+        if text == "conflicts":
+            dis.append("the patch no longer applies, but the bug is gone: upstream fixed it differently")
+        return "landed", False, dis
+    if behaviour == "fail":
+        if text == "landed" or link == "landed":
+            dis.append("the text is upstream but the proof still fails there: the fix may be incomplete "
+                       "upstream, or the proof depends on another patch")
+            return "needed", False, dis
+        return ("conflicts" if text == "conflicts" else "needed"), False, dis
+    # no behaviour evidence (no proof, or a GPU proof without a GPU)
+    if text == "landed" or link == "landed":
+        return "landed", False, dis
+    if text == "conflicts":
+        return "conflicts", False, dis
+    if text == "applies":
+        return "needed", False, dis
+    return "unknown", False, dis
+
+
+def retire(series: Series, name: str, target: str, cache: Path, write: bool, workdir: Path | None,
+           source: Path | None, timeout: float, accept_candidates: bool = False) -> RetireReport:
+    up = series.upstream(name)
+    mine = series.patches_for(name)
+    if not mine:
+        raise UsageError(f"{name} has no patch in series {series.name}")
+    new_up, base = sources.retarget(up, target, cache, source)
+    rep = RetireReport(series.name, name, target, base.describe)
+    with tempfile.TemporaryDirectory(prefix="carry-retire-") as tmp:
+        tmpd = Path(tmp)
+        seq = tmpd / "seq"
+        run(["git", "clone", "-q", "--local", "--branch", "main", str(base.repo), str(seq)])
+        older = [b for b in base.repo.parent.glob("*.git") if b != base.repo]
+        seq_results = {r.id: r.status for r in _am_each(seq, series, mine, older)}
+        mirror = sources.mirror_path(up, cache) if up.git else None
+        if source is not None and (source / ".git").exists():
+            mirror = source
+        old_commit = up.git.commit if up.git else None
+        new_commit = new_up.git.commit if new_up.git else None
+        range_ids = _range_patch_ids(up, old_commit, new_commit, mirror) if new_commit else {}
+        trees = _other_trees(series, name, workdir, cache, tmpd)
+        pristine = extract(base.repo, base.commit, tmpd / "pristine")
+        for p in mine:
+            text, ev = _text_signal(series, p, base.repo, base.commit, tmpd, seq_results.get(p.id, "failed"),
+                                    range_ids)
+            if p.proof:
+                progress.say(f"{p.id}: proof on the new base")
+                out = run_proof(series, p, {**trees, name: pristine}, timeout)
+                behaviour = out.result
+                ev.append(f"behaviour: proof {out.result} on the new base ({out.detail})")
+            else:
+                behaviour = "no-proof"
+            link = "n/a"
+            if p.merged_in and mirror and new_commit:
+                anc = Git(mirror)("merge-base", "--is-ancestor", p.merged_in, new_commit, check=False).ok
+                link = "landed" if anc else "not-yet"
+                ev.append(f"link: {p.merged_in[:12]} is {'an' if anc else 'not an'} ancestor of the new base")
+            verdict, candidate, dis = _decide(text, behaviour, link)
+            rep.patches.append(Verdict(p.id, verdict, text, behaviour, link, candidate, ev, dis))
+    landed = [v.id for v in rep.patches if v.verdict == "landed" and (accept_candidates or not v.candidate)]
+    if write:
+        _write(series, new_up, landed, rep, cache, source, workdir)
+    return rep
+
+
+def _am_each(repo: Path, series: Series, patches: list[PatchMeta], older: list[Path]):
+    """Apply each patch on its own merits: a failure does not stop the rest."""
+    results = []
+    for p in patches:
+        r = applying.am_patches(repo, series, [p], older)
+        results += r
+    return results
+
+
+def _other_trees(series: Series, name: str, workdir: Path | None, cache: Path, tmpd: Path) -> dict[str, Path]:
+    """Patched trees of the other upstreams, for proofs that import them."""
+    if workdir is not None:
+        state = WorkDir(workdir).load_state().get("upstreams", {})
+        return {u: WorkDir(workdir).workspace(u) for u in state if u != name}
+    others = [u.name for u in series.upstreams if u.name != name and u.sources[0] == "pypi"]
+    if not others:
+        return {}
+    wd = tmpd / "others"
+    try:
+        applying.apply(series, applying.Options(workdir=wd, cache=cache, only=others))
+    except OperationError as exc:
+        progress.say(f"other upstreams unavailable for proofs: {exc.message}")
+        return {}
+    return {u: wd / u for u in others}
+
+
+def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: Path, source: Path | None,
+           workdir: Path | None) -> None:
+    """Retire, re-pin, re-apply in a scratch copy; only then touch the real series."""
+    root = series.root
+    text = (root / "series.toml").read_text()
+    if landed:
+        text = seriesedit.remove_patches(text, set(landed))
+    text = seriesedit.repin(text, new_up, new_up.sources[0])
+    with tempfile.TemporaryDirectory(prefix="carry-retire-check-") as tmp:
+        trial = Path(tmp) / series.name
+        shutil.copytree(root, trial)
+        (trial / "series.toml").write_text(text)
+        fresh = manifest.load(trial)
+        opts = applying.Options(workdir=Path(tmp) / "work", cache=cache, only=[new_up.name],
+                                sources={new_up.name: source} if source else {})
+        check = applying.apply(fresh, opts)
+        if not check.ok:
+            rep.ok = False
+            rep.error = "the remaining series does not apply on the new base; nothing was written:\n" + (check.error or "")
+            return
+    today = dt.date.today().isoformat()
+    by_id = {v.id: v for v in rep.patches}
+    staged = root / "retired" / f".staging-{os.getpid()}"
+    staged.mkdir(parents=True, exist_ok=True)
+    moves = []
+    for pid in landed:
+        meta = series.patch(pid)
+        dest = staged / pid
+        dest.mkdir()
+        shutil.copy2(series.patch_path(meta), dest / Path(meta.file).name)
+        moves.append(series.patch_path(meta))
+        if meta.proof:
+            proof = root / meta.proof.split("::")[0]
+            shutil.copy2(proof, dest / proof.name)
+            if sum(1 for q in series.patches if q.proof and q.proof.split("::")[0] == meta.proof.split("::")[0]) == 1:
+                moves.append(proof)
+        v = by_id[pid]
+        (dest / "record.toml").write_text(
+            f'id = "{pid}"\ntitle = {seriesedit._toml_str(meta.title)}\nupstream = "{meta.upstream}"\n'
+            f'retired_on = "{today}"\nnew_base = {seriesedit._toml_str(rep.new_base)}\n'
+            f'against = {seriesedit._toml_str(rep.against)}\nverdict = "{v.verdict}"\n'
+            f'text = "{v.text}"\nbehaviour = "{v.behaviour}"\nlink = "{v.link}"\n'
+            "evidence = [\n" + "".join(f"  {seriesedit._toml_str(e)},\n" for e in v.evidence) + "]\n"
+            "disagreements = [\n" + "".join(f"  {seriesedit._toml_str(e)},\n" for e in v.disagreements) + "]\n")
+    # The commit point: the manifest. Before it, the series is unchanged.
+    tmpfile = root / "series.toml.tmp"
+    tmpfile.write_text(text)
+    os.replace(tmpfile, root / "series.toml")
+    for pid in landed:
+        final = root / "retired" / pid
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(staged / pid, final)
+    shutil.rmtree(staged, ignore_errors=True)
+    for path in moves:
+        path.unlink(missing_ok=True)
+    rep.retired = landed
+    rep.written = True

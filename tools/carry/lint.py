@@ -52,11 +52,11 @@ def lint(series: Series) -> list[Problem]:
             add(where, f"status {p.status} needs an upstream link")
         if p.status == "merged" and not p.merged_in:
             add(where, "status merged needs merged_in (the upstream commit or release that has it)")
-        if p.proof is not None:
-            if not _PROOF_RE.match(p.proof):
-                add(where, f"proof {p.proof!r} must look like proofs/<dir>/test_<name>.py[::test_fn]")
-            elif not (series.root / p.proof.split("::")[0]).is_file():
-                add(where, f"proof file {p.proof.split('::')[0]} does not exist")
+        for proof in p.proofs:
+            if not _PROOF_RE.match(proof):
+                add(where, f"proof {proof!r} must look like proofs/<dir>/test_<name>.py[::test_fn]")
+            elif not (series.root / proof.split("::")[0]).is_file():
+                add(where, f"proof file {proof.split('::')[0]} does not exist")
         path = series.patch_path(p)
         if not path.is_file():
             add(where, f"patch file {p.file} does not exist")

@@ -81,9 +81,13 @@ class PatchMeta:
     why: str
     retire_when: str
     links: tuple[str, ...] = ()
-    proof: str | None = None
+    proofs: tuple[str, ...] = ()  # each must fail on the pristine base and pass patched
     requires: tuple[str, ...] = ()
     merged_in: str | None = None
+
+    @property
+    def proof(self) -> str | None:
+        return self.proofs[0] if self.proofs else None
 
 
 @dataclass(frozen=True)
@@ -280,7 +284,7 @@ def load(series_dir: Path) -> Series:
             file=t.get("file", str, required=True), status=t.get("status", str, required=True),
             owner=t.get("owner", str, required=True), why=t.get("why", str, required=True),
             retire_when=t.get("retire_when", str, required=True), links=t.strings("links"),
-            proof=t.get("proof", str, None), requires=t.strings("requires"),
+            proofs=_proofs(t), requires=t.strings("requires"),
             merged_in=t.get("merged_in", str, None),
         )
         if p.upstream not in [u.name for u in upstreams]:
@@ -295,6 +299,18 @@ def load(series_dir: Path) -> Series:
     if dupes:
         raise ConfigError(f"{path}: duplicate patch id(s): {', '.join(dupes)}")
     return Series(name, s.get("description", str, ""), series_dir, tuple(upstreams), tuple(patches))
+
+
+def _proofs(t: _Table) -> tuple[str, ...]:
+    """`proof` is one test file or a list of them."""
+    value = t.get("proof", (str, list), None)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if not value or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{t.path}: [{t.where}] proof must be a string or a non-empty list of strings")
+    return tuple(value)
 
 
 def find_series(repo_root: Path, name: str) -> Path:

@@ -69,11 +69,12 @@ def extract(repo: Path, commit: str, dest: Path) -> Path:
 
 
 def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout: float,
-              log_dir: Path | None = None, label: str = "") -> Outcome:
-    """Run one proof against the given upstream trees; classify from JUnit XML."""
-    assert patch.proof
+              log_dir: Path | None = None, label: str = "", proof: str | None = None) -> Outcome:
+    """Run one proof (by default the patch's first) against the given trees; classify from JUnit XML."""
+    proof = proof or patch.proof
+    assert proof
     proofs_dir = series.root / "proofs"
-    target = series.root / patch.proof
+    target = series.root / proof.split("::")[0]
     paths = [str(proofs_dir)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CARRY_TREE_")}
     for up in series.upstreams:
@@ -87,7 +88,7 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
         xml = Path(tmp) / "junit.xml"
         argv = [sys.executable, "-m", "pytest", "-q", "-c", str(proofs_dir / "pytest.ini"),
                 "--rootdir", str(proofs_dir), f"--junitxml={xml}", "-o", "junit_family=xunit1",
-                str(target) + (patch.proof.split(".py", 1)[1] if "::" in patch.proof else "")]
+                str(target) + ("::" + proof.split("::", 1)[1] if "::" in proof else "")]
         t0 = time.monotonic()
         try:
             res = run(argv, env=env, cwd=series.root.parents[1], check=False, timeout=timeout)
@@ -97,7 +98,8 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
         secs = time.monotonic() - t0
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
-            (log_dir / f"{patch.id}.{label}.log").write_text(output)
+            stem = Path(proof.split("::")[0]).stem
+            (log_dir / f"{patch.id}.{stem}.{label}.log").write_text(output)
         return _classify(rc, xml, output, secs)
 
 
@@ -135,7 +137,7 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
     if only:
         named = set(only)
         chosen = [p for p in chosen if p.id in named or p.upstream in named]
-    with_proof = [p for p in chosen if p.proof]
+    with_proof = [p for p in chosen if p.proofs]
     if not with_proof:
         raise UsageError("no selected patch has a proof", hint="check --only and the proof keys in series.toml")
     report = ProveReport(series=series.name)
@@ -156,15 +158,16 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
             if not pristine_tree.exists():
                 extract(repo, rec["base_commit"], pristine_tree)
             patched_tree = extract(repo, commits[p.id], tmpd / f"{p.upstream}-{p.id}")
-            progress.say(f"{p.id}: proof on the pristine base")
-            a = run_proof(series, p, {**others, p.upstream: pristine_tree}, timeout, log_dir, "pristine")
-            progress.say(f"{p.id}: proof on the patched tree")
-            b = run_proof(series, p, {**others, p.upstream: patched_tree}, timeout, log_dir, "patched")
-            if a.result == "skipped" and b.result == "skipped":
-                ok = None
-            else:
-                ok = a.result == "fail" and b.result == "pass"
-            report.proofs.append(ProofResult(p.id, p.proof or "", a.result, b.result, ok, a.detail, b.detail,
-                                             round(a.seconds + b.seconds, 1)))
+            for proof in p.proofs:
+                progress.say(f"{p.id}: {proof} on the pristine base")
+                a = run_proof(series, p, {**others, p.upstream: pristine_tree}, timeout, log_dir, "pristine", proof)
+                progress.say(f"{p.id}: {proof} on the patched tree")
+                b = run_proof(series, p, {**others, p.upstream: patched_tree}, timeout, log_dir, "patched", proof)
+                if a.result == "skipped" and b.result == "skipped":
+                    ok = None
+                else:
+                    ok = a.result == "fail" and b.result == "pass"
+                report.proofs.append(ProofResult(p.id, proof, a.result, b.result, ok, a.detail, b.detail,
+                                                 round(a.seconds + b.seconds, 1)))
     report.ok = all(r.ok is not False for r in report.proofs)
     return report

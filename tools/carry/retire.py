@@ -160,13 +160,7 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
         for p in mine:
             text, ev = _text_signal(series, p, base.repo, base.commit, tmpd, seq_results.get(p.id, "failed"),
                                     range_ids)
-            if p.proof:
-                progress.say(f"{p.id}: proof on the new base")
-                out = run_proof(series, p, {**trees, name: pristine}, timeout)
-                behaviour = out.result
-                ev.append(f"behaviour: proof {out.result} on the new base ({out.detail})")
-            else:
-                behaviour = "no-proof"
+            behaviour = _behaviour(series, p, {**trees, name: pristine}, timeout, ev)
             link = "n/a"
             if p.merged_in and mirror and new_commit:
                 anc = Git(mirror)("merge-base", "--is-ancestor", p.merged_in, new_commit, check=False).ok
@@ -178,6 +172,22 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
     if write:
         _write(series, new_up, landed, rep, cache, source, workdir)
     return rep
+
+
+def _behaviour(series: Series, p: PatchMeta, trees: dict[str, Path], timeout: float, ev: list[str]) -> str:
+    """All of a patch's proofs on the new base: any crash -> error, any fail -> fail, a pass -> pass."""
+    if not p.proofs:
+        return "no-proof"
+    results = []
+    for proof in p.proofs:
+        progress.say(f"{p.id}: {proof} on the new base")
+        out = run_proof(series, p, trees, timeout, proof=proof)
+        ev.append(f"behaviour: {proof} {out.result} on the new base ({out.detail})")
+        results.append(out.result)
+    for kind in ("error", "fail", "pass"):
+        if kind in results:
+            return kind
+    return "skipped"
 
 
 def _am_each(repo: Path, series: Series, patches: list[PatchMeta], older: list[Path]):
@@ -237,10 +247,11 @@ def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: 
         dest.mkdir()
         shutil.copy2(series.patch_path(meta), dest / Path(meta.file).name)
         moves.append(series.patch_path(meta))
-        if meta.proof:
-            proof = root / meta.proof.split("::")[0]
+        for ref in meta.proofs:
+            proof = root / ref.split("::")[0]
             shutil.copy2(proof, dest / proof.name)
-            if sum(1 for q in series.patches if q.proof and q.proof.split("::")[0] == meta.proof.split("::")[0]) == 1:
+            users = [q for q in series.patches if any(r.split("::")[0] == ref.split("::")[0] for r in q.proofs)]
+            if len(users) == 1:
                 moves.append(proof)
         v = by_id[pid]
         (dest / "record.toml").write_text(

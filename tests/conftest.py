@@ -34,6 +34,14 @@ def pin_cache() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def mcore_tree(pin_cache, tmp_path_factory) -> Path:
+    """A real megatron-core 0.19.2 tree (the gtp series applied), for tests that import it."""
+    work = tmp_path_factory.mktemp("mcore")
+    tool("apply", "--series", "gtp", "--workdir", work, "--cache", pin_cache, "--only", "megatron-lm", check=0)
+    return work / "megatron-lm"
+
+
 def tool(name: str, *args: str, timeout: float = 900, env: dict | None = None, check: int | None = None,
          cwd: Path = ROOT) -> subprocess.CompletedProcess:
     full_env = dict(os.environ)

@@ -40,6 +40,12 @@ sys.path.insert(0, str(ROOT / "patches" / "gtp" / "proofs"))
 from _world import spawn  # noqa: E402
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _megatron_core_from_pins(mcore_tree):
+    """Without an explicit tree, use the pinned megatron-core that conftest materialises."""
+    os.environ.setdefault("CARRY_MEGATRON_CORE_TREE", str(mcore_tree))
+
+
 def megatron_core_tree() -> Path:
     """The megatron-core tree from CARRY_MEGATRON_CORE_TREE, put on sys.path; skip if unset."""
     tree = os.environ.get("CARRY_MEGATRON_CORE_TREE")

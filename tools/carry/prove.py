@@ -82,7 +82,8 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
             root = trees[up.name]
             paths.append(str((root / up.python_path).resolve()))
             env[env_name(up.name)] = str(root.resolve())
-    env["PYTHONPATH"] = os.pathsep.join(paths)
+    # The trees go first; whatever the caller had (e.g. a TransformerEngine install) stays after them.
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     with tempfile.TemporaryDirectory(prefix="carry-proof-") as tmp:
         xml = Path(tmp) / "junit.xml"
@@ -141,7 +142,8 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
     if not with_proof:
         raise UsageError("no selected patch has a proof", hint="check --only and the proof keys in series.toml")
     report = ProveReport(series=series.name)
-    with tempfile.TemporaryDirectory(prefix="carry-prove-") as tmp:
+    # Hold the work directory's lock: an apply must not swap trees under a running proof.
+    with wd.lock(600.0), tempfile.TemporaryDirectory(prefix="carry-prove-") as tmp:
         tmpd = Path(tmp)
         for p in with_proof:
             rec = state.get(p.upstream)

@@ -193,7 +193,11 @@ def _layers(rank, world_size):
             assert isinstance(b, torch.nn.Parameter) and b.requires_grad, f"{name}.{bname}"
             assert b.dtype == torch.float32 and b.is_cuda, f"{name}.{bname}: {b.dtype} {b.device}"
             assert not b.detach().any(), f"{name}.{bname} is not zero-initialised"
-            assert getattr(b, "allreduce", None) is True, f"{name}.{bname}: allreduce flag lost"
+            # Megatron flags every parameter of the TELinear family allreduce=True after init;
+            # LayerNormLinear's normal init path sets no such flag on anything. The resized bias
+            # must carry whatever its weight carries.
+            weight_flag = getattr(getattr(m, "weight" + bname[4:]), "allreduce", None)
+            assert getattr(b, "allreduce", None) == weight_flag, f"{name}.{bname}: allreduce flag lost"
             assert not is_gtp_param(b), f"{name}.{bname} must stay replicated"
         for name, m in (("column", column), ("padded", padded), ("layernorm column", ln_column)):
             assert getattr(m.bias, "tensor_model_parallel", None) is True, f"{name}.bias TP flag"

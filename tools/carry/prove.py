@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 import tarfile
 import tempfile
@@ -104,6 +105,19 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
         return _classify(rc, xml, output, secs)
 
 
+_ERROR_LINE = re.compile(r"^\s*(?:E\s+)?([A-Za-z_.]*(?:Error|Exception|Failed|Interrupted)\b.*)$")
+
+
+def _headline(text: str) -> str:
+    """The most telling line of a failure: the innermost 'SomethingError: ...' (a rank's own)."""
+    hits = [m.group(1).strip() for line in text.splitlines() if (m := _ERROR_LINE.match(line))]
+    hits = [h for h in hits if not h.endswith("failed:")] or hits
+    if hits:
+        return hits[-1][:300]
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    return lines[0][:300] if lines else ""
+
+
 def _classify(rc: int, xml: Path, output: str, secs: float) -> Outcome:
     tests = failed = skipped = 0
     first_failure = skip_note = ""
@@ -111,8 +125,7 @@ def _classify(rc: int, xml: Path, output: str, secs: float) -> Outcome:
         for case in ET.parse(xml).getroot().iter("testcase"):
             tests += 1
             for child in case:
-                text = (child.get("message") or child.text or child.tag).strip()
-                line = text.splitlines()[0][:300] if text else child.tag
+                line = _headline((child.get("message") or "") + "\n" + (child.text or "")) or child.tag
                 if child.tag in ("failure", "error"):
                     failed += 1
                     first_failure = first_failure or line

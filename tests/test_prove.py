@@ -67,7 +67,7 @@ def test_red_green_and_the_ways_a_proof_can_be_wrong(proved, tmp_path):
     assert "needs a CUDA GPU" in by["conflict"]["patched_detail"]
     assert doc["ok"] is False
     assert "threeway" in res.stderr and "upstreamed" in res.stderr
-    assert (tmp_path / "logs" / "clean.pristine.log").exists()
+    assert (tmp_path / "logs" / "clean.test_good.pristine.log").exists()
     # Only the good one: exit 0
     tool("prove", "--series", proved["series"], "--workdir", proved["work"], "--only", "clean", check=0)
     # The skipped one alone is not a failure, and is never reported as passed.

@@ -28,3 +28,25 @@ def test_apply_then_export_check(tmp_path, pin_cache):
     tool("export", "--series", "gtp", "--workdir", tmp_path / "w", "--check", check=0)
     tool("apply", "--series", "gtp", "--workdir", tmp_path / "w", "--cache", pin_cache,
          "--only", "megatron-lm,megatron-bridge", "--check", check=0)
+
+
+@pytest.mark.slow
+def test_megatron_lm_proofs_red_green(tmp_path, pin_cache):
+    """The Megatron-LM proofs on the real pin: CPU ones red on pristine and green patched;
+    the GPU ones skipped here (never 'pass' without a GPU)."""
+    import torch
+
+    work = tmp_path / "w"
+    tool("apply", "--series", "gtp", "--workdir", work, "--cache", pin_cache, "--only", "megatron-lm", check=0)
+    out = tmp_path / "prove.json"
+    tool("prove", "--series", "gtp", "--workdir", work, "--only", "megatron-lm", "--json", out,
+         timeout=3000, check=0)
+    rows = read_json(out)["proofs"]
+    by_proof = {r["proof"].rsplit("/", 1)[1]: r for r in rows}
+    for name in ("test_pg_collection.py", "test_inference_pg.py", "test_tied_weight_guard.py"):
+        r = by_proof[name]
+        assert (r["pristine"], r["patched"], r["ok"]) == ("fail", "pass", True), r
+    for name in ("test_te_bias_sizing.py", "test_te_gpt_end_to_end.py"):
+        r = by_proof[name]
+        if not torch.cuda.is_available():
+            assert (r["pristine"], r["patched"], r["ok"]) == ("skipped", "skipped", None), r

@@ -76,8 +76,11 @@ def test_materialise_both_pins_layout_and_report(tmp_path, pin_cache):
     assert (br / "src/megatron/bridge/training/checkpointing.py").is_file()
     assert not (br / "megatron").exists()
     for u in doc["upstreams"]:
-        assert u["head"] == git(Path(u["workspace"]), "rev-parse", "HEAD")
-        assert git(Path(u["workspace"]), "log", "-1", "--format=%s").startswith("base: ")
+        ws = Path(u["workspace"])
+        assert u["head"] == git(ws, "rev-parse", "HEAD")
+        subjects = git(ws, "log", "--reverse", "--format=%s").splitlines()
+        assert subjects[0].startswith("base: ")
+        assert len(subjects) == 1 + sum(p["status"] == "applied" for p in u["patches"])
     assert "megatron-core==0.19.2" in doc["upstreams"][0]["base"]
     assert "megatron-bridge==0.6.2" in doc["upstreams"][1]["base"]
 

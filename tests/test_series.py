@@ -50,3 +50,16 @@ def test_megatron_lm_proofs_red_green(tmp_path, pin_cache):
         r = by_proof[name]
         if not torch.cuda.is_available():
             assert (r["pristine"], r["patched"], r["ok"]) == ("skipped", "skipped", None), r
+
+
+@pytest.mark.slow
+def test_megatron_bridge_proof_red_green(tmp_path, pin_cache):
+    """Bridge's checkpoint replica-group proof on the real pins (Megatron-LM patched beside it)."""
+    work = tmp_path / "w"
+    tool("apply", "--series", "gtp", "--workdir", work, "--cache", pin_cache,
+         "--only", "megatron-lm,megatron-bridge", check=0)
+    out = tmp_path / "prove.json"
+    tool("prove", "--series", "gtp", "--workdir", work, "--only", "megatron-bridge", "--json", out,
+         timeout=3000, check=0)
+    (r,) = read_json(out)["proofs"]
+    assert (r["id"], r["pristine"], r["patched"], r["ok"]) == ("bridge-ckpt-replica-groups", "fail", "pass", True), r

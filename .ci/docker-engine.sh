@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Install and start a Docker engine for the `docker` tests; safe to run again.
 #
-# The engine is Debian's docker.io (dockerd + its own CLI at /usr/bin/docker,
+# The engine is Debian's package (dockerd + its own CLI at /usr/bin/docker,
 # which has BuildKit built in; a newer /usr/local/bin/docker may shadow it on
 # PATH and lacks buildx, so callers use /usr/bin/docker). Also installs what
 # building the cpu base and exporting squashfs need: debootstrap and
 # squashfs-tools. dockerd runs as root in the background and logs to
-# $DOCKERD_LOG (default: dockerd.log in the system temp dir).
+# $DOCKERD_LOG (default: /var/log/gtp-carry-dockerd.log).
 set -euo pipefail
 
 DOCKER=/usr/bin/docker
-LOG="${DOCKERD_LOG:-${TMPDIR:-/tmp}/dockerd.log}"
+LOG="${DOCKERD_LOG:-/var/log/gtp-carry-dockerd.log}"
 WAIT_S="${DOCKERD_WAIT_S:-60}"
 
 if [ "$(id -u)" != 0 ]; then
@@ -26,7 +26,7 @@ if [ "${#need[@]}" -gt 0 ]; then
   echo "== installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # docker.io's recommends (e.g. a second runtime) are not needed here.
+  # The engine package's recommends are not needed here.
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 

@@ -115,6 +115,7 @@ def _rewrite(src: Path, target: Path, dist: str, old_version: str, version: str,
             info = zipfile.ZipInfo(new_info + "RECORD", date_time=(2000, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16
             zout.writestr(info, record)
+        os.chmod(tmp, 0o644)  # mkstemp made it private; a wheel is for others to read
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

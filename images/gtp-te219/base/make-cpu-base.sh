@@ -32,18 +32,12 @@ fi
 command -v debootstrap >/dev/null || { echo "make-cpu-base.sh: debootstrap is not installed (bash .ci/docker-engine.sh)" >&2; exit 2; }
 
 mirror_from_apt() {
-  # One-line format: "deb [opts] URI suite component..."
-  local f line
+  # One-line format: "deb [options] URI suite component..."
+  local f
   for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
     [ -r "$f" ] || continue
-    while read -r line; do
-      set -- $line
-      [ "${1:-}" = deb ] || continue
-      shift
-      case "${1:-}" in \[*) while [ $# -gt 0 ] && [[ "$1" != *\] ]]; do shift; done; shift ;; esac
-      case "${1:-}" in *-security*|"") continue ;; esac
-      echo "${1%/}"; return 0
-    done < "$f"
+    awk '$1 == "deb" { sub(/\[[^]]*\]/, ""); if ($2 !~ /-security/) { u = $2; sub(/\/$/, "", u); print u; exit } }' "$f" \
+      | grep . && return 0
   done
   # deb822 format: "URIs: ..." within a stanza whose Types include deb.
   for f in /etc/apt/sources.list.d/*.sources; do
@@ -61,7 +55,7 @@ mirror_from_apt() {
 MIRROR="${DEBIAN_MIRROR:-$(mirror_from_apt || true)}"
 [ -n "$MIRROR" ] || { echo "make-cpu-base.sh: no Debian mirror in the apt sources; set DEBIAN_MIRROR" >&2; exit 2; }
 
-root=$(mktemp -d "${TMPDIR:-/tmp}/gtp-cpu-base.XXXXXX")
+root=$(mktemp -d -t gtp-cpu-base.XXXXXX)
 trap 'rm -rf "$root"' EXIT
 echo "== debootstrap $SUITE (minbase + python3, python3-venv) from the apt mirror"
 start=$SECONDS

@@ -6,7 +6,7 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need_var GTP_FLAVOR GTP_WHEELHOUSE
-dir="${GTP_NEMO_RL_DIR:-/opt/nemo-rl}"
+dir="${GTP_NEMO_RL_DIR-/opt/nemo-rl}"
 pin="${GTP_NEMO_RL_COMMIT:-$(series_json pins.nemo-rl.commit 2>/dev/null || true)}"
 patches=()
 if [ -d "$GTP_WHEELHOUSE/nemo-rl" ]; then
@@ -14,6 +14,10 @@ if [ -d "$GTP_WHEELHOUSE/nemo-rl" ]; then
 fi
 if [ "${#patches[@]}" = 0 ]; then
   log "the series has no nemo-rl patches: nothing to apply"
+  exit 0
+fi
+if [ -z "$dir" ]; then
+  log "no NeMo-RL checkout given: ${#patches[@]} patch(es) not applied"
   exit 0
 fi
 if [ "$GTP_FLAVOR" = cpu ]; then

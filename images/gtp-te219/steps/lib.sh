@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers of the gtp-te219 steps. Sourced, never run.
 #
 # The steps run inside `docker build` (values come from build args), on a
@@ -11,7 +12,8 @@
 #   GTP_TE_VERSION GTP_TE_FLOOR GTP_CUDNN_FRONTEND_FLOOR GTP_TE_CORE
 #   NVTE_CUDA_ARCHS MAX_JOBS     the TE build (cuda flavour)
 #   GTP_TE_WHEELHOUSE     optional: install TE offline from this folder
-#   GTP_NEMO_RL_DIR GTP_NEMO_RL_COMMIT
+#   GTP_NEMO_RL_DIR GTP_NEMO_RL_COMMIT   (an empty GTP_NEMO_RL_DIR: no checkout, skip)
+#   GTP_TARGET_VENVS      optional: exactly these venvs (run-local.sh --venv)
 # Network settings arrive as BuildKit secrets (never in a layer):
 #   /run/secrets/gtp-ca     a CA bundle for pip and uv
 #   /run/secrets/gtp-index  KEY=VALUE lines: PIP_INDEX_URL, PIP_EXTRA_INDEX_URL
@@ -72,9 +74,16 @@ except md.PackageNotFoundError:
 PY
 }
 
-# The venvs the image changes: those that carry megatron-core.
+# The venvs the image changes: those that carry megatron-core, or exactly
+# GTP_TARGET_VENVS when set (run-local.sh --venv: a plain venv may not carry
+# megatron-core yet).
 megatron_venvs() {
   local v
+  if [ -n "${GTP_TARGET_VENVS:-}" ]; then
+    # shellcheck disable=SC2086  # a space-separated list, split on purpose
+    printf '%s\n' $GTP_TARGET_VENVS
+    return 0
+  fi
   for v in $(all_venvs); do
     [ -n "$(dist_version "$v" megatron-core)" ] && echo "$v"
   done
@@ -90,8 +99,11 @@ pip_install() {
   local venv="$1"; shift
   if have_uv; then
     (cd / && uv pip install --no-config --python "$venv/bin/python" "$@")
-  else
+  elif "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
     "$venv/bin/python" -m pip install --no-input --disable-pip-version-check "$@"
+  else
+    # A venv made --without-pip: pip (>= 22.3) from outside can target it.
+    python3 -m pip --python "$venv/bin/python" install --no-input --disable-pip-version-check "$@"
   fi
 }
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from .errors import CommandError, ConfigError, OperationError
-from .runner import Result, run
+from .runner import Result, run, spawn, stream
 
 
 class DockerUnavailable(ConfigError):
@@ -163,23 +163,23 @@ class Docker:
         # place a command's output is read while it runs rather than captured.
         with open(log_file, "w", encoding="utf-8") as out:
             out.write("$ " + " ".join(argv) + "\n")
-            try:
-                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        env=env, bufsize=1, errors="replace")
-            except FileNotFoundError:
-                raise DockerUnavailable(f"{self.binary}: not found",
-                                        hint="bash .ci/docker-engine.sh (installs the engine and starts dockerd)") from None
-            assert proc.stdout is not None
             t0 = time.monotonic()
-            for line in proc.stdout:
-                line = line.rstrip("\n")
+
+            def feed(line: str) -> None:
                 out.write(line + "\n")
                 step = log.feed(line)
                 if step and on_step:
                     on_step(step)
                 if on_line:
                     on_line(line)
-            rc = proc.wait()
+
+            try:
+                rc = stream(argv, feed, env=env)
+            except CommandError as exc:
+                if exc.returncode != 127:
+                    raise
+                raise DockerUnavailable(f"{self.binary}: not found",
+                                        hint="bash .ci/docker-engine.sh (installs the engine and starts dockerd)") from None
             out.write(f"# exit {rc} after {time.monotonic() - t0:.1f}s\n")
         return rc, log
 
@@ -210,9 +210,9 @@ def export_squashfs(docker: Docker, image: str, out: Path) -> dict:
     t0 = time.monotonic()
     cid = docker.create(image)
     try:
-        exp = subprocess.Popen(docker.export_cmd(cid), stdout=subprocess.PIPE)
-        sq = subprocess.Popen(["mksquashfs", "-", str(tmp), "-tar", "-noappend", "-quiet", "-no-progress"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        exp = spawn(docker.export_cmd(cid), stdout=subprocess.PIPE)
+        sq = spawn(["mksquashfs", "-", str(tmp), "-tar", "-noappend", "-quiet", "-no-progress"],
+                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert exp.stdout is not None and sq.stdin is not None
         # Rewrite the stream: drop the image's own copies of enroot's files, add ours.
         with tarfile.open(fileobj=exp.stdout, mode="r|") as src, tarfile.open(fileobj=sq.stdin, mode="w|",

@@ -120,6 +120,25 @@ def run(
     return result
 
 
+def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, **popen) -> subprocess.Popen:
+    """Start a process whose streams the caller reads while it runs (builds, pipelines)."""
+    argv = [str(a) for a in argv]
+    try:
+        return subprocess.Popen(argv, env=dict(env) if env is not None else None, **popen)
+    except FileNotFoundError as exc:
+        raise CommandError(argv, 127, "", f"{argv[0]}: not found ({exc})") from None
+
+
+def stream(argv: Sequence[str], on_line, *, env: Mapping[str, str] | None = None) -> int:
+    """Run a command, hand each line of its merged output to on_line as it comes; return its exit code."""
+    proc = spawn(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                 errors="replace")
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        on_line(line.rstrip("\n"))
+    return proc.wait()
+
+
 class Git:
     """git verbs on one repository (``git -C path`` with pinned config)."""
 

@@ -101,7 +101,7 @@ def parse(text: str, source: str = "<patch>") -> Patch:
             continue
         if line == "-- " or line.startswith("-- \n"):
             break
-        if hunk is None or not line[:1] in (" ", "+", "-", "\\"):
+        if hunk is None or line[:1] not in (" ", "+", "-", "\\"):
             if line.startswith("new file mode "):
                 cur.new_file, cur.new_mode = True, line.split()[-1]
             elif line.startswith("deleted file mode "):
@@ -129,14 +129,7 @@ def parse(text: str, source: str = "<patch>") -> Patch:
                 hunk = Hunk(int(h[1]), int(h[2] or 1), int(h[3]), int(h[4] or 1), line)
                 cur.hunks.append(hunk)
             continue
-        if line.startswith("@@"):
-            h = _HUNK_RE.match(line)
-            if not h:
-                raise PatchFormatError(f"{source}: bad hunk header {line!r} in {cur.path}")
-            hunk = Hunk(int(h[1]), int(h[2] or 1), int(h[3]), int(h[4] or 1), line)
-            cur.hunks.append(hunk)
-        else:
-            hunk.lines.append(line)
+        hunk.lines.append(line)  # a context, added, removed or "\ No newline" line
     if not files:
         raise PatchFormatError(f"{source}: contains no 'diff --git' section")
     for f in files:

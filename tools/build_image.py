@@ -8,13 +8,13 @@ from pathlib import Path
 
 from carry import progress, report
 from carry.errors import CarryError
-from carry.cli import EPILOG, REPO_ROOT, _Parser, load_series, main
+from carry.cli import EPILOG, REPO_ROOT, Parser, load_series, main
 from carry.sources import default_cache
 
 
 def build_image_main(argv: list[str]) -> int:
     from carry import images
-    p = _Parser(prog="tools/build_image.py", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = Parser(prog="tools/build_image.py", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                 description="Build images/IMAGE for real: apply the series, write the patched wheels, lay out the\n"
                             "build context and run `docker build` (BuildKit), tagged by a hash of every input.\n"
                             "An image with that tag already there is not rebuilt. The built image is verified\n"

@@ -17,14 +17,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 EPILOG = "exit codes: 0 success; 1 the operation failed and nothing was changed; 2 bad usage, input or configuration"
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse exits 2 too; keep our one message style
         self.print_usage(sys.stderr)
         raise UsageError(message)
 
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
-    p = _Parser(prog=prog, description=description, epilog=EPILOG,
+    p = Parser(prog=prog, description=description, epilog=EPILOG,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--series", required=True,
                    help="series name (a folder patches/NAME/ with series.toml) or a path to such a folder")

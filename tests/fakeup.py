@@ -70,3 +70,17 @@ def patch_entry(pid: str, file: str, **kw) -> dict:
          "status": "pending", "owner": "tests", "why": "exercise the tool", "retire_when": "never"}
     d.update(kw)
     return d
+
+
+def add_proofs(series_dir: Path, bodies: dict[str, str], proof_of: dict[str, str], ini: Path) -> None:
+    """Write proofs/megatron_lm/test_<name>.py files and point patches at them (proof_of: id -> name)."""
+    proofs = series_dir / "proofs" / "megatron_lm"
+    proofs.mkdir(parents=True, exist_ok=True)
+    (series_dir / "proofs" / "pytest.ini").write_text(ini.read_text())
+    for name, body in bodies.items():
+        (proofs / f"test_{name}.py").write_text(body)
+    toml = series_dir / "series.toml"
+    text = toml.read_text()
+    for pid, name in proof_of.items():
+        text = text.replace(f'id = "{pid}"', f'id = "{pid}"\nproof = "proofs/megatron_lm/test_{name}.py"')
+    toml.write_text(text)

@@ -18,6 +18,7 @@ import pytest
 
 from carry.judge import judge, parse_gate, result_line, numeric_metrics
 from conftest import ROOT, SERIES, read_json, tool
+from fakeup import add_proofs
 from test_apply_git import demo  # noqa: F401
 from test_prove import GOOD, GPU, VACUOUS
 
@@ -102,16 +103,9 @@ timeout_s = {timeout}
 def night(demo, tmp_path):
     """The demo series with proofs, a NeMo-RL-shaped checkout, and a matrix over both."""
     sdir = demo["series"]
-    proofs = sdir / "proofs" / "megatron_lm"
-    proofs.mkdir(parents=True)
-    (sdir / "proofs" / "pytest.ini").write_text((SERIES / "proofs" / "pytest.ini").read_text())
-    for name, body in {"good": GOOD, "vacuous": VACUOUS, "gpu": GPU, "regress": REGRESS}.items():
-        (proofs / f"test_{name}.py").write_text(body)
-    toml = sdir / "series.toml"
-    text = toml.read_text()
-    for pid, proof in {"clean": "good", "threeway": "vacuous", "conflict": "gpu", "upstreamed": "regress"}.items():
-        text = text.replace(f'id = "{pid}"', f'id = "{pid}"\nproof = "proofs/megatron_lm/test_{proof}.py"')
-    toml.write_text(text)
+    add_proofs(sdir, {"good": GOOD, "vacuous": VACUOUS, "gpu": GPU, "regress": REGRESS},
+               {"clean": "good", "threeway": "vacuous", "conflict": "gpu", "upstreamed": "regress"},
+               SERIES / "proofs" / "pytest.ini")
 
     nrl = tmp_path / "nemo-rl"
     script = nrl / "tests" / "functional" / "grpo_fake_gtp.sh"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SERIES, read_json, tool
+from fakeup import add_proofs
 from test_apply_git import apply, demo  # noqa: F401
 
 GOOD = '''
@@ -38,17 +39,9 @@ def test_on_gpu():
 
 @pytest.fixture
 def proved(demo):
-    sdir = demo["series"]
-    proofs = sdir / "proofs" / "megatron_lm"
-    proofs.mkdir(parents=True)
-    (sdir / "proofs" / "pytest.ini").write_text((SERIES / "proofs" / "pytest.ini").read_text())
-    for name, body in {"good": GOOD, "vacuous": VACUOUS, "crash": CRASH, "gpu": GPU}.items():
-        (proofs / f"test_{name}.py").write_text(body)
-    toml = sdir / "series.toml"
-    text = toml.read_text()
-    for pid, proof in {"clean": "good", "threeway": "vacuous", "upstreamed": "crash", "conflict": "gpu"}.items():
-        text = text.replace(f'id = "{pid}"', f'id = "{pid}"\nproof = "proofs/megatron_lm/test_{proof}.py"')
-    toml.write_text(text)
+    add_proofs(demo["series"], {"good": GOOD, "vacuous": VACUOUS, "crash": CRASH, "gpu": GPU},
+               {"clean": "good", "threeway": "vacuous", "upstreamed": "crash", "conflict": "gpu"},
+               SERIES / "proofs" / "pytest.ini")
     apply(demo, check=0)
     return demo
 

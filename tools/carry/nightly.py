@@ -387,10 +387,10 @@ def print_plans(cfg: NightlyConfig, opts: Options) -> None:
 
 def nightly_main(argv: list[str]) -> int:
     from . import nightly_config
-    from .cli import _Parser, EPILOG, csv, name_paths
+    from .cli import Parser, EPILOG, csv, name_paths
     from .sources import default_cache
 
-    p = _Parser(prog="tools/nightly.py", epilog=EPILOG + "; a vacuous cell counts as a failure",
+    p = Parser(prog="tools/nightly.py", epilog=EPILOG + "; a vacuous cell counts as a failure",
                 formatter_class=argparse.RawDescriptionHelpFormatter,
                 description="Run the nightly matrix (series x image x test) and judge every cell:\n"
                             "passed, failed, skipped or vacuous (passed without its markers). A failed cell\n"

@@ -186,8 +186,10 @@ def test_export_round_trip_and_edit_workflow(demo):
     ws = demo["work"] / "megatron-lm"
     write(ws, "megatron/core/delta.py", (ws / "megatron/core/delta.py").read_text() + "extra = 1\n")
     git(ws, "commit", "-q", "--amend", "-a", "--no-edit")
-    res = tool("export", "--series", sdir, "--workdir", demo["work"], "--check", check=1)
+    drift_json = demo["tmp"] / "drift.json"
+    res = tool("export", "--series", sdir, "--workdir", demo["work"], "--check", "--json", drift_json, check=1)
     assert "0004-conflict.patch" in res.stderr
+    assert read_json(drift_json)["drift"] == ["megatron-lm/0004-conflict.patch"]
     tool("export", "--series", sdir, "--workdir", demo["work"], check=0)
     assert "+extra = 1" in (sdir / "megatron-lm/0004-conflict.patch").read_text()
     # The workspace now equals the series: apply has nothing to do, and a fresh apply reproduces it.

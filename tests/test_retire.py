@@ -255,3 +255,18 @@ proof = "proofs/megatron_lm/test_quant_context.py"
     v = read_json(out)["patches"][0]
     assert v["verdict"] == "landed" and v["behaviour"] == "pass", v
     assert v["text"] in ("conflicts", "applies"), v  # upstream wrote it its own way
+
+
+def test_patch_id_finds_a_merged_patch_that_upstream_later_changed(history):
+    """Neither reverse-apply nor 3-way sees 'verbatim' any more once upstream edits the same line
+    again; its patch-id still finds the commit that merged it, and the disagreement with the
+    (now failing) proof is reported."""
+    up = history["up"]
+    merged = git(up, "log", "--format=%H", "-1", "--grep=demo: verbatim")
+    edit(up, "megatron/core/alpha.py", 5, "value_5 = 'patched, then changed upstream'\n")
+    v3 = Git(up).commit_all("upstream: rework alpha")
+    out = history["tmp"] / "pid.json"
+    retire(history, v3, "--json", out, check=0)
+    v = {p["id"]: p for p in read_json(out)["patches"]}["verbatim"]
+    assert v["text"] == "landed" and f"upstream commit {merged[:12]} has the same patch-id" in " ".join(v["evidence"])
+    assert (v["behaviour"], v["verdict"]) == ("fail", "needed") and v["disagreements"]

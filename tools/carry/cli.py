@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 from . import manifest, report
-from .errors import CarryError, UsageError
+from .errors import CarryError, DriftError, UsageError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,7 +129,7 @@ def export_main(argv: list[str]) -> int:
     except CarryError as exc:
         if a.json:
             report.write_json(a.json, {"ok": False, "series": series.name, "error": exc.message,
-                                       "drift": getattr(exc, "files", [])})
+                                       "drift": exc.files if isinstance(exc, DriftError) else []})
         raise
     if a.json:
         report.write_json(a.json, {"ok": True, "series": series.name, "written": res.written,
@@ -257,7 +256,3 @@ def rebase_main(argv: list[str]) -> int:
     if rep.next:
         print(f"next: {rep.next}", file=sys.stderr)
     return 0 if rep.ok else 1
-
-
-def json_dump(doc) -> str:
-    return json.dumps(doc, indent=2)

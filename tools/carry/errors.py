@@ -67,6 +67,10 @@ class LockError(OperationError):
 class DriftError(OperationError):
     """Exported patch files would differ from the committed ones."""
 
+    def __init__(self, message: str, *, files: list[str], hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.files = files
+
 
 class ProofError(OperationError):
     """A proof did not go red on the pristine base and green when patched."""

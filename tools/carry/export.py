@@ -74,7 +74,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = 600
                     pending.append((path, text))
         if check:
             if result.drift:
-                raise DriftError("patch files differ from the workspace: " + ", ".join(result.drift),
+                raise DriftError("patch files differ from the workspace: " + ", ".join(result.drift), files=result.drift,
                                  hint=f"run tools/export.py --series {series.name} --workdir {workdir} and commit")
             return result
         for path, text in pending:

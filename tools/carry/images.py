@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import tempfile
 import time
 import tomllib
@@ -24,8 +23,9 @@ from pathlib import Path
 
 from . import progress
 from .docker import BuildStep, Docker, export_squashfs
-from .errors import ConfigError, OperationError, UsageError
+from .errors import CommandError, ConfigError, OperationError, UsageError
 from .manifest import Series, _suggest, file_sha256
+from .runner import Git, run
 
 TAG_SCHEMA = "gtp-carry-image-1"
 LABEL_NS = "io.gtp-carry"
@@ -306,9 +306,9 @@ def _pip_config() -> dict[str, str]:
     """pip's effective settings on this machine: `pip config list`, then PIP_* env."""
     out: dict[str, str] = {}
     try:
-        res = subprocess.run(["python3", "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60)
-        lines = res.stdout.splitlines() if res.returncode == 0 else []
-    except (OSError, subprocess.TimeoutExpired):
+        res = run(["python3", "-m", "pip", "config", "list"], check=False, timeout=60)
+        lines = res.stdout.splitlines() if res.ok else []
+    except CommandError:  # no python3/pip, or it hung: no settings to pass on
         lines = []
     for line in lines:
         key, _, value = line.partition("=")
@@ -396,12 +396,11 @@ def labels_for(cfg: ImageConfig, flavor: Flavor, ctx: Context, tag: str, base: s
 
 
 def _git_revision(repo_root: Path) -> str | None:
+    """The project's own commit for the revision label (None outside a checkout)."""
     try:
-        res = subprocess.run(["git", "-C", str(repo_root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=30)
-    except OSError:
+        return Git(repo_root).rev_parse("HEAD")
+    except CommandError:
         return None
-    return res.stdout.strip() if res.returncode == 0 else None
 
 
 def build_image(o: BuildOptions) -> dict:

@@ -9,9 +9,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-PATCH_STATUSES = ("applied", "already-applied", "failed", "not-attempted")
-
-
 @dataclass
 class PatchResult:
     id: str

@@ -59,7 +59,7 @@ class RetireReport:
         return asdict(self)
 
 
-def _text_signal(series: Series, p: PatchMeta, base_repo: Path, base_commit: str, scratch: Path,
+def _text_signal(series: Series, p: PatchMeta, base_repo: Path, scratch: Path,
                  seq_status: str, range_ids: dict[str, str]) -> tuple[str, list[str]]:
     ev = []
     tree = scratch / "probe"
@@ -85,26 +85,22 @@ def _text_signal(series: Series, p: PatchMeta, base_repo: Path, base_commit: str
 
 
 def _patch_id(path: Path) -> str | None:
-    import subprocess
-    res = subprocess.run(["git", "patch-id", "--stable"], input=path.read_bytes(), capture_output=True)
-    out = res.stdout.decode().split()
-    return out[0] if out else None
+    out = run(["git", "patch-id", "--stable"], input=path.read_bytes(), binary=True, check=False).stdout.split()
+    return out[0].decode() if out else None
 
 
-def _range_patch_ids(up, old_commit: str | None, new_commit: str, mirror: Path | None) -> dict[str, str]:
+def _range_patch_ids(old_commit: str | None, new_commit: str, mirror: Path | None) -> dict[str, str]:
+    """patch-id -> upstream commit, for every commit between the old pin and the new base."""
     if not (mirror and old_commit):
         return {}
     g = Git(mirror)
     if not g("cat-file", "-e", f"{old_commit}^{{commit}}", check=False).ok:
         return {}
-    ids = {}
-    for c in g("rev-list", f"{old_commit}..{new_commit}", check=False).stdout.split():
-        import subprocess
-        show = subprocess.run(["git", "-C", str(mirror), "show", "--format=", c], capture_output=True).stdout
-        res = subprocess.run(["git", "patch-id", "--stable"], input=show, capture_output=True).stdout.decode().split()
-        if res:
-            ids[res[0]] = c
-    return ids
+    # `git patch-id` reads a whole `git log -p` stream and prints "<patch-id> <commit>" per commit.
+    log = run(["git", "-C", str(mirror), "log", "-p", "--no-color", "--format=commit %H", f"{old_commit}..{new_commit}"],
+              binary=True, check=False).stdout
+    pairs = run(["git", "patch-id", "--stable"], input=log, binary=True, check=False).stdout.decode().split("\n")
+    return {pid: commit for pid, commit in (line.split() for line in pairs if line.strip())}
 
 
 def _decide(text: str, behaviour: str, link: str) -> tuple[str, bool, list[str]]:
@@ -154,11 +150,11 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
             mirror = source
         old_commit = up.git.commit if up.git else None
         new_commit = new_up.git.commit if new_up.git else None
-        range_ids = _range_patch_ids(up, old_commit, new_commit, mirror) if new_commit else {}
+        range_ids = _range_patch_ids(old_commit, new_commit, mirror) if new_commit else {}
         trees = _other_trees(series, name, workdir, cache, tmpd)
         pristine = extract(base.repo, base.commit, tmpd / "pristine")
         for p in mine:
-            text, ev = _text_signal(series, p, base.repo, base.commit, tmpd, seq_results.get(p.id, "failed"),
+            text, ev = _text_signal(series, p, base.repo, tmpd, seq_results.get(p.id, "failed"),
                                     range_ids)
             behaviour = _behaviour(series, p, {**trees, name: pristine}, timeout, ev)
             link = "n/a"

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from .errors import DirtyTreeError, DriftError, UsageError
 from .manifest import Series
-from .runner import FIXED_DATE, IDENTITY_EMAIL, IDENTITY_NAME, Git
+from .seriesedit import write_atomic
+from .runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
 from .workspace import WorkDir
 
 _FIXED_FROM = f"From: {IDENTITY_NAME} <{IDENTITY_EMAIL}>"
@@ -79,9 +80,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = 600
             return result
         for path, text in pending:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".patch.tmp")
-            tmp.write_text(text)
-            tmp.replace(path)
+            write_atomic(path, text)
         if pending:
             # The workspace now matches the files: record that, so apply sees it as up to date.
             from .manifest import load

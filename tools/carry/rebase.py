@@ -12,14 +12,12 @@ upstream), conflicting.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import apply as applying
-from . import manifest, seriesedit, sources
+from . import seriesedit, sources
 from .errors import ConflictError, DirtyTreeError, UsageError
 from .export import format_patch
 from .manifest import Series
@@ -146,7 +144,7 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
                                  f"tools/retire.py --series {series.name} --against {name}={onto} --write"))
     order = {p.id: i for i, p in enumerate(mine)}
     rep.patches.sort(key=lambda e: order[e.id])
-    _write(series, new_up, new_texts, dropped, cache, source, rep)
+    _write(series, new_up, new_texts, cache, source, rep)
     return rep
 
 
@@ -154,28 +152,14 @@ def _pre(status: str) -> str:
     return {"applied": "refreshed", "already-applied": "dropped"}.get(status, status)
 
 
-def _write(series: Series, new_up, new_texts: dict[str, str], dropped: set[str], cache: Path,
-           source: Path | None, rep: RebaseReport) -> None:
-    root = series.root
-    text = seriesedit.repin((root / "series.toml").read_text(), new_up, new_up.sources[0])
-    with tempfile.TemporaryDirectory(prefix="carry-rebase-check-") as tmp:
-        trial = Path(tmp) / series.name
-        shutil.copytree(root, trial)
-        (trial / "series.toml").write_text(text)
-        for pid, body in new_texts.items():
-            (trial / series.patch(pid).file).write_text(body)
-        check = applying.apply(manifest.load(trial), applying.Options(
-            workdir=Path(tmp) / "work", cache=cache, only=[new_up.name],
-            sources={new_up.name: source} if source else {}))
-        if not check.ok:
-            raise ConflictError("the refreshed series does not re-apply on the new base; nothing was written:\n"
-                                + (check.error or ""))
+def _write(series: Series, new_up, new_texts: dict[str, str], cache: Path, source: Path | None,
+           rep: RebaseReport) -> None:
+    text = seriesedit.repin((series.root / "series.toml").read_text(), new_up, new_up.sources[0])
+    check = seriesedit.trial_apply(series, text, new_texts, new_up.name, cache, source)
+    if not check.ok:
+        raise ConflictError("the refreshed series does not re-apply on the new base; nothing was written:\n"
+                            + (check.error or ""))
     for pid, body in new_texts.items():
-        path = series.patch_path(series.patch(pid))
-        tmpf = path.with_suffix(".patch.tmp")
-        tmpf.write_text(body)
-        os.replace(tmpf, path)
-    tmpf = root / "series.toml.tmp"
-    tmpf.write_text(text)
-    os.replace(tmpf, root / "series.toml")
+        seriesedit.write_atomic(series.patch_path(series.patch(pid)), body)
+    seriesedit.write_atomic(series.root / "series.toml", text)
     rep.written = True

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import apply as applying
-from . import manifest, progress, seriesedit, sources
+from . import progress, seriesedit, sources
 from .errors import OperationError, UsageError
 from .manifest import PatchMeta, Series
 from .prove import extract, run_proof
@@ -166,7 +166,7 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
             rep.patches.append(Verdict(p.id, verdict, text, behaviour, link, candidate, ev, dis))
     landed = [v.id for v in rep.patches if v.verdict == "landed" and (accept_candidates or not v.candidate)]
     if write:
-        _write(series, new_up, landed, rep, cache, source, workdir)
+        _write(series, new_up, landed, rep, cache, source)
     return rep
 
 
@@ -212,26 +212,19 @@ def _other_trees(series: Series, name: str, workdir: Path | None, cache: Path, t
     return {u: wd / u for u in others}
 
 
-def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: Path, source: Path | None,
-           workdir: Path | None) -> None:
+def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: Path,
+           source: Path | None) -> None:
     """Retire, re-pin, re-apply in a scratch copy; only then touch the real series."""
     root = series.root
     text = (root / "series.toml").read_text()
     if landed:
         text = seriesedit.remove_patches(text, set(landed))
     text = seriesedit.repin(text, new_up, new_up.sources[0])
-    with tempfile.TemporaryDirectory(prefix="carry-retire-check-") as tmp:
-        trial = Path(tmp) / series.name
-        shutil.copytree(root, trial)
-        (trial / "series.toml").write_text(text)
-        fresh = manifest.load(trial)
-        opts = applying.Options(workdir=Path(tmp) / "work", cache=cache, only=[new_up.name],
-                                sources={new_up.name: source} if source else {})
-        check = applying.apply(fresh, opts)
-        if not check.ok:
-            rep.ok = False
-            rep.error = "the remaining series does not apply on the new base; nothing was written:\n" + (check.error or "")
-            return
+    check = seriesedit.trial_apply(series, text, {}, new_up.name, cache, source)
+    if not check.ok:
+        rep.ok = False
+        rep.error = "the remaining series does not apply on the new base; nothing was written:\n" + (check.error or "")
+        return
     today = dt.date.today().isoformat()
     by_id = {v.id: v for v in rep.patches}
     staged = root / "retired" / f".staging-{os.getpid()}"
@@ -258,9 +251,7 @@ def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: 
             "evidence = [\n" + "".join(f"  {seriesedit._toml_str(e)},\n" for e in v.evidence) + "]\n"
             "disagreements = [\n" + "".join(f"  {seriesedit._toml_str(e)},\n" for e in v.disagreements) + "]\n")
     # The commit point: the manifest. Before it, the series is unchanged.
-    tmpfile = root / "series.toml.tmp"
-    tmpfile.write_text(text)
-    os.replace(tmpfile, root / "series.toml")
+    seriesedit.write_atomic(root / "series.toml", text)
     for pid in landed:
         final = root / "retired" / pid
         if final.exists():

@@ -1,15 +1,21 @@
 """Edits to series.toml as text, so comments and layout elsewhere survive.
 
 Only two edits exist: drop [[patches]] tables by id, and re-pin an upstream.
-Every edit is checked by re-loading the result with the manifest loader.
+An edited series is applied in scratch (``trial_apply``) before it replaces
+the real one.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import tempfile
+from pathlib import Path
 
 from .errors import ConfigError
-from .manifest import Upstream
+from .manifest import Series, Upstream, load
+from .report import ApplyReport
 
 _HEADER = re.compile(r"(?m)^[ \t]*\[\[?[^\]\n]+\]\]?[ \t]*(#.*)?$")
 
@@ -75,3 +81,30 @@ def repin(text: str, up: Upstream, kind: str) -> str:
             block = "\n".join(lines) + "\n\n"
         out.append(block)
     return "".join(out)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace a file in one step: a reader (or a killed run) sees the old text or the new."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def trial_apply(series: Series, toml_text: str, patch_texts: dict[str, str], upstream: str, cache: Path,
+                source: Path | None) -> ApplyReport:
+    """Apply an edited copy of the series (new manifest text, replaced patch files) in scratch.
+
+    Retire and rebase call this before they touch the real series: if the edited series does
+    not apply on its new base, nothing is written.
+    """
+    from . import apply as applying  # apply does not need this module; keep the import one-way
+
+    with tempfile.TemporaryDirectory(prefix="carry-trial-") as tmp:
+        trial = Path(tmp) / series.name
+        shutil.copytree(series.root, trial)
+        (trial / "series.toml").write_text(toml_text)
+        for pid, body in patch_texts.items():
+            (trial / series.patch(pid).file).write_text(body)
+        return applying.apply(load(trial), applying.Options(
+            workdir=Path(tmp) / "work", cache=cache, only=[upstream],
+            sources={upstream: source} if source else {}))

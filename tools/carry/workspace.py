@@ -108,7 +108,7 @@ class WorkDir:
         g = Git(ws)
         if recorded is None or not (ws / ".git").exists():
             raise DirtyTreeError(f"{ws} exists but was not made by tools/apply.py",
-                                 hint=f"move it away or choose another --workdir")
+                                 hint="move it away or choose another --workdir")
         head = g.head()
         if head != recorded.get("head"):
             raise DirtyTreeError(

@@ -13,7 +13,6 @@ import os
 import socket
 import traceback
 
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 

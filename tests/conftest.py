@@ -1,18 +1,14 @@
-"""Shared fixtures: isolated git/HOME, the tools as subprocesses, real pinned artifacts."""
+"""Shared fixtures: isolated git/HOME, the real pinned artifacts, the demo upstream and series."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ROOT / "tools"
-SERIES = ROOT / "patches" / "gtp"
+from fakeup import make_demo
+from helpers import ROOT, tool
 
 
 @pytest.fixture(autouse=True)
@@ -42,23 +38,8 @@ def mcore_tree(pin_cache, tmp_path_factory) -> Path:
     return work / "megatron-lm"
 
 
-def tool(name: str, *args: str, timeout: float = 900, env: dict | None = None, check: int | None = None,
-         cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ)
-    if env:
-        full_env.update(env)
-    proc = subprocess.run([sys.executable, str(TOOLS / f"{name}.py"), *map(str, args)], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
-    if check is not None and proc.returncode != check:
-        raise AssertionError(f"tools/{name}.py exited {proc.returncode}, wanted {check}\n"
-                             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return proc
+@pytest.fixture
+def demo(tmp_path):
+    """Upstream v0 and v1, four patches written against v0, a series pinned at v0 (fakeup.make_demo)."""
+    return make_demo(tmp_path)
 
-
-def read_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text())
-
-
-def git(repo: Path, *args: str, check: bool = True) -> str:
-    from carry.runner import Git
-    return Git(repo)(*args, check=check).stdout.strip()

@@ -84,3 +84,67 @@ def add_proofs(series_dir: Path, bodies: dict[str, str], proof_of: dict[str, str
     for pid, name in proof_of.items():
         text = text.replace(f'id = "{pid}"', f'id = "{pid}"\nproof = "proofs/megatron_lm/test_{name}.py"')
     toml.write_text(text)
+
+
+def make_demo(tmp_path: Path) -> dict:
+    """Upstream v0 and v1, four patches written against v0, a series pinned at v0.
+
+    v1 moves the context of 'threeway', has the 'upstreamed' fix and clashes with 'conflict'.
+    """
+    up = make_upstream(tmp_path)
+    v0 = Git(up).head()
+    sdir = tmp_path / "patches" / "demo"
+    files = {
+        "clean": ("megatron-lm/0001-clean.patch", [("megatron/core/alpha.py", 5, "value_5 = 'patched'\n")]),
+        "threeway": ("megatron-lm/0002-threeway.patch", [("megatron/core/beta.py", 10, "value_10 = 'patched'\n")]),
+        "upstreamed": ("megatron-lm/0003-upstreamed.patch", [("megatron/core/gamma.py", 20, "value_20 = 'fixed'\n")]),
+        "conflict": ("megatron-lm/0004-conflict.patch", [("megatron/core/delta.py", 15, "value_15 = 'ours'\n")]),
+    }
+    for pid, (rel, changes) in files.items():
+        make_patch(up, v0, changes, f"demo: {pid} change", sdir / rel)
+    # v1: upstream moves on: context near 'threeway', the 'upstreamed' fix, a clash with 'conflict'.
+    edit(up, "megatron/core/beta.py", 8, "value_8 = 'upstream v1'\n")
+    edit(up, "megatron/core/gamma.py", 20, "value_20 = 'fixed'\n")
+    edit(up, "megatron/core/delta.py", 15, "value_15 = 'theirs'\n")
+    v1 = Git(up).commit_all("upstream v1")
+
+    def write_series(commit: str, ids=("clean", "threeway", "upstreamed", "conflict")):
+        entries = [patch_entry(pid, files[pid][0]) for pid in ids]
+        (sdir / "series.toml").write_text(series_toml(commit, "https://example.invalid/upstream.git", entries))
+        for pid, (rel, _) in files.items():  # unlisted files would be orphans for lint
+            if pid not in ids and (sdir / rel).exists():
+                (sdir / rel).unlink()
+        return sdir
+
+    write_series(v0)
+    return {"up": up, "v0": v0, "v1": v1, "series": sdir, "write_series": write_series,
+            "work": tmp_path / "work", "cache": tmp_path / "cache", "tmp": tmp_path}
+
+
+# Proof bodies for the demo series (megatron.core.<module> is the demo upstream's).
+GOOD = '''
+import megatron.core.alpha as alpha
+
+def test_value_5_is_patched():
+    assert alpha.value_5 == "patched"
+'''
+VACUOUS = '''
+import megatron.core.beta as beta
+
+def test_always_true():
+    assert beta.value_1 == 1
+'''
+CRASH = '''
+import os
+
+def test_crash():
+    os._exit(7)
+'''
+GPU = '''
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(True, reason="needs a CUDA GPU")]
+
+def test_on_gpu():
+    assert False
+'''

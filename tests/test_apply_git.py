@@ -5,51 +5,9 @@ foreign changes; --into; the export round trip."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
-import pytest
-
-from conftest import git, read_json, tool
-from fakeup import make_patch, make_upstream, patch_entry, series_toml, write, edit
-
-
-@pytest.fixture
-def demo(tmp_path):
-    """Upstream v0 and v1, four patches written against v0, a series pinned at v0."""
-    up = make_upstream(tmp_path)
-    v0 = git(up, "rev-parse", "HEAD")
-    sdir = tmp_path / "patches" / "demo"
-    files = {
-        "clean": ("megatron-lm/0001-clean.patch", [("megatron/core/alpha.py", 5, "value_5 = 'patched'\n")]),
-        "threeway": ("megatron-lm/0002-threeway.patch", [("megatron/core/beta.py", 10, "value_10 = 'patched'\n")]),
-        "upstreamed": ("megatron-lm/0003-upstreamed.patch", [("megatron/core/gamma.py", 20, "value_20 = 'fixed'\n")]),
-        "conflict": ("megatron-lm/0004-conflict.patch", [("megatron/core/delta.py", 15, "value_15 = 'ours'\n")]),
-    }
-    for pid, (rel, changes) in files.items():
-        make_patch(up, v0, changes, f"demo: {pid} change", sdir / rel)
-    # v1: upstream moves on: context near 'threeway', the 'upstreamed' fix, a clash with 'conflict'.
-    edit(up, "megatron/core/beta.py", 8, "value_8 = 'upstream v1'\n")
-    edit(up, "megatron/core/gamma.py", 20, "value_20 = 'fixed'\n")
-    edit(up, "megatron/core/delta.py", 15, "value_15 = 'theirs'\n")
-    v1 = git(up, "commit", "-qam", "upstream v1") or git(up, "rev-parse", "HEAD")
-    v1 = git(up, "rev-parse", "HEAD")
-
-    def write_series(commit: str, ids=("clean", "threeway", "upstreamed", "conflict")):
-        entries = [patch_entry(pid, files[pid][0]) for pid in ids]
-        (sdir / "series.toml").write_text(series_toml(commit, "https://example.invalid/upstream.git", entries))
-        for pid, (rel, _) in files.items():  # unlisted files would be orphans for lint
-            if pid not in ids and (sdir / rel).exists():
-                (sdir / rel).unlink()
-        return sdir
-
-    write_series(v0)
-    return {"up": up, "v0": v0, "v1": v1, "series": sdir, "write_series": write_series,
-            "work": tmp_path / "work", "cache": tmp_path / "cache", "tmp": tmp_path}
-
-
-def apply(d, *extra, check=None):
-    return tool("apply", "--series", d["series"], "--workdir", d["work"], "--cache", d["cache"],
-                "--source", f"megatron-lm={d['up']}", *extra, check=check)
+from helpers import apply_demo as apply, git, read_json, tool
+from fakeup import write
 
 
 def statuses(report_path):

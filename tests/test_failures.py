@@ -8,12 +8,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import pytest
 
-from conftest import TOOLS, git, read_json, tool
-from test_apply_git import apply, demo  # noqa: F401 - the fixture
+from helpers import TOOLS, git, read_json, tool
+from helpers import apply_demo as apply
 
 
 def _spawn_apply(d):

@@ -26,7 +26,7 @@ import pytest
 
 from carry import manifest
 from carry.docker import Docker, docker_binary
-from conftest import ROOT, SERIES, read_json, tool
+from helpers import ROOT, SERIES, read_json, tool
 
 IMAGE_DIR = ROOT / "images" / "gtp-te219"
 CPU_BASE = "gtp-carry/debian-minbase:trixie"

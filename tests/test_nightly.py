@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 
 from carry.judge import judge, parse_gate, result_line, numeric_metrics
-from conftest import ROOT, SERIES, read_json, tool
+from helpers import ROOT, SERIES, read_json, tool
 from fakeup import add_proofs
-from test_apply_git import demo  # noqa: F401
-from test_prove import GOOD, GPU, VACUOUS
+from fakeup import GOOD, GPU, VACUOUS
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization"
 MARK_RESHARD = "[colocated-reshard] building dedicated inference model"

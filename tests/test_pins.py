@@ -15,7 +15,7 @@ import pytest
 
 from carry.export import format_patch
 from carry.runner import Git
-from conftest import SERIES, git, read_json, tool
+from helpers import SERIES, git, read_json, tool
 
 pytestmark = pytest.mark.network
 

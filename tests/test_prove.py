@@ -5,37 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import SERIES, read_json, tool
-from fakeup import add_proofs
-from test_apply_git import apply, demo  # noqa: F401
-
-GOOD = '''
-import megatron.core.alpha as alpha
-
-def test_value_5_is_patched():
-    assert alpha.value_5 == "patched"
-'''
-VACUOUS = '''
-import megatron.core.beta as beta
-
-def test_always_true():
-    assert beta.value_1 == 1
-'''
-CRASH = '''
-import os
-
-def test_crash():
-    os._exit(7)
-'''
-GPU = '''
-import pytest
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(True, reason="needs a CUDA GPU")]
-
-def test_on_gpu():
-    assert False
-'''
-
+from fakeup import CRASH, GOOD, GPU, VACUOUS, add_proofs
+from helpers import SERIES, apply_demo as apply, read_json, tool
 
 @pytest.fixture
 def proved(demo):

@@ -4,18 +4,15 @@ and a real pair of megatron-core releases (0.19.1 -> 0.19.2)."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from carry.runner import Git
-from conftest import SERIES, TOOLS, git, read_json, tool
+from helpers import SERIES, TOOLS, git, read_json, tool
 from fakeup import edit, make_patch, make_upstream, patch_entry, series_toml
 
 PROOF = '''

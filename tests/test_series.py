@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import read_json, tool
+from helpers import read_json, tool
 
 pytestmark = pytest.mark.network
 

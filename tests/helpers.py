@@ -1,0 +1,41 @@
+"""Helpers the tests share: the repository's paths, the tools run as subprocesses, git."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ROOT / "tools"
+SERIES = ROOT / "patches" / "gtp"
+
+
+def tool(name: str, *args: str, timeout: float = 900, env: dict | None = None, check: int | None = None,
+         cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    proc = subprocess.run([sys.executable, str(TOOLS / f"{name}.py"), *map(str, args)], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check is not None and proc.returncode != check:
+        raise AssertionError(f"tools/{name}.py exited {proc.returncode}, wanted {check}\n"
+                             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def git(repo: Path, *args: str, check: bool = True) -> str:
+    from carry.runner import Git
+    return Git(repo)(*args, check=check).stdout.strip()
+
+
+def apply_demo(d: dict, *extra, check: int | None = None) -> subprocess.CompletedProcess:
+    """tools/apply.py on the demo series of fakeup.make_demo, its upstream given with --source."""
+    return tool("apply", "--series", d["series"], "--workdir", d["work"], "--cache", d["cache"],
+                "--source", f"megatron-lm={d['up']}", *extra, check=check)

@@ -16,8 +16,8 @@ GTP-inclusive data groups must be the plain ones (no GTP axis at inference).
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
+from _cpu import allow_gtp_shards_without_cuda
 from _world import spawn
 
 from megatron.core import parallel_state
@@ -29,23 +29,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 VOCAB, HIDDEN = 512, 128
 
 
-class _InertEvent:
-    """Stand-in for ``torch.cuda.Event`` on a CPU-only torch build.
-
-    Creating a GTP shard (GTPShardedParam) allocates CUDA events for the all-gathers it will run
-    later; a CPU build of torch refuses to instantiate ``torch.cuda.Event`` at all, so without
-    this the unpatched tree would die inside its GTP code instead of reaching the assertion.
-    The proof only inspects what the layers allocate and never runs a GTP collective. Nothing
-    else is replaced.
-    """
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-
 def _inference_model_is_unsharded(rank, world_size):
-    if not torch.cuda.is_available():
-        torch.cuda.Event = _InertEvent
+    allow_gtp_shards_without_cuda()
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=1, gtp_remat_size=2, expert_gtp_remat_size=2
     )

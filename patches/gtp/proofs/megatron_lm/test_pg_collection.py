@@ -18,8 +18,8 @@ with a two-rank gtp group; the embedding and output layer must be sharded over e
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
+from _cpu import allow_gtp_shards_without_cuda
 from _world import spawn
 
 from megatron.core import parallel_state
@@ -31,22 +31,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 VOCAB, HIDDEN = 512, 128
 
 
-class _InertEvent:
-    """Stand-in for ``torch.cuda.Event`` on a CPU-only torch build.
-
-    Creating a GTP shard (GTPShardedParam) allocates CUDA events for the all-gathers it will run
-    later; a CPU build of torch refuses to instantiate ``torch.cuda.Event`` at all. These proofs
-    only inspect what the layers allocate and never run a GTP collective, so an event that does
-    nothing is enough. Nothing else is replaced.
-    """
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-
 def _setup_rank(gtp_remat_size: int) -> None:
-    if not torch.cuda.is_available():
-        torch.cuda.Event = _InertEvent
+    allow_gtp_shards_without_cuda()
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=1, gtp_remat_size=gtp_remat_size
     )

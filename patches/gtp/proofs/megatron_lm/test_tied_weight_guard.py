@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _cpu import allow_gtp_shards_without_cuda
 from _world import spawn
 
 from megatron.core import parallel_state
@@ -33,18 +34,6 @@ from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 HIDDEN = 128
-
-
-class _InertEvent:
-    """Stand-in for ``torch.cuda.Event`` on a CPU-only torch build.
-
-    Creating a GTP shard (GTPShardedParam) allocates CUDA events for the all-gathers it will run
-    later; a CPU build of torch refuses to instantiate ``torch.cuda.Event`` at all. This proof
-    never runs a GTP collective, so an event that does nothing is enough.
-    """
-
-    def __init__(self, *args, **kwargs):
-        pass
 
 
 def _config() -> TransformerConfig:
@@ -80,8 +69,7 @@ def _record_matmul_inputs(layer) -> list:
 
 
 def _guard(rank, world_size):
-    if not torch.cuda.is_available():
-        torch.cuda.Event = _InertEvent
+    allow_gtp_shards_without_cuda()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=2)
     hidden = torch.zeros(4, 1, HIDDEN)
 

@@ -318,16 +318,7 @@ launcher = "local"
 workdir = {json.dumps(str(nrl))}
 pythonpath = ["megatron-lm"]
 
-[[tests]]
-name = "guard"
-kind = "functional"
-images = ["nrl-here"]
-script = "tests/functional/grpo_fake_gtp.sh"
-env = {{ FAKE_MODE = "pass", CARRY_GTP_PROBE = "{{python}}", CARRY_FUNCTIONAL_RUNNER = "bash" }}
-gates = ['max(data["train/token_mult_prob_error"]) < 1.05']
-markers = {_toml_list([MARK_GTP, MARK_RESHARD])}
-timeout_s = 300
-
+{functional_test("guard", "pass", "{python}", timeout=300)}
 [[tests]]
 name = "mini-dry-check"
 kind = "command"

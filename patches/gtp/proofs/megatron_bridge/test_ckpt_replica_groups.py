@@ -51,6 +51,7 @@ import typing
 
 import torch
 import torch.distributed as dist
+from _cpu import allow_dist_checkpoints_without_cuda
 from _world import spawn
 
 STEP = 3
@@ -145,8 +146,7 @@ def _cpu_meaning_of_cuda_calls() -> None:
         return
     empty_generator_state = torch.zeros(16, dtype=torch.uint8)
     torch.cuda.get_rng_state = lambda device="cuda": empty_generator_state.clone()
-    torch.cuda.synchronize = lambda device=None: None  # no device work to wait for
-    torch.cuda.current_device = lambda: "cpu"  # where the save's status flag tensor lives
+    allow_dist_checkpoints_without_cuda()
 
 
 def _setup_rank(expert_model_parallel_size: int = 1) -> ProcessGroupCollection:

@@ -21,24 +21,14 @@ gather the expert weights with a coalesced collective, which gloo is not relied 
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from _te_gpt import GPU_ONLY
 from _world import spawn
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA GPU (TE layers under GTP)"
-    ),
-    pytest.mark.skipif(
-        importlib.util.find_spec("transformer_engine") is None,
-        reason="needs TransformerEngine >= 2.19 (megatron-core's GTP is built on it)",
-    ),
-]
+pytestmark = GPU_ONLY
 
 GTP = 2
 HIDDEN = 64

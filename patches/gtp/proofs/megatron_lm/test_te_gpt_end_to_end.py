@@ -1,10 +1,12 @@
 """A tiny TE GPT with linear biases computes the same logits with GTP on as with GTP off.
 
-Bug (megatron-core 0.19.2): under GTP the TE linear wrappers get GEMM biases 1/gtp_remat too
-short (TE sizes them from the pre-sharded out_features; megatron-lm patch 0004), so a GPT with
-``add_bias_linear`` dies in bias-dropout-add ("The size of tensor a (128) must match the size
-of tensor b (64)"). With tied embeddings the output layer then rejects the embedding's GTP
-shard ("supplied weight's shape is (256, 128), not (512, 128)"; patch 0003).
+Bugs (megatron-core 0.19.2), in the order a pristine tree meets them: under GTP the TE linear
+wrappers get GEMM biases 1/gtp_remat too short (TE sizes them from the pre-sharded
+out_features; megatron-lm patch 0004), so a GPT with ``add_bias_linear`` dies in
+bias-dropout-add ("The size of tensor a (128) must match the size of tensor b (64)"). With tied
+embeddings the output layer then rejects the embedding's GTP shard ("supplied weight's shape is
+(256, 128), not (512, 128)"; patch 0003), and the first backward stops in GTP's weight
+prefetch (``KeyError: None`` in ``_get_prefetched_weight``; patch 0005, mlm-gtp-tied-prefetch).
 
 How: in each of two processes on one GPU (gloo), first build the model with GTP off
 (tp 1, gtp_remat 1): TE layer spec, vocab 512, hidden 128, 2 layers, linear and QKV biases,
@@ -15,30 +17,21 @@ padded full weight, every other parameter is copied whole, so a bias of the wron
 fails here (pristine fails this way). Forward must then give the GTP-off logits (fp32,
 atol = rtol = 1e-4) and backward the GTP-off bias gradients.
 
-Two variants: tied embeddings (``share_embeddings_and_output_weights``; needs patch 0003 as
-well as 0004) and untied (0004 alone). Nothing here depends on patches 0001-0002: the GTP-off
-model is built under its own model-parallel state, not through a pg_collection.
+GTP runs with its defaults (weight prefetch and asynchronous reduce-scatter on), as NeMo-RL and
+Megatron-Bridge run it: the proof asserts them rather than setting them. Two variants: tied
+embeddings (``share_embeddings_and_output_weights``; needs patches 0003 and 0005 as well as
+0004) and untied (0004 alone). Nothing here depends on patches 0001-0002: the GTP-off model is
+built under its own model-parallel state, not through a pg_collection.
 """
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
-import torch.nn.functional as F
+from _te_gpt import GPU_ONLY, build, load_gtp_off_params
 from _world import spawn
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA GPU (TE GPT under GTP)"
-    ),
-    pytest.mark.skipif(
-        importlib.util.find_spec("transformer_engine") is None,
-        reason="needs TransformerEngine >= 2.19 (megatron-core's GTP is built on it)",
-    ),
-]
+pytestmark = GPU_ONLY
 
 GTP = 2
 VOCAB, HIDDEN, LAYERS = 512, 128, 2
@@ -51,68 +44,14 @@ GRAD_TOL = dict(atol=1e-4, rtol=1e-3)
 
 
 def _build(tied, gtp):
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    config = TransformerConfig(
-        num_layers=LAYERS,
-        hidden_size=HIDDEN,
-        num_attention_heads=4,
-        ffn_hidden_size=FFN,
-        add_bias_linear=True,
-        add_qkv_bias=True,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        params_dtype=torch.float32,
-        tensor_parallel_num_weight_shards=gtp,
-    )
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=get_gpt_layer_with_transformer_engine_spec(),
-        vocab_size=VOCAB,
-        max_sequence_length=SEQ,
-        share_embeddings_and_output_weights=tied,
-    )
-    # As megatron.training's get_model does; the learned position embedding starts on the CPU.
-    return model.cuda(torch.cuda.current_device())
-
-
-def _load_gtp_off_params(model, full_params):
-    """Give each GTP weight its rows of the padded full weight and every other parameter all of
-    it; collect every parameter whose size does not fit instead of stopping at the first."""
-    from megatron.core.tensor_parallel.gtp_api import is_gtp_param
-
-    params = dict(model.named_parameters())
-    assert params.keys() == full_params.keys(), sorted(set(params) ^ set(full_params))
-    misfits = []
-    with torch.no_grad():
-        for name, param in params.items():
-            full = full_params[name]
-            if is_gtp_param(param):
-                rows, ranks = param.shape[0], param.group.size()
-                padded = F.pad(full, (0, 0, 0, param.pad_length))
-                if padded.shape[0] != rows * ranks or padded.shape[1:] != param.shape[1:]:
-                    misfits.append(
-                        f"{name}: GTP shard {tuple(param.shape)} x {ranks} (pad "
-                        f"{param.pad_length}) does not tile the GTP-off {tuple(full.shape)}"
-                    )
-                    continue
-                rank = param.group.rank()
-                param.copy_(padded[rank * rows : (rank + 1) * rows])
-            elif param.shape != full.shape:
-                misfits.append(
-                    f"{name}: {tuple(param.shape)} with GTP, {tuple(full.shape)} without"
-                )
-            else:
-                param.copy_(full)
-    assert not misfits, "parameters sized differently under GTP:\n" + "\n".join(misfits)
+    return build(gtp, vocab=VOCAB, seq=SEQ, tied=tied, num_layers=LAYERS, hidden_size=HIDDEN,
+                 num_attention_heads=4, ffn_hidden_size=FFN, add_bias_linear=True, add_qkv_bias=True)
 
 
 def _gpt(rank, world_size, tied):
     torch.cuda.set_device(0)
     from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.generalized_tensor_parallelism import update_gtp_config
+    from megatron.core.tensor_parallel.generalized_tensor_parallelism import GTP_CONFIG
     from megatron.core.tensor_parallel.gtp_api import (
         HAVE_GTP,
         classify_gtp_remat_chains,
@@ -121,6 +60,7 @@ def _gpt(rank, world_size, tied):
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     assert HAVE_GTP, "megatron-core reports HAVE_GTP False: GTP needs TransformerEngine >= 2.19"
+    assert GTP_CONFIG.weight_prefetch and GTP_CONFIG.async_reduction, f"GTP defaults changed: {GTP_CONFIG}"
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen).cuda()
     positions = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ).contiguous().cuda()
@@ -147,17 +87,11 @@ def _gpt(rank, world_size, tied):
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=GTP)
     try:
         model_parallel_cuda_manual_seed(1234)
-        if tied:
-            # GTP's weight-prefetch chain and deferred reduce-scatter follow the forward order of
-            # the weights, each used once; a tied output layer reuses the chain's first weight
-            # (the embedding) last. Gather and reduce on demand so that the proof measures the
-            # bias sizes and the tied shape guard, not that ordering.
-            update_gtp_config(weight_prefetch=False, async_reduction=False)
         model = _build(tied, gtp=GTP)
         classify_gtp_remat_chains(model)
         gtp_params = [p for p in model.parameters() if is_gtp_param(p)]
         assert gtp_params, "nothing in the GTP model is GTP-sharded"
-        _load_gtp_off_params(model, full_params)
+        load_gtp_off_params(model, full_params)
 
         logits = model(tokens, positions, None)
         assert logits.shape == ref_logits.shape, (tuple(logits.shape), tuple(ref_logits.shape))

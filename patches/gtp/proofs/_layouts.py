@@ -1,0 +1,150 @@
+"""One small GPT saved and loaded across layouts, for the series' checkpoint proofs.
+
+``run_layouts(tmp, ffn, gated, singleton)`` runs in every rank (two gloo ranks, CPU, the local
+layer spec, tied embeddings, QKV biases, rotary positions, GQA) and returns,
+per direction, the parameters that did not come back exactly:
+
+- ``off->gtp``: a torch_dist checkpoint written by the model with GTP off (tp 1) is loaded into
+  the same model built with ``gtp_remat_size=2``; every GTP shard must hold its rows of the
+  GTP-off weight (padding rows zero), every other parameter all of it. This is a run that
+  starts from a converted checkpoint.
+- ``gtp->gtp``: the GTP model, its values moved off the initial ones, saved and loaded into a
+  fresh GTP model (the same-layout round trip, which hides mislabelled rows).
+- ``gtp->off``: that checkpoint loaded into the whole-weight model (export, evaluation).
+
+Each direction reports either a list of mismatches (``name: max |diff|`` or ``name: shape``) or
+``"failed: <error>"`` when the load itself raised; the caller asserts on them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from _cpu import allow_dist_checkpoints_without_cuda, allow_gtp_shards_without_cuda
+
+VOCAB, HIDDEN, LAYERS = 64, 32, 2
+
+
+def _config(ffn: int, gated: bool, gtp: int):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=LAYERS,
+        hidden_size=HIDDEN,
+        num_attention_heads=4,
+        num_query_groups=2,
+        ffn_hidden_size=ffn,
+        gated_linear_unit=gated,
+        activation_func=F.silu if gated else F.gelu,
+        add_bias_linear=False,
+        add_qkv_bias=True,
+        use_cpu_initialization=True,
+        tensor_parallel_num_weight_shards=gtp,
+    )
+
+
+def _gpt(ffn: int, gated: bool, gtp: int):
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    return GPTModel(_config(ffn, gated, gtp), get_gpt_layer_local_spec(), vocab_size=VOCAB,
+                    max_sequence_length=16, share_embeddings_and_output_weights=True,
+                    position_embedding_type="rope")
+
+
+def whole_weights(model) -> dict[str, torch.Tensor]:
+    """Every parameter as the whole-weight model holds it: GTP shards gathered, padding cut."""
+    out = {}
+    for name, param in model.named_parameters():
+        value = param.detach().clone()
+        if getattr(param, "is_gtp_weight_remat", False):
+            parts = [torch.empty_like(value) for _ in range(param.group.size())]
+            dist.all_gather(parts, value.contiguous(), group=param.group)
+            value = torch.cat(parts)[: value.shape[0] * param.group.size() - param.pad_length]
+        out[name] = torch.Tensor(value)
+    return out
+
+
+def _mismatches(expected: dict, got: dict) -> list[str]:
+    bad = []
+    for name, want in expected.items():
+        have = got[name]
+        if have.shape != want.shape:
+            bad.append(f"{name}: shape {tuple(have.shape)}, not {tuple(want.shape)}")
+        elif not torch.equal(have, want):
+            bad.append(f"{name}: max |diff| {float((have - want).abs().max()):.4g}")
+    return bad
+
+
+def run_layouts(rank, world_size, tmp, ffn, gated, singleton):
+    from megatron.core import dist_checkpointing, parallel_state
+
+    allow_gtp_shards_without_cuda()
+    allow_dist_checkpoints_without_cuda()
+    metadata = {"singleton_local_shards": True} if singleton else None
+
+    def save(model, name):
+        path = os.path.join(tmp, name)
+        os.makedirs(path, exist_ok=True)
+        dist.barrier()
+        dist_checkpointing.save(model.sharded_state_dict(metadata=metadata), path)
+
+    def load(model, name):
+        state = dist_checkpointing.load(model.sharded_state_dict(metadata=metadata), os.path.join(tmp, name))
+        model.load_state_dict(state)
+
+    def direction(source, target, expected):
+        try:
+            load(target, source)
+        except BaseException as exc:  # noqa: BLE001 - torch's CheckpointException is no Exception
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            # DCP wraps a rank's error in a traceback dump: report its innermost error line.
+            text = f"{type(exc).__name__}: {exc}"
+            lines = [x.strip() for x in text.splitlines() if "Exception: " in x or "Error: " in x]
+            return "failed: " + (lines[-1] if lines else text.splitlines()[0])[:400]
+        return _mismatches(expected, whole_weights(target))
+
+    results = {}
+    torch.manual_seed(1234)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+    try:
+        off = _gpt(ffn, gated, gtp=1)
+        off_weights = whole_weights(off)
+        save(off, "off")
+    finally:
+        parallel_state.destroy_model_parallel()
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=2)
+    try:
+        gtp = _gpt(ffn, gated, gtp=2)
+        assert any(getattr(p, "is_gtp_weight_remat", False) for p in gtp.parameters()), "nothing GTP-sharded"
+        results["off->gtp"] = direction("off", gtp, off_weights)
+        # New values, the same on both ranks (replicated parameters stay replicas).
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(99)
+            for p in gtp.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.01)
+                if getattr(p, "pad_length", 0) and p.group.rank() == p.group.size() - 1:
+                    p[p.shape[0] - p.pad_length:] = 0  # padding rows stay zero, as GTP keeps them
+        gtp_weights = whole_weights(gtp)
+        save(gtp, "gtp")
+        results["gtp->gtp"] = direction("gtp", _gpt(ffn, gated, gtp=2), gtp_weights)
+    finally:
+        parallel_state.destroy_model_parallel()
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+    try:
+        results["gtp->off"] = direction("gtp", _gpt(ffn, gated, gtp=1), gtp_weights)
+    finally:
+        parallel_state.destroy_model_parallel()
+    return results
+
+
+def have_gtp() -> bool:
+    from megatron.core.tensor_parallel.gtp_api import HAVE_GTP
+
+    return bool(HAVE_GTP)

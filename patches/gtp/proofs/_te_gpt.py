@@ -1,0 +1,77 @@
+"""A tiny TransformerEngine GPT built twice, with GTP off and on, for the series' GPU proofs.
+
+``GPU_ONLY`` is the skip marking every such proof carries: it needs a CUDA GPU and
+TransformerEngine (>= 2.19 is asserted inside the ranks through megatron-core's HAVE_GTP, so
+an old TE is a failure, not a skip). ``build`` makes the GPTModel on the current device the way
+megatron.training's get_model does; ``load_gtp_off_params`` gives each GTP shard its rows of
+the GTP-off model's weight (the padded full weight) and every other parameter all of it,
+collecting every parameter whose size does not fit instead of stopping at the first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+GPU_ONLY = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (TE GPT under GTP)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("transformer_engine") is None,
+        reason="needs TransformerEngine >= 2.19 (megatron-core's GTP is built on it)",
+    ),
+]
+
+
+def build(gtp: int, *, vocab: int, seq: int, tied: bool, position: str = "learned_absolute", **config):
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config.setdefault("params_dtype", torch.float32)
+    model = GPTModel(
+        config=TransformerConfig(
+            hidden_dropout=0.0, attention_dropout=0.0, tensor_parallel_num_weight_shards=gtp, **config
+        ),
+        transformer_layer_spec=get_gpt_layer_with_transformer_engine_spec(),
+        vocab_size=vocab,
+        max_sequence_length=seq,
+        share_embeddings_and_output_weights=tied,
+        position_embedding_type=position,
+    )
+    # As megatron.training's get_model does; the learned position embedding starts on the CPU.
+    return model.cuda(torch.cuda.current_device())
+
+
+def gtp_rows(param, full: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of ``full`` for the GTP shard ``param`` (full padded like GTP pads it)."""
+    rows, rank = param.shape[0], param.group.rank()
+    return F.pad(full, (0, 0, 0, param.pad_length))[rank * rows : (rank + 1) * rows]
+
+
+def load_gtp_off_params(model, full_params: dict) -> None:
+    from megatron.core.tensor_parallel.gtp_api import is_gtp_param
+
+    params = dict(model.named_parameters())
+    assert params.keys() == full_params.keys(), sorted(set(params) ^ set(full_params))
+    misfits = []
+    with torch.no_grad():
+        for name, param in params.items():
+            full = full_params[name]
+            if is_gtp_param(param):
+                ranks = param.group.size()
+                if (param.shape[0] * ranks - param.pad_length, *param.shape[1:]) != tuple(full.shape):
+                    misfits.append(
+                        f"{name}: GTP shard {tuple(param.shape)} x {ranks} (pad "
+                        f"{param.pad_length}) does not tile the GTP-off {tuple(full.shape)}"
+                    )
+                    continue
+                param.copy_(gtp_rows(param, full))
+            elif param.shape != full.shape:
+                misfits.append(f"{name}: {tuple(param.shape)} with GTP, {tuple(full.shape)} without")
+            else:
+                param.copy_(full)
+    assert not misfits, "parameters sized differently under GTP:\n" + "\n".join(misfits)

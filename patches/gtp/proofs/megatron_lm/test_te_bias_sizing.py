@@ -21,7 +21,6 @@ gather the expert weights with a coalesced collective, which gloo is not relied 
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

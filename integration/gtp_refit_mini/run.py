@@ -1,26 +1,18 @@
 #!/usr/bin/env python3
-"""GTP train + refit, end to end, on megatron-core and TransformerEngine alone.
+"""GTP GRPO training + refit + checkpoints, end to end, on megatron-core and TransformerEngine alone.
 
-What a GRPO step with GTP does, without NeMo-RL, Ray or vLLM:
-
-1. Training model: a tiny Qwen2-style GPT (TE layer spec, RMSNorm, SwiGLU, rotary positions,
-   QKV biases, tied embeddings, fp32) under ``initialize_model_parallel(tp=1, gtp_remat_size=2)``:
-   every weight is split over the two GTP ranks. Asserted: at least one parameter is actually
-   GTP-sharded; then the ``[gtp] enabling GTP weight rematerialization`` marker is logged.
-2. Inference model: the same GPT built on ``build_inference_pg_collection(...)`` (GTP off),
-   as NeMo-RL's colocated reshard does. Asserted: no parameter is GTP-sharded; then the
-   ``[colocated-reshard] building dedicated inference model`` marker is logged.
-3. Refit: every GTP shard is all-gathered over its GTP group along dim 0, its padding rows
-   stripped, and copied into the whole-weight inference model; every other parameter is
-   copied as it is. Shapes must match exactly and the refitted weights must be bit-identical
-   on all ranks.
-4. Generation: a few temperature-sampling steps on the inference model; its log-probs of the
-   sampled tokens are kept (``gen_lp``).
-5. Training forward: the training model's log-probs of the same tokens (``train_lp``);
-   ``token_mult_prob_error`` = masked mean of exp(|gen_lp - train_lp|) must be below
-   ``--max-error`` (1.05, NeMo-RL's gate; an exact refit gives ~1.0).
-6. A GRPO-style clipped policy-gradient loss (advantages from a toy reward) and backward on
-   the training model: gradients finite everywhere and non-zero on every GTP-sharded weight.
+What a GRPO run with GTP does to a model, without NeMo-RL, Ray or vLLM (rank.py has the steps):
+a torch_dist checkpoint written with GTP off is loaded into the GTP-sharded training model (every
+tensor exact); ``--steps`` GRPO iterations refit a whole-weight inference model built on
+``build_inference_pg_collection``, sample from it, compare the training model's log-probs of the
+samples (``token_mult_prob_error`` below ``--max-error``, NeMo-RL's gate of 1.05) and take an
+optimiser step (Megatron DDP and distributed Adam over NCCL; plain SGD on gloo); the trained
+model writes a GTP checkpoint that a whole-weight model must read back exactly
+(``ckpt_token_mult_prob_error``). GTP runs with its defaults. The model is Qwen2.5's shape in
+small: TE spec, tied embeddings, SwiGLU, QKV bias, RMSNorm, rope, GQA; ``--dtype fp32`` or
+``bf16``. ``--compare-gtp-off`` then trains the same way with GTP off and reports both arms'
+cost per rank (memory of parameters, gradients and optimiser state; peak; step time; refit time
+and bytes received) and their ratios.
 
 The last line on stdout is one JSON object with the metrics (for tools/nightly.py's judge).
 On a tree without the gtp series' fixes the run stops at the first known bug it meets and
@@ -30,8 +22,12 @@ and exits 0: a skip, never a pass.
 
 Run (one GPU, two gloo ranks on cuda:0; or two GPUs with NCCL, rank r on cuda:r):
     PYTHONPATH=<megatron-lm tree>:<TE site> python integration/gtp_refit_mini/run.py --nproc 2 --backend gloo
-    PYTHONPATH=<megatron-lm tree>:<TE site> python integration/gtp_refit_mini/run.py --nproc 2 --backend nccl
+    PYTHONPATH=<megatron-lm tree>:<TE site> python integration/gtp_refit_mini/run.py --nproc 2 --backend nccl --dtype bf16
 ``--dry-check`` validates the arguments, the imports and the megatron-core APIs used, without CUDA.
+
+The test is split by concept (bugs, model, refit, grpo, ckpt, rank) beside this launcher and
+stays standalone: it imports nothing from the repository's tools, so it runs from a copy of this
+folder inside any image.
 """
 
 from __future__ import annotations
@@ -39,57 +35,23 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import math
 import os
 import queue as queue_mod
-import re
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass
 
 import torch
 
-MARK_GTP = "[gtp] enabling GTP weight rematerialization"
-MARK_RESHARD = "[colocated-reshard] building dedicated inference model"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bugs import CheckFailed, classify  # noqa: E402
+from rank import MARK_GTP, MARK_RESHARD, run_rank  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUG = 0, 1, 2, 3
-
-# Known signatures of the bugs the gtp series fixes, in the words the pristine code fails with.
-SIGNATURES = (
-    ("mlm-te-bias-sizing", re.compile(r"must match the size of tensor")),
-    ("mlm-tied-weight-guard", re.compile(r"supplied weight's shape")),
-    ("mlm-pg-collection", re.compile(r"unexpected keyword argument '?pg_collection'?")),
-)
-
-
-class KnownBug(Exception):
-    """A failure this test recognises as one of the series' bugs."""
-
-    def __init__(self, patch_id: str, message: str):
-        super().__init__(f"{patch_id}: {message}")
-        self.patch_id = patch_id
-        self.message = message
-
-
-class CheckFailed(AssertionError):
-    """One of this test's own checks failed (not a known bug)."""
-
-
-def check(cond, message: str) -> None:
-    if not cond:
-        raise CheckFailed(message)
-
-
-def classify(exc: BaseException) -> KnownBug | None:
-    if isinstance(exc, KnownBug):
-        return exc
-    text = f"{type(exc).__name__}: {exc}"
-    for patch_id, pattern in SIGNATURES:
-        if pattern.search(text):
-            return KnownBug(patch_id, " ".join(text.split())[:400])
-    return None
 
 
 @dataclass(frozen=True)
@@ -97,6 +59,7 @@ class Settings:
     nproc: int = 2
     backend: str = "gloo"
     gtp: int = 2
+    dtype: str = "fp32"
     vocab: int = 512
     hidden: int = 128
     layers: int = 2
@@ -110,10 +73,14 @@ class Settings:
     new_tokens: int = 8
     temperature: float = 1.0
     clip: float = 0.2
+    steps: int = 2
+    lr: float = 1e-4
     max_error: float = 1.05
+    compare_gtp_off: bool = False
     seed: int = 1234
     timeout: float = 900.0
     out: str | None = None
+    ckpt_dir: str | None = None
 
 
 def parse_args(argv: list[str]) -> tuple[Settings, bool]:
@@ -123,8 +90,10 @@ def parse_args(argv: list[str]) -> tuple[Settings, bool]:
     d = Settings()
     p.add_argument("--nproc", type=int, default=d.nproc, help="ranks to spawn (a multiple of --gtp)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=d.backend,
-                   help="gloo: every rank on cuda:0 (one GPU); nccl: rank r on cuda:r")
+                   help="gloo: every rank on cuda:0 (one GPU; plain SGD, as gloo allows); "
+                        "nccl: rank r on cuda:r (Megatron DDP and distributed Adam)")
     p.add_argument("--gtp", type=int, default=d.gtp, help="gtp_remat_size of the training layout")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default=d.dtype, help="parameter and compute dtype")
     p.add_argument("--vocab", type=int, default=d.vocab)
     p.add_argument("--hidden", type=int, default=d.hidden)
     p.add_argument("--layers", type=int, default=d.layers)
@@ -139,17 +108,23 @@ def parse_args(argv: list[str]) -> tuple[Settings, bool]:
     p.add_argument("--new-tokens", type=int, default=d.new_tokens)
     p.add_argument("--temperature", type=float, default=d.temperature)
     p.add_argument("--clip", type=float, default=d.clip, help="PPO/GRPO ratio clip epsilon")
-    p.add_argument("--max-error", type=float, default=d.max_error, help="gate on token_mult_prob_error")
+    p.add_argument("--steps", type=int, default=d.steps, help="GRPO iterations (refit, sample, train step)")
+    p.add_argument("--lr", type=float, default=d.lr, help="learning rate")
+    p.add_argument("--max-error", type=float, default=d.max_error,
+                   help="gate on token_mult_prob_error and ckpt_token_mult_prob_error")
+    p.add_argument("--compare-gtp-off", action="store_true",
+                   help="also train with GTP off and report both arms' memory, step and refit cost")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--timeout", type=float, default=d.timeout, help="seconds before the ranks count as hung")
     p.add_argument("--out", help="also write the result JSON to OUT/result.json")
+    p.add_argument("--ckpt-dir", help="where the checkpoints go (default: a temporary folder, removed)")
     p.add_argument("--dry-check", action="store_true",
                    help="validate arguments, imports and the megatron-core APIs used; needs no CUDA")
     a = p.parse_args(argv)
     s = Settings(**{k: getattr(a, k) for k in Settings.__dataclass_fields__})
     problems = []
     if s.gtp < 2:
-        problems.append("--gtp must be at least 2 (GTP off tests nothing)")
+        problems.append("--gtp must be at least 2 (GTP off tests nothing; --compare-gtp-off adds that arm)")
     if s.nproc < s.gtp or s.nproc % s.gtp:
         problems.append(f"--nproc {s.nproc} must be a positive multiple of --gtp {s.gtp}")
     if s.prompt_len + s.new_tokens > s.seq:
@@ -160,310 +135,23 @@ def parse_args(argv: list[str]) -> tuple[Settings, bool]:
         problems.append("--generations must be at least 2 (GRPO advantages compare samples of a prompt)")
     if s.temperature <= 0:
         problems.append("--temperature must be positive (greedy samples give a GRPO group no signal)")
+    if s.steps < 2:
+        problems.append("--steps must be at least 2 (a refit after an optimiser step is the point)")
+    if s.lr <= 0:
+        problems.append("--lr must be positive")
     if problems:
         p.error("; ".join(problems))
     return s, a.dry_check
 
 
-# -- model ----------------------------------------------------------------------------------
-def model_config(s: Settings, gtp: int):
-    import torch.nn.functional as F
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    return TransformerConfig(
-        num_layers=s.layers,
-        hidden_size=s.hidden,
-        num_attention_heads=s.heads,
-        num_query_groups=s.query_groups,
-        ffn_hidden_size=s.ffn,
-        normalization="RMSNorm",
-        layernorm_epsilon=1e-6,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=True,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        # TE refuses fp32 activations against bf16 weights outside autocast.
-        params_dtype=torch.float32,
-        # Weight shards = tp * gtp_remat; 1 for the whole-weight inference model.
-        tensor_parallel_num_weight_shards=gtp,
-    )
-
-
-def build_gpt(s: Settings, config, pg_collection=None):
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
-
-    kwargs = {} if pg_collection is None else {"pg_collection": pg_collection}
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=get_gpt_layer_with_transformer_engine_spec(),
-        vocab_size=s.vocab,
-        max_sequence_length=s.seq,
-        share_embeddings_and_output_weights=True,
-        position_embedding_type="rope",
-        rotary_base=1000000,
-        **kwargs,
-    )
-    return model.cuda(torch.cuda.current_device())
-
-
-def gtp_sharded(model) -> list[str]:
-    from megatron.core.tensor_parallel.gtp_api import is_gtp_param
-
-    return [n for n, p in model.named_parameters() if is_gtp_param(p)]
-
-
-def plain_copy(param) -> torch.Tensor:
-    """The values of a (possibly GTP subclass) parameter as a plain tensor."""
-    out = torch.empty(param.shape, dtype=param.dtype, device=param.device)
-    out.copy_(param.detach())
-    return out
-
-
-# -- collectives (gloo gets CPU copies: it is only trusted with those here) ------------------
-def _comm(t: torch.Tensor, backend: str) -> torch.Tensor:
-    return t.detach().cpu() if backend == "gloo" else t.detach().contiguous()
-
-
-def all_gather_rows(t: torch.Tensor, group, backend: str) -> torch.Tensor:
-    import torch.distributed as dist
-
-    src = _comm(t, backend)
-    parts = [torch.empty_like(src) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, src, group=group)
-    return torch.cat(parts, 0).to(t.device)
-
-
-def all_reduce_sum(values: list[float], backend: str, group=None) -> list[float]:
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64, device="cpu" if backend == "gloo" else "cuda")
-    dist.all_reduce(t, group=group)
-    return t.tolist()
-
-
-# -- the steps ----------------------------------------------------------------------------
-def _is_bias(name: str) -> bool:
-    return re.search(r"(^|\.)bias\d*$", name) is not None
-
-
-@torch.no_grad()
-def refit(train, infer, s: Settings) -> dict:
-    """Gather every GTP shard to its whole weight and copy all parameters into ``infer``."""
-    import torch.distributed as dist
-    from megatron.core.tensor_parallel.gtp_api import is_gtp_param
-
-    src = dict(train.named_parameters())
-    dst = dict(infer.named_parameters())
-    check(src.keys() == dst.keys(),
-          f"training and inference models name different parameters: {sorted(set(src) ^ set(dst))[:6]}")
-    gathered = padded = 0
-    for name, target in dst.items():
-        param = src[name]
-        if is_gtp_param(param):
-            group_size = dist.get_world_size(param.group)
-            check(param.gtp_remat_size == group_size,
-                  f"{name}: gtp_remat_size {param.gtp_remat_size} but its group has {group_size} ranks")
-            whole = all_gather_rows(plain_copy(param), param.group, s.backend)
-            if param.pad_length:
-                whole = whole[: whole.shape[0] - param.pad_length]
-                padded += 1
-            gathered += 1
-        else:
-            whole = plain_copy(param)
-            if (_is_bias(name) and whole.dim() == 1 and target.dim() == 1
-                    and whole.shape[0] * s.gtp == target.shape[0]):
-                raise KnownBug("mlm-te-bias-sizing",
-                               f"{name}: the GTP training model's bias has {whole.shape[0]} entries, the "
-                               f"whole-weight model's {target.shape[0]}: TE sized a replicated bias from the "
-                               f"pre-sharded out_features (1/{s.gtp} too short)")
-        check(tuple(whole.shape) == tuple(target.shape),
-              f"refit {name}: {'gathered' if is_gtp_param(param) else 'copied'} {tuple(whole.shape)} from the "
-              f"training model, the inference model holds {tuple(target.shape)}")
-        target.copy_(whole.to(target.dtype))
-    # Every rank must now hold the same whole weights: a shard in the wrong place differs.
-    sums = [float(p.detach().double().sum()) for p in dst.values()]
-    world = dist.get_world_size()
-    device = next(iter(dst.values())).device
-    rows = all_gather_rows(torch.tensor([sums], dtype=torch.float64, device=device), None, s.backend)
-    check(all(torch.equal(rows[0], rows[r]) for r in range(world)),
-          "refitted inference weights differ between ranks")
-    return {"refit_tensors": len(dst), "refit_gathered": gathered, "refit_padded": padded}
-
-
-def positions(tokens: torch.Tensor) -> torch.Tensor:
-    return torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens).contiguous()
-
-
-@torch.no_grad()
-def generate(model, prompts: torch.Tensor, s: Settings, gen: torch.Generator):
-    """Sample ``new_tokens`` tokens (full recompute each step); return tokens and their log-probs."""
-    model.eval()
-    tokens, lps = prompts, []
-    for _ in range(s.new_tokens):
-        logits = model(tokens, positions(tokens), None)
-        check(tuple(logits.shape) == (tokens.shape[0], tokens.shape[1], s.vocab),
-              f"inference logits have shape {tuple(logits.shape)}")
-        logp = torch.log_softmax(logits[:, -1, :].float() / s.temperature, dim=-1)
-        nxt = torch.multinomial(logp.exp(), 1, generator=gen)
-        lps.append(logp.gather(-1, nxt))
-        tokens = torch.cat([tokens, nxt], dim=1)
-    return tokens, torch.cat(lps, dim=1)
-
-
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, start: int, temperature: float) -> torch.Tensor:
-    """log p(tokens[:, t]) for t >= start, from logits at t - 1."""
-    logp = torch.log_softmax(logits[:, start - 1 : -1, :].float() / temperature, dim=-1)
-    return logp.gather(-1, tokens[:, start:].unsqueeze(-1)).squeeze(-1)
-
-
-def grpo_loss(lp, lp_old, advantages, mask, clip: float) -> torch.Tensor:
-    ratio = torch.exp(lp - lp_old)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * advantages
-    return -(torch.minimum(unclipped, clipped) * mask).sum() / mask.sum()
-
-
-def log0(rank: int, message: str) -> None:
-    if rank == 0:
-        print(message, flush=True)
-
-
-def run_rank(rank: int, world: int, port: int, s: Settings) -> dict:
-    import torch.distributed as dist
-
-    torch.cuda.set_device(0 if s.backend == "gloo" else rank)
-    dist.init_process_group(s.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    from megatron.core import parallel_state
-    from megatron.core.inference.shards import build_inference_pg_collection
-    from megatron.core.tensor_parallel.generalized_tensor_parallelism import update_gtp_config
-    from megatron.core.tensor_parallel.gtp_api import HAVE_GTP, classify_gtp_remat_chains, is_gtp_param
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    check(HAVE_GTP, "megatron-core reports HAVE_GTP False in a rank")
-    markers: list[str] = []
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=s.gtp)
-    try:
-        model_parallel_cuda_manual_seed(s.seed)
-        # The tied output layer reuses the embedding, the first weight of GTP's prefetch chain,
-        # out of chain order: gather and reduce on demand (as the series' end-to-end proof does).
-        update_gtp_config(weight_prefetch=False, async_reduction=False)
-
-        # 1. the GTP-sharded training model
-        train = build_gpt(s, model_config(s, gtp=s.gtp))
-        classify_gtp_remat_chains(train)
-        sharded = gtp_sharded(train)
-        check(sharded, f"the training model built with gtp_remat_size={s.gtp} has no GTP-sharded parameter")
-        line = f"{MARK_GTP} (gtp_remat_size={s.gtp} expert_gtp_remat_size=1)"
-        log0(rank, line)
-        markers.append(line)
-
-        # 2. the dedicated whole-weight inference model
-        pgc = build_inference_pg_collection(world_size=world, tp_size=1, pp_size=1, cp_size=1,
-                                            ep_size=1, expt_tp_size=1)
-        infer = build_gpt(s, model_config(s, gtp=1), pg_collection=pgc)
-        still = gtp_sharded(infer)
-        if still:
-            where = ", ".join(still[:3]) + (" ..." if len(still) > 3 else "")
-            if "gtp_remat" not in vars(pgc):
-                raise KnownBug("mlm-inference-pg",
-                               f"the inference model built on build_inference_pg_collection() still has "
-                               f"{len(still)} GTP-sharded parameter(s) ({where}): the collection leaves "
-                               f"gtp_remat unset, so the layers use training's gtp_remat_size={s.gtp} group")
-            raise KnownBug("mlm-pg-collection",
-                           f"the inference collection sets gtp_remat={pgc.gtp_remat!r}, yet the model built on it "
-                           f"has {len(still)} GTP-sharded parameter(s) ({where}): the layers ignore the model's "
-                           f"pg_collection and take the MPU group")
-        line = f"{MARK_RESHARD} (inference TP=1 PP=1 EP=1 CP=1 impl=transformer_engine)"
-        log0(rank, line)
-        markers.append(line)
-
-        # 3. refit
-        refit_stats = refit(train, infer, s)
-
-        # 4. generate on the inference model (each rank its own prompts, as data-parallel ranks)
-        gen = torch.Generator(device="cuda").manual_seed(s.seed * 1009 + rank)
-        cpu_gen = torch.Generator().manual_seed(s.seed * 7919 + rank)
-        prompts = torch.randint(0, s.vocab, (s.prompts, s.prompt_len), generator=cpu_gen)
-        prompts = prompts.repeat_interleave(s.generations, dim=0).cuda()
-        tokens, gen_lp = generate(infer, prompts, s, gen)
-        mask = torch.ones_like(gen_lp)
-
-        # 5. training log-probs of the sampled tokens
-        train.train()
-        logits = train(tokens, positions(tokens), None)
-        check(tuple(logits.shape) == (tokens.shape[0], tokens.shape[1], s.vocab),
-              f"training logits have shape {tuple(logits.shape)}")
-        train_lp = token_logprobs(logits, tokens, s.prompt_len, s.temperature)
-        err = torch.exp((gen_lp - train_lp.detach()).abs())
-        local_err_sum, local_count = float((err * mask).sum()), float(mask.sum())
-        max_abs_diff = float(((gen_lp - train_lp.detach()).abs() * mask).max())
-
-        # 6. GRPO-style loss and backward (plain autograd: Megatron DDP's grad sync needs NCCL)
-        rewards = tokens[:, s.prompt_len:].float().mean(dim=1) / s.vocab  # toy reward: prefer high ids
-        grouped = rewards.view(s.prompts, s.generations)
-        adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).view(-1, 1)
-        # On-policy (lp_old = lp): the ratio is 1, so the loss is -mean(advantage) ~ 0 while its
-        # gradient, mean(advantage * grad lp), is not.
-        loss = grpo_loss(train_lp, train_lp.detach(), adv, mask, s.clip)
-        for p in train.parameters():
-            if is_gtp_param(p):
-                p.main_grad = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
-        loss.backward()
-        torch.cuda.synchronize()
-
-        gtp_sq = other_sq = 0.0
-        zero, bad = [], []
-        for name, p in train.named_parameters():
-            g = p.main_grad if is_gtp_param(p) else p.grad
-            if g is None:
-                continue
-            if not bool(torch.isfinite(g).all()):
-                bad.append(name)
-                continue
-            sq = float(g.double().pow(2).sum())
-            if is_gtp_param(p):
-                gtp_sq += sq
-                if sq == 0.0:
-                    zero.append(name)
-            else:
-                other_sq += sq
-        check(not bad, f"non-finite gradients: {bad[:5]}")
-        check(not zero, f"GTP-sharded weights with an all-zero gradient: {zero[:5]}")
-
-        err_sum, count, loss_sum, gtp_sq_all = all_reduce_sum(
-            [local_err_sum, local_count, float(loss.detach()), gtp_sq], s.backend)
-        # Non-GTP parameters are replicas (no DP gradient reduction here): average their norms.
-        (other_sq_all,) = all_reduce_sum([other_sq], s.backend)
-        return {
-            "rank": rank,
-            "markers": markers,
-            "token_mult_prob_error": err_sum / count,
-            "token_mult_prob_error_rank": local_err_sum / local_count,
-            "max_abs_logprob_diff_rank": max_abs_diff,
-            "loss": loss_sum / world,
-            "grad_norm": math.sqrt(gtp_sq_all / (world // s.gtp) + other_sq_all / world),
-            "grad_norm_gtp_sharded": math.sqrt(gtp_sq_all / (world // s.gtp)),
-            "gtp_sharded_params": len(sharded),
-            "inference_gtp_sharded_params": len(still),
-            "params": len(list(train.parameters())),
-            "tokens": int(count),
-            **refit_stats,
-        }
-    finally:
-        parallel_state.destroy_model_parallel()
-
-
-def rank_entry(rank: int, world: int, port: int, s: Settings, results) -> None:
+def rank_entry(rank: int, world: int, port: int, s: Settings, ckpt_dir: str, results) -> None:
     import torch.distributed as dist
 
     try:
-        results.put((rank, "ok", run_rank(rank, world, port, s)))
+        results.put((rank, "ok", run_rank(rank, world, port, s, ckpt_dir)))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        bug = classify(exc)
         tb = "".join(traceback.format_exception(exc))
+        bug = classify(exc, tb)
         if bug is not None:
             results.put((rank, "bug", {"id": bug.patch_id, "message": bug.message, "traceback": tb}))
         else:
@@ -498,13 +186,13 @@ def skip_reason(s: Settings) -> str | None:
     return None
 
 
-def run_ranks(s: Settings) -> tuple[dict[int, dict], dict[int, tuple[str, dict]]]:
+def run_ranks(s: Settings, ckpt_dir: str) -> tuple[dict[int, dict], dict[int, tuple[str, dict]]]:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=rank_entry, args=(r, s.nproc, port, s, results)) for r in range(s.nproc)]
+    procs = [ctx.Process(target=rank_entry, args=(r, s.nproc, port, s, ckpt_dir, results)) for r in range(s.nproc)]
     for p in procs:
         p.start()
     ok: dict[int, dict] = {}
@@ -558,17 +246,64 @@ def emit(result: dict, s: Settings) -> None:
     print(line, flush=True)
 
 
+_ARM_KEYS = ("setup_mib", "train_state_mib", "peak_mib", "step_seconds", "refit_seconds", "refit_bytes_received")
+
+
+def summarize(ok: dict[int, dict], s: Settings) -> tuple[dict, list[str]]:
+    """Fold the ranks' results into the metrics and the problems that fail the run."""
+    ranks = [ok[r] for r in sorted(ok)]
+    g = [r["gtp"] for r in ranks]
+    count = sum(x["tokens_compared"] for x in g)
+    metrics = {
+        "token_mult_prob_error": sum(x["token_mult_prob_error_sum"] for x in g) / count,
+        "token_mult_prob_error_per_step": [
+            sum(x["steps"][k]["token_mult_prob_error"] for x in g) / len(g) for k in range(s.steps)],
+        "max_abs_logprob_diff": max(x["max_abs_logprob_diff"] for x in g),
+        "ckpt_token_mult_prob_error": sum(x["ckpt_err_sum"] for x in g) / sum(x["ckpt_count"] for x in g),
+        "ckpt_max_abs_logprob_diff": max(x["ckpt_max_abs_logprob_diff"] for x in g),
+        "loss_per_step": [g[0]["steps"][k]["loss"] for k in range(s.steps)],
+        "grad_norm_per_step": [g[0]["steps"][k]["grad_norm"] for k in range(s.steps)],
+        "grad_norm": g[0]["grad_norm"],
+        "gtp_sharded_params": ranks[0]["gtp_sharded_params"],
+        "refit_tensors": g[0]["refit_tensors"], "refit_gathered": g[0]["refit_gathered"],
+        "refit_padded": g[0]["refit_padded"], "tokens": int(count),
+    }
+    # Cost: the worst rank of each arm (max), and GTP's ratio to GTP off.
+    for key in _ARM_KEYS:
+        metrics[f"gtp_{key}"] = max(x[key] for x in g)
+    if all("gtp_off" in r for r in ranks):
+        for key in _ARM_KEYS:
+            off = max(r["gtp_off"][key] for r in ranks)
+            metrics[f"off_{key}"] = off
+            if off:
+                metrics[f"ratio_{key}"] = metrics[f"gtp_{key}"] / off
+        metrics["off_token_mult_prob_error"] = (
+            sum(r["gtp_off"]["token_mult_prob_error_sum"] for r in ranks)
+            / sum(r["gtp_off"]["tokens_compared"] for r in ranks))
+    problems = []
+    for rank, res in sorted(ok.items()):
+        for mark in (MARK_GTP, MARK_RESHARD):
+            if not any(m.startswith(mark) for m in res["markers"]):
+                problems.append(f"rank {rank} never logged {mark!r}")
+    for key in ("token_mult_prob_error", "ckpt_token_mult_prob_error"):
+        if not metrics[key] < s.max_error:
+            problems.append(f"{key} {metrics[key]:.6f} is not below {s.max_error}")
+    return metrics, problems
+
+
 def launch(s: Settings) -> int:
     base = {"test": "gtp_refit_mini", "backend": s.backend, "nproc": s.nproc, "gtp_remat_size": s.gtp,
-            "seed": s.seed}
+            "dtype": s.dtype, "steps": s.steps, "seed": s.seed}
     reason = skip_reason(s)
     if reason:
         print(f"SKIP: gtp_refit_mini: {reason}", flush=True)
         emit({**base, "status": "skipped", "reason": reason}, s)
         return EXIT_OK
-    base.update(torch=torch.__version__, device=torch.cuda.get_device_name(0), transformer_engine=_te_version())
+    base.update(torch=torch.__version__, device=torch.cuda.get_device_name(0), transformer_engine=_te_version(),
+                model={k: getattr(s, k) for k in ("vocab", "hidden", "layers", "heads", "query_groups", "ffn")})
     t0 = time.monotonic()
-    ok, failed = run_ranks(s)
+    with tempfile.TemporaryDirectory(prefix="gtp-refit-mini-") as tmp:
+        ok, failed = run_ranks(s, s.ckpt_dir or tmp)
     seconds = round(time.monotonic() - t0, 1)
     if failed:
         for rank in sorted(failed):
@@ -583,20 +318,10 @@ def launch(s: Settings) -> int:
             emit({**base, "status": "failed", "bug": info["id"], "reason": info["message"], "seconds": seconds}, s)
             return EXIT_BUG
         first = failed[min(failed)][1]["message"]
+        print(f"FAIL: {first}", flush=True)
         emit({**base, "status": "failed", "reason": first, "seconds": seconds}, s)
         return EXIT_FAILED
-    r0 = ok[0]
-    problems = []
-    for rank, res in sorted(ok.items()):
-        for mark in (MARK_GTP, MARK_RESHARD):
-            if not any(m.startswith(mark) for m in res["markers"]):
-                problems.append(f"rank {rank} never logged {mark!r}")
-    if not r0["token_mult_prob_error"] < s.max_error:
-        problems.append(f"token_mult_prob_error {r0['token_mult_prob_error']:.6f} is not below {s.max_error}")
-    metrics = {k: v for k, v in r0.items() if k not in ("rank", "markers", "token_mult_prob_error_rank",
-                                                         "max_abs_logprob_diff_rank")}
-    metrics["token_mult_prob_error_per_rank"] = [ok[r]["token_mult_prob_error_rank"] for r in sorted(ok)]
-    metrics["max_abs_logprob_diff"] = max(ok[r]["max_abs_logprob_diff_rank"] for r in ok)
+    metrics, problems = summarize(ok, s)
     for p in problems:
         print(f"FAIL: {p}", flush=True)
     emit({**base, **metrics, "status": "failed" if problems else "passed", "seconds": seconds,
@@ -615,13 +340,23 @@ def dry_check(s: Settings) -> int:
             problems.append(message)
 
     try:
-        from megatron.core import parallel_state
+        from megatron.core import dist_checkpointing, parallel_state  # noqa: F401
+        from megatron.core.distributed import (  # noqa: F401
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.inference.shards import build_inference_pg_collection
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec  # noqa: F401
         from megatron.core.models.gpt.gpt_model import GPTModel
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: F401
         from megatron.core.process_groups_config import ProcessGroupCollection
         from megatron.core.tensor_parallel import gtp_api
-        from megatron.core.tensor_parallel.generalized_tensor_parallelism import GTP_CONFIG, update_gtp_config  # noqa: F401
+        from megatron.core.tensor_parallel.generalized_tensor_parallelism import (  # noqa: F401
+            GTP_CONFIG,
+            get_global_GTP_cache,
+            reset_gtp_state,
+        )
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed  # noqa: F401
         from megatron.core.transformer.transformer_config import TransformerConfig
     except Exception as exc:  # noqa: BLE001 - reported, not raised
@@ -637,10 +372,17 @@ def dry_check(s: Settings) -> int:
     fields = TransformerConfig.__dataclass_fields__
     need("tensor_parallel_num_weight_shards" in fields, "TransformerConfig has no tensor_parallel_num_weight_shards")
     need("gtp_remat" in ProcessGroupCollection.__dataclass_fields__, "ProcessGroupCollection has no gtp_remat field")
+    opt_fields = OptimizerConfig.__dataclass_fields__
+    need(all(k in opt_fields for k in ("use_distributed_optimizer", "use_precision_aware_optimizer", "clip_grad")),
+         "OptimizerConfig lacks a field the test sets")
+    for attr in ("enable_forward_pre_hook", "disable_forward_pre_hook", "zero_grad_buffer"):
+        need(hasattr(DistributedDataParallel, attr), f"DistributedDataParallel has no {attr}")
     for attr in ("HAVE_GTP", "is_gtp_param", "classify_gtp_remat_chains"):
         need(hasattr(gtp_api, attr), f"gtp_api has no {attr}")
     for attr in ("weight_prefetch", "async_reduction"):
         need(hasattr(GTP_CONFIG, attr), f"GTP config has no {attr}")
+    report["gtp_defaults"] = {"weight_prefetch": GTP_CONFIG.weight_prefetch,
+                              "async_reduction": GTP_CONFIG.async_reduction}
     report["transformer_engine"] = _te_version()
     report["have_gtp"] = bool(getattr(gtp_api, "HAVE_GTP", False))
     report["cuda"] = torch.cuda.is_available()

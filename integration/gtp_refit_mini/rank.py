@@ -1,0 +1,214 @@
+"""What each rank of the mini test does: the life of a checkpoint through GTP GRPO training.
+
+1. Source: the model with GTP off (TP 1) writes a torch_dist checkpoint, as a converted
+   checkpoint would be.
+2. Training model: the same GPT under ``initialize_model_parallel(tp=1, gtp_remat_size=gtp)``;
+   at least one parameter must be GTP-sharded (then the ``[gtp] enabling GTP weight
+   rematerialization`` marker is logged). It loads the GTP-off checkpoint: every tensor exact.
+3. Inference model: the same GPT on ``build_inference_pg_collection(...)`` (GTP off), as
+   NeMo-RL's colocated reshard builds it; nothing may be GTP-sharded (then the
+   ``[colocated-reshard] building dedicated inference model`` marker).
+4. ``--steps`` GRPO iterations: refit (refit.py), sampling on the inference model, the training
+   model's log-probs of the samples (``token_mult_prob_error`` = mean exp|gen_lp - train_lp|),
+   the clipped loss, backward and an optimiser step (grpo.Trainer), with GTP's defaults.
+5. The trained model writes a GTP checkpoint; a fresh whole-weight model loads it and must hold
+   exactly the refitted weights, and its log-probs of the last samples must match the training
+   model's (``ckpt_token_mult_prob_error``).
+
+With ``--compare-gtp-off`` the same training (from the same checkpoint, same samples) then runs
+with GTP off, and both arms report what they cost per rank: memory for parameters, gradients
+and optimiser state, the peak, step time, refit time and bytes.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+import torch
+from bugs import KnownBug, check
+from ckpt import check_loaded, load, logprobs_of, save
+from grpo import Trainer, advantages, generate, grpo_loss, mult_prob_error, positions, token_logprobs
+from model import build_gpt, gtp_sharded, model_config, whole_weights
+from refit import refit
+
+MARK_GTP = "[gtp] enabling GTP weight rematerialization"
+MARK_RESHARD = "[colocated-reshard] building dedicated inference model"
+MIB = 1024 * 1024
+
+
+def log0(rank: int, message: str) -> None:
+    if rank == 0:
+        print(message, flush=True)
+
+
+def _inference_model(s, world: int):
+    from megatron.core.inference.shards import build_inference_pg_collection
+
+    pgc = build_inference_pg_collection(world_size=world, tp_size=1, pp_size=1, cp_size=1, ep_size=1,
+                                        expt_tp_size=1)
+    model = build_gpt(s, model_config(s, gtp=1), pg_collection=pgc)
+    still = gtp_sharded(model)
+    if still:
+        where = ", ".join(still[:3]) + (" ..." if len(still) > 3 else "")
+        if "gtp_remat" not in vars(pgc):
+            raise KnownBug("mlm-inference-pg",
+                           f"the inference model built on build_inference_pg_collection() still has "
+                           f"{len(still)} GTP-sharded parameter(s) ({where}): the collection leaves "
+                           f"gtp_remat unset, so the layers use training's gtp_remat_size={s.gtp} group")
+        raise KnownBug("mlm-pg-collection",
+                       f"the inference collection sets gtp_remat={pgc.gtp_remat!r}, yet the model built on it "
+                       f"has {len(still)} GTP-sharded parameter(s) ({where}): the layers ignore the model's "
+                       f"pg_collection and take the MPU group")
+    return model
+
+
+def _release_gtp_buffers() -> None:
+    from megatron.core.tensor_parallel.generalized_tensor_parallelism import get_global_GTP_cache, reset_gtp_state
+
+    reset_gtp_state()
+    get_global_GTP_cache().clear()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def train_arm(rank: int, world: int, s, gtp: int, ckpt_dir: str, source: dict, markers: list[str] | None) -> dict:
+    """Build, load the GTP-off checkpoint (checked against ``source``, its writer's weights),
+    train ``s.steps`` GRPO steps; return the metrics and the models."""
+    infer = _inference_model(s, world)
+    if markers is not None:
+        line = f"{MARK_RESHARD} (inference TP=1 PP=1 EP=1 CP=1 impl=transformer_engine)"
+        log0(rank, line)
+        markers.append(line)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+
+    config = model_config(s, gtp=gtp)
+    train = build_gpt(s, config)
+    sharded = gtp_sharded(train)
+    check(bool(sharded) == (gtp > 1), f"gtp={gtp} training model has {len(sharded)} GTP-sharded parameter(s)")
+    if markers is not None:
+        line = f"{MARK_GTP} (gtp_remat_size={gtp} expert_gtp_remat_size=1)"
+        log0(rank, line)
+        markers.append(line)
+    load(train, os.path.join(ckpt_dir, "off"))
+    check_loaded(train, source, s, f"the GTP-off checkpoint loaded into the gtp={gtp} training model")
+    trainer = Trainer(train, config, s)
+    setup_mib = (torch.cuda.memory_allocated() - base) / MIB
+
+    gen = torch.Generator(device="cuda").manual_seed(s.seed * 1009 + rank)
+    cpu_gen = torch.Generator().manual_seed(s.seed * 7919 + rank)
+    per_step, err_sum, err_count, max_diff = [], 0.0, 0.0, 0.0
+    state_mib = None
+    for step in range(s.steps):
+        trainer.for_inference()
+        refit_stats = refit(train, infer, s, gtp)
+        prompts = torch.randint(0, s.vocab, (s.prompts, s.prompt_len), generator=cpu_gen)
+        prompts = prompts.repeat_interleave(s.generations, dim=0).cuda()
+        tokens, gen_lp = generate(infer, prompts, s, gen)
+        mask = torch.ones_like(gen_lp)
+
+        trainer.for_training()
+        train.train()
+        t0 = time.perf_counter()
+        logits = trainer.model(tokens, positions(tokens), None)
+        check(tuple(logits.shape) == (tokens.shape[0], tokens.shape[1], s.vocab),
+              f"training logits have shape {tuple(logits.shape)}")
+        train_lp = token_logprobs(logits, tokens, s.prompt_len, s.temperature)
+        e_sum, e_count, e_max = mult_prob_error(gen_lp, train_lp.detach(), mask)
+        err_sum, err_count, max_diff = err_sum + e_sum, err_count + e_count, max(max_diff, e_max)
+        # On-policy (lp_old = lp): the ratio is 1, so the loss is -mean(advantage) ~ 0 while its
+        # gradient, mean(advantage * grad lp), is not.
+        loss = grpo_loss(train_lp, train_lp.detach(), advantages(tokens, s), mask, s.clip)
+        forward_seconds = time.perf_counter() - t0
+        stepped = trainer.step(loss)
+        if state_mib is None:  # Adam's moments exist from the first step on
+            state_mib = (torch.cuda.memory_allocated() - base) / MIB
+        per_step.append({"step": step, "loss": float(loss.detach()), "token_mult_prob_error": e_sum / e_count,
+                         "seconds": forward_seconds + stepped["step_seconds"], "grad_norm": stepped["grad_norm"],
+                         "refit_seconds": refit_stats["refit_seconds"]})
+    trainer.for_inference()
+    final_refit = refit(train, infer, s, gtp)
+    timed = per_step[1:] or per_step
+    return {
+        "train": train, "infer": infer, "tokens": tokens, "sharded": sharded,
+        "metrics": {
+            "steps": per_step,
+            "token_mult_prob_error_sum": err_sum, "tokens_compared": err_count, "max_abs_logprob_diff": max_diff,
+            "setup_mib": setup_mib, "train_state_mib": state_mib,
+            "peak_mib": (torch.cuda.max_memory_allocated() - base) / MIB,
+            "step_seconds": sum(x["seconds"] for x in timed) / len(timed),
+            "refit_seconds": sum(x["refit_seconds"] for x in timed) / len(timed),
+            "refit_bytes_received": final_refit["refit_bytes_received"],
+            "refit_tensors": final_refit["refit_tensors"], "refit_gathered": final_refit["refit_gathered"],
+            "refit_padded": final_refit["refit_padded"],
+            "grad_norm": per_step[-1]["grad_norm"], "loss": per_step[-1]["loss"],
+        },
+    }
+
+
+def run_rank(rank: int, world: int, port: int, s, ckpt_dir: str) -> dict:
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0 if s.backend == "gloo" else rank)
+    dist.init_process_group(s.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.generalized_tensor_parallelism import GTP_CONFIG
+    from megatron.core.tensor_parallel.gtp_api import HAVE_GTP
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    check(HAVE_GTP, "megatron-core reports HAVE_GTP False in a rank")
+    # GTP's defaults, as NeMo-RL and Megatron-Bridge run it: asserted, never set here.
+    check(GTP_CONFIG.weight_prefetch and GTP_CONFIG.async_reduction, f"GTP's defaults were changed: {GTP_CONFIG}")
+    markers: list[str] = []
+
+    # 1. the checkpoint a GTP-off run (or a converter) wrote
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+    try:
+        model_parallel_cuda_manual_seed(s.seed)
+        source = build_gpt(s, model_config(s, gtp=1))
+        source_weights = whole_weights(source, s.backend)
+        save(source, os.path.join(ckpt_dir, "off"))
+        del source
+    finally:
+        parallel_state.destroy_model_parallel()
+
+    # 2-4. GTP training from that checkpoint, with refit and sampling
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=s.gtp)
+    try:
+        model_parallel_cuda_manual_seed(s.seed)
+        arm = train_arm(rank, world, s, s.gtp, ckpt_dir, source_weights, markers)
+        metrics = arm["metrics"]
+        # 5. the GTP checkpoint, read by a whole-weight model; the inference model holds the
+        # trained weights from the last refit.
+        train, infer, tokens = arm["train"], arm["infer"], arm["tokens"]
+        save(train, os.path.join(ckpt_dir, "gtp"))
+        reader = _inference_model(s, world)
+        load(reader, os.path.join(ckpt_dir, "gtp"))
+        check_loaded(reader, {n: p.detach().clone() for n, p in infer.named_parameters()}, s,
+                     "the GTP checkpoint loaded into a whole-weight model")
+        lp_train = logprobs_of(train, tokens, s)
+        lp_reader = logprobs_of(reader, tokens, s)
+        c_sum, c_count, c_max = mult_prob_error(lp_reader, lp_train, torch.ones_like(lp_train))
+        metrics.update(ckpt_err_sum=c_sum, ckpt_count=c_count, ckpt_max_abs_logprob_diff=c_max)
+        sharded = arm["sharded"]
+        del arm, train, infer, reader
+        _release_gtp_buffers()
+    finally:
+        parallel_state.destroy_model_parallel()
+
+    result = {"rank": rank, "markers": markers, "gtp_sharded_params": len(sharded), "gtp": metrics,
+              "source_tensors": len(source_weights)}
+    if s.compare_gtp_off:
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+        try:
+            model_parallel_cuda_manual_seed(s.seed)
+            off = train_arm(rank, world, s, 1, ckpt_dir, source_weights, None)
+            result["gtp_off"] = off["metrics"]
+            del off
+            _release_gtp_buffers()
+        finally:
+            parallel_state.destroy_model_parallel()
+    return result

@@ -1,0 +1,69 @@
+"""Refit: the training model's weights into the whole-weight inference model.
+
+Every GTP shard is all-gathered over its GTP group along dim 0, its padding rows cut, and copied
+into the inference model; every other parameter is copied as it is. Shapes must match exactly
+and the refitted weights must be bit-identical on all ranks. Reports how much it moved: the
+bytes this rank received from its GTP peers (0 with GTP off) and the seconds it took.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import torch
+from bugs import KnownBug, check
+from model import all_gather_rows, plain_copy
+
+
+def _is_bias(name: str) -> bool:
+    return re.search(r"(^|\.)bias\d*$", name) is not None
+
+
+@torch.no_grad()
+def refit(train, infer, s, gtp: int) -> dict:
+    import torch.distributed as dist
+    from megatron.core.tensor_parallel.gtp_api import is_gtp_param
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    src = dict(train.named_parameters())
+    dst = dict(infer.named_parameters())
+    check(src.keys() == dst.keys(),
+          f"training and inference models name different parameters: {sorted(set(src) ^ set(dst))[:6]}")
+    gathered = padded = received = 0
+    for name, target in dst.items():
+        param = src[name]
+        if is_gtp_param(param):
+            group_size = dist.get_world_size(param.group)
+            check(param.gtp_remat_size == group_size,
+                  f"{name}: gtp_remat_size {param.gtp_remat_size} but its group has {group_size} ranks")
+            whole = all_gather_rows(plain_copy(param), param.group, s.backend)
+            received += (group_size - 1) * param.numel() * param.element_size()
+            if param.pad_length:
+                whole = whole[: whole.shape[0] - param.pad_length]
+                padded += 1
+            gathered += 1
+        else:
+            whole = plain_copy(param)
+            if (_is_bias(name) and whole.dim() == 1 and target.dim() == 1
+                    and whole.shape[0] * gtp == target.shape[0] and gtp > 1):
+                raise KnownBug("mlm-te-bias-sizing",
+                               f"{name}: the GTP training model's bias has {whole.shape[0]} entries, the "
+                               f"whole-weight model's {target.shape[0]}: TE sized a replicated bias from the "
+                               f"pre-sharded out_features (1/{gtp} too short)")
+        check(tuple(whole.shape) == tuple(target.shape),
+              f"refit {name}: {'gathered' if is_gtp_param(param) else 'copied'} {tuple(whole.shape)} from the "
+              f"training model, the inference model holds {tuple(target.shape)}")
+        target.copy_(whole.to(target.dtype))
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    # Every rank must now hold the same whole weights: a shard in the wrong place differs.
+    sums = [float(p.detach().double().sum()) for p in dst.values()]
+    world = dist.get_world_size()
+    device = next(iter(dst.values())).device
+    rows = all_gather_rows(torch.tensor([sums], dtype=torch.float64, device=device), None, s.backend)
+    check(all(torch.equal(rows[0], rows[r]) for r in range(world)),
+          "refitted inference weights differ between ranks")
+    return {"refit_tensors": len(dst), "refit_gathered": gathered, "refit_padded": padded,
+            "refit_bytes_received": received, "refit_seconds": seconds}

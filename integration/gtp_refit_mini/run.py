@@ -277,6 +277,7 @@ def summarize(ok: dict[int, dict], s: Settings) -> tuple[dict, list[str]]:
             metrics[f"off_{key}"] = off
             if off:
                 metrics[f"ratio_{key}"] = metrics[f"gtp_{key}"] / off
+        metrics["off_grad_norm_per_step"] = [ranks[0]["gtp_off"]["steps"][k]["grad_norm"] for k in range(s.steps)]
         metrics["off_token_mult_prob_error"] = (
             sum(r["gtp_off"]["token_mult_prob_error_sum"] for r in ranks)
             / sum(r["gtp_off"]["tokens_compared"] for r in ranks))

@@ -79,7 +79,8 @@ class Trainer:
             self.optimizer = get_megatron_optimizer(
                 OptimizerConfig(optimizer="adam", lr=s.lr, min_lr=s.lr, weight_decay=0.01, bf16=bf16,
                                 params_dtype=torch.float32, adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8,
-                                use_distributed_optimizer=True, use_precision_aware_optimizer=bf16,
+                                use_distributed_optimizer=True,
+                                use_precision_aware_optimizer=bf16 and s.precision_aware_optimizer,
                                 clip_grad=1.0),
                 [self.model])
         else:
@@ -128,6 +129,8 @@ class Trainer:
             check(ok, "the optimizer skipped its update (found inf/nan)")
         else:
             grad_norm = self._sgd()
+        # Gradients can be finite yet so large that their norm overflows: weights that blew up.
+        check(math.isfinite(float(grad_norm)), f"the gradient norm is {float(grad_norm)}: the weights diverged")
         torch.cuda.synchronize()
         return {"step_seconds": time.perf_counter() - t0, "grad_norm": float(grad_norm)}
 

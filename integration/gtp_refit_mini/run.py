@@ -77,6 +77,7 @@ class Settings:
     lr: float = 1e-4
     max_error: float = 1.05
     compare_gtp_off: bool = False
+    precision_aware_optimizer: bool = True
     seed: int = 1234
     timeout: float = 900.0
     out: str | None = None
@@ -114,6 +115,9 @@ def parse_args(argv: list[str]) -> tuple[Settings, bool]:
                    help="gate on token_mult_prob_error and ckpt_token_mult_prob_error")
     p.add_argument("--compare-gtp-off", action="store_true",
                    help="also train with GTP off and report both arms' memory, step and refit cost")
+    p.add_argument("--no-precision-aware-optimizer", dest="precision_aware_optimizer", action="store_false",
+                   help="bf16 only: Megatron's distributed Adam without TE's precision-aware mode (NeMo-RL "
+                        "turns it on; this is for narrowing down a failure, not for a green run)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--timeout", type=float, default=d.timeout, help="seconds before the ranks count as hung")
     p.add_argument("--out", help="also write the result JSON to OUT/result.json")

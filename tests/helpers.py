@@ -39,3 +39,20 @@ def apply_demo(d: dict, *extra, check: int | None = None) -> subprocess.Complete
     """tools/apply.py on the demo series of fakeup.make_demo, its upstream given with --source."""
     return tool("apply", "--series", d["series"], "--workdir", d["work"], "--cache", d["cache"],
                 "--source", f"megatron-lm={d['up']}", *extra, check=check)
+
+
+def python_at_least(major: int, minor: int) -> str | None:
+    """An interpreter of Python >= major.minor that really runs: $GTP_CARRY_TEST_PYTHON, python3.13, python3.12."""
+    import shutil
+
+    for cand in (os.environ.get("GTP_CARRY_TEST_PYTHON"), shutil.which("python3.13"), shutil.which("python3.12")):
+        if not cand:
+            continue
+        try:
+            res = subprocess.run([cand, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
+                                 text=True, timeout=60)
+        except OSError:
+            continue
+        if res.returncode == 0 and tuple(map(int, res.stdout.split())) >= (major, minor):
+            return cand
+    return None

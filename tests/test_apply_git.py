@@ -25,7 +25,9 @@ def test_apply_on_pinned_base_then_idempotent(demo):
     assert u["name"] == "megatron-lm" and u["workspace"] == str(demo["work"] / "megatron-lm")
     ws = demo["work"] / "megatron-lm"
     log = git(ws, "log", "--format=%s", "--reverse").splitlines()
-    assert log[0].startswith("base: ") and len(log) == 5 and log[1] == "demo: clean change"
+    # The base is the pinned upstream commit itself, then one commit per patch.
+    assert log[0] == "upstream v0" and len(log) == 5 and log[1] == "demo: clean change"
+    assert git(ws, "rev-parse", "HEAD~4") == demo["v0"] == u["base_commit"]
     assert u["head"] == git(ws, "rev-parse", "HEAD")
     assert "value_5 = 'patched'" in (ws / "megatron/core/alpha.py").read_text()
 
@@ -79,7 +81,7 @@ def test_new_base_threeway_upstreamed_and_conflict_changes_nothing(demo):
     assert st == {"clean": "applied", "threeway": "applied", "upstreamed": "already-applied"}
     text = (ws / "megatron/core/beta.py").read_text()
     assert "value_8 = 'upstream v1'" in text and "value_10 = 'patched'" in text
-    assert len(git(ws, "log", "--format=%H").splitlines()) == 3  # base + two real commits
+    assert git(ws, "rev-list", "--count", f"{demo['v1']}..HEAD") == "2"  # two real commits on the pinned v1
 
 
 def test_check_is_a_dry_run(demo):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,3 +58,22 @@ def python_at_least(major: int, minor: int) -> str | None:
         if res.returncode == 0 and tuple(map(int, res.stdout.split())) >= (major, minor):
             return cand
     return None
+
+
+def kill_at(checkpoint: str, *args, timeout: float = 300) -> None:
+    """Run tools/apply.py until it stops at ``checkpoint`` (GTP_CARRY_STOP_AT), then SIGKILL it."""
+    env = dict(os.environ, GTP_CARRY_STOP_AT=checkpoint)
+    proc = subprocess.Popen([sys.executable, str(TOOLS / "apply.py"), *map(str, args)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if f"stopped at {checkpoint}" in line or time.monotonic() > deadline:
+                break
+        assert seen and f"stopped at {checkpoint}" in seen[-1], f"apply did not stop at {checkpoint}: {''.join(seen)}"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import shutil
 
-from helpers import apply_demo as apply, git, read_json, tool
+from carry.runner import Git
 from fakeup import write
+from helpers import apply_demo as apply, git, kill_at, read_json, tool
 
 
 def statuses(report_path):
@@ -194,3 +195,32 @@ def test_into_existing_checkout(demo, tmp_path):
                "--into", f"megatron-lm={target}", check=1)
     assert "0001-clean" in res.stderr or "clean" in res.stderr
     assert git(target, "rev-parse", "HEAD") == head and git(target, "status", "--porcelain") == ""
+
+
+def test_a_failed_run_reports_the_workspace_head_not_the_trial(demo, tmp_path):
+    """After a conflict the summary names the workspace's own HEAD, which did not move."""
+    apply(demo, check=0)
+    ws = demo["work"] / "megatron-lm"
+    head = git(ws, "rev-parse", "HEAD")
+    demo["write_series"](demo["v1"])
+    out = tmp_path / "r.json"
+    res = apply(demo, "--json", out, check=1)
+    (u,) = read_json(out)["upstreams"]
+    assert u["head"] == head == git(ws, "rev-parse", "HEAD")
+    assert f"megatron-lm: {ws} at {head[:12]} (unchanged)" in res.stdout
+    # The trial's HEAD (v1 plus the patches that applied before the conflict) is named nowhere:
+    # stop the same run where its trial is built, and read it there.
+    kill_at("staged", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+            "--source", f"megatron-lm={demo['up']}")
+    (staged,) = (demo["work"] / ".carry").glob("staging-*/megatron-lm")
+    trial = Git(staged).head()
+    assert trial not in (head, demo["v1"]) and git(staged, "rev-list", "--count", f"{demo['v1']}..HEAD") == "2"
+    assert trial[:12] not in res.stdout + res.stderr
+    # A first run that fails has no workspace to name.
+    res = apply(dict(demo, work=tmp_path / "fresh"), "--json", out, check=1)
+    assert read_json(out)["upstreams"][0]["head"] is None
+    assert f"megatron-lm: {tmp_path / 'fresh' / 'megatron-lm'} not created" in res.stdout
+    # --check reports the HEAD that stays, too.
+    demo["write_series"](demo["v0"], ids=("clean",))
+    res = apply(demo, "--check", "--json", out, check=0)
+    assert read_json(out)["upstreams"][0]["head"] == head and "(unchanged)" in res.stdout

@@ -9,39 +9,11 @@ both succeed and remove them.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import TOOLS, apply_demo, git, read_json, tool
-
-
-def _kill_at(checkpoint: str, *args, timeout: float = 300) -> None:
-    """Run tools/apply.py until it reports the checkpoint, then SIGKILL it."""
-    env = dict(os.environ, GTP_CARRY_STOP_AT=checkpoint)
-    proc = subprocess.Popen([sys.executable, str(TOOLS / "apply.py"), *map(str, args)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + timeout
-    seen = []
-    try:
-        for line in proc.stderr:
-            seen.append(line)
-            if f"stopped at {checkpoint}" in line:
-                break
-            if time.monotonic() > deadline:
-                break
-        else:
-            raise AssertionError(f"apply ended without reaching {checkpoint}: {''.join(seen)}")
-        assert f"stopped at {checkpoint}" in seen[-1], "".join(seen)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stderr.close()
+from helpers import apply_demo, git, kill_at, read_json, tool
 
 
 def _demo_args(d, work=None):
@@ -68,14 +40,14 @@ def test_a_run_leaves_no_lock_behind(demo):
 
 
 def test_killed_holding_the_lock(demo):
-    _kill_at("locked", *_demo_args(demo))
+    kill_at("locked", *_demo_args(demo))
     assert (demo["work"] / ".carry" / "lock").exists()  # the kill left it (the kernel dropped the flock)
     apply_demo(demo, check=0)  # not blocked by it
     assert not (demo["work"] / ".carry" / "lock").exists()
 
 
 def test_killed_while_building_a_base(demo):
-    _kill_at("base-built", *_demo_args(demo))
+    kill_at("base-built", *_demo_args(demo))
     bases = demo["cache"] / "bases" / "megatron-lm"
     assert list(bases.glob(".build-*")), "the kill left the half-made base"
     assert not list(bases.glob("*.git"))
@@ -90,7 +62,7 @@ def test_killed_during_a_cold_download(tmp_path):
     """The real megatron-bridge wheel, downloaded into an empty cache and killed before it is kept."""
     cache = tmp_path / "cache"
     args = ["--series", "gtp", "--workdir", tmp_path / "w", "--cache", cache, "--only", "megatron-bridge"]
-    _kill_at("downloaded", *args)
+    kill_at("downloaded", *args)
     (art,) = (cache / "artifacts").iterdir()
     assert [p.name for p in art.glob(".build-*/*.whl")], "the kill left the downloaded wheel in scratch"
     assert not list(art.glob("*.whl"))
@@ -103,7 +75,7 @@ def test_killed_with_the_new_trees_staged(demo):
     apply_demo(demo, check=0)
     old = git(demo["work"] / "megatron-lm", "rev-parse", "HEAD")
     demo["write_series"](demo["v0"], ids=("clean", "threeway"))
-    _kill_at("staged", *_demo_args(demo))
+    kill_at("staged", *_demo_args(demo))
     meta = demo["work"] / ".carry"
     assert list(meta.glob("staging-*")), "the kill left the staged trees"
     assert git(demo["work"] / "megatron-lm", "rev-parse", "HEAD") == old  # untouched until the swap
@@ -117,7 +89,7 @@ def test_killed_with_the_new_trees_staged(demo):
 def test_killed_in_the_swap_is_rolled_forward(demo, checkpoint):
     apply_demo(demo, check=0)
     demo["write_series"](demo["v0"], ids=("clean",))
-    _kill_at(checkpoint, *_demo_args(demo))
+    kill_at(checkpoint, *_demo_args(demo))
     meta = demo["work"] / ".carry"
     journal = json.loads((meta / "journal.json").read_text())
     new_head = journal["state"]["upstreams"]["megatron-lm"]["head"]

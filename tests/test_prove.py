@@ -45,3 +45,14 @@ def test_prove_needs_a_workspace(demo, tmp_path):
     set_proof(demo["series"], "clean", "proofs/megatron_lm/test_good.py")
     res = tool("prove", "--series", demo["series"], "--workdir", tmp_path / "nothing", check=2)
     assert "tools/apply.py" in res.stderr
+
+
+def test_prove_and_export_wait_as_long_as_told(proved):
+    """--lock-timeout is honoured by every command that takes the work directory's lock."""
+    from carry.lock import DirLock
+
+    with DirLock(proved["work"] / ".carry" / "lock"):
+        for verb in ("prove", "export"):
+            res = tool(verb, "--series", proved["series"], "--workdir", proved["work"], "--lock-timeout", "0.3",
+                       check=1)
+            assert "is locked by another run" in res.stderr, verb

@@ -19,10 +19,15 @@ from .sources import Base
 ALREADY = "the base already has this change; see tools/retire.py"
 
 
+BASE_TAG = "carry-base"  # in every workspace: what `git rebase -i --autosquash` and `git log BASE..` need
+
+
 def clone_base(base: Base, dest: Path) -> Git:
-    """A workspace at ``dest`` whose HEAD is the base commit, with no remote pointing back at the cache."""
+    """A workspace at ``dest`` whose HEAD is the base commit (tagged carry-base), with no remote
+    pointing back at the cache."""
     g = Git.clone(base.repo, dest, branch="main")
     g("remote", "remove", "origin")
+    g("tag", BASE_TAG, base.commit)
     return g
 
 

@@ -251,6 +251,10 @@ def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: 
             shutil.rmtree(final)
         os.rename(staged / pid, final)
     shutil.rmtree(staged, ignore_errors=True)
+    try:
+        staged.parent.rmdir()  # nothing was retired: no empty retired/ folder either
+    except OSError:
+        pass
     for path in moves:
         path.unlink(missing_ok=True)
     rep.retired = landed

@@ -396,3 +396,18 @@ def test_rebase_continue_onto_another_base_names_it(d):
     assert f"--onto megatron-lm={d['v1']}" in same and same.endswith("--continue")
     res = sh(d, same, check=None)
     assert "expected" in res.stderr  # it picked up the workspace of that base
+
+
+@pytest.mark.parametrize("verb, flag", [("retire", "--against"), ("rebase", "--onto")])
+def test_retire_and_rebase_take_the_source_hint_as_written(d, verb, flag):
+    """--source NAME=PATH means the same in every command: the hint apply gives works for these too."""
+    toml = d["series"] / "series.toml"
+    toml.write_text(toml.read_text().replace(f"file://{d['up']}", f"file://{d['tmp']}/nowhere"))
+    failed = run(d, verb, "--series", d["series"], flag, f"megatron-lm={d['v1']}", check=1)
+    (again,) = hints(failed)
+    assert again == "--source megatron-lm=PATH"
+    res = sh(d, again, failed, PATH=d["up"], check=None)
+    if verb == "retire":
+        assert res.returncode == 0 and "upstreamed" in res.stdout, res.stdout + res.stderr
+    else:  # it ran, and stopped at the conflict v1 has with one patch, as a rebase does
+        assert res.returncode == 1 and "am --continue" in res.stderr, res.stdout + res.stderr

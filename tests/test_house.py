@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -107,11 +108,16 @@ def test_the_lock_timeout_is_written_once():
 
 def test_the_console_script_runs(tmp_path):
     """pip installs `gtp-carry` from pyproject.toml; it runs the same commands as tools/*.py."""
+    # pip builds in the source tree (build/, *.egg-info): build a copy, not the repository.
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy2(ROOT / "pyproject.toml", src / "pyproject.toml")
+    shutil.copytree(PKG, src / "tools" / "carry", ignore=shutil.ignore_patterns("__pycache__"))
     venv = tmp_path / "venv"
     # The venv builds with this interpreter's setuptools (the one the test extra was installed with).
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                    "--disable-pip-version-check", "--no-deps", "--no-build-isolation", "--no-index", str(ROOT)],
+                    "--disable-pip-version-check", "--no-deps", "--no-build-isolation", "--no-index", str(src)],
                    check=True, cwd=tmp_path)
     exe = venv / "bin" / "gtp-carry"
     res = subprocess.run([str(exe), "--help"], capture_output=True, text=True, cwd=tmp_path)

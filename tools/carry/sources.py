@@ -256,7 +256,7 @@ def _dir_key(path: Path) -> str:
 
 
 def resolve(upstream: Upstream, cache: Path, override: Path | None = None) -> Base:
-    """The pristine base of an upstream: from --source PATH, or from its pins in order."""
+    """The pristine base of an upstream: from --source NAME=PATH, or from its pins in order."""
     if override is not None:
         return _resolve_override(upstream, cache, override)
     errors: list[SourceError] = []

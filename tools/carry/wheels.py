@@ -27,7 +27,7 @@ from . import progress
 from .errors import IntegrityError, UsageError
 from .manifest import Series, Upstream
 from .runner import Git
-from .sources import fetch_artifact
+from .artifacts import fetch_artifact
 
 
 @dataclass

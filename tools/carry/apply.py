@@ -131,10 +131,10 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
                 up = series.upstream(u.name)
                 if up.pypi is None or u.name in opts.into:
                     continue
-                built = wheels.build(series, up, Path(u.workspace), u.base_commit or "", u.head or "", opts.cache,
-                                     opts.wheels_dir, f"{series.name}.{report.digest}")
-                u.wheels = [str(w) for w in built.written]
-                u.wheels_skipped = built.skipped
+                made = wheels.build(series, up, Path(u.workspace), u.base_commit or "", u.head or "", opts.cache,
+                                    opts.wheels_dir, f"{series.name}.{report.digest}")
+                u.wheels = [str(w) for w in made.written]
+                u.wheels_skipped = made.skipped
     return report
 
 

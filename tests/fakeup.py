@@ -52,9 +52,8 @@ def make_patch(repo: Path, base: str, changes: list[tuple[str, int, str]], subje
     return out
 
 
-def series_toml(commit: str, url: str, patches: list[dict], extra_top: str = "") -> str:
-    out = [extra_top,
-           '[series]\nname = "demo"\ndescription = "test series"\n',
+def series_toml(commit: str, url: str, patches: list[dict]) -> str:
+    out = ['[series]\nname = "demo"\ndescription = "test series"\n',
            '[upstreams.megatron-lm]\npython_path = "."\nsources = ["git"]\n',
            f'[upstreams.megatron-lm.git]\nurl = "{url}"\ncommit = "{commit}"\n']
     for p in patches:
@@ -65,9 +64,13 @@ def series_toml(commit: str, url: str, patches: list[dict], extra_top: str = "")
     return "\n".join(out).replace("'", '"')
 
 
+NO_PROOF = "none: a demo patch, proven by the tests of the tool"
+
+
 def patch_entry(pid: str, file: str, **kw) -> dict:
     d = {"id": pid, "upstream": "megatron-lm", "title": f"test patch {pid}", "file": file,
-         "status": "pending", "owner": "tests", "why": "exercise the tool", "retire_when": "never"}
+         "status": "pending", "owner": "tests", "why": "exercise the tool", "retire_when": "never",
+         "proof": NO_PROOF}
     d.update(kw)
     return d
 
@@ -79,11 +82,18 @@ def add_proofs(series_dir: Path, bodies: dict[str, str], proof_of: dict[str, str
     (series_dir / "proofs" / "pytest.ini").write_text(ini.read_text())
     for name, body in bodies.items():
         (proofs / f"test_{name}.py").write_text(body)
-    toml = series_dir / "series.toml"
-    text = toml.read_text()
     for pid, name in proof_of.items():
-        text = text.replace(f'id = "{pid}"', f'id = "{pid}"\nproof = "proofs/megatron_lm/test_{name}.py"')
-    toml.write_text(text)
+        set_proof(series_dir, pid, f"proofs/megatron_lm/test_{name}.py")
+
+
+def set_proof(series_dir: Path, pid: str, proof: str) -> None:
+    """Point patch ``pid`` of a demo series.toml at ``proof`` (in place of its "none: ..." one)."""
+    toml = series_dir / "series.toml"
+    blocks = toml.read_text().split("[[patches]]")
+    for i, block in enumerate(blocks):
+        if f'id = "{pid}"\n' in block:
+            blocks[i] = block.replace(f'proof = "{NO_PROOF}"', f'proof = "{proof}"')
+    toml.write_text("[[patches]]".join(blocks))
 
 
 def make_demo(tmp_path: Path) -> dict:

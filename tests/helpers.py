@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,3 +41,39 @@ def apply_demo(d: dict, *extra, check: int | None = None) -> subprocess.Complete
     """tools/apply.py on the demo series of fakeup.make_demo, its upstream given with --source."""
     return tool("apply", "--series", d["series"], "--workdir", d["work"], "--cache", d["cache"],
                 "--source", f"megatron-lm={d['up']}", *extra, check=check)
+
+
+def python_at_least(major: int, minor: int) -> str | None:
+    """An interpreter of Python >= major.minor that really runs: $GTP_CARRY_TEST_PYTHON, python3.13, python3.12."""
+    import shutil
+
+    for cand in (os.environ.get("GTP_CARRY_TEST_PYTHON"), shutil.which("python3.13"), shutil.which("python3.12")):
+        if not cand:
+            continue
+        try:
+            res = subprocess.run([cand, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
+                                 text=True, timeout=60)
+        except OSError:
+            continue
+        if res.returncode == 0 and tuple(map(int, res.stdout.split())) >= (major, minor):
+            return cand
+    return None
+
+
+def kill_at(checkpoint: str, *args, timeout: float = 300) -> None:
+    """Run tools/apply.py until it stops at ``checkpoint`` (GTP_CARRY_STOP_AT), then SIGKILL it."""
+    env = dict(os.environ, GTP_CARRY_STOP_AT=checkpoint)
+    proc = subprocess.Popen([sys.executable, str(TOOLS / "apply.py"), *map(str, args)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if f"stopped at {checkpoint}" in line or time.monotonic() > deadline:
+                break
+        assert seen and f"stopped at {checkpoint}" in seen[-1], f"apply did not stop at {checkpoint}: {''.join(seen)}"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import shutil
 
-from helpers import apply_demo as apply, git, read_json, tool
+from carry.runner import Git
 from fakeup import write
+from helpers import apply_demo as apply, git, kill_at, read_json, tool
 
 
 def statuses(report_path):
@@ -25,7 +26,9 @@ def test_apply_on_pinned_base_then_idempotent(demo):
     assert u["name"] == "megatron-lm" and u["workspace"] == str(demo["work"] / "megatron-lm")
     ws = demo["work"] / "megatron-lm"
     log = git(ws, "log", "--format=%s", "--reverse").splitlines()
-    assert log[0].startswith("base: ") and len(log) == 5 and log[1] == "demo: clean change"
+    # The base is the pinned upstream commit itself, then one commit per patch.
+    assert log[0] == "upstream v0" and len(log) == 5 and log[1] == "demo: clean change"
+    assert git(ws, "rev-parse", "HEAD~4") == demo["v0"] == u["base_commit"]
     assert u["head"] == git(ws, "rev-parse", "HEAD")
     assert "value_5 = 'patched'" in (ws / "megatron/core/alpha.py").read_text()
 
@@ -79,7 +82,7 @@ def test_new_base_threeway_upstreamed_and_conflict_changes_nothing(demo):
     assert st == {"clean": "applied", "threeway": "applied", "upstreamed": "already-applied"}
     text = (ws / "megatron/core/beta.py").read_text()
     assert "value_8 = 'upstream v1'" in text and "value_10 = 'patched'" in text
-    assert len(git(ws, "log", "--format=%H").splitlines()) == 3  # base + two real commits
+    assert git(ws, "rev-list", "--count", f"{demo['v1']}..HEAD") == "2"  # two real commits on the pinned v1
 
 
 def test_check_is_a_dry_run(demo):
@@ -192,3 +195,32 @@ def test_into_existing_checkout(demo, tmp_path):
                "--into", f"megatron-lm={target}", check=1)
     assert "0001-clean" in res.stderr or "clean" in res.stderr
     assert git(target, "rev-parse", "HEAD") == head and git(target, "status", "--porcelain") == ""
+
+
+def test_a_failed_run_reports_the_workspace_head_not_the_trial(demo, tmp_path):
+    """After a conflict the summary names the workspace's own HEAD, which did not move."""
+    apply(demo, check=0)
+    ws = demo["work"] / "megatron-lm"
+    head = git(ws, "rev-parse", "HEAD")
+    demo["write_series"](demo["v1"])
+    out = tmp_path / "r.json"
+    res = apply(demo, "--json", out, check=1)
+    (u,) = read_json(out)["upstreams"]
+    assert u["head"] == head == git(ws, "rev-parse", "HEAD")
+    assert f"megatron-lm: {ws} at {head[:12]} (unchanged)" in res.stdout
+    # The trial's HEAD (v1 plus the patches that applied before the conflict) is named nowhere:
+    # stop the same run where its trial is built, and read it there.
+    kill_at("staged", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+            "--source", f"megatron-lm={demo['up']}")
+    (staged,) = (demo["work"] / ".carry").glob("staging-*/megatron-lm")
+    trial = Git(staged).head()
+    assert trial not in (head, demo["v1"]) and git(staged, "rev-list", "--count", f"{demo['v1']}..HEAD") == "2"
+    assert trial[:12] not in res.stdout + res.stderr
+    # A first run that fails has no workspace to name.
+    res = apply(dict(demo, work=tmp_path / "fresh"), "--json", out, check=1)
+    assert read_json(out)["upstreams"][0]["head"] is None
+    assert f"megatron-lm: {tmp_path / 'fresh' / 'megatron-lm'} not created" in res.stdout
+    # --check reports the HEAD that stays, too.
+    demo["write_series"](demo["v0"], ids=("clean",))
+    res = apply(demo, "--check", "--json", out, check=0)
+    assert read_json(out)["upstreams"][0]["head"] == head and "(unchanged)" in res.stdout

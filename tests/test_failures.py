@@ -138,7 +138,7 @@ def test_unknown_manifest_key_suggests(demo):
 
 def test_lint_catches_orphans_duplicates_cycles(demo):
     sdir = demo["series"]
-    assert tool("lint", "--series", sdir, check=0).stdout.strip().endswith("0 problem(s)")
+    assert "4 patch(es), 0 problem(s)" in tool("lint", "--series", sdir, check=0).stdout
     (sdir / "megatron-lm/0009-orphan.patch").write_text((sdir / "megatron-lm/0001-clean.patch").read_text())
     toml = sdir / "series.toml"
     text = toml.read_text()
@@ -163,6 +163,71 @@ def test_unreachable_source_names_the_override(demo):
 def test_bad_usage(demo):
     res = tool("apply", "--series", "no-such-series", "--workdir", demo["work"], check=2)
     assert "no series manifest" in res.stderr
-    res = tool("apply", "--workdir", demo["work"], check=2)
-    assert "--series" in res.stderr
-    assert "exit codes" in tool("apply", "--help", check=0).stdout
+    res = tool("apply", check=2)
+    assert "--workdir" in res.stderr
+    help_text = tool("apply", "--help", check=0).stdout
+    assert "exit codes" in help_text and "default: gtp, the only series" in help_text
+    # The repository has one series: --series may be left out.
+    assert "series gtp:" in tool("lint", check=0).stdout
+
+
+def _requires(demo, **deps):
+    toml = demo["series"] / "series.toml"
+    text = toml.read_text()
+    for pid, req in deps.items():
+        text = text.replace(f'id = "{pid}"', f'id = "{pid}"\nrequires = {req}'.replace("'", '"'))
+    toml.write_text(text)
+
+
+def test_broken_requires_are_refused_by_every_command(demo, tmp_path):
+    """apply, prove, retire, rebase and export load the series through the same check: exit 2, named."""
+    apply(demo, check=0)
+    commands = {
+        "apply": ["--workdir", demo["work"], "--cache", demo["cache"], "--source", f"megatron-lm={demo['up']}"],
+        "prove": ["--workdir", demo["work"]],
+        "export": ["--workdir", demo["work"], "--check"],
+        "retire": ["--against", f"megatron-lm={demo['v1']}", "--source", f"megatron-lm={demo['up']}",
+                   "--cache", demo["cache"]],
+        "rebase": ["--onto", f"megatron-lm={demo['v1']}", "--source", f"megatron-lm={demo['up']}",
+                   "--cache", demo["cache"], "--workdir", tmp_path / "rw"],
+    }
+    before = (demo["series"] / "series.toml").read_text()
+    for broken, named in ((dict(clean=["conflict"], conflict=["clean"]), "cycle: clean -> conflict -> clean"),
+                          (dict(threeway=["no-such"]), "patch threeway: requires unknown patch 'no-such'"),
+                          (dict(clean=["threeway"]), "requires threeway, which comes later")):
+        (demo["series"] / "series.toml").write_text(before)
+        _requires(demo, **broken)
+        for name, args in commands.items():
+            res = tool(name, "--series", demo["series"], *args, check=2)
+            assert "the patches' requires are broken" in res.stderr and named in res.stderr, (name, res.stderr)
+            assert "tools/lint.py --series" in res.stderr
+        lint = tool("lint", "--series", demo["series"], check=1)
+        assert named in lint.stderr
+    assert not (tmp_path / "rw").exists()
+
+
+def test_every_patch_has_a_proof_or_says_why(demo):
+    toml = demo["series"] / "series.toml"
+    text = toml.read_text()
+    res = tool("lint", "--series", demo["series"], check=0)
+    assert "note: patch clean: no proof: a demo patch" in res.stdout
+    assert "0 problem(s), 4 without a proof (see the notes)" in res.stdout
+    # No proof key at all: a problem.
+    toml.write_text(text.replace('proof = "none: a demo patch, proven by the tests of the tool"\n', "", 1))
+    res = tool("lint", "--series", demo["series"], "--json", demo["tmp"] / "lint.json", check=1)
+    assert "patch clean: has no proof" in res.stderr and 'proof = "none: <why>"' in res.stderr
+    doc = read_json(demo["tmp"] / "lint.json")
+    assert len(doc["notes"]) == 3 and doc["problems"][0]["where"] == "patch clean"
+    # "none:" needs its why, and stands alone.
+    toml.write_text(text.replace("none: a demo patch, proven by the tests of the tool", "none:  ", 1))
+    assert "needs the why" in tool("lint", "--series", demo["series"], check=2).stderr
+    toml.write_text(text.replace('proof = "none: a demo patch, proven by the tests of the tool"',
+                                 'proof = ["proofs/megatron_lm/test_x.py", "none: no"]', 1))
+    assert "stands alone" in tool("lint", "--series", demo["series"], check=2).stderr
+
+
+def test_the_gtp_series_has_a_proof_or_a_why_for_every_patch():
+    """Every NeMo-RL patch has a proof but the functional test, which says why it has none."""
+    res = tool("lint", "--series", "gtp", check=0)
+    assert "9 patch(es), 0 problem(s), 1 without a proof" in res.stdout
+    assert "note: patch nrl-gtp-functional-test: no proof: the patch is itself a test" in res.stdout

@@ -4,10 +4,11 @@ installs into a fresh venv."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from carry.export import format_patch
 from carry.runner import Git
-from helpers import SERIES, git, read_json, tool
+from helpers import SERIES, git, python_at_least, read_json, tool
 
 pytestmark = pytest.mark.network
 
@@ -106,46 +107,101 @@ def test_tampered_cache_artifact_is_detected(tmp_path, pin_cache):
     wheel.write_bytes(bytes(data))
     res = tool("apply", "--series", "gtp", "--workdir", tmp_path / "w2", "--cache", cache, "--only",
                "megatron-bridge", check=1)
-    assert "sha256" in res.stderr and "megatron-bridge" in res.stderr and "delete" in res.stderr
+    assert "sha256" in res.stderr and "megatron-bridge" in res.stderr
     assert not (tmp_path / "w2/megatron-bridge").exists()
+    # The hint, run as written, clears the bad copy; the next run downloads the pinned one again.
+    (rm,) = re.findall(r"`([^`]+)`", res.stderr.split("next:")[1])
+    assert rm == f"rm -rf {wheel.parent}"
+    subprocess.run(["bash", "-c", rm], check=True)
+    tool("apply", "--series", "gtp", "--workdir", tmp_path / "w2", "--cache", cache, "--only", "megatron-bridge",
+         check=0)
 
 
-def _fresh_venv(path: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
-    py = path / "bin" / "python"
-    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    # torch & co. come from the test interpreter; the package under test only from the wheel.
-    Path(purelib, "test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return py
+def test_unreachable_index_then_again_with_the_wheel(tmp_path, pin_cache):
+    """No package index: the hint's --source NAME=PATH, with PATH the pinned wheel, is enough."""
+    tool("apply", "--series", "gtp", "--workdir", tmp_path / "w0", "--cache", pin_cache, "--only", "megatron-bridge",
+         check=0)
+    offline = {"PIP_INDEX_URL": "http://127.0.0.1:9/", "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "",
+               "PIP_NO_INDEX": "1", "HTTPS_PROXY": "http://127.0.0.1:9"}
+    args = ["--series", "gtp", "--workdir", tmp_path / "w", "--cache", tmp_path / "empty-cache", "--only",
+            "megatron-bridge"]
+    res = tool("apply", *args, env=offline, check=1)
+    (again,) = re.findall(r"`([^`]+)`", res.stderr.split("next:")[1])
+    assert again == "--source megatron-bridge=PATH"
+    wheel = next((pin_cache / "artifacts").rglob("megatron_bridge-0.6.2-*.whl"))
+    out = tmp_path / "r.json"
+    tool("apply", *args, *again.replace("PATH", str(wheel)).split(), "--json", out, env=offline, check=0)
+    assert "megatron_bridge-0.6.2-py3-none-any.whl" in read_json(out)["upstreams"][0]["base"]
 
 
-def test_wheels_install_and_import(pin_series, tmp_path, pin_cache):
+def _pip_accepts(wheel: Path, python: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """pip's own verdict on ``wheel`` for a Python ``python`` (X.Y): may it be installed there?"""
+    links = tmp_path / f"links-{wheel.name}"
+    links.mkdir()
+    shutil.copy2(wheel, links / wheel.name)
+    dist, version, *_, abi, plats = wheel.name[:-4].split("-")
+    return subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-index",
+                           "--find-links", str(links), "--dest", str(tmp_path / f"dl-{wheel.name}"),
+                           "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
+                           "--abi", abi, *[a for plat in plats.split(".") for a in ("--platform", plat)],
+                           f"{dist.replace('_', '-')}=={version}"], capture_output=True, text=True)
+
+
+def test_wheels_are_only_those_pip_accepts(pin_series, tmp_path, pin_cache):
+    """megatron-core 0.19.2 says Requires-Python >=3.12: its cp311 wheel is not written (pip would
+    refuse it on 3.11), the report says why, and pip accepts every wheel that is written."""
+    out = tmp_path / "r.json"
+    wheels = tmp_path / "wheels"
+    res = tool("apply", "--series", pin_series, "--workdir", tmp_path / "w", "--cache", pin_cache, "--only",
+               "megatron-lm", "--wheels", wheels, "--json", out, check=0)
+    up = read_json(out)["upstreams"][0]
+    digest = read_json(out)["digest"]
+    assert sorted(Path(w).name.split("-")[2] for w in up["wheels"]) == ["cp312", "cp313"]
+    (skip,) = up["wheels_skipped"]
+    assert f"megatron_core-0.19.2+pins.{digest}-cp311-" in skip["file"]
+    assert "'>=3.12'" in skip["reason"] and "3.11" in skip["reason"] and "pip would refuse it" in skip["reason"]
+    assert f"no wheel {skip['file']}" in res.stdout
+    assert sorted(p.name for p in wheels.iterdir()) == sorted(Path(w).name for w in up["wheels"])
+    for w in map(Path, up["wheels"]):
+        tag = w.name.split("-")[2]
+        accepted = _pip_accepts(w, f"{tag[2]}.{tag[3:]}", tmp_path)
+        assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    # The reason is pip's own: the pinned cp311 wheel itself is refused on 3.11.
+    original = next((pin_cache / "artifacts").rglob("megatron_core-0.19.2-cp311-*.whl"))
+    refused = _pip_accepts(original, "3.11", tmp_path)
+    assert refused.returncode != 0 and "requires a different Python" in refused.stdout + refused.stderr
+
+
+def test_wheel_installs_and_imports(pin_series, tmp_path, pin_cache):
+    """The patched wheel for a Python >= 3.12 installs with plain pip (no --ignore-requires-python)
+    into a fresh venv of that Python, carries the series' edit and its local version."""
+    python = python_at_least(3, 12)
+    if python is None:
+        pytest.skip("no Python >= 3.12 here (python3.13 / python3.12 on PATH, or GTP_CARRY_TEST_PYTHON): "
+                    "the patched megatron-core wheels are for 3.12 and 3.13 only")
     out = tmp_path / "r.json"
     wheels = tmp_path / "wheels"
     tool("apply", "--series", pin_series, "--workdir", tmp_path / "w", "--cache", pin_cache, "--only",
          "megatron-lm", "--wheels", wheels, "--json", out, check=0)
-    doc = read_json(out)
-    built = doc["upstreams"][0]["wheels"]
-    assert len(built) == 3  # cp311, cp312, cp313
-    digest = doc["digest"]
-    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    mine = next(Path(w) for w in built if f"-{tag}-" in w)
-    assert f"megatron_core-0.19.2+pins.{digest}-" in mine.name
-    with zipfile.ZipFile(mine) as zf:
-        names = zf.namelist()
-        assert any(n.endswith(".so") for n in names), "untouched members (the compiled helper) are kept"
-        record = zf.read(f"megatron_core-0.19.2+pins.{digest}.dist-info/RECORD").decode()
-        assert "megatron/core/package_info.py,sha256=" in record
+    digest = read_json(out)["digest"]
     venv = tmp_path / "venv"
-    py = _fresh_venv(venv)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-                    "--ignore-requires-python", "--no-index", str(mine)], check=True)
+    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "--no-index",
+                    "--find-links", str(wheels), f"megatron-core==0.19.2+pins.{digest}"], check=True)
+    # package_info.py is plain Python; importing megatron.core itself would need torch in this venv.
     res = subprocess.run([str(py), "-c",
-                          "import importlib.metadata as m, megatron.core.package_info as p, megatron.core as c;"
-                          "print(m.version('megatron-core')); print(p.CARRY_MARK); print(c.__file__)"],
-                         capture_output=True, text=True, check=True)
+                          "import importlib.metadata as m, runpy; d = m.distribution('megatron-core');"
+                          "f = next(f for f in d.files if str(f).endswith('core/package_info.py'));"
+                          "print(d.version); print(runpy.run_path(str(f.locate()))['CARRY_MARK']);"
+                          "print(f.locate())"],
+                         capture_output=True, text=True, check=True, env={**os.environ, "NO_VCS_VERSION": "1"})
     version, mark, where = res.stdout.split("\n")[:3]
     assert version == f"0.19.2+pins.{digest}"
     assert mark == "patched by the pins test"
     assert str(venv) in where
+    with zipfile.ZipFile(next(wheels.glob("*-cp312-*.whl"))) as zf:
+        names = zf.namelist()
+        assert any(n.endswith(".so") for n in names), "untouched members (the compiled helper) are kept"
+        record = zf.read(f"megatron_core-0.19.2+pins.{digest}.dist-info/RECORD").decode()
+        assert "megatron/core/package_info.py,sha256=" in record

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakeup import CRASH, GOOD, GPU, VACUOUS, add_proofs
+from fakeup import CRASH, GOOD, GPU, VACUOUS, add_proofs, set_proof
 from helpers import SERIES, apply_demo as apply, read_json, tool
 
 @pytest.fixture
@@ -42,7 +42,17 @@ def test_red_green_and_the_ways_a_proof_can_be_wrong(proved, tmp_path):
 def test_prove_needs_a_workspace(demo, tmp_path):
     (demo["series"] / "proofs" / "megatron_lm").mkdir(parents=True)
     (demo["series"] / "proofs" / "megatron_lm" / "test_good.py").write_text(GOOD)
-    toml = demo["series"] / "series.toml"
-    toml.write_text(toml.read_text().replace('id = "clean"', 'id = "clean"\nproof = "proofs/megatron_lm/test_good.py"'))
+    set_proof(demo["series"], "clean", "proofs/megatron_lm/test_good.py")
     res = tool("prove", "--series", demo["series"], "--workdir", tmp_path / "nothing", check=2)
     assert "tools/apply.py" in res.stderr
+
+
+def test_prove_and_export_wait_as_long_as_told(proved):
+    """--lock-timeout is honoured by every command that takes the work directory's lock."""
+    from carry.lock import DirLock
+
+    with DirLock(proved["work"] / ".carry" / "lock"):
+        for verb in ("prove", "export"):
+            res = tool(verb, "--series", proved["series"], "--workdir", proved["work"], "--lock-timeout", "0.3",
+                       check=1)
+            assert "is locked by another run" in res.stderr, verb

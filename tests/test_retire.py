@@ -60,7 +60,8 @@ def history(tmp_path):
 
 
 def retire(h, target, *extra, check=None):
-    return tool("retire", "--series", h["series"], "--against", f"megatron-lm={target}", "--source", h["up"],
+    return tool("retire", "--series", h["series"], "--against", f"megatron-lm={target}", "--source",
+                f"megatron-lm={h['up']}",
                 "--cache", h["cache"], *extra, check=check)
 
 
@@ -117,7 +118,7 @@ def test_write_does_nothing_when_the_rest_does_not_apply(history):
 def test_interrupted_write_leaves_series_unchanged(history):
     before = {p: p.read_bytes() for p in history["series"].rglob("*") if p.is_file()}
     proc = subprocess.Popen([sys.executable, str(TOOLS / "retire.py"), "--series", str(history["series"]),
-                             "--against", f"megatron-lm={history['v2']}", "--source", str(history["up"]),
+                             "--against", f"megatron-lm={history['v2']}", "--source", f"megatron-lm={history['up']}",
                              "--cache", str(history["cache"]), "--write"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     time.sleep(1.5)  # inside the proof runs, well before the commit point
@@ -148,12 +149,12 @@ def test_rebase_summary_and_conflict_continue(history, tmp_path):
     edit(up, "megatron/core/delta.py", 13, "value_13 = 'context moved'\n")
     v3 = Git(up).commit_all("upstream: touch context near plain")
     out = tmp_path / "rb.json"
-    res = tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", up, "--cache",
+    res = tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", f"megatron-lm={up}", "--cache",
                history["cache"], "--workdir", tmp_path / "rw", "--json", out, check=1)
     doc = read_json(out)
     e = {x["id"]: x["outcome"] for x in doc["patches"]}
     assert e["different"] == "conflicting" and e["verbatim"] == "dropped"
-    assert "--continue" in res.stderr and "git am --continue" in res.stderr
+    assert "--continue" in res.stderr and f"git -C {tmp_path / 'rw' / 'megatron-lm'} am --continue" in res.stderr
     ws = tmp_path / "rw" / "megatron-lm"
     # resolve as a person would: keep upstream's fix for 'different' (drop our patch), continue the rest
     g = Git(ws)
@@ -161,14 +162,14 @@ def test_rebase_summary_and_conflict_continue(history, tmp_path):
     rest = [str(sdir / "megatron-lm/0003-reverted.patch"), str(sdir / "megatron-lm/0004-plain.patch")]
     g("am", "-q", "--3way", *rest)
     # the dropped patch must leave the series first: retire it (landed) on the old base range
-    res = tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", up, "--cache",
+    res = tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", f"megatron-lm={up}", "--cache",
                history["cache"], "--workdir", tmp_path / "rw", "--continue", check=2)
     assert "expected" in res.stderr  # 'different' has no commit: the series must say so first
     text = (sdir / "series.toml").read_text()
     from carry.seriesedit import remove_patches
     (sdir / "series.toml").write_text(remove_patches(text, {"different"}))
     (sdir / "megatron-lm/0002-different.patch").unlink()
-    res = tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", up, "--cache",
+    res = tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", f"megatron-lm={up}", "--cache",
                history["cache"], "--workdir", tmp_path / "rw", "--continue", "--json", out, check=0)
     e = {x["id"]: x["outcome"] for x in read_json(out)["patches"]}
     assert e == {"verbatim": "dropped", "reverted": "unchanged", "plain": "refreshed"}

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Thin entry point: see `python tools/apply.py --help`."""
+"""Thin entry point, the same as `gtp-carry apply`: see `python3 tools/apply.py --help`."""
 
 import sys
 
-from carry.cli import apply_main, main
+from carry.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main(apply_main))
+    sys.exit(run("apply", sys.argv[1:], "tools/apply.py"))

@@ -1,86 +1,9 @@
 #!/usr/bin/env python3
-"""Build a container image of the patched stack: see `python tools/build_image.py --help`."""
+"""Thin entry point, the same as `gtp-carry build-image`: see `python3 tools/build_image.py --help`."""
 
-import argparse
 import sys
-import time
-from pathlib import Path
 
-from carry import progress, report
-from carry.errors import CarryError
-from carry.cli import EPILOG, REPO_ROOT, Parser, load_series, main
-from carry.sources import default_cache
-
-
-def build_image_main(argv: list[str]) -> int:
-    from carry import images
-    p = Parser(prog="tools/build_image.py", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-                description="Build images/IMAGE for real: apply the series, write the patched wheels, lay out the\n"
-                            "build context and run `docker build` (BuildKit), tagged by a hash of every input.\n"
-                            "An image with that tag already there is not rebuilt. The built image is verified\n"
-                            "(its CMD): patched wheels present, TE and HAVE_GTP as the flavour demands, series\n"
-                            "digest equal to the labels'.")
-    p.add_argument("image", help="an image folder under images/ (e.g. gtp-te219)")
-    p.add_argument("--flavor", required=True, help="a flavour from the image's image.toml: cpu or cuda")
-    p.add_argument("--series", help="series name or folder (default: the image.toml's)")
-    p.add_argument("--base", help="base image reference (default: the flavour's base in image.toml)")
-    p.add_argument("--te-version", help="TransformerEngine version (default: image.toml's [te] version)")
-    p.add_argument("--tag", action="append", default=[], metavar="NAME[:TAG]",
-                   help="also tag the image so (the content-addressed tag is always set)")
-    p.add_argument("--repository", help="repository of the content-addressed tag (default: the image name)")
-    p.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
-    p.add_argument("--squashfs", type=Path, metavar="OUT", help="also export the image as squashfs (enroot/pyxis)")
-    p.add_argument("--wheelhouse", type=Path, metavar="DIR",
-                   help="use these patched wheels (tools/apply.py --wheels DIR) instead of applying the series")
-    p.add_argument("--context-only", type=Path, metavar="DIR",
-                   help="write the build context (Dockerfile, steps, wheelhouse/ with image.env) to DIR and stop;"
-                        " no Docker needed (for steps/run-local.sh on a machine without Docker)")
-    p.add_argument("--workdir", type=Path, help="apply workspaces (default: CACHE/images/work/SERIES)")
-    p.add_argument("--cache", type=Path, help="download/base cache (default $GTP_CARRY_CACHE or ~/.cache/gtp-carry)")
-    p.add_argument("--ca-bundle", metavar="FILE|none",
-                   help="CA bundle passed to the build as a secret (default: the one pip is configured with)")
-    p.add_argument("--log", type=Path, metavar="FILE", help="where the build log goes (default: under the cache)")
-    a = p.parse_args(argv)
-    cfg = images.load_image(REPO_ROOT, a.image)
-    cfg.flavor(a.flavor)  # an unknown flavour is a usage error before anything runs
-    series = load_series(a.series or cfg.series)
-    cache = a.cache or default_cache()
-    opts = images.BuildOptions(
-        image=a.image, flavor=a.flavor, series=series, repo_root=REPO_ROOT, cache=cache,
-        workdir=a.workdir or cache / "images" / "work" / series.name, repository=a.repository, tags=a.tag,
-        base=a.base, te_version=a.te_version, wheelhouse=a.wheelhouse, squashfs=a.squashfs,
-        ca_bundle=a.ca_bundle, log=a.log, context_dir=a.context_only)
-    t0 = time.monotonic()
-    try:
-        res = images.build_image(opts)
-    except CarryError as exc:
-        if a.json:
-            report.write_json(a.json, {"ok": False, "image": a.image, "flavor": a.flavor, "error": exc.message,
-                                       "kind": type(exc).__name__})
-        raise
-    if a.json:
-        report.write_json(a.json, res)
-    if a.context_only:
-        print(f"context for {a.image} ({a.flavor}) written to {res['context']}")
-        print(f"run the steps outside Docker: bash {res['context']}/steps/run-local.sh "
-              f"--wheelhouse {res['context']}/wheelhouse --venv VENV")
-        return 0
-    built = res.get("built")
-    print(f"{res['tags'][0]}: " + ("built" if built else "up to date, not rebuilt")
-          + f" in {time.monotonic() - t0:.1f}s ({(res.get('image_id') or '')[:19]})")
-    if built:
-        rows = [[s["name"][:70], "cached" if s["cached"] else (f"{s['seconds']:.1f}s" if s["seconds"] else "-")]
-                for s in res["steps"]]
-        print(report.table(rows, ["step", "result"]))
-    v = res["verify"]
-    for venv in v["venvs"]:
-        print(f"  {venv['venv']}: megatron-core {venv['megatron_core']}, TE {venv['transformer_engine'] or '-'}, "
-              f"HAVE_GTP {venv['have_gtp']}" + (f" ({venv['have_gtp_reason']})" if venv["have_gtp_reason"] else ""))
-    if res.get("squashfs"):
-        print(f"squashfs: {res['squashfs']['path']} ({res['squashfs']['bytes'] / 1e6:.1f} MB)")
-    progress.say("done")
-    return 0
-
+from carry.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main(build_image_main))
+    sys.exit(run("build-image", sys.argv[1:], "tools/build_image.py"))

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Thin entry point: see `python tools/lint.py --help`."""
+"""Thin entry point, the same as `gtp-carry lint`: see `python3 tools/lint.py --help`."""
 
 import sys
 
-from carry.cli import lint_main, main
+from carry.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main(lint_main))
+    sys.exit(run("lint", sys.argv[1:], "tools/lint.py"))

@@ -1,10 +1,9 @@
 #!/usr/bin/env python3
-"""Thin entry point: see `python tools/nightly.py --help`."""
+"""Thin entry point, the same as `gtp-carry nightly`: see `python3 tools/nightly.py --help`."""
 
 import sys
 
-from carry.cli import main
-from carry.nightly import nightly_main
+from carry.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main(nightly_main))
+    sys.exit(run("nightly", sys.argv[1:], "tools/nightly.py"))

@@ -1,6 +1,7 @@
 """gtp-carry: carry patch series for upstreams until they land there.
 
-One module per concept; the scripts in ``tools/`` are thin wrappers around
+One module per concept; the commands (``gtp-carry <verb>``, or the thin
+``tools/<verb>.py`` scripts) live in ``carry.commands`` and are dispatched by
 ``carry.cli``.
 """
 

@@ -19,6 +19,7 @@ from typing import Callable
 from .errors import UsageError
 from .manifest import PatchMeta, Series
 from .prove import extract
+from .repo import command
 from .workspace import WorkDir
 
 
@@ -44,13 +45,6 @@ class BisectResult:
         return asdict(self)
 
 
-def ordered_patches(series: Series, wd: WorkDir) -> list[PatchMeta]:
-    """The series' patches that the work directory has commits for, in manifest order."""
-    state = wd.load_state().get("upstreams", {})
-    applied = {p["id"] for rec in state.values() for p in rec.get("patches", [])}
-    return [p for p in series.patches if p.id in applied]
-
-
 class PrefixTrees:
     """Trees of the first k patches, extracted on demand and kept for the run."""
 
@@ -58,31 +52,21 @@ class PrefixTrees:
         self.series = series
         self.wd = WorkDir(workdir)
         self.scratch = scratch
-        state = self.wd.load_state().get("upstreams", {})
-        if not state:
+        self.state = self.wd.load_state()
+        if not self.state.upstreams:
             raise UsageError(f"no applied workspaces in {workdir}",
-                             hint=f"run tools/apply.py --series {series.name} --workdir {workdir}")
-        self.state = state
-        self.order = ordered_patches(series, self.wd)
-
-    def commit_for(self, upstream: str, k: int) -> str:
-        rec = self.state[upstream]
-        commits = {p["id"]: p["commit"] for p in rec.get("patches", [])}
-        mine = [p.id for p in self.order[:k] if p.upstream == upstream]
-        return commits[mine[-1]] if mine else rec["base_commit"]
+                             hint=f"`{command('apply', series, '--workdir', self.wd.root)}` first")
+        by_id = {p.id: p for p in series.patches}
+        self.order: list[PatchMeta] = [by_id[pid] for pid in self.state.order if pid in by_id]
 
     def trees(self, k: int) -> dict[str, Path]:
-        out = {}
-        for upstream in self.state:
-            commit = self.commit_for(upstream, k)
-            dest = self.scratch / f"{upstream}-{commit[:12]}"
-            if not dest.exists():
-                extract(self.wd.workspace(upstream), commit, dest)
-            out[upstream] = dest
-        return out
+        return {upstream: self._tree(upstream, self.state.prefix_commit(upstream, k))
+                for upstream, _ in self.state.records()}
 
     def pristine(self, upstream: str) -> Path:
-        commit = self.state[upstream]["base_commit"]
+        return self._tree(upstream, self.state.prefix_commit(upstream, 0))
+
+    def _tree(self, upstream: str, commit: str) -> Path:
         dest = self.scratch / f"{upstream}-{commit[:12]}"
         if not dest.exists():
             extract(self.wd.workspace(upstream), commit, dest)

@@ -25,6 +25,10 @@ from .errors import CommandError, ConfigError, OperationError
 from .runner import Result, run, spawn, stream
 
 
+# Changes the machine (installs and starts dockerd as root): the one hint the tests do not run.
+ENGINE_HINT = "as root, `bash .ci/docker-engine.sh` in the repository installs an engine and starts it"
+
+
 class DockerUnavailable(ConfigError):
     """No Docker engine answers (exit 2: the machine is not set up for images)."""
 
@@ -102,10 +106,10 @@ class Docker:
             res = self("version", "--format", "{{.Server.Version}}", check=False, timeout=30)
         except CommandError as exc:
             raise DockerUnavailable(f"no Docker engine: {exc.message}",
-                                    hint="bash .ci/docker-engine.sh (installs the engine and starts dockerd)") from None
+                                    hint=ENGINE_HINT) from None
         if not res.ok or not res.stdout.strip():
             raise DockerUnavailable(f"no Docker engine answers {self.binary} ({(res.stderr or '').strip()[:200]})",
-                                    hint="bash .ci/docker-engine.sh (installs the engine and starts dockerd)")
+                                    hint=ENGINE_HINT)
         return res.stdout.strip()
 
     def inspect(self, ref: str) -> dict | None:
@@ -179,7 +183,7 @@ class Docker:
                 if exc.returncode != 127:
                     raise
                 raise DockerUnavailable(f"{self.binary}: not found",
-                                        hint="bash .ci/docker-engine.sh (installs the engine and starts dockerd)") from None
+                                        hint=ENGINE_HINT) from None
             out.write(f"# exit {rc} after {time.monotonic() - t0:.1f}s\n")
         return rc, log
 
@@ -201,7 +205,7 @@ def _enroot_files(config: dict) -> dict[str, bytes]:
 
 def export_squashfs(docker: Docker, image: str, out: Path) -> dict:
     if not shutil.which("mksquashfs"):
-        raise DockerUnavailable("mksquashfs is not installed", hint="apt-get install -y squashfs-tools")
+        raise DockerUnavailable("mksquashfs is not installed", hint="as root, `apt-get install -y squashfs-tools`")
     config = (docker.inspect(image) or {}).get("Config") or {}
     extra = _enroot_files(config)
     out.parent.mkdir(parents=True, exist_ok=True)

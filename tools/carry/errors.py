@@ -1,7 +1,9 @@
-"""Typed errors. Only ``cli.main`` turns them into a message and an exit code.
+"""Typed errors. Only ``cli.run`` turns them into a message and an exit code.
 
-Exit codes (DESIGN.md): 0 success; 1 the operation failed and nothing was
-changed; 2 bad usage, bad input or bad configuration.
+Exit codes (README.md, "Exit codes", and every command's --help): 0 success;
+1 the operation failed and nothing was changed; 2 bad usage, bad input or bad
+configuration. A hint is printed as ``next:``; a command in it is in
+backticks and runs as written.
 """
 
 from __future__ import annotations

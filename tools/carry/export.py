@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import DirtyTreeError, DriftError, UsageError
-from .manifest import Series
-from .seriesedit import write_atomic
+from .files import write_atomic
+from .lock import LOCK_TIMEOUT
+from .manifest import Series, load
+from .repo import command
 from .runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
 from .workspace import WorkDir
 
@@ -38,33 +40,32 @@ class ExportResult:
     drift: list[str] = field(default_factory=list)
 
 
-def export(series: Series, workdir: Path, check: bool, lock_timeout: float = 600.0) -> ExportResult:
+def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOCK_TIMEOUT) -> ExportResult:
     wd = WorkDir(workdir)
-    if not wd.state_file.exists():
-        raise UsageError(f"{workdir} holds no workspace made by tools/apply.py",
-                         hint=f"run tools/apply.py --series {series.name} --workdir {workdir} first")
+    wd.require(series)
     result = ExportResult()
     with wd.lock(lock_timeout):
         wd.recover()
         state = wd.load_state()
         pending: list[tuple[Path, str]] = []
-        for name, rec in state.get("upstreams", {}).items():
+        for name, rec in state.records():
             ws = wd.workspace(name)
             g = Git(ws)
             dirty = g.status_porcelain()
             if dirty:
                 raise DirtyTreeError(f"{name}: {ws} has uncommitted changes ({dirty[0][3:]} ...)",
-                                     hint=f"commit them into the patch they belong to (git -C {ws} commit --amend) first")
-            commits = g.rev_list(f"{rec['base_commit']}..HEAD")
-            ids = [p["id"] for p in rec["patches"]]
-            if len(commits) != len(ids):
+                                     hint="commit them into the patch they belong to first "
+                                          f"(`git -C {ws} commit -a --amend --no-edit` for the last one)")
+            commits = g.rev_list(f"{rec.base_commit}..HEAD")
+            if len(commits) != len(rec.patches):
                 raise UsageError(
                     f"{name}: the workspace has {len(commits)} commit(s) on its base but the series applied "
-                    f"{len(ids)} patch(es) there",
-                    hint="add a [[patches]] entry to series.toml for a new commit (and apply), or squash fixups "
-                         "into the commit of the patch they belong to")
-            for commit, pid in zip(commits, ids):
-                meta = series.patch(pid)
+                    f"{len(rec.patches)} patch(es) there",
+                    hint="a new patch needs a [[patches]] entry in series.toml (then apply); fixup! commits "
+                         f"fold into the patch they fix with `GIT_SEQUENCE_EDITOR=: git -C {ws} rebase -q -i "
+                         f"--autosquash {rec.base_commit}`")
+            for commit, applied in zip(commits, rec.patches):
+                meta = series.patch(applied.id)
                 path = series.patch_path(meta)
                 text = format_patch(ws, commit)
                 old = path.read_text() if path.exists() else None
@@ -75,19 +76,18 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = 600
                     pending.append((path, text))
         if check:
             if result.drift:
-                raise DriftError("patch files differ from the workspace: " + ", ".join(result.drift), files=result.drift,
-                                 hint=f"run tools/export.py --series {series.name} --workdir {workdir} and commit")
+                raise DriftError("patch files differ from the workspace: " + ", ".join(result.drift),
+                                 files=result.drift,
+                                 hint=f"`{command('export', series, '--workdir', wd.root)}`, then commit the files")
             return result
         for path, text in pending:
-            path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, text)
         if pending:
             # The workspace now matches the files: record that, so apply sees it as up to date.
-            from .manifest import load
             fresh = load(series.root)
-            for name, rec in state.get("upstreams", {}).items():
-                chosen = [fresh.patch(pid) for pid in rec.get("selected", [p["id"] for p in rec["patches"]])]
-                rec["digest"] = fresh.upstream_digest(name, chosen, rec["base_key"])
-                rec["head"] = Git(wd.workspace(name)).head()
+            for name, rec in state.records():
+                chosen = [fresh.patch(pid) for pid in rec.selected]
+                state.mark_exported(name, fresh.upstream_digest(name, chosen, rec.base_key),
+                                    Git(wd.workspace(name)).head() or rec.head)
             wd.save_state(state)
     return result

@@ -1,304 +1,33 @@
 """Container images of the patched stack (``images/<name>/``), built for real.
 
-An image folder holds a Dockerfile, ``image.toml`` (its inputs) and
-``steps/`` (the build logic as scripts that also run outside Docker). Building
-means: apply the series and write the patched wheels, lay out a build context
-(Dockerfile, steps, wheelhouse/), derive a content-addressed tag from every
-input, and run ``docker build`` only when no image has that tag yet.
+An image folder holds a Dockerfile, ``image.toml`` (its inputs, carry.image_config)
+and ``steps/`` (the build logic as scripts that also run outside Docker).
+Building means: lay out the build context with the patched wheels
+(carry.image_context), derive a content-addressed tag from every input, run
+``docker build`` only when no image has that tag yet, and verify the result.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import tempfile
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import progress
 from .docker import BuildStep, Docker, export_squashfs
-from .errors import CommandError, ConfigError, OperationError, UsageError
-from .manifest import Series, _suggest, file_sha256
+from .errors import CommandError
+from .image_config import (BaseImageMissingError, Flavor, ImageBuildError, ImageConfig, ImageInputError,
+                           ImageVerifyError, check_te, load_image)
+from .image_context import Context, content_tag, make_context
+from .manifest import Series
 from .runner import Git, run
 
-TAG_SCHEMA = "gtp-carry-image-1"
 LABEL_NS = "io.gtp-carry"
-
-
-# -- typed errors ----------------------------------------------------------------------
-class ImageInputError(UsageError):
-    """A bad input to an image build (exit 2)."""
-
-
-class UnknownImageError(ImageInputError):
-    pass
-
-
-class UnknownFlavorError(ImageInputError):
-    pass
-
-
-class BaseImageMissingError(ImageInputError):
-    pass
-
-
-class TEVersionError(ImageInputError):
-    """The TE version is below the GTP floor, or has no known cudnn-frontend floor."""
-
-
-class ImageBuildError(OperationError):
-    """docker build failed (a step, or the verify step) -- exit 1."""
-
-
-class ImageVerifyError(OperationError):
-    """The built image does not verify (versions, HAVE_GTP, digest vs labels) -- exit 1."""
-
-
-# -- image.toml ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Flavor:
-    name: str
-    description: str
-    base: str
-    base_script: str | None = None
-    stand_in_venvs: tuple[str, ...] = ()
-    uv: str | None = None
-
-
-@dataclass(frozen=True)
-class ImageConfig:
-    name: str
-    root: Path
-    description: str
-    series: str
-    wheels: tuple[str, ...]
-    venvs: tuple[str, ...]
-    nemo_rl_dir: str
-    te_version: str
-    te_floor: str
-    te_core: str
-    cuda_archs: str
-    max_jobs: int
-    cudnn_frontend_floor: dict[str, str]
-    flavors: dict[str, Flavor]
-
-    def flavor(self, name: str) -> Flavor:
-        if name not in self.flavors:
-            raise UnknownFlavorError(f"unknown flavour {name!r} for image {self.name} "
-                                     f"(its image.toml has {', '.join(sorted(self.flavors))})",
-                                     hint=_suggest(name, list(self.flavors)))
-        return self.flavors[name]
-
-
-def _vtuple(v: str) -> tuple[int, ...]:
-    out: list[int] = []
-    for part in v.split("+")[0].split("."):
-        m = re.match(r"\d+", part)
-        if not m:
-            break
-        out.append(int(m.group()))
-        if m.group() != part:
-            break
-    return tuple(out)
-
-
-def version_ge(a: str, b: str) -> bool:
-    ta, tb = _vtuple(a), _vtuple(b)
-    n = max(len(ta), len(tb))
-    return ta + (0,) * (n - len(ta)) >= tb + (0,) * (n - len(tb))
-
-
-def _keys(table: dict, allowed: list[str], where: str, path: Path) -> None:
-    for k in table:
-        if k not in allowed:
-            raise ConfigError(f"{path}: unknown key {k!r} in [{where}]",
-                              hint=_suggest(k, allowed) or f"allowed keys: {', '.join(allowed)}")
-
-
-def _need(table: dict, key: str, kind: type, where: str, path: Path):
-    if key not in table:
-        raise ConfigError(f"{path}: [{where}] is missing required key {key!r}")
-    if not isinstance(table[key], kind):
-        raise ConfigError(f"{path}: [{where}] {key} must be {kind.__name__}")
-    return table[key]
-
-
-def load_image(repo_root: Path, name: str) -> ImageConfig:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise UnknownImageError(f"bad image name {name!r}")
-    root = repo_root / "images" / name
-    path = root / "image.toml"
-    if not path.exists():
-        known = sorted(p.parent.name for p in (repo_root / "images").glob("*/image.toml"))
-        raise UnknownImageError(f"no image {name!r} (no images/{name}/image.toml)",
-                                hint=_suggest(name, known) or f"images here: {', '.join(known) or 'none'}")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    _keys(raw, ["image", "te", "flavors"], "<top>", path)
-    img = _need(raw, "image", dict, "image", path)
-    _keys(img, ["description", "series", "wheels", "venvs", "nemo_rl_dir"], "image", path)
-    te = _need(raw, "te", dict, "te", path)
-    _keys(te, ["version", "floor", "core", "cuda_archs", "max_jobs", "cudnn_frontend_floor"], "te", path)
-    flavors = {}
-    for fname, f in _need(raw, "flavors", dict, "flavors", path).items():
-        where = f"flavors.{fname}"
-        if not isinstance(f, dict):
-            raise ConfigError(f"{path}: [{where}] must be a table")
-        _keys(f, ["description", "base", "base_script", "stand_in_venvs", "uv"], where, path)
-        flavors[fname] = Flavor(fname, f.get("description", ""), _need(f, "base", str, where, path),
-                                f.get("base_script"), tuple(f.get("stand_in_venvs", ())), f.get("uv"))
-    for required in ("cpu", "cuda"):
-        if required not in flavors:
-            raise ConfigError(f"{path}: needs a [flavors.{required}] table")
-    floors = _need(te, "cudnn_frontend_floor", dict, "te", path)
-    return ImageConfig(
-        name=name, root=root, description=img.get("description", ""),
-        series=_need(img, "series", str, "image", path), wheels=tuple(_need(img, "wheels", list, "image", path)),
-        venvs=tuple(_need(img, "venvs", list, "image", path)), nemo_rl_dir=img.get("nemo_rl_dir", "/opt/nemo-rl"),
-        te_version=_need(te, "version", str, "te", path), te_floor=_need(te, "floor", str, "te", path),
-        te_core=te.get("core", "core_cu13"), cuda_archs=_need(te, "cuda_archs", str, "te", path),
-        max_jobs=int(te.get("max_jobs", 8)), cudnn_frontend_floor={str(k): str(v) for k, v in floors.items()},
-        flavors=flavors)
-
-
-def check_te(cfg: ImageConfig, te_version: str) -> str:
-    """The cudnn-frontend floor for this TE version; TEVersionError when TE is too old or unknown."""
-    if not version_ge(te_version, cfg.te_floor):
-        raise TEVersionError(f"TransformerEngine {te_version} is below the GTP floor {cfg.te_floor} "
-                             f"(megatron-core sets HAVE_GTP = False below it)",
-                             hint=f"use TE >= {cfg.te_floor}: [te] version in images/{cfg.name}/image.toml")
-    floor = cfg.cudnn_frontend_floor.get(te_version)
-    if floor is None:
-        raise TEVersionError(f"no nvidia-cudnn-frontend floor known for TransformerEngine {te_version}",
-                             hint=f"add it to [te.cudnn_frontend_floor] in images/{cfg.name}/image.toml "
-                                  f"(known: {', '.join(sorted(cfg.cudnn_frontend_floor))})")
-    return floor
-
-
-# -- the build context -------------------------------------------------------------------
-@dataclass
-class Context:
-    dir: Path
-    build_args: dict[str, str]
-    series_doc: dict
-    wheels: list[str]
-
-
-def _image_env(args: dict[str, str]) -> str:
-    lines = ["# The build args of this context, for running the steps outside Docker (run-local.sh)."]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(args.items()) if k != "BASE_IMAGE"]
-    return "\n".join(lines) + "\n"
-
-
-def series_document(series: Series, wheel_versions: dict[str, str], wheels_digest: str) -> dict:
-    pins = {}
-    for u in series.upstreams:
-        pin = {"pin": u.pin_text()}
-        if u.git and u.git.commit:
-            pin["commit"] = u.git.commit
-        pins[u.name] = pin
-    return {
-        "series": series.name,
-        "digest": series.digest(series.patches),
-        "wheels_digest": wheels_digest,
-        "patches": [{"id": p.id, "upstream": p.upstream, "file": p.file, "status": p.status,
-                     "sha256": file_sha256(series.patch_path(p))} for p in series.patches],
-        "pins": pins,
-        "wheels": wheel_versions,
-    }
-
-
-def make_wheels(series: Series, cfg: ImageConfig, out: Path, workdir: Path, cache: Path) -> tuple[list[Path], str]:
-    """tools/apply.py --only <image wheels> --wheels OUT, in process."""
-    from . import apply as applying
-    opts = applying.Options(workdir=workdir, cache=cache, only=list(cfg.wheels), wheels_dir=out)
-    rep = applying.apply(series, opts)
-    if not rep.ok:
-        raise OperationError(f"applying series {series.name} failed: {rep.error}",
-                             hint=f"python3 tools/apply.py --series {series.name} --workdir {workdir}")
-    return [Path(w) for u in rep.upstreams for w in u.wheels], rep.digest
-
-
-def wheel_versions(wheels: list[Path]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for w in wheels:
-        dist, version = w.name.split("-")[:2]
-        name = dist.replace("_", "-").lower()
-        if out.setdefault(name, version) != version:
-            raise OperationError(f"wheels of {name} disagree on the version ({out[name]} vs {version})")
-    for need in ("megatron-core", "megatron-bridge"):
-        if need not in out:
-            raise OperationError(f"no {need} wheel was written", hint="check [image] wheels in image.toml")
-    return out
-
-
-def make_context(cfg: ImageConfig, flavor: Flavor, series: Series, ctx_dir: Path, *, base: str,
-                 te_version: str, workdir: Path, cache: Path, wheelhouse: Path | None = None) -> Context:
-    frontend_floor = check_te(cfg, te_version)
-    if ctx_dir.exists():
-        shutil.rmtree(ctx_dir)
-    house = ctx_dir / "wheelhouse"
-    house.mkdir(parents=True)
-    shutil.copy2(cfg.root / "Dockerfile", ctx_dir / "Dockerfile")
-    shutil.copytree(cfg.root / "steps", ctx_dir / "steps")
-    if wheelhouse is not None:
-        wheels = [Path(shutil.copy2(w, house / w.name)) for w in sorted(wheelhouse.glob("*.whl"))]
-        # "0.19.2+gtp.<digest>": the digest apply put into the local version label.
-        wheels_digest = wheel_versions(wheels)["megatron-core"].partition("+")[2].rpartition(".")[2]
-    else:
-        wheels, wheels_digest = make_wheels(series, cfg, house, workdir, cache)
-    for w in wheels:
-        w.chmod(0o644)  # readable by whoever runs the image (enroot maps users)
-    versions = wheel_versions(wheels)
-    doc = series_document(series, versions, wheels_digest)
-    nrl = [p for p in series.patches if p.upstream == "nemo-rl"]
-    if nrl:
-        (house / "nemo-rl").mkdir()
-        for i, p in enumerate(nrl, 1):
-            shutil.copy2(series.patch_path(p), house / "nemo-rl" / f"{i:04d}-{p.id}.patch")
-    pristine = " ".join(f"{series.upstream(u).pypi.name}=={series.upstream(u).pypi.version}"
-                        for u in cfg.wheels if series.upstream(u).pypi)
-    args = {
-        "BASE_IMAGE": base,
-        "GTP_FLAVOR": flavor.name,
-        "GTP_VENVS": " ".join(cfg.venvs),
-        "GTP_TE_VERSION": te_version,
-        "GTP_TE_FLOOR": cfg.te_floor,
-        "GTP_CUDNN_FRONTEND_FLOOR": frontend_floor,
-        "GTP_TE_CORE": cfg.te_core,
-        "NVTE_CUDA_ARCHS": cfg.cuda_archs,
-        "MAX_JOBS": str(cfg.max_jobs),
-        "GTP_NEMO_RL_DIR": cfg.nemo_rl_dir,
-        "GTP_SERIES_DIGEST": doc["digest"],
-    }
-    if flavor.name == "cpu":
-        args.update(GTP_STAND_IN_VENVS=" ".join(flavor.stand_in_venvs), GTP_UV_VERSION=flavor.uv or "",
-                    GTP_PRISTINE=pristine)
-    (house / "series.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    (house / "image.env").write_text(_image_env(args))
-    return Context(ctx_dir, args, doc, [w.name for w in wheels])
-
-
-def content_tag(ctx: Context, base_id: str, flavor: str) -> str:
-    """sha256 over every input: the context's files (Dockerfile, steps, wheels,
-    series.json with the series digest and pins, image.env from image.toml),
-    the build args and the base image's id."""
-    h = hashlib.sha256()
-    h.update(json.dumps({"schema": TAG_SCHEMA, "flavor": flavor, "base_id": base_id,
-                         "args": ctx.build_args}, sort_keys=True).encode())
-    for path in sorted(p for p in ctx.dir.rglob("*") if p.is_file()):
-        rel = path.relative_to(ctx.dir).as_posix()
-        mode = "x" if os.access(path, os.X_OK) else "-"
-        h.update(f"{rel}\0{mode}\0{file_sha256(path)}\n".encode())
-    return f"{flavor}-{h.hexdigest()[:20]}"
 
 
 # -- network settings for pip inside the build (secrets, never layers) -----------------
@@ -365,7 +94,6 @@ class BuildOptions:
     ca_bundle: str | None = None
     log: Path | None = None
     context_dir: Path | None = None
-    revision: str | None = None
 
 
 def labels_for(cfg: ImageConfig, flavor: Flavor, ctx: Context, tag: str, base: str, base_id: str,
@@ -469,7 +197,7 @@ def _run_build(docker: Docker, cfg: ImageConfig, flavor: Flavor, ctx: Context, t
         p.write_text("".join(f"{k}={v}\n" for k, v in index.items()))
         p.chmod(0o600)
         secrets["gtp-index"] = p
-    labels = labels_for(cfg, flavor, ctx, tag, base, base_id, o.revision or _git_revision(o.repo_root))
+    labels = labels_for(cfg, flavor, ctx, tag, base, base_id, _git_revision(o.repo_root))
     log_file = o.log or (o.cache / "images" / "logs" / f"{tag.replace('/', '_').replace(':', '_')}.log")
     progress.say(f"building {tag} from {base} (log: {log_file})")
     t0 = time.monotonic()

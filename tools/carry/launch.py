@@ -59,9 +59,9 @@ class Plan:
 
 
 def docker_plan(*, image: str, argv: Sequence[str], env: Mapping[str, str], mounts: Sequence[Mount],
-                workdir: str | None, name: str, gpus: str = "all", docker: str = "docker",
-                extra: Sequence[str] = ()) -> Plan:
-    cmd = [docker, "run", "--rm", "--name", name, "--ipc=host", "--ulimit", "memlock=-1",
+                workdir: str | None, name: str, gpus: str = "all", pass_env: Sequence[str] = ()) -> Plan:
+    """``pass_env``: variables handed through by name (``-e NAME``), their values never on the command line."""
+    cmd = ["docker", "run", "--rm", "--name", name, "--ipc=host", "--ulimit", "memlock=-1",
            "--ulimit", "stack=67108864"]
     if gpus:
         cmd += ["--gpus", gpus]
@@ -69,16 +69,17 @@ def docker_plan(*, image: str, argv: Sequence[str], env: Mapping[str, str], moun
         cmd += ["-v", f"{m.source}:{m.target}{':ro' if m.read_only else ''}"]
     for key, value in sorted(env.items()):
         cmd += ["-e", f"{key}={value}"]
+    for name_ in pass_env:
+        cmd += ["-e", name_]
     if workdir:
         cmd += ["-w", workdir]
-    cmd += [*extra, image, *argv]
+    cmd += [image, *argv]
     return Plan("docker", cmd, dict(env), None, name)
 
 
 def slurm_plan(*, squashfs: str, argv: Sequence[str], env: Mapping[str, str], mounts: Sequence[Mount],
-               workdir: str | None, gpus: int, time_limit_s: float | None, srun: str = "srun",
-               extra: Sequence[str] = ()) -> Plan:
-    cmd = [srun, "--nodes=1", "--ntasks=1", f"--gpus={gpus}" if gpus else "--gpus=0",
+               workdir: str | None, gpus: int, time_limit_s: float | None) -> Plan:
+    cmd = ["srun", "--nodes=1", "--ntasks=1", f"--gpus={gpus}" if gpus else "--gpus=0",
            f"--container-image={squashfs}", "--no-container-mount-home"]
     if mounts:
         cmd.append("--container-mounts=" + ",".join(
@@ -89,7 +90,7 @@ def slurm_plan(*, squashfs: str, argv: Sequence[str], env: Mapping[str, str], mo
         cmd.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in sorted(env.items())))
     if time_limit_s:
         cmd.append(f"--time={max(1, int(time_limit_s // 60) + 1)}")
-    cmd += [*extra, *argv]
+    cmd += [*argv]
     return Plan("slurm", cmd, dict(env))
 
 

@@ -1,4 +1,8 @@
-"""Lint a series: files, metadata, proofs, dependency order, patch safety."""
+"""Lint a series: files, metadata, proofs, dependency order, patch safety.
+
+Problems fail the lint. Notes do not: a patch that has no proof and says why
+(``proof = "none: <why>"``) is listed, so nobody mistakes it for a proven one.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import CarryError
-from .manifest import Series
+from .manifest import ID_RE, NO_PROOF, Series
 from .patchfile import parse_file, safety_problems
 
 _LINK_RE = re.compile(r"^https://[A-Za-z0-9.-]+/\S+$")
@@ -23,6 +27,10 @@ class Problem:
         return f"{self.where}: {self.message}"
 
 
+def notes(series: Series) -> list[Problem]:
+    return [Problem(f"patch {p.id}", f"no proof: {p.no_proof}") for p in series.patches if p.no_proof]
+
+
 def lint(series: Series) -> list[Problem]:
     probs: list[Problem] = []
     add = lambda where, msg: probs.append(Problem(where, msg))  # noqa: E731
@@ -34,7 +42,7 @@ def lint(series: Series) -> list[Problem]:
     listed: dict[str, str] = {}
     for p in series.patches:
         where = f"patch {p.id}"
-        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*[a-z0-9]", p.id):
+        if not ID_RE.match(p.id):
             add(where, "id must be lowercase kebab-case")
         if not p.file.startswith(f"{p.upstream}/") or not p.file.endswith(".patch"):
             add(where, f"file {p.file!r} must be {p.upstream}/<name>.patch")
@@ -51,6 +59,9 @@ def lint(series: Series) -> list[Problem]:
             add(where, f"status {p.status} needs an upstream link")
         if p.status == "merged" and not p.merged_in:
             add(where, "status merged needs merged_in (the upstream commit or release that has it)")
+        if not p.proofs and not p.no_proof:
+            add(where, f'has no proof: name a test that fails without the patch, or say why with '
+                       f'proof = "{NO_PROOF} <why>"')
         for proof in p.proofs:
             if not _PROOF_RE.match(proof):
                 add(where, f"proof {proof!r} must look like proofs/<dir>/test_<name>.py[::test_fn]")
@@ -67,21 +78,9 @@ def lint(series: Series) -> list[Problem]:
             else:
                 for issue in safety_problems(parsed):
                     add(where, issue)
-        for dep in p.requires:
-            if dep not in ids:
-                add(where, f"requires unknown patch {dep!r}")
-            elif dep == p.id:
-                add(where, "requires itself")
 
-    order = {p.id: i for i, p in enumerate(series.patches)}
-    by_id = {p.id: p for p in series.patches}
-    for p in series.patches:
-        for dep in p.requires:
-            d = by_id.get(dep)
-            if d and d.upstream == p.upstream and order[dep] > order[p.id]:
-                add(f"patch {p.id}", f"requires {dep}, which comes later in the same upstream's series")
-    for cycle in _cycles(series):
-        add("requires", "cycle: " + " -> ".join(cycle))
+    for where, message in series.requires_problems():
+        add(where, message)
 
     for up in upstream_names:
         folder = series.root / up
@@ -99,25 +98,3 @@ def lint(series: Series) -> list[Problem]:
                 add(f"patch {p.id}", f"same content as {seen_bytes[data]}")
             seen_bytes.setdefault(data, p.id)
     return probs
-
-
-def _cycles(series: Series) -> list[list[str]]:
-    graph = {p.id: list(p.requires) for p in series.patches}
-    state: dict[str, int] = {}
-    found: list[list[str]] = []
-
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = 1
-        for nxt in graph.get(node, []):
-            if nxt not in graph:
-                continue
-            if state.get(nxt) == 1:
-                found.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
-            elif state.get(nxt) is None:
-                visit(nxt, path + [nxt])
-        state[node] = 2
-
-    for n in graph:
-        if n not in state:
-            visit(n, [n])
-    return found

@@ -1,49 +1,78 @@
-"""An exclusive lock on a work directory, so concurrent applies serialise."""
+"""Exclusive locks on a directory, so concurrent runs serialise, and scratch space under them.
+
+A lock is a file held with ``flock``. The holder removes the file when it
+lets go, so a finished (or failed) run leaves nothing behind; a waiter that
+got the lock on a file removed meanwhile sees the inode changed and tries
+again. A run killed with the lock held leaves the file, which the kernel has
+already unlocked: the next run takes it and removes it.
+"""
 
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
+import shutil
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from . import progress
 from .errors import LockError
 
+LOCK_TIMEOUT = 600.0  # seconds a run waits for another one before giving up (--lock-timeout)
+
 
 class DirLock:
-    def __init__(self, path: Path, timeout: float = 600.0):
+    def __init__(self, path: Path, timeout: float = LOCK_TIMEOUT, what: Path | None = None):
         self.path = path
         self.timeout = timeout
+        self.what = what or path.parent  # what the lock protects, for messages
         self._fd: int | None = None
 
     def __enter__(self) -> "DirLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + self.timeout
         announced = False
         while True:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                continue  # the folder went away with the last holder's cleanup
+            if not self._wait(fd, deadline, announced):
+                os.close(fd)
+                raise LockError(f"{self.what} is locked by another run (pid {self._holder()})",
+                                hint="wait for it to finish, or run the command again with "
+                                     "`--lock-timeout SECONDS` to wait longer")
+            announced = True
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
                 break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    os.close(fd)
-                    raise
-                holder = self._holder()
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    raise LockError(f"{self.path.parent.parent} is locked by another run (pid {holder})",
-                                    hint="wait for it to finish, or raise --lock-timeout") from None
-                if not announced:
-                    progress.say(f"waiting for the lock on {self.path.parent.parent} (held by pid {holder})")
-                    announced = True
-                time.sleep(0.05)
+            os.close(fd)  # the holder removed this file as we waited: lock the new one
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
         return self
+
+    def _wait(self, fd: int, deadline: float, announced: bool) -> bool:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+            if time.monotonic() >= deadline:
+                return False
+            if not announced:
+                progress.say(f"waiting for the lock on {self.what} (held by pid {self._holder()})")
+                announced = True
+            time.sleep(0.05)
 
     def _holder(self) -> str:
         try:
@@ -52,7 +81,34 @@ class DirLock:
             return "?"
 
     def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)  # still held: nobody can take the old file meanwhile
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+        try:
+            self.path.parent.rmdir()  # only when empty: the folder existed for the lock alone
+        except OSError:
+            pass
+
+
+BUILD_PREFIX = ".build-"
+
+
+@contextmanager
+def building(parent: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[Path]:
+    """A fresh scratch folder under ``parent``, with ``parent`` locked.
+
+    Scratch folders a killed run left in ``parent`` are removed first: under
+    the lock, no live run can be using one.
+    """
+    parent.mkdir(parents=True, exist_ok=True)
+    with DirLock(parent / ".lock", timeout, what=parent):
+        for stale in parent.glob(BUILD_PREFIX + "*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(dir=parent, prefix=BUILD_PREFIX))
+        try:
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,8 +1,10 @@
 """The series manifest (``patches/<series>/series.toml``) as frozen dataclasses.
 
 Unknown keys are errors with a suggestion, so a typo never silently drops a
-pin or a proof. The digest covers everything that determines a patched tree:
-the pins and the bytes of the selected patch files.
+pin or a proof. ``requires`` is checked on every load (unknown ids, cycles,
+a patch needing a later one of its own upstream): every command that reads a
+series refuses a broken one the same way. The digest covers everything that
+determines a patched tree: the pins and the bytes of the selected patch files.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from .errors import ConfigError, UsageError
 STATUSES = ("pending", "submitted", "backport", "merged", "rejected", "inappropriate")
 UPSTREAM_NAMES = ("megatron-lm", "megatron-bridge", "nemo-rl")
 SOURCE_KINDS = ("pypi", "git")
-_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*[a-z0-9]$")
+ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*[a-z0-9]$")
+NO_PROOF = "none:"  # proof = "none: <why>": a patch that has no proof, and says why
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -84,6 +87,7 @@ class PatchMeta:
     proofs: tuple[str, ...] = ()  # each must fail on the pristine base and pass patched
     requires: tuple[str, ...] = ()
     merged_in: str | None = None
+    no_proof: str | None = None   # why there is no proof (proof = "none: <why>")
 
     @property
     def proof(self) -> str | None:
@@ -143,6 +147,25 @@ class Series:
                 h.update(p.id.encode() + b"\0" + file_sha256(self.patch_path(p)).encode() + b"\0")
         return h.hexdigest()
 
+    def requires_problems(self) -> list[tuple[str, str]]:
+        """(where, message) for each broken ``requires``: unknown, itself, later in its upstream, a cycle."""
+        probs = []
+        ids = {p.id for p in self.patches}
+        order = {p.id: i for i, p in enumerate(self.patches)}
+        by_id = {p.id: p for p in self.patches}
+        for p in self.patches:
+            for dep in p.requires:
+                if dep not in ids:
+                    hint = _suggest(dep, ids)
+                    probs.append((f"patch {p.id}", f"requires unknown patch {dep!r}" + (f" ({hint})" if hint else "")))
+                elif dep == p.id:
+                    probs.append((f"patch {p.id}", "requires itself"))
+                elif by_id[dep].upstream == p.upstream and order[dep] > order[p.id]:
+                    probs.append((f"patch {p.id}", f"requires {dep}, which comes later in the same upstream's series"))
+        for cycle in _cycles(self):
+            probs.append(("requires", "cycle: " + " -> ".join(cycle)))
+        return probs
+
     def digest(self, selected: Iterable[PatchMeta]) -> str:
         """Digest of the pins plus the selected patches (used in wheel version labels)."""
         h = hashlib.sha256()
@@ -150,6 +173,28 @@ class Series:
         for u in self.upstreams:
             h.update(self.upstream_digest(u.name, sel, _pin_key(u)).encode())
         return h.hexdigest()
+
+
+def _cycles(series: Series) -> list[list[str]]:
+    graph = {p.id: [d for d in p.requires if d != p.id] for p in series.patches}
+    state: dict[str, int] = {}
+    found: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph.get(node, []):
+            if nxt not in graph:
+                continue
+            if state.get(nxt) == 1:
+                found.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif state.get(nxt) is None:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for n in graph:
+        if n not in state:
+            visit(n, [n])
+    return found
 
 
 def _pin_key(u: Upstream) -> str:
@@ -237,7 +282,9 @@ def _load_git(t: _Table) -> GitSource:
     return GitSource(t.get("url", str, required=True), commit, ref, t.strings("paths"))
 
 
-def load(series_dir: Path) -> Series:
+def load(series_dir: Path, *, check_requires: bool = True) -> Series:
+    """The series in ``series_dir``; RequiresError when its ``requires`` are broken (lint reads
+    them with check_requires=False and reports them among its other problems)."""
     path = series_dir / "series.toml"
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -284,8 +331,7 @@ def load(series_dir: Path) -> Series:
             file=t.get("file", str, required=True), status=t.get("status", str, required=True),
             owner=t.get("owner", str, required=True), why=t.get("why", str, required=True),
             retire_when=t.get("retire_when", str, required=True), links=t.strings("links"),
-            proofs=_proofs(t), requires=t.strings("requires"),
-            merged_in=t.get("merged_in", str, None),
+            requires=t.strings("requires"), merged_in=t.get("merged_in", str, None), **_proofs(t),
         )
         if p.upstream not in [u.name for u in upstreams]:
             raise ConfigError(f"{path}: [{t.where}] upstream {p.upstream!r} is not declared",
@@ -298,22 +344,34 @@ def load(series_dir: Path) -> Series:
     dupes = sorted({x for x in ids if ids.count(x) > 1})
     if dupes:
         raise ConfigError(f"{path}: duplicate patch id(s): {', '.join(dupes)}")
-    return Series(name, s.get("description", str, ""), series_dir, tuple(upstreams), tuple(patches))
+    series = Series(name, s.get("description", str, ""), series_dir, tuple(upstreams), tuple(patches))
+    if check_requires:
+        probs = series.requires_problems()
+        if probs:
+            raise RequiresError(f"{path}: the patches' requires are broken:\n    "
+                                + "\n    ".join(f"{w}: {m}" for w, m in probs),
+                                hint=f"fix requires = [...] in {path}")
+    return series
 
 
-def _proofs(t: _Table) -> tuple[str, ...]:
-    """`proof` is one test file or a list of them."""
+class RequiresError(ConfigError):
+    """A patch requires an unknown patch, itself, a later patch of its upstream, or a cycle."""
+
+
+def _proofs(t: _Table) -> dict[str, Any]:
+    """`proof` is one test file, a list of them, or "none: <why>"."""
     value = t.get("proof", (str, list), None)
     if value is None:
-        return ()
+        return {}
+    if isinstance(value, str) and value.startswith(NO_PROOF):
+        why = value[len(NO_PROOF):].strip()
+        if not why:
+            raise ConfigError(f"{t.path}: [{t.where}] proof = \"none: <why>\" needs the why")
+        return {"no_proof": why}
     if isinstance(value, str):
-        return (value,)
+        return {"proofs": (value,)}
     if not value or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{t.path}: [{t.where}] proof must be a string or a non-empty list of strings")
-    return tuple(value)
-
-
-def find_series(repo_root: Path, name: str) -> Path:
-    if not re.match(r"^[A-Za-z0-9_.-]+$", name):
-        raise UsageError(f"bad series name {name!r}")
-    return repo_root / "patches" / name
+    if any(v.startswith(NO_PROOF) for v in value):
+        raise ConfigError(f"{t.path}: [{t.where}] \"none: <why>\" stands alone, not in a list of proofs")
+    return {"proofs": tuple(value)}

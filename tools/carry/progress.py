@@ -24,3 +24,15 @@ def enabled() -> bool:
 def say(message: str) -> None:
     if enabled():
         print(f"[{time.monotonic() - _start:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def checkpoint(name: str) -> None:
+    """A named point between the phases of a long run.
+
+    With GTP_CARRY_STOP_AT=<name> the run announces it and waits there, so a
+    test can kill it in exactly that phase and check what the next run finds.
+    """
+    if os.environ.get("GTP_CARRY_STOP_AT") == name:
+        print(f"[carry] stopped at {name} (pid {os.getpid()})", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(60)

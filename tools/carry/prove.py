@@ -21,10 +21,12 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import progress
-from .errors import UsageError
+from . import progress, proofenv
+from .errors import CommandError, UsageError
+from .lock import LOCK_TIMEOUT
 from .manifest import PatchMeta, Series
-from .runner import run
+from .repo import command
+from .runner import Git, run
 from .workspace import WorkDir
 
 
@@ -62,18 +64,24 @@ def env_name(upstream: str) -> str:
 
 
 def extract(repo: Path, commit: str, dest: Path) -> Path:
-    res = run(["git", "-C", str(repo), "archive", "--format=tar", commit], binary=True)
+    data = Git(repo).archive(commit)
     dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(res.stdout)) as tf:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
         tf.extractall(dest, filter="data")
     return dest
 
 
 def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout: float,
-              log_dir: Path | None = None, label: str = "", proof: str | None = None) -> Outcome:
-    """Run one proof (by default the patch's first) against the given trees; classify from JUnit XML."""
+              log_dir: Path | None = None, label: str = "", proof: str | None = None,
+              cache: Path | None = None) -> Outcome:
+    """Run one proof (by default the patch's first) against the given trees; classify from JUnit XML.
+
+    With ``cache``, a proof whose folder pins its own requirements runs in the environment
+    carry.proofenv builds from them (else in this interpreter).
+    """
     proof = proof or patch.proof
     assert proof
+    python = proofenv.python_for(series, proof, cache) if cache is not None else None
     proofs_dir = series.root / "proofs"
     target = series.root / proof.split("::")[0]
     paths = [str(proofs_dir)]
@@ -88,15 +96,15 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     with tempfile.TemporaryDirectory(prefix="carry-proof-") as tmp:
         xml = Path(tmp) / "junit.xml"
-        argv = [sys.executable, "-m", "pytest", "-q", "-c", str(proofs_dir / "pytest.ini"),
+        argv = [python or sys.executable, "-m", "pytest", "-q", "-c", str(proofs_dir / "pytest.ini"),
                 "--rootdir", str(proofs_dir), f"--junitxml={xml}", "-o", "junit_family=xunit1",
                 str(target) + ("::" + proof.split("::", 1)[1] if "::" in proof else "")]
         t0 = time.monotonic()
         try:
             res = run(argv, env=env, cwd=series.root.parents[1], check=False, timeout=timeout)
             rc, output = res.returncode, res.stdout + res.stderr
-        except Exception as exc:  # noqa: BLE001 - a timeout is an outcome, not a crash of ours
-            return Outcome("error", f"did not finish: {exc}", time.monotonic() - t0)
+        except CommandError as exc:  # a timeout, or no interpreter: an outcome, not a crash of ours
+            return Outcome("error", f"did not finish: {exc.message}", time.monotonic() - t0)
         secs = time.monotonic() - t0
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
@@ -143,10 +151,9 @@ def _classify(rc: int, xml: Path, output: str, secs: float) -> Outcome:
     return Outcome("error", f"pytest exited {rc}: {tail}", secs)
 
 
-def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
-          log_dir: Path | None = None) -> ProveReport:
+def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float, cache: Path,
+          log_dir: Path | None = None, lock_timeout: float = LOCK_TIMEOUT) -> ProveReport:
     wd = WorkDir(workdir)
-    state = wd.load_state().get("upstreams", {})
     chosen = series.select(only) if only else list(series.patches)
     if only:
         named = set(only)
@@ -154,30 +161,31 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
     with_proof = [p for p in chosen if p.proofs]
     if not with_proof:
         raise UsageError("no selected patch has a proof", hint="check --only and the proof keys in series.toml")
+    state = wd.require(series)
     report = ProveReport(series=series.name)
     # Hold the work directory's lock: an apply must not swap trees under a running proof.
-    with wd.lock(600.0), tempfile.TemporaryDirectory(prefix="carry-prove-") as tmp:
+    with wd.lock(lock_timeout), tempfile.TemporaryDirectory(prefix="carry-prove-") as tmp:
         tmpd = Path(tmp)
         for p in with_proof:
-            rec = state.get(p.upstream)
+            rec = state.record(p.upstream)
             if rec is None:
                 raise UsageError(f"{p.upstream}: no workspace in {workdir} for proof of {p.id}",
-                                 hint=f"run tools/apply.py --series {series.name} --workdir {workdir} first")
-            commits = {x["id"]: x["commit"] for x in rec["patches"]}
-            if p.id not in commits:
+                                 hint=f"`{command('apply', series, '--workdir', wd.root)}` first")
+            commit = rec.commit_of(p.id)
+            if commit is None:
                 raise UsageError(f"{p.upstream}: patch {p.id} is not applied in {workdir}",
-                                 hint=f"apply the series with {p.id} selected first")
+                                 hint=f"`{command('apply', series, '--workdir', wd.root, '--only', p.id)}` first")
             repo = wd.workspace(p.upstream)
-            others = {u: wd.workspace(u) for u in state if u != p.upstream}
+            others = {u: wd.workspace(u) for u, _ in state.records() if u != p.upstream}
             pristine_tree = tmpd / f"{p.upstream}-base"
             if not pristine_tree.exists():
-                extract(repo, rec["base_commit"], pristine_tree)
-            patched_tree = extract(repo, commits[p.id], tmpd / f"{p.upstream}-{p.id}")
+                extract(repo, rec.base_commit, pristine_tree)
+            patched_tree = extract(repo, commit, tmpd / f"{p.upstream}-{p.id}")
             for proof in p.proofs:
                 progress.say(f"{p.id}: {proof} on the pristine base")
-                a = run_proof(series, p, {**others, p.upstream: pristine_tree}, timeout, log_dir, "pristine", proof)
+                a = run_proof(series, p, {**others, p.upstream: pristine_tree}, timeout, log_dir, "pristine", proof, cache)
                 progress.say(f"{p.id}: {proof} on the patched tree")
-                b = run_proof(series, p, {**others, p.upstream: patched_tree}, timeout, log_dir, "patched", proof)
+                b = run_proof(series, p, {**others, p.upstream: patched_tree}, timeout, log_dir, "patched", proof, cache)
                 if a.result == "skipped" and b.result == "skipped":
                     ok = None
                 else:

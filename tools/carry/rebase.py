@@ -16,12 +16,14 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import apply as applying
 from . import seriesedit, sources
+from .am import am_patches, clone_base, older_bases
 from .errors import ConflictError, DirtyTreeError, UsageError
 from .export import format_patch
+from .files import write_atomic, write_json
 from .manifest import Series
-from .runner import Git, run
+from .repo import command
+from .runner import Git
 
 MARKER = "carry-rebase.json"
 
@@ -71,35 +73,33 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
     ws = workdir / name
     rep = RebaseReport(series.name, name, onto, base.describe, str(ws))
     g = Git(ws)
-    marker_path = lambda: Path(g("rev-parse", "--absolute-git-dir").stdout.strip()) / MARKER  # noqa: E731
+    again = [*(["--source", f"{name}={source.expanduser().resolve()}"] if source else []), "--workdir", workdir]
     if cont:
-        if not ws.exists() or not marker_path().exists():
-            raise UsageError(f"no rebase in progress in {ws}", hint="start one without --continue")
-        marker = json.loads(marker_path().read_text())
+        marker = _marker(g, ws, series, name, onto, again)
         if marker["base_commit"] != base.commit:
-            raise UsageError(f"{ws} was rebased onto another base ({marker['onto']})")
-        if Path(g("rev-parse", "--absolute-git-dir").stdout.strip(), "rebase-apply").exists():
+            was = f"{name}={marker['onto']}"
+            raise UsageError(f"{ws} was rebased onto another base ({marker['onto']})",
+                             hint=f"`{command('rebase', series, '--onto', was, *again, '--continue')}`")
+        if (g.git_dir() / "rebase-apply").exists():
             raise DirtyTreeError(f"git am is still in progress in {ws}",
-                                 hint=f"finish it (git -C {ws} am --continue) or abort it first")
+                                 hint=f"finish it (`git -C {ws} am --continue`) or abort it (`git -C {ws} am --abort`)")
         statuses = marker["statuses"]
     else:
         if ws.exists():
-            if not (ws / ".git").exists() or not marker_path().exists():
+            if not (ws / ".git").exists() or not (g.git_dir() / MARKER).exists():
                 raise DirtyTreeError(f"{ws} exists and is not a rebase workspace", hint="choose another --workdir")
             shutil.rmtree(ws)
-        ws.parent.mkdir(parents=True, exist_ok=True)
-        run(["git", "clone", "-q", "--local", "--branch", "main", str(base.repo), str(ws)])
-        g("remote", "remove", "origin")
-        older = [b for b in base.repo.parent.glob("*.git") if b != base.repo]
+        clone_base(base, ws)
+        older = older_bases(base)
         statuses = {}
         stop = None
         for p in mine:
-            r = applying.am_patches(ws, series, [p], older)[0]
+            r = am_patches(ws, series, [p], older)[0]
             statuses[p.id] = r.status
             if r.status == "failed":
                 stop = (p, r.detail)
                 break
-        marker_path().write_text(json.dumps({"base_commit": base.commit, "onto": onto, "statuses": statuses}))
+        write_json(g.git_dir() / MARKER, {"base_commit": base.commit, "onto": onto, "statuses": statuses})
         if stop:
             p, detail = stop
             # Leave the merge for a person: run the conflicting patch again without aborting.
@@ -110,10 +110,10 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
                                          ("pending" if q.id not in statuses else _pre(statuses[q.id])),
                                          detail if q.id == p.id else ""))
             rep.ok = False
-            rep.next = (f"resolve the conflict in {ws} (git status), `git add` the files, `git am --continue`"
-                        + (f", then `git am --3way {' '.join(rest)}`" if rest else "")
-                        + f"; then run tools/rebase.py --series {series.name} --onto {name}={onto} --workdir "
-                          f"{workdir} --continue")
+            rep.next = (f"resolve the conflict in {ws} (`git -C {ws} status`), `git -C {ws} add FILES`, "
+                        f"`git -C {ws} am --continue`"
+                        + (f", then `git -C {ws} am --3way {' '.join(rest)}`" if rest else "")
+                        + f"; then `{command('rebase', series, '--onto', f'{name}={onto}', *again, '--continue')}`")
             return rep
     # Every patch is in: map the new commits to the series in order.
     dropped = {pid for pid, st in statuses.items() if st == "already-applied"}
@@ -122,9 +122,12 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
     if len(commits) != len(kept):
         raise UsageError(f"{ws} has {len(commits)} commit(s) on the new base, expected {len(kept)} "
                          f"({', '.join(p.id for p in kept)})",
-                         hint="one commit per remaining patch, in series order")
+                         hint="one commit per remaining patch, in series order; a patch upstream already has "
+                              f"leaves the series first (`{command('retire', series, '--against', f'{name}={onto}', *again[:-2])}`)")
     if g.status_porcelain():
-        raise DirtyTreeError(f"{ws} has uncommitted changes")
+        raise DirtyTreeError(f"{ws} has uncommitted changes",
+                             hint=f"commit them into their patch's commit (`git -C {ws} commit -a --amend --no-edit` "
+                                  "for the last one)")
     new_texts = {}
     for p, c in zip(kept, commits):
         new = format_patch(ws, c)
@@ -160,6 +163,18 @@ def _write(series: Series, new_up, new_texts: dict[str, str], cache: Path, sourc
         raise ConflictError("the refreshed series does not re-apply on the new base; nothing was written:\n"
                             + (check.error or ""))
     for pid, body in new_texts.items():
-        seriesedit.write_atomic(series.patch_path(series.patch(pid)), body)
-    seriesedit.write_atomic(series.root / "series.toml", text)
+        write_atomic(series.patch_path(series.patch(pid)), body)
+    write_atomic(series.root / "series.toml", text)
     rep.written = True
+
+
+def _marker(g: Git, ws: Path, series: Series, name: str, onto: str, again: list) -> dict:
+    start = f"`{command('rebase', series, '--onto', f'{name}={onto}', *again)}`"
+    if not ws.exists() or not (g.git_dir() / MARKER).exists():
+        raise UsageError(f"no rebase in progress in {ws}", hint=f"start one: {start}")
+    try:
+        marker = json.loads((g.git_dir() / MARKER).read_text())
+        marker["base_commit"], marker["onto"], marker["statuses"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DirtyTreeError(f"{g.git_dir() / MARKER} is unreadable ({exc!r})", hint=f"start again: {start}") from None
+    return marker

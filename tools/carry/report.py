@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
+
 
 @dataclass
 class PatchResult:
@@ -22,10 +19,11 @@ class UpstreamResult:
     name: str
     base: str
     workspace: str
-    head: str | None = None
+    head: str | None = None        # the workspace's HEAD after the run (unchanged when the run failed)
     base_commit: str | None = None
     patches: list[PatchResult] = field(default_factory=list)
     wheels: list[str] = field(default_factory=list)
+    wheels_skipped: list[dict[str, str]] = field(default_factory=list)  # {"file", "reason"}
 
     @property
     def failed(self) -> bool:
@@ -40,20 +38,10 @@ class ApplyReport:
     digest: str = ""
     upstreams: list[UpstreamResult] = field(default_factory=list)
     error: str | None = None
+    next: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def write_json(path: Path | str, doc: dict[str, Any]) -> None:
-    """Write atomically so a reader never sees half a report."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def table(rows: list[list[str]], headers: list[str]) -> str:
@@ -73,9 +61,14 @@ def render_apply(rep: ApplyReport) -> str:
             rows.append([u.name, "-", "pristine", "no patch selected"])
     head = f"series {rep.series}{' (check only, nothing written)' if rep.check else ''}"
     out = [head, table(rows, ["upstream", "patch", "status", "detail"])]
+    unchanged = " (unchanged)" if not rep.ok or rep.check else ""
     for u in rep.upstreams:
         if u.head:
-            out.append(f"{u.name}: {u.workspace} at {u.head[:12]} (base {u.base})")
+            out.append(f"{u.name}: {u.workspace} at {u.head[:12]}{unchanged} (base {u.base})")
+        elif unchanged:
+            out.append(f"{u.name}: {u.workspace} not created (base {u.base})")
         for w in u.wheels:
             out.append(f"{u.name}: wheel {w}")
+        for skip in u.wheels_skipped:
+            out.append(f"{u.name}: no wheel {skip['file']}: {skip['reason']}")
     return "\n".join(out)

@@ -22,12 +22,14 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import apply as applying
 from . import progress, seriesedit, sources
+from .am import am_each, older_bases
+from .apply import Options, apply_series
 from .errors import OperationError, UsageError
+from .files import write_atomic
 from .manifest import PatchMeta, Series
 from .prove import extract, run_proof
-from .runner import Git, run
+from .runner import Git
 from .workspace import WorkDir
 
 
@@ -63,9 +65,7 @@ def _text_signal(series: Series, p: PatchMeta, base_repo: Path, scratch: Path,
                  seq_status: str, range_ids: dict[str, str]) -> tuple[str, list[str]]:
     ev = []
     tree = scratch / "probe"
-    if not tree.exists():
-        run(["git", "clone", "-q", "--local", "--branch", "main", str(base_repo), str(tree)])
-    g = Git(tree)
+    g = Git(tree) if tree.exists() else Git.clone(base_repo, tree, branch="main")
     path = series.patch_path(p)
     if g("apply", "--reverse", "--check", str(path), check=False).ok:
         ev.append("text: the patch reverse-applies cleanly on the new base")
@@ -73,9 +73,9 @@ def _text_signal(series: Series, p: PatchMeta, base_repo: Path, scratch: Path,
     if seq_status == "already-applied":
         ev.append("text: applying it on the new base (3-way) finds the change already there")
         return "landed", ev
-    pid = _patch_id(path)
-    if pid and pid in range_ids:
-        ev.append(f"text: upstream commit {range_ids[pid][:12]} has the same patch-id")
+    ids = g.patch_ids(path.read_bytes())
+    if ids and ids[0][0] in range_ids:
+        ev.append(f"text: upstream commit {range_ids[ids[0][0]][:12]} has the same patch-id")
         return "landed", ev
     if seq_status == "applied":
         ev.append("text: the patch still applies on the new base")
@@ -84,23 +84,17 @@ def _text_signal(series: Series, p: PatchMeta, base_repo: Path, scratch: Path,
     return "conflicts", ev
 
 
-def _patch_id(path: Path) -> str | None:
-    out = run(["git", "patch-id", "--stable"], input=path.read_bytes(), binary=True, check=False).stdout.split()
-    return out[0].decode() if out else None
+def _range_patch_ids(old_commit: str | None, new_commit: str, history: list[Path]) -> dict[str, str]:
+    """patch-id -> upstream commit, for every commit between the old pin and the new base.
 
-
-def _range_patch_ids(old_commit: str | None, new_commit: str, mirror: Path | None) -> dict[str, str]:
-    """patch-id -> upstream commit, for every commit between the old pin and the new base."""
-    if not (mirror and old_commit):
-        return {}
-    g = Git(mirror)
-    if not g("cat-file", "-e", f"{old_commit}^{{commit}}", check=False).ok:
-        return {}
-    # `git patch-id` reads a whole `git log -p` stream and prints "<patch-id> <commit>" per commit.
-    log = run(["git", "-C", str(mirror), "log", "-p", "--no-color", "--format=commit %H", f"{old_commit}..{new_commit}"],
-              binary=True, check=False).stdout
-    pairs = run(["git", "patch-id", "--stable"], input=log, binary=True, check=False).stdout.decode().split("\n")
-    return {pid: commit for pid, commit in (line.split() for line in pairs if line.strip())}
+    ``history`` are repositories that may hold both commits (the new base itself, a checkout).
+    """
+    for repo in history if old_commit else []:
+        g = Git(repo)
+        if g.has_commit(old_commit) and g.has_commit(new_commit):
+            # `git patch-id` reads a whole `git log -p` stream and prints "<patch-id> <commit>" per commit.
+            return dict(g.patch_ids(g.log_patches(f"{old_commit}..{new_commit}")))
+    return {}
 
 
 def _decide(text: str, behaviour: str, link: str) -> tuple[str, bool, list[str]]:
@@ -132,34 +126,39 @@ def _decide(text: str, behaviour: str, link: str) -> tuple[str, bool, list[str]]
 
 
 def retire(series: Series, name: str, target: str, cache: Path, write: bool, workdir: Path | None,
-           source: Path | None, timeout: float, accept_candidates: bool = False) -> RetireReport:
+           source_paths: dict[str, Path], timeout: float, accept_candidates: bool = False) -> RetireReport:
+    """``source_paths``: --source NAME=PATH; NAME's is the new base, the others' build their trees."""
     up = series.upstream(name)
     mine = series.patches_for(name)
     if not mine:
         raise UsageError(f"{name} has no patch in series {series.name}")
+    source = source_paths.get(name)
     new_up, base = sources.retarget(up, target, cache, source)
     rep = RetireReport(series.name, name, target, base.describe)
     with tempfile.TemporaryDirectory(prefix="carry-retire-") as tmp:
         tmpd = Path(tmp)
         seq = tmpd / "seq"
-        run(["git", "clone", "-q", "--local", "--branch", "main", str(base.repo), str(seq)])
-        older = [b for b in base.repo.parent.glob("*.git") if b != base.repo]
-        seq_results = {r.id: r.status for r in _am_each(seq, series, mine, older)}
-        mirror = sources.mirror_path(up, cache) if up.git else None
-        if source is not None and (source / ".git").exists():
-            mirror = source
+        Git.clone(base.repo, seq, branch="main")
+        seq_results = {r.id: r.status for r in am_each(seq, series, mine, older_bases(base))}
+        history = [base.repo]
+        if up.git:
+            history.append(sources.mirror_path(up, cache))
+        if source is not None and source.is_dir():
+            history.append(source)
         old_commit = up.git.commit if up.git else None
         new_commit = new_up.git.commit if new_up.git else None
-        range_ids = _range_patch_ids(old_commit, new_commit, mirror) if new_commit else {}
-        trees = _other_trees(series, name, workdir, cache, tmpd)
+        range_ids = _range_patch_ids(old_commit, new_commit, history) if new_commit else {}
+        trees = _other_trees(series, name, workdir, cache, tmpd, source_paths)
         pristine = extract(base.repo, base.commit, tmpd / "pristine")
         for p in mine:
             text, ev = _text_signal(series, p, base.repo, tmpd, seq_results.get(p.id, "failed"),
                                     range_ids)
-            behaviour = _behaviour(series, p, {**trees, name: pristine}, timeout, ev)
+            behaviour = _behaviour(series, p, {**trees, name: pristine}, timeout, ev, cache)
             link = "n/a"
-            if p.merged_in and mirror and new_commit:
-                anc = Git(mirror)("merge-base", "--is-ancestor", p.merged_in, new_commit, check=False).ok
+            holder = next((Git(h) for h in history if new_commit and p.merged_in and Git(h).has_commit(new_commit)
+                           and Git(h).has_commit(p.merged_in)), None)
+            if p.merged_in and holder is not None:
+                anc = holder("merge-base", "--is-ancestor", p.merged_in, new_commit, check=False).ok
                 link = "landed" if anc else "not-yet"
                 ev.append(f"link: {p.merged_in[:12]} is {'an' if anc else 'not an'} ancestor of the new base")
             verdict, candidate, dis = _decide(text, behaviour, link)
@@ -170,14 +169,15 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
     return rep
 
 
-def _behaviour(series: Series, p: PatchMeta, trees: dict[str, Path], timeout: float, ev: list[str]) -> str:
+def _behaviour(series: Series, p: PatchMeta, trees: dict[str, Path], timeout: float, ev: list[str],
+               cache: Path) -> str:
     """All of a patch's proofs on the new base: any crash -> error, any fail -> fail, a pass -> pass."""
     if not p.proofs:
         return "no-proof"
     results = []
     for proof in p.proofs:
         progress.say(f"{p.id}: {proof} on the new base")
-        out = run_proof(series, p, trees, timeout, proof=proof)
+        out = run_proof(series, p, trees, timeout, proof=proof, cache=cache)
         ev.append(f"behaviour: {proof} {out.result} on the new base ({out.detail})")
         results.append(out.result)
     for kind in ("error", "fail", "pass"):
@@ -186,30 +186,23 @@ def _behaviour(series: Series, p: PatchMeta, trees: dict[str, Path], timeout: fl
     return "skipped"
 
 
-def _am_each(repo: Path, series: Series, patches: list[PatchMeta], older: list[Path]):
-    """Apply each patch on its own merits: a failure does not stop the rest."""
-    results = []
-    for p in patches:
-        r = applying.am_patches(repo, series, [p], older)
-        results += r
-    return results
-
-
-def _other_trees(series: Series, name: str, workdir: Path | None, cache: Path, tmpd: Path) -> dict[str, Path]:
+def _other_trees(series: Series, name: str, workdir: Path | None, cache: Path, tmpd: Path,
+                 source_paths: dict[str, Path]) -> dict[str, Path]:
     """Patched trees of the other upstreams, for proofs that import them."""
     if workdir is not None:
-        state = WorkDir(workdir).load_state().get("upstreams", {})
-        return {u: WorkDir(workdir).workspace(u) for u in state if u != name}
-    others = [u.name for u in series.upstreams if u.name != name and u.sources[0] == "pypi"]
+        wd = WorkDir(workdir)
+        return {u: wd.workspace(u) for u, _ in wd.load_state().records() if u != name}
+    others = [u.name for u in series.upstreams if u.name != name and (u.sources[0] == "pypi" or u.name in source_paths)]
     if not others:
         return {}
-    wd = tmpd / "others"
+    wd_path = tmpd / "others"
     try:
-        applying.apply(series, applying.Options(workdir=wd, cache=cache, only=others))
+        apply_series(series, Options(workdir=wd_path, cache=cache, only=others,
+                                     sources={u: source_paths[u] for u in others if u in source_paths}))
     except OperationError as exc:
         progress.say(f"other upstreams unavailable for proofs: {exc.message}")
         return {}
-    return {u: wd / u for u in others}
+    return {u: wd_path / u for u in others}
 
 
 def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: Path,
@@ -244,20 +237,24 @@ def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: 
                 moves.append(proof)
         v = by_id[pid]
         (dest / "record.toml").write_text(
-            f'id = "{pid}"\ntitle = {seriesedit._toml_str(meta.title)}\nupstream = "{meta.upstream}"\n'
-            f'retired_on = "{today}"\nnew_base = {seriesedit._toml_str(rep.new_base)}\n'
-            f'against = {seriesedit._toml_str(rep.against)}\nverdict = "{v.verdict}"\n'
+            f'id = "{pid}"\ntitle = {seriesedit.toml_str(meta.title)}\nupstream = "{meta.upstream}"\n'
+            f'retired_on = "{today}"\nnew_base = {seriesedit.toml_str(rep.new_base)}\n'
+            f'against = {seriesedit.toml_str(rep.against)}\nverdict = "{v.verdict}"\n'
             f'text = "{v.text}"\nbehaviour = "{v.behaviour}"\nlink = "{v.link}"\n'
-            "evidence = [\n" + "".join(f"  {seriesedit._toml_str(e)},\n" for e in v.evidence) + "]\n"
-            "disagreements = [\n" + "".join(f"  {seriesedit._toml_str(e)},\n" for e in v.disagreements) + "]\n")
+            "evidence = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.evidence) + "]\n"
+            "disagreements = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.disagreements) + "]\n")
     # The commit point: the manifest. Before it, the series is unchanged.
-    seriesedit.write_atomic(root / "series.toml", text)
+    write_atomic(root / "series.toml", text)
     for pid in landed:
         final = root / "retired" / pid
         if final.exists():
             shutil.rmtree(final)
         os.rename(staged / pid, final)
     shutil.rmtree(staged, ignore_errors=True)
+    try:
+        staged.parent.rmdir()  # nothing was retired: no empty retired/ folder either
+    except OSError:
+        pass
     for path in moves:
         path.unlink(missing_ok=True)
     rep.retired = landed

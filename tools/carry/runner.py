@@ -145,18 +145,36 @@ class Git:
     def __init__(self, path: Path | str):
         self.path = Path(path)
 
-    def __call__(self, *args: str, check: bool = True, input: str | None = None,
-                 env: Mapping[str, str] | None = None) -> Result:
+    def __call__(self, *args: str, check: bool = True, input: str | bytes | None = None,
+                 env: Mapping[str, str] | None = None, binary: bool = False) -> Result:
         argv = ["git", "-C", str(self.path)]
         for item in _GIT_CONFIG:
             argv += ["-c", item]
-        return run([*argv, *args], env=git_env(env), input=input, check=check)
+        return run([*argv, *args], env=git_env(env), input=input, check=check, binary=binary)
 
-    # -- small named verbs -------------------------------------------------
+    # -- making repositories -------------------------------------------------
     def init(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         self("init", "-q")
 
+    def init_bare(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self("init", "-q", "--bare")
+
+    @classmethod
+    def clone(cls, source: Path | str, dest: Path, *, bare: bool = False, branch: str | None = None,
+              local: bool = True) -> "Git":
+        """Clone ``source`` into ``dest``; ``local`` shares (hardlinks) the objects when it can."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        args = ["clone", "-q", "--local" if local else "--no-local"]
+        if bare:
+            args.append("--bare")
+        if branch:
+            args += ["--branch", branch]
+        cls(dest.parent)(*args, str(source), str(dest))
+        return cls(dest)
+
+    # -- reading -------------------------------------------------------------
     def rev_parse(self, rev: str) -> str | None:
         res = self("rev-parse", "--verify", "-q", f"{rev}^{{commit}}", check=False)
         return res.stdout.strip() or None
@@ -164,17 +182,40 @@ class Git:
     def head(self) -> str | None:
         return self.rev_parse("HEAD")
 
+    def has_commit(self, rev: str) -> bool:
+        return self("cat-file", "-e", f"{rev}^{{commit}}", check=False).ok
+
     def status_porcelain(self) -> list[str]:
         out = self("status", "--porcelain", "--untracked-files=all").stdout
         return [line for line in out.splitlines() if line.strip()]
-
-    def commit_all(self, message: str) -> str:
-        self("add", "-A", ".")
-        self("commit", "-q", "--allow-empty", "--no-verify", "-m", message)
-        return self.head() or ""
 
     def rev_list(self, spec: str) -> list[str]:
         return self("rev-list", "--reverse", spec).stdout.split()
 
     def is_repo(self) -> bool:
         return (self.path / ".git").exists() and self("rev-parse", "--git-dir", check=False).ok
+
+    def git_dir(self) -> Path:
+        return Path(self("rev-parse", "--absolute-git-dir").stdout.strip())
+
+    def archive(self, commit: str, paths: Sequence[str] = ()) -> bytes:
+        """The tree of ``commit`` (restricted to ``paths``) as a tar stream."""
+        return self("archive", "--format=tar", commit, "--", *paths, binary=True).stdout
+
+    def show_blob(self, rev: str, path: str) -> bytes:
+        return self("show", f"{rev}:{path}", binary=True).stdout
+
+    def patch_ids(self, diff: bytes) -> list[tuple[str, str]]:
+        """``git patch-id --stable`` over a patch or a ``git log -p`` stream: (patch-id, commit) pairs."""
+        out = self("patch-id", "--stable", input=diff, binary=True, check=False).stdout.decode()
+        return [(a, b) for a, b in (line.split() for line in out.splitlines() if line.strip())]
+
+    def log_patches(self, spec: str) -> bytes:
+        """``git log -p`` of a range in the form ``git patch-id`` reads (one "commit <id>" per commit)."""
+        return self("log", "-p", "--no-color", "--format=commit %H", spec, binary=True, check=False).stdout
+
+    # -- writing -------------------------------------------------------------
+    def commit_all(self, message: str) -> str:
+        self("add", "-A", ".")
+        self("commit", "-q", "--allow-empty", "--no-verify", "-m", message)
+        return self.head() or ""

@@ -7,12 +7,12 @@ the real one.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
+from .apply import Options, apply_series
 from .errors import ConfigError
 from .manifest import Series, Upstream, load
 from .report import ApplyReport
@@ -49,7 +49,7 @@ def remove_patches(text: str, ids: set[str]) -> str:
     return "".join(kept)
 
 
-def _toml_str(s: str) -> str:
+def toml_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -59,35 +59,28 @@ def repin(text: str, up: Upstream, kind: str) -> str:
     for header, block in _blocks(text):
         if kind == "pypi" and header == f"[upstreams.{up.name}.pypi]" and up.pypi:
             p = up.pypi
-            lines = [header, f"name = {_toml_str(p.name)}", f"version = {_toml_str(p.version)}",
-                     "map = { " + ", ".join(f"{_toml_str(a)} = {_toml_str(b)}" for a, b in p.map) + " }"]
+            lines = [header, f"name = {toml_str(p.name)}", f"version = {toml_str(p.version)}",
+                     "map = { " + ", ".join(f"{toml_str(a)} = {toml_str(b)}" for a, b in p.map) + " }"]
             if p.exclude:
-                lines.append("exclude = [" + ", ".join(_toml_str(x) for x in p.exclude) + "]")
+                lines.append("exclude = [" + ", ".join(toml_str(x) for x in p.exclude) + "]")
             lines.append("artifacts = [")
             for a in p.artifacts:
                 tree = ", tree = true" if a.tree else ""
-                lines.append(f"  {{ file = {_toml_str(a.file)}, sha256 = {_toml_str(a.sha256)}{tree} }},")
+                lines.append(f"  {{ file = {toml_str(a.file)}, sha256 = {toml_str(a.sha256)}{tree} }},")
             lines.append("]")
             block = "\n".join(lines) + "\n\n"
         elif kind == "git" and header == f"[upstreams.{up.name}.git]" and up.git:
             g = up.git
-            lines = [header, f"url = {_toml_str(g.url)}"]
+            lines = [header, f"url = {toml_str(g.url)}"]
             if g.commit:
-                lines.append(f"commit = {_toml_str(g.commit)}")
+                lines.append(f"commit = {toml_str(g.commit)}")
             if g.ref:
-                lines.append(f"ref = {_toml_str(g.ref)}")
+                lines.append(f"ref = {toml_str(g.ref)}")
             if g.paths:
-                lines.append("paths = [" + ", ".join(_toml_str(x) for x in g.paths) + "]")
+                lines.append("paths = [" + ", ".join(toml_str(x) for x in g.paths) + "]")
             block = "\n".join(lines) + "\n\n"
         out.append(block)
     return "".join(out)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace a file in one step: a reader (or a killed run) sees the old text or the new."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def trial_apply(series: Series, toml_text: str, patch_texts: dict[str, str], upstream: str, cache: Path,
@@ -97,14 +90,12 @@ def trial_apply(series: Series, toml_text: str, patch_texts: dict[str, str], ups
     Retire and rebase call this before they touch the real series: if the edited series does
     not apply on its new base, nothing is written.
     """
-    from . import apply as applying  # apply does not need this module; keep the import one-way
-
     with tempfile.TemporaryDirectory(prefix="carry-trial-") as tmp:
         trial = Path(tmp) / series.name
         shutil.copytree(series.root, trial)
         (trial / "series.toml").write_text(toml_text)
         for pid, body in patch_texts.items():
             (trial / series.patch(pid).file).write_text(body)
-        return applying.apply(load(trial), applying.Options(
+        return apply_series(load(trial), Options(
             workdir=Path(tmp) / "work", cache=cache, only=[upstream],
             sources={upstream: source} if source else {}))

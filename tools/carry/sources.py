@@ -1,30 +1,33 @@
 """Upstream sources: pinned PyPI artifacts, git commits, local overrides.
 
-Each upstream resolves to a *base*: a cached git repository whose single
-commit is the pristine tree in the upstream's git layout. Artifacts are
-downloaded with pip, checked against their pinned sha256 and cached, so a
-second run downloads nothing; bases are cached by the identity of what they
-were built from, so a second run unpacks nothing either.
+Each upstream resolves to a *base* (PyPI artifacts: carry.artifacts): a cached git repository whose branch
+``main`` is the pristine tree in the upstream's git layout. A git pin (or a
+``--source`` checkout) gives the pinned commit itself, with the history the
+source has; a PyPI artifact, an unpacked tree or a git pin narrowed to some
+``paths`` gives one commit of that tree. Artifacts are downloaded with pip,
+checked against their pinned sha256 and cached, so a second run downloads
+nothing; bases are cached by the identity of what they were built from, so a
+second run unpacks nothing either. Downloads and base builds happen in
+scratch folders under a lock; what a killed run left there is removed by the
+next one.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import io
 import os
 import shutil
-import sys
 import tarfile
-import tempfile
-import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import progress
+from .artifacts import download_version, fetch_artifact, sha256_file, unpack_wheel
 from .errors import IntegrityError, SourceError, UsageError
-from .manifest import Artifact, PyPISource, Upstream
-from .runner import Git, run
+from .lock import building
+from .manifest import Artifact, Upstream
+from .runner import Git
 
 
 def default_cache() -> Path:
@@ -44,101 +47,9 @@ class Base:
     commit: str
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-# -- PyPI artifacts ---------------------------------------------------------------
-def _pip_download_args(art: Artifact) -> list[str]:
-    """pip flags that make exactly the pinned wheel the only candidate."""
-    if not art.file.endswith(".whl"):
-        return ["--no-binary=:all:"]
-    parts = art.file[:-4].split("-")
-    pytag, abi, plats = parts[-3], parts[-2], parts[-1]
-    if plats == "any":
-        return ["--only-binary=:all:"]
-    args = ["--only-binary=:all:", "--implementation", pytag[:2], "--abi", abi,
-            "--python-version", pytag[2:3] + "." + pytag[3:]]
-    for plat in plats.split("."):
-        args += ["--platform", plat]
-    return args
-
-
-def fetch_artifact(upstream: str, pypi: PyPISource, art: Artifact, cache: Path) -> Path:
-    """The pinned artifact from the cache, downloading it once; always hash-checked."""
-    dest = cache / "artifacts" / art.sha256 / art.file
-    if dest.exists():
-        got = sha256_file(dest)
-        if got != art.sha256:
-            raise IntegrityError(
-                f"{upstream}: cached artifact {dest} has sha256 {got}, the pin says {art.sha256}",
-                hint=f"the cache was modified or corrupted; delete {dest.parent} and run again")
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        req = Path(tmp) / "req.txt"
-        req.write_text(f"{pypi.name}=={pypi.version} --hash=sha256:{art.sha256}\n")
-        progress.say(f"{upstream}: downloading {art.file}")
-        res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python",
-                   "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
-                   "--dest", tmp, "--require-hashes", "-r", str(req), *_pip_download_args(art)],
-                  check=False)
-        got_path = Path(tmp) / art.file
-        if not res.ok or not got_path.exists():
-            tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
-            if "HASHES" in res.stderr.upper() and "DO NOT MATCH" in res.stderr.upper():
-                raise IntegrityError(f"{upstream}: {art.file} downloaded with a different sha256 than pinned: {tail}")
-            raise SourceError(f"{upstream}: could not download {pypi.name}=={pypi.version} ({art.file}): {tail}",
-                              hint=f"check network access to the package index, or pass --source {upstream}=PATH "
-                                   "(a wheel file, a checkout or an unpacked tree)")
-        got = sha256_file(got_path)
-        if got != art.sha256:
-            raise IntegrityError(f"{upstream}: downloaded {art.file} has sha256 {got}, the pin says {art.sha256}")
-        os.replace(got_path, dest)
-    return dest
-
-
-def _map_member(name: str, pypi_map: tuple[tuple[str, str], ...], exclude: tuple[str, ...]) -> str | None:
-    best = None
-    for src, dst in pypi_map:
-        if name.startswith(src) and (best is None or len(src) > len(best[0])):
-            best = (src, dst)
-    if best is None:
-        return None
-    out = best[1] + name[len(best[0]):]
-    if any(fnmatch.fnmatch(out, pat) or fnmatch.fnmatch(os.path.basename(out), pat) for pat in exclude):
-        return None
-    return out
-
-
-def unpack_wheel(wheel: Path, dest: Path, pypi: PyPISource) -> int:
-    count = 0
-    with zipfile.ZipFile(wheel) as zf:
-        for info in zf.infolist():
-            if info.is_dir():
-                continue
-            out = _map_member(info.filename, pypi.map, pypi.exclude)
-            if out is None:
-                continue
-            if out.startswith("/") or ".." in Path(out).parts:
-                raise IntegrityError(f"{wheel.name}: member {info.filename!r} escapes the tree")
-            target = dest / out
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(zf.read(info))
-            mode = (info.external_attr >> 16) & 0o777
-            if mode & 0o111:
-                target.chmod(0o755)
-            count += 1
-    return count
-
-
 # -- git --------------------------------------------------------------------------
 def _archive_into(repo: Path, commit: str, paths: tuple[str, ...], dest: Path) -> None:
-    res = run(["git", "-C", str(repo), "archive", "--format=tar", commit, "--", *paths], binary=True, check=False)
+    res = Git(repo)("archive", "--format=tar", commit, "--", *paths, binary=True, check=False)
     if not res.ok:
         raise SourceError(f"cannot read {commit} from {repo}: {res.stderr.strip()}")
     with tarfile.open(fileobj=io.BytesIO(res.stdout)) as tf:
@@ -151,55 +62,88 @@ def mirror_path(upstream: Upstream, cache: Path) -> Path:
 
 
 def _fetch_git(upstream: Upstream, cache: Path) -> Path:
+    """A shallow mirror of the pinned commit (or ref) from the pin's URL: the network path."""
     g = upstream.git
     assert g is not None
     mirror = mirror_path(upstream, cache)
     repo = Git(mirror)
     want = g.commit or g.ref
-    if mirror.exists() and g.commit and repo("cat-file", "-e", f"{g.commit}^{{commit}}", check=False).ok:
+    if mirror.exists() and g.commit and repo.has_commit(g.commit):
         return mirror
     if not mirror.exists():
-        mirror.parent.mkdir(parents=True, exist_ok=True)
-        run(["git", "init", "-q", "--bare", str(mirror)])
+        repo.init_bare()
     progress.say(f"{upstream.name}: fetching {want} from {g.url}")
-    res = repo("fetch", "-q", "--depth=1", g.url, want, check=False)
+    # A ref per fetched pin, so that no later fetch or gc loses it (FETCH_HEAD is overwritten).
+    res = repo("fetch", "-q", "--depth=1", g.url, f"+{want}:refs/carry/fetched/{want}", check=False)
     if not res.ok:
         raise SourceError(f"{upstream.name}: cannot fetch {want} from {g.url}: "
                           + " ".join(res.stderr.strip().splitlines()[-2:]),
-                          hint=f"pass --source {upstream.name}=PATH with a local checkout or mirror "
-                               "that has this commit")
+                          hint=f"run the command again with `--source {upstream.name}=PATH`, PATH a local checkout "
+                               "or mirror that has this commit")
     return mirror
 
 
 # -- bases ------------------------------------------------------------------------
-def _make_base(cache: Path, upstream: str, key: str, describe: str, populate) -> Base:
+def _cached_base(cache: Path, upstream: str, key: str, describe: str, make) -> Base:
+    """The base ``key`` from the cache, made by ``make(scratch) -> bare repo`` when absent."""
     dest = cache / "bases" / upstream / f"{key}.git"
     repo = Git(dest)
-    if dest.exists():
-        commit = repo.rev_parse("refs/heads/main")
-        if commit:
-            return Base(upstream, key, describe, dest, commit)
-        shutil.rmtree(dest)  # a half-written base from an interrupted run
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".build-") as tmp:
-        tree = Path(tmp) / "tree"
+    commit = repo.rev_parse("refs/heads/main") if dest.exists() else None
+    if commit is None:
+        with building(dest.parent) as tmp:
+            commit = repo.rev_parse("refs/heads/main") if dest.exists() else None
+            if commit is None:
+                if dest.exists():
+                    shutil.rmtree(dest)  # half written by a run from before builds were locked
+                progress.say(f"{upstream}: preparing pristine base ({describe})")
+                staged = make(tmp)
+                progress.checkpoint("base-built")
+                os.rename(staged, dest)
+                commit = repo.rev_parse("refs/heads/main")
+    assert commit
+    return Base(upstream, key, describe, dest, commit)
+
+
+def _tree_base(cache: Path, upstream: str, key: str, describe: str, populate) -> Base:
+    """A base of one commit holding the tree ``populate(dir)`` writes (artifacts, unpacked trees)."""
+    def make(tmp: Path) -> Path:
+        tree = tmp / "tree"
         tree.mkdir()
-        progress.say(f"{upstream}: preparing pristine base ({describe})")
         populate(tree)
         t = Git(tree)
         t.init()
         t.commit_all(f"base: {describe}\n\nPristine upstream tree, unmodified.\nCarry-Base-Key: {key}\n")
-        staged = Path(tmp) / "base.git"
-        run(["git", "clone", "-q", "--bare", "--no-local", str(tree), str(staged)])
-        run(["git", "-C", str(staged), "remote", "remove", "origin"], check=False)
-        try:
-            os.rename(staged, dest)
-        except OSError:
-            if not dest.exists():
-                raise
-    commit = repo.rev_parse("refs/heads/main")
-    assert commit
-    return Base(upstream, key, describe, dest, commit)
+        staged = Git.clone(tree, tmp / "base.git", bare=True, local=False)
+        staged("remote", "remove", "origin", check=False)
+        return staged.path
+    return _cached_base(cache, upstream, key, describe, make)
+
+
+def _commit_base(cache: Path, upstream: str, source: Path, commit: str, describe: str) -> Base:
+    """A base whose main is the pinned commit itself, with the history ``source`` has for it.
+
+    The objects are shared (hardlinked) from the source where the file system
+    allows; git objects never change, so the base stays valid if the source moves on.
+    """
+    shallow = Git(source)("rev-parse", "--is-shallow-repository", check=False).stdout.strip() == "true"
+    key = "commit-" + hashlib.sha256(repr((commit, "shallow" if shallow else "history")).encode()).hexdigest()[:20]
+
+    def make(tmp: Path) -> Path:
+        if shallow:  # a local clone of a shallow repository transfers nothing that no branch names
+            staged = Git(tmp / "base.git")
+            staged.init_bare()
+            staged("fetch", "-q", "--no-tags", "--depth=1", str(source), commit)
+        else:
+            staged = Git.clone(source, tmp / "base.git", bare=True)
+        staged("update-ref", "refs/heads/main", commit)
+        staged("symbolic-ref", "HEAD", "refs/heads/main")
+        others = staged("for-each-ref", "--format=%(refname)").stdout.split()
+        for ref in others:
+            if ref != "refs/heads/main":
+                staged("update-ref", "-d", ref)
+        staged("remote", "remove", "origin", check=False)
+        return staged.path
+    return _cached_base(cache, upstream, key, describe + (" (shallow: no history)" if shallow else ""), make)
 
 
 def _dir_key(path: Path) -> str:
@@ -214,7 +158,7 @@ def _dir_key(path: Path) -> str:
 
 
 def resolve(upstream: Upstream, cache: Path, override: Path | None = None) -> Base:
-    """The pristine base of an upstream: from --source PATH, or from its pins in order."""
+    """The pristine base of an upstream: from --source NAME=PATH, or from its pins in order."""
     if override is not None:
         return _resolve_override(upstream, cache, override)
     errors: list[SourceError] = []
@@ -231,7 +175,7 @@ def resolve(upstream: Upstream, cache: Path, override: Path | None = None) -> Ba
         raise errors[0]
     raise SourceError(f"{upstream.name}: no source could be reached:\n    " +
                       "\n    ".join(e.message for e in errors),
-                      hint=f"pass --source {upstream.name}=PATH")
+                      hint=f"run the command again with `--source {upstream.name}=PATH`")
 
 
 def _resolve_pypi(upstream: Upstream, cache: Path) -> Base:
@@ -241,7 +185,7 @@ def _resolve_pypi(upstream: Upstream, cache: Path) -> Base:
     key = "pypi-" + hashlib.sha256(repr((art.sha256, pypi.map, pypi.exclude)).encode()).hexdigest()[:20]
     describe = f"{pypi.name}=={pypi.version} ({art.file})"
     # The artifact is only read (and then hash-checked) when the base must be built.
-    return _make_base(cache, upstream.name, key, describe,
+    return _tree_base(cache, upstream.name, key, describe,
                       lambda tree: unpack_wheel(fetch_artifact(upstream.name, pypi, art, cache), tree, pypi))
 
 
@@ -252,9 +196,17 @@ def _resolve_git(upstream: Upstream, cache: Path) -> Base:
     commit = Git(mirror).rev_parse(g.commit or "FETCH_HEAD")
     if not commit:
         raise SourceError(f"{upstream.name}: {g.commit or g.ref} not found after fetching {g.url}")
-    key = "git-" + hashlib.sha256(repr((commit, g.paths)).encode()).hexdigest()[:20]
-    return _make_base(cache, upstream.name, key, f"{g.url}@{commit}",
-                      lambda tree: _archive_into(mirror, commit, g.paths, tree))
+    return _git_base(upstream, cache, mirror, commit, f"{g.url}@{commit}")
+
+
+def _git_base(upstream: Upstream, cache: Path, repo: Path, commit: str, describe: str) -> Base:
+    """The pinned commit itself; a tree of its ``paths`` when the pin narrows it to the PyPI layout."""
+    paths = upstream.git.paths if upstream.git else ()
+    if not paths:
+        return _commit_base(cache, upstream.name, repo, commit, describe)
+    key = "git-" + hashlib.sha256(repr((commit, paths)).encode()).hexdigest()[:20]
+    return _tree_base(cache, upstream.name, key, f"{describe} ({', '.join(paths)})",
+                      lambda tree: _archive_into(repo, commit, paths, tree))
 
 
 def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
@@ -268,27 +220,24 @@ def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
         pypi = upstream.pypi
         note = "" if sha == pypi.tree_artifact.sha256 else " (not the pinned artifact)"
         key = "pypi-" + hashlib.sha256(repr((sha, pypi.map, pypi.exclude)).encode()).hexdigest()[:20]
-        return _make_base(cache, upstream.name, key, f"{path.name}{note}", lambda tree: unpack_wheel(path, tree, pypi))
+        return _tree_base(cache, upstream.name, key, f"{path.name}{note}", lambda tree: unpack_wheel(path, tree, pypi))
     g = Git(path)
     is_git = (path / ".git").exists() or (path / "HEAD").is_file() and (path / "objects").is_dir()
     if is_git:
         pinned = upstream.git.commit if upstream.git else None
-        paths = upstream.git.paths if upstream.git else ()
-        if pinned and g("cat-file", "-e", f"{pinned}^{{commit}}", check=False).ok:
+        if pinned and g.has_commit(pinned):
             commit, note = pinned, "the pinned commit"
         elif pinned:
             raise SourceError(f"{upstream.name}: {path} does not contain the pinned commit {pinned}",
-                              hint=f"run `git -C {path} fetch origin {pinned}` or point --source at a checkout that has it")
+                              hint=f"`git -C {path} fetch origin {pinned}`, or point --source at a checkout that has it")
         else:
             commit = g.rev_parse("HEAD") or ""
             note = "HEAD of the checkout; this upstream has no pinned commit"
             if not commit:
                 raise SourceError(f"{upstream.name}: {path} has no HEAD commit")
-        key = "git-" + hashlib.sha256(repr((commit, paths)).encode()).hexdigest()[:20]
-        return _make_base(cache, upstream.name, key, f"{commit} from a local checkout ({note})",
-                          lambda tree: _archive_into(path, commit, paths, tree))
+        return _git_base(upstream, cache, path, commit, f"{commit} from a local checkout ({note})")
     key = "dir-" + _dir_key(path)[:20]
-    return _make_base(cache, upstream.name, key, "an unpacked tree given with --source",
+    return _tree_base(cache, upstream.name, key, "an unpacked tree given with --source",
                       lambda tree: shutil.copytree(path, tree, dirs_exist_ok=True,
                                                    ignore=shutil.ignore_patterns(".git")))
 
@@ -300,8 +249,6 @@ def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None
     New PyPI artifacts are downloaded with the same tags as the current pins and
     their sha256 recorded, so the returned pin can be written to series.toml.
     """
-    from dataclasses import replace
-
     if override is not None:
         override = override.expanduser().resolve()
         if upstream.pypi and override.is_file():
@@ -320,7 +267,7 @@ def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None
         assert pypi is not None
         arts = []
         for art in pypi.artifacts:
-            arts.append(_download_version(upstream.name, pypi, art, target, cache))
+            arts.append(download_version(upstream.name, pypi, art, target, cache))
         new = replace(upstream, pypi=replace(pypi, version=target, artifacts=tuple(arts)))
         return new, _resolve_pypi(new, cache)
     g = upstream.git
@@ -332,22 +279,3 @@ def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None
         raise SourceError(f"{upstream.name}: {target} not found in {g.url}")
     new = replace(upstream, git=replace(g, commit=commit, ref=None if len(target) == 40 else target))
     return new, _resolve_git(new, cache)
-
-
-def _download_version(upstream: str, pypi: PyPISource, art: Artifact, version: str, cache: Path) -> Artifact:
-    guess = art.file.replace(f"-{pypi.version}-", f"-{version}-", 1)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        progress.say(f"{upstream}: downloading {pypi.name}=={version} ({guess})")
-        res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python",
-                   "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--dest", tmp,
-                   f"{pypi.name}=={version}", *_pip_download_args(Artifact(guess, "0" * 64))], check=False)
-        got = sorted(Path(tmp).glob("*"))
-        if not res.ok or len(got) != 1:
-            tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
-            raise SourceError(f"{upstream}: could not download {pypi.name}=={version} like {art.file}: {tail}",
-                              hint=f"check the version, or pass --source {upstream}=PATH (a wheel or a checkout)")
-        sha = sha256_file(got[0])
-        dest = cache / "artifacts" / sha / got[0].name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(got[0], dest)
-    return Artifact(dest.name, sha, art.tree)

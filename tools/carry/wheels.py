@@ -6,6 +6,10 @@ theirs, the version gets a local label derived from the series digest
 (``0.19.2+gtp.<digest>``) and RECORD is rewritten. Every pinned wheel of the
 upstream gets the same edits (one per Python tag), after checking that its
 copy of each touched file is the one the patches were applied to.
+
+A wheel whose own Requires-Python excludes the Python its tag names (the
+cp311 megatron-core wheel says ``>=3.12``) is not written: pip would refuse
+it. The report names each such wheel and why.
 """
 
 from __future__ import annotations
@@ -16,13 +20,20 @@ import os
 import re
 import tempfile
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import progress
 from .errors import IntegrityError, UsageError
 from .manifest import Series, Upstream
-from .runner import Git, run
-from .sources import fetch_artifact
+from .runner import Git
+from .artifacts import fetch_artifact
+
+
+@dataclass
+class Wheels:
+    written: list[Path] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)  # {"file", "reason"}
 
 
 def _record_hash(data: bytes) -> str:
@@ -45,7 +56,7 @@ def changed_files(ws: Path, base: str, head: str) -> dict[str, str]:
 
 
 def build(series: Series, up: Upstream, ws: Path, base: str, head: str, cache: Path,
-          out_dir: Path, label: str) -> list[Path]:
+          out_dir: Path, label: str) -> Wheels:
     pypi = up.pypi
     if pypi is None:
         raise UsageError(f"{up.name} has no PyPI pin; --wheels only covers PyPI-pinned upstreams")
@@ -55,17 +66,73 @@ def build(series: Series, up: Upstream, ws: Path, base: str, head: str, cache: P
     changes = changed_files(ws, base, head) if base and head and base != head else {}
     g = Git(ws)
     out_dir.mkdir(parents=True, exist_ok=True)
-    built = []
+    result = Wheels()
     for art in pypi.artifacts:
         if not art.file.endswith(".whl"):
             continue
         src = fetch_artifact(up.name, pypi, art, cache)
         dist, old_version, *tags = art.file[:-4].split("-")
         target = out_dir / ("-".join([dist, version, *tags]) + ".whl")
+        refused = _requires_python_refuses(src, tags[-3])
+        if refused:
+            result.skipped.append({"file": target.name, "reason": refused})
+            continue
         progress.say(f"{up.name}: writing {target.name}")
         _rewrite(src, target, dist, old_version, version, changes, pypi.map, g, base, head, up.name)
-        built.append(target)
-    return built
+        result.written.append(target)
+    return result
+
+
+def _requires_python_refuses(wheel: Path, python_tag: str) -> str | None:
+    """Why pip would refuse this wheel on the Python its tag names, or None."""
+    m = re.fullmatch(r"cp(\d)(\d+)", python_tag)
+    if not m:
+        return None  # py3 / py2.py3: no single Python to check against
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA")), None)
+        text = zf.read(meta).decode("utf-8", "replace") if meta else ""
+    spec = re.search(r"(?mi)^Requires-Python:\s*(.+?)\s*$", text.split("\n\n")[0])
+    if not spec:
+        return None
+    python = (int(m.group(1)), int(m.group(2)))
+    if _admits(spec.group(1), python):
+        return None
+    return (f"its Requires-Python {spec.group(1)!r} excludes Python {python[0]}.{python[1]}, the Python of "
+            f"its tag {python_tag}: pip would refuse it")
+
+
+_CLAUSE = re.compile(r"^(~=|==|!=|<=|>=|<|>)\s*(\d+(?:\.\d+)*)(\.\*)?$")
+
+
+def _admits(spec: str, python: tuple[int, int]) -> bool:
+    """Whether some X.Y.z release of Python X.Y satisfies every clause of a Requires-Python spec."""
+    clauses = []
+    for raw in (c.strip() for c in spec.split(",")):
+        m = _CLAUSE.match(raw)
+        if not raw:
+            continue
+        if not m:
+            raise IntegrityError(f"cannot read the Requires-Python clause {raw!r}")
+        clauses.append((m.group(1), tuple(int(x) for x in m.group(2).split(".")), bool(m.group(3))))
+    micros = {0, 999} | {v[2] + d for _, v, _ in clauses if v[:2] == python and len(v) > 2 for d in (-1, 0, 1)}
+    return any(all(_holds(op, ver, star, python + (z,)) for op, ver, star in clauses) for z in micros if z >= 0)
+
+
+def _holds(op: str, ver: tuple[int, ...], star: bool, v: tuple[int, ...]) -> bool:
+    if star or op == "~=":
+        prefix = ver if star else ver[:-1]
+        same = v[:len(prefix)] == prefix
+        if op == "~=":
+            return same and _cmp(v, ver) >= 0
+        return same if op == "==" else not same
+    c = _cmp(v, ver)
+    return {"==": c == 0, "!=": c != 0, "<": c < 0, "<=": c <= 0, ">": c > 0, ">=": c >= 0}[op]
+
+
+def _cmp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = max(len(a), len(b))
+    a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
+    return (a > b) - (a < b)
 
 
 def _rewrite(src: Path, target: Path, dist: str, old_version: str, version: str, changes: dict[str, str],
@@ -123,7 +190,7 @@ def _rewrite(src: Path, target: Path, dist: str, old_version: str, version: str,
 
 
 def _blob(g: Git, rev: str, path: str) -> bytes:
-    return run(["git", "-C", str(g.path), "show", f"{rev}:{path}"], binary=True).stdout
+    return g.show_blob(rev, path)
 
 
 def _write(zout: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, data: bytes) -> None:

@@ -1,11 +1,16 @@
-"""Work directories: one git workspace per upstream, a state file, a journal.
+"""Work directories: one git workspace per upstream, the record of what was applied, a journal.
 
-``DIR/<upstream>`` is the patched tree in the upstream's git layout: its
-first commit is the pristine base, then one commit per patch. New trees are
-built under ``DIR/.carry/staging-*`` and swapped in only when every upstream
-succeeded; the swap is journalled, so a run killed half-way through it is
-rolled forward by the next run. Until then the previous workspaces stay
-exactly as they were.
+``DIR/<upstream>`` is the patched tree in the upstream's git layout: the
+pinned base commit, then one commit per patch. ``DIR/.carry/state.json`` is
+the workspace record (``State``): per upstream its base, the series digest
+it was built from, and the commit of each applied patch. This module owns
+that record; apply writes it, export, prove, bisect and retire read it
+through these classes only.
+
+New trees are built under ``DIR/.carry/staging-*`` and swapped in only when
+every upstream succeeded; the swap is journalled, so a run killed half-way
+through it is rolled forward by the next run. Until then the previous
+workspaces stay exactly as they were.
 """
 
 from __future__ import annotations
@@ -14,15 +19,93 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from .errors import DirtyTreeError
-from .lock import DirLock
-from .report import write_json
+from . import progress
+from .errors import DirtyTreeError, UsageError
+from .files import fsync_dir, write_json
+from .lock import LOCK_TIMEOUT, DirLock
+from .manifest import PatchMeta, Series
+from .repo import command
 from .runner import Git
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+
+
+@dataclass(frozen=True)
+class PatchRecord:
+    id: str
+    file: str
+    commit: str
+
+
+@dataclass
+class UpstreamRecord:
+    base: str                 # for people: where the base came from
+    base_key: str             # identity of the base (part of the digest)
+    base_commit: str
+    digest: str               # of the base and the selected patch files
+    head: str
+    selected: list[str]       # patch ids chosen for this upstream (applied or already upstream)
+    patches: list[PatchRecord] = field(default_factory=list)  # one commit each, in order
+
+    def commit_of(self, patch_id: str) -> str | None:
+        return next((p.commit for p in self.patches if p.id == patch_id), None)
+
+
+@dataclass
+class State:
+    series: str | None = None
+    upstreams: dict[str, UpstreamRecord] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)  # applied patch ids in series order, all upstreams
+
+    def records(self) -> list[tuple[str, UpstreamRecord]]:
+        return list(self.upstreams.items())
+
+    def record(self, upstream: str) -> UpstreamRecord | None:
+        return self.upstreams.get(upstream)
+
+    def commit_of(self, patch: PatchMeta) -> str | None:
+        rec = self.upstreams.get(patch.upstream)
+        return rec.commit_of(patch.id) if rec else None
+
+    def prefix_commit(self, upstream: str, k: int) -> str:
+        """The upstream's commit once the first k applied patches of the series are in."""
+        rec = self.upstreams[upstream]
+        mine = [pid for pid in self.order[:k] if rec.commit_of(pid)]
+        return rec.commit_of(mine[-1]) if mine else rec.base_commit  # type: ignore[return-value]
+
+    def with_upstreams(self, series: Series, new: dict[str, UpstreamRecord]) -> "State":
+        """This record with some upstreams rebuilt (the others kept), ordered by the series."""
+        ups = {**self.upstreams, **new}
+        applied = {p.id for rec in ups.values() for p in rec.patches}
+        return State(series.name, ups, [p.id for p in series.patches if p.id in applied])
+
+    def mark_exported(self, upstream: str, digest: str, head: str) -> None:
+        """Export wrote the workspace's commits to the patch files: the two agree again."""
+        rec = self.upstreams[upstream]
+        rec.digest, rec.head = digest, head
+
+    # -- the file format ----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "series": self.series, "order": self.order,
+                "upstreams": {name: asdict(rec) for name, rec in self.upstreams.items()}}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "State":
+        ups = {}
+        for name, raw in doc.get("upstreams", {}).items():
+            patches = [PatchRecord(p["id"], p["file"], p["commit"]) for p in raw.get("patches", [])]
+            ups[name] = UpstreamRecord(
+                base=raw["base"], base_key=raw["base_key"], base_commit=raw["base_commit"], digest=raw["digest"],
+                head=raw["head"], selected=list(raw.get("selected", [p.id for p in patches])), patches=patches)
+        order = doc.get("order")
+        if order is None:  # version 1 kept no order: the upstreams' own, in the order they were recorded
+            order = [p.id for rec in ups.values() for p in rec.patches]
+        return cls(doc.get("series"), ups, list(order))
 
 
 class WorkDir:
@@ -30,7 +113,6 @@ class WorkDir:
         self.root = root.resolve() if root.exists() else root.absolute()
         self.meta = self.root / ".carry"
 
-    # -- files ---------------------------------------------------------------------
     @property
     def state_file(self) -> Path:
         return self.meta / "state.json"
@@ -39,50 +121,72 @@ class WorkDir:
     def journal_file(self) -> Path:
         return self.meta / "journal.json"
 
-    def lock(self, timeout: float) -> DirLock:
-        return DirLock(self.meta / "lock", timeout)
-
     def workspace(self, name: str) -> Path:
         return self.root / name
 
-    def load_state(self) -> dict[str, Any]:
+    def exists(self) -> bool:
+        return self.state_file.exists()
+
+    @contextmanager
+    def lock(self, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+        """Hold DIR's lock; a DIR made only to hold the lock is removed again afterwards."""
+        made = not self.root.exists()
         try:
-            state = json.loads(self.state_file.read_text())
+            with DirLock(self.meta / "lock", timeout, what=self.root):
+                progress.checkpoint("locked")
+                yield
+        finally:
+            if made:
+                try:
+                    self.root.rmdir()  # only when the run left nothing in it
+                except OSError:
+                    pass
+
+    # -- the record ------------------------------------------------------------------------
+    def load_state(self) -> State:
+        try:
+            text = self.state_file.read_text()
         except FileNotFoundError:
-            return {"version": STATE_VERSION, "upstreams": {}}
-        except json.JSONDecodeError:
-            raise DirtyTreeError(f"{self.state_file} is not valid JSON",
-                                 hint=f"remove {self.root} and apply again") from None
-        return state
+            return State()
+        try:
+            return State.from_dict(json.loads(text))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise DirtyTreeError(f"{self.state_file} is not a workspace record this tool can read ({exc!r})",
+                                 hint=f"`rm -rf {self.root}`, then apply the series again") from None
 
-    def save_state(self, state: dict[str, Any]) -> None:
-        write_json(self.state_file, state)
+    def save_state(self, state: State) -> None:
+        write_json(self.state_file, state.to_dict())
 
-    # -- staging and the swap ---------------------------------------------------------
+    # -- staging and the swap ---------------------------------------------------------------
     def new_staging(self) -> Path:
         self.meta.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(dir=self.meta, prefix="staging-"))
 
     def recover(self) -> list[str]:
-        """Finish a swap a killed run started; remove stale staging. Under the lock."""
+        """Finish a swap a killed run started; remove what killed runs left. Under the lock."""
         done = []
         if self.journal_file.exists():
-            journal = json.loads(self.journal_file.read_text())
-            self._swap(Path(journal["staging"]), journal["names"], journal["state"])
-            done = list(journal["names"])
+            try:
+                journal = json.loads(self.journal_file.read_text())
+                staging, names = Path(journal["staging"]), list(journal["names"])
+                state = State.from_dict(journal["state"])
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise DirtyTreeError(
+                    f"{self.journal_file} is unreadable ({exc!r}): a swap of workspaces may be half done",
+                    hint=f"`rm -rf {self.root}`, then apply the series again") from None
+            self._swap(staging, names, state)
+            done = names
         if self.meta.exists():
-            for stale in self.meta.glob("staging-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-            for stale in self.meta.glob("trash-*"):
+            for stale in [*self.meta.glob("staging-*"), *self.meta.glob("trash-*")]:
                 shutil.rmtree(stale, ignore_errors=True)
         return done
 
-    def commit(self, staging: Path, names: list[str], state: dict[str, Any]) -> None:
-        write_json(self.journal_file, {"staging": str(staging), "names": names, "state": state})
-        _fsync_dir(self.meta)
+    def commit(self, staging: Path, names: list[str], state: State) -> None:
+        write_json(self.journal_file, {"staging": str(staging), "names": names, "state": state.to_dict()})
+        progress.checkpoint("journalled")
         self._swap(staging, names, state)
 
-    def _swap(self, staging: Path, names: list[str], state: dict[str, Any]) -> None:
+    def _swap(self, staging: Path, names: list[str], state: State) -> None:
         trash = self.meta / f"trash-{staging.name}"
         trash.mkdir(parents=True, exist_ok=True)
         for name in names:
@@ -93,16 +197,18 @@ class WorkDir:
             if ws.exists() or ws.is_symlink():
                 os.rename(ws, trash / name)
             os.rename(new, ws)
+            progress.checkpoint("swapping")
         self.save_state(state)
         self.journal_file.unlink(missing_ok=True)
-        _fsync_dir(self.meta)
+        fsync_dir(self.meta)
         shutil.rmtree(trash, ignore_errors=True)
         shutil.rmtree(staging, ignore_errors=True)
 
-    # -- guarding the user's work -------------------------------------------------------
-    def check_untouched(self, name: str, recorded: dict[str, Any] | None) -> bool:
+    # -- guarding the user's work -------------------------------------------------------------
+    def check_untouched(self, name: str, recorded: UpstreamRecord | None, series: Series) -> bool:
         """True when DIR/name is ours and unchanged; False when absent; raises otherwise."""
         ws = self.workspace(name)
+        export_cmd = command("export", series, "--workdir", self.root)
         if not ws.exists():
             return False
         g = Git(ws)
@@ -110,28 +216,25 @@ class WorkDir:
             raise DirtyTreeError(f"{ws} exists but was not made by tools/apply.py",
                                  hint="move it away or choose another --workdir")
         head = g.head()
-        if head != recorded.get("head"):
+        if head != recorded.head:
             raise DirtyTreeError(
                 f"{name}: workspace {ws} has commits the series does not know "
-                f"(HEAD {str(head)[:12]}, applied {str(recorded.get('head'))[:12]})",
-                hint=f"run tools/export.py --workdir {self.root} to turn them into patch files, "
-                     f"or `git -C {ws} reset --hard {str(recorded.get('head'))[:12]}` to drop them")
+                f"(HEAD {str(head)[:12]}, applied {recorded.head[:12]})",
+                hint=f"`{export_cmd}` writes amended patch commits to the patch files (a new commit needs a "
+                     f"[[patches]] entry first); `git -C {ws} reset -q --hard {recorded.head}` drops them")
         dirty = g.status_porcelain()
         if dirty:
             shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
             raise DirtyTreeError(
                 f"{name}: workspace {ws} has uncommitted changes: {shown}",
-                hint=f"commit them (`git -C {ws} commit --amend` into the patch they belong to) and run "
-                     f"tools/export.py, or discard them with `git -C {ws} reset --hard && git -C {ws} clean -fd`")
+                hint=f"commit them into the patch they belong to (`git -C {ws} commit -a --amend --no-edit` "
+                     f"for the last one) and run `{export_cmd}`, or discard them with "
+                     f"`git -C {ws} reset -q --hard && git -C {ws} clean -fdq`")
         return True
 
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    def require(self, series: Series) -> State:
+        """The record of a work directory that must exist (export, prove, bisect)."""
+        if not self.exists():
+            raise UsageError(f"{self.root} holds no workspace made by tools/apply.py",
+                             hint=f"`{command('apply', series, '--workdir', self.root)}` first")
+        return self.load_state()

@@ -17,10 +17,9 @@ for v in $venvs; do
   log "$v"
   # The local version label carries the series digest, so a changed series is
   # always a different version: no forced reinstall needed.
-  # megatron-core says Requires-Python >=3.12; its sources run on 3.11 too.
-  # Only pip can override that without changing which wheel tag is picked.
-  core_override=""; have_uv || core_override=--ignore-requires-python
-  pip_install "$v" -q --no-deps $core_override --no-index --find-links "$GTP_WHEELHOUSE" "megatron-core==$core"
+  # megatron-core says Requires-Python >=3.12, and apply --wheels writes only the
+  # cp312/cp313 wheels pip accepts: a venv of Python < 3.12 finds none here.
+  pip_install "$v" -q --no-deps --no-index --find-links "$GTP_WHEELHOUSE" "megatron-core==$core"
   # Bridge goes where the base had it (and into venvs named explicitly).
   if [ -n "$(dist_version "$v" megatron-bridge)" ] || [ -n "${GTP_TARGET_VENVS:-}" ]; then
     # shellcheck disable=SC2046

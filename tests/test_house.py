@@ -1,0 +1,142 @@
+"""The shape of the library, checked: what issue 14's redesign promised stays true.
+
+- plumbing (clone a base, git am) lives in carry.am; carry.apply is the transaction, and a
+  module that imports it takes only apply_series and its Options, under their own names;
+- every git command goes through carry.runner (no ["git", ...] argv elsewhere);
+- one CLI: tools/*.py are shims onto carry.cli, commands live in carry.commands, library
+  modules do not import the command line; `gtp-carry` is a console script that works;
+- no module over 400 lines; the lock timeout is written once.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import ROOT, TOOLS
+
+PKG = TOOLS / "carry"
+LIBRARY = sorted(p for p in PKG.glob("*.py"))
+EVERY = sorted(PKG.rglob("*.py"))
+
+
+def _imports(path: Path) -> list[tuple[str, list[tuple[str, str | None]]]]:
+    """(module as written, [(name, asname)]) for each import in a file of the package."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            out.append(("." * node.level + (node.module or ""), [(a.name, a.asname) for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, [(a.name, a.asname)]) for a in node.names]
+    return out
+
+
+def _resolves_to(path: Path, written: str, target: str) -> bool:
+    """Whether an import written in ``path`` names carry.<target>."""
+    if not written.startswith("."):
+        return written == f"carry.{target}"
+    dots = len(written) - len(written.lstrip("."))
+    pkg = list(path.relative_to(TOOLS).parent.parts)
+    base = pkg[: len(pkg) - (dots - 1)]
+    return ".".join(base + [written.lstrip(".")]) == f"carry.{target}"
+
+
+def test_plumbing_is_in_am_and_apply_is_only_the_transaction():
+    def defined(path: Path) -> set[str]:
+        return {n.name for n in ast.parse(path.read_text()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+    for name in ("am_patches", "am_each", "clone_base", "older_bases"):
+        assert name in defined(PKG / "am.py") and name not in defined(PKG / "apply.py"), name
+    assert "apply_series" in defined(PKG / "apply.py") and "apply" not in defined(PKG / "apply.py")
+    importers = []
+    for path in EVERY:
+        for written, names in _imports(path):
+            if _resolves_to(path, written, "apply"):
+                importers.append(path.relative_to(PKG).as_posix())
+                assert {n for n, _ in names} <= {"apply_series", "Options"}, (path, names)
+                assert all(alias in (None, "ApplyOptions") for _, alias in names), (path, names)
+            parent = _resolves_to(path, written, "") or written in (".", "..")
+            assert not (parent and any(n == "apply" for n, _ in names)), f"{path} imports the module apply"
+    # The modules that run the whole transaction (and nothing else does).
+    assert sorted(set(importers)) == ["commands/apply.py", "image_context.py", "nightly.py", "retire.py",
+                                 "seriesedit.py"]
+
+
+def test_every_git_command_goes_through_the_runner():
+    offenders = []
+    for path in EVERY:
+        if path.name == "runner.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.List, ast.Tuple)) and node.elts:
+                first = node.elts[0]
+                if isinstance(first, ast.Constant) and first.value == "git":
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, offenders
+
+
+def test_tools_are_shims_and_the_library_does_not_import_the_command_line():
+    for script in TOOLS.glob("*.py"):
+        code = [line for line in script.read_text().splitlines() if line.strip() and not line.startswith("#")]
+        assert len(code) <= 8 and "from carry.cli import run" in code, script
+    for path in LIBRARY:
+        if path.name == "cli.py":
+            continue
+        for written, _ in _imports(path):
+            for cli in ("cli", "options", "commands"):
+                assert not _resolves_to(path, written, cli) or path.name == "options.py" and cli != "cli", \
+                    f"{path.name} imports carry.{cli}"
+
+
+def test_no_module_over_400_lines():
+    sizes = {p.relative_to(PKG).as_posix(): len(p.read_text().splitlines()) for p in EVERY}
+    assert max(sizes.values()) <= 400, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+
+
+def test_the_lock_timeout_is_written_once():
+    hits = [p.name for p in EVERY if re.search(r"\b600(\.0)?\b", p.read_text())]
+    assert hits == ["lock.py"], hits
+    # and every command that takes the work directory's lock lets the user set how long to wait
+    for verb in ("apply", "export", "prove"):
+        res = subprocess.run([sys.executable, str(TOOLS / f"{verb}.py"), "--help"], capture_output=True, text=True)
+        assert "--lock-timeout SECONDS" in res.stdout, verb
+
+
+def test_the_console_script_runs(tmp_path):
+    """pip installs `gtp-carry` from pyproject.toml; it runs the same commands as tools/*.py."""
+    # pip builds in the source tree (build/, *.egg-info): build a copy, not the repository.
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy2(ROOT / "pyproject.toml", src / "pyproject.toml")
+    shutil.copytree(PKG, src / "tools" / "carry", ignore=shutil.ignore_patterns("__pycache__"))
+    venv = tmp_path / "venv"
+    # The venv builds with this interpreter's setuptools (the one the test extra was installed with).
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--disable-pip-version-check", "--no-deps", "--no-build-isolation", "--no-index", str(src)],
+                   check=True, cwd=tmp_path)
+    exe = venv / "bin" / "gtp-carry"
+    res = subprocess.run([str(exe), "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0 and "apply" in res.stdout and "build-image" in res.stdout
+    res = subprocess.run([str(exe), "lint", "--series", str(ROOT / "patches" / "gtp")], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert res.returncode == 0 and "series gtp: 9 patch(es), 0 problem(s)" in res.stdout, res.stdout + res.stderr
+    res = subprocess.run([str(exe), "apply", "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert res.stdout.startswith("usage: gtp-carry apply")
+    res = subprocess.run([str(exe), "aply"], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 2 and "unknown command 'aply'" in res.stderr
+
+
+def test_exit_codes_are_stated_where_the_code_points():
+    from carry import errors
+
+    assert "README.md" in errors.__doc__ and "DESIGN.md" not in errors.__doc__
+    readme = (ROOT / "README.md").read_text()
+    assert "## Exit codes" in readme
+    section = readme.split("## Exit codes")[1].split("\n## ")[0]
+    for code in ("0", "1", "2"):
+        assert f"`{code}`" in section

@@ -1,0 +1,90 @@
+"""A proof folder with a requirements.txt runs in an environment built from it, once, then reused.
+
+As proofs/nemo_rl/ does for NeMo-RL's import dependencies; here a small package the test
+extra does not have (inflection) stands for them, so the first build stays quick. The proof
+can only pass where that package is importable: in the environment, not in this interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from fakeup import add_proofs
+from helpers import SERIES, apply_demo, read_json, tool
+
+pytestmark = pytest.mark.network
+
+NEEDS_PACKAGE = '''
+import inflection
+import megatron.core.alpha as alpha
+
+
+def test_value_5_is_patched_and_the_package_is_there():
+    assert inflection.underscore("ValueFive") == "value_five"
+    assert alpha.value_5 == "patched"
+'''
+
+
+@pytest.fixture
+def envs(demo, tmp_path):
+    assert importlib.util.find_spec("inflection") is None, "this test needs a package the test extra lacks"
+    add_proofs(demo["series"], {"needs_package": NEEDS_PACKAGE}, {"clean": "needs_package"},
+               SERIES / "proofs" / "pytest.ini")
+    (demo["series"] / "proofs" / "megatron_lm" / "requirements.txt").write_text("inflection==0.5.1\n")
+    apply_demo(demo, check=0)
+    return dict(demo, cache=tmp_path / "cache")
+
+
+def prove(d, *extra, check=0):
+    out = d["tmp"] / "prove.json"
+    res = tool("prove", "--series", d["series"], "--workdir", d["work"], "--cache", d["cache"], "--only", "clean",
+               "--json", out, *extra, env={"GTP_CARRY_VERBOSE": "1"}, check=check)
+    return res, read_json(out) if out.exists() else None
+
+
+def test_built_once_then_reused(envs):
+    res, doc = prove(envs)
+    (r,) = doc["proofs"]
+    assert (r["pristine"], r["patched"], r["ok"]) == ("fail", "pass", True), r
+    assert "building the proof environment" in res.stderr
+    (env,) = (envs["cache"] / "proof-envs").iterdir()
+    marker = env / ".carry-complete"
+    stamp = marker.stat().st_mtime_ns
+    res, doc = prove(envs)
+    assert doc["proofs"][0]["ok"] is True
+    assert "building the proof environment" not in res.stderr and marker.stat().st_mtime_ns == stamp
+    # A changed requirements file is another environment.
+    (envs["series"] / "proofs" / "megatron_lm" / "requirements.txt").write_text("inflection==0.5.0\n")
+    res, doc = prove(envs)
+    assert "building the proof environment" in res.stderr and len(list((envs["cache"] / "proof-envs").iterdir())) == 2
+
+
+def test_a_build_that_cannot_install_is_a_clear_failure(envs):
+    (envs["series"] / "proofs" / "megatron_lm" / "requirements.txt").write_text("inflection==0.0.0.999\n")
+    res, _ = prove(envs, check=1)
+    assert "could not build the proof environment" in res.stderr and "inflection" in res.stderr
+    assert not [p for p in (envs["cache"] / "proof-envs").glob("*") if not p.name.startswith(".")]
+
+
+def test_an_environment_half_built_by_a_killed_run_is_rebuilt(envs):
+    env_dir = envs["cache"] / "proof-envs"
+    res, doc = prove(envs)
+    assert doc["proofs"][0]["ok"] is True
+    # A half-made environment (no completion mark: the build was killed) is removed and built again.
+    (built,) = env_dir.iterdir()
+    (built / ".carry-complete").unlink()
+    (built / "half-done").write_text("")
+    res, doc = prove(envs)
+    assert doc["proofs"][0]["ok"] is True and "building the proof environment" in res.stderr
+    assert not (built / "half-done").exists() and (built / ".carry-complete").exists()
+
+
+def test_the_nemo_rl_folder_pins_its_environment():
+    req = (SERIES / "proofs" / "nemo_rl" / "requirements.txt").read_text()
+    pins = [line for line in req.splitlines() if line and not line.startswith("#")]
+    assert pins and all("==" in line for line in pins), pins
+    transformers = next(line for line in pins if line.startswith("transformers=="))
+    major, minor = map(int, transformers.split("==")[1].split(".")[:2])
+    assert (5, 5) <= (major, minor) < (5, 9), "NeMo-RL at the pin needs transformers >=5.5,<5.9"

@@ -1,0 +1,118 @@
+"""The README, followed as written, in a fresh clone of this repository.
+
+Every command the README shows (its code blocks and the commands of its table) runs here in
+order, from a clone of the working tree, with the real pins. What a person would type for a
+placeholder is filled in: NEW_VERSION is the current pin (as the README suggests), COMMIT the
+patch commit `git log` shows, $EDITOR an edit of that file. Skipped, with the reason said:
+the setup command (CI's .ci/run runs it; here it would reinstall the package under test), the
+test command (this is it), the image build (tests/test_images.py builds it on a Docker
+engine) and the NeMo-RL commands unless GTP_CARRY_TEST_NEMO_RL names a NeMo-RL checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from helpers import ROOT, git
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+NOT_RUN = {
+    "python3 -m pip install -e": "CI's .ci/run runs the setup; here it would reinstall the package under test",
+    "python3 -m pytest -q": "this is that run",
+    "python3 tools/build_image.py": "needs a Docker engine; tests/test_images.py builds the image",
+}
+
+
+def _blocks(text: str) -> list[str]:
+    return re.findall(r"(?ms)^```\n(.*?)^```\n", text)
+
+
+def _table_commands(text: str) -> list[str]:
+    return re.findall(r"(?m)^\| `(python3 tools/[^`]+)` \|", text)
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory, pin_cache):
+    """The working tree as a fresh clone would have it (tracked and new files, no caches)."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    dest = tmp_path_factory.mktemp("fresh") / "gtp-carry"
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    git(dest, "init", "-q")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "a fresh clone")
+    return dest
+
+
+def _run(clone, script: str, env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=clone, env=env, capture_output=True,
+                          text=True, timeout=3000)
+    assert proc.returncode == 0, f"README block failed ({proc.returncode}):\n{script}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def test_the_readme_as_written(clone, pin_cache, tmp_path):
+    text = (clone / "README.md").read_text()
+    nemo_rl = os.environ.get("GTP_CARRY_TEST_NEMO_RL")
+    env = {**os.environ, "GTP_CARRY_CACHE": str(pin_cache),
+           # a person's git identity (HOME is isolated here, without one)
+           "GIT_AUTHOR_NAME": "A Person", "GIT_AUTHOR_EMAIL": "person@example.invalid",
+           "GIT_COMMITTER_NAME": "A Person", "GIT_COMMITTER_EMAIL": "person@example.invalid"}
+    blocks = _blocks(text)
+    table = _table_commands(text)
+    assert len(blocks) >= 6 and len(table) >= 6
+    ran, skipped = [], []
+    for block in blocks:
+        reason = next((why for start, why in NOT_RUN.items() if block.startswith(start)), None)
+        if "PATH/TO/NeMo-RL" in block or "--only nemo-rl" in block:
+            if not nemo_rl:
+                reason = "no NeMo-RL checkout (GTP_CARRY_TEST_NEMO_RL is unset)"
+            block = block.replace("PATH/TO/NeMo-RL", nemo_rl or "")
+        if reason:
+            skipped.append((block.splitlines()[0], reason))
+            continue
+        if "$EDITOR" in block:
+            block = _edit_for(block)
+        block = block.replace("NEW_VERSION", "0.6.2")
+        # a command the table already ran (same line) is not run twice: the proofs are slow
+        block = "\n".join(line for line in block.splitlines() if line not in ran)
+        proc = _run(clone, block, env)
+        ran.append(block)
+        if "--only megatron-lm,megatron-bridge" in block and "cd work" not in block:
+            for cmd in table:  # the table's commands, right after the first apply
+                if any(cmd.startswith(start) for start in NOT_RUN):
+                    skipped.append((cmd, next(w for s, w in NOT_RUN.items() if cmd.startswith(s))))
+                    continue
+                _run(clone, cmd, env)
+                ran.append(cmd)
+        if "git diff patches/" in block:
+            assert "+# edited by the README walkthrough" in proc.stdout
+            assert "megatron-lm/0003-tied-gtp-weight-shape-guard.patch" in proc.stdout
+    print("\n".join(f"not run: {cmd!r}: {why}" for cmd, why in skipped))
+    assert {why for _, why in skipped} <= set(NOT_RUN.values()) | {"no NeMo-RL checkout (GTP_CARRY_TEST_NEMO_RL is unset)"}
+    assert any("tools/retire.py" in b and "--write" in b for b in ran)
+    assert any("carry-base" in b for b in ran)
+    # --write with the pin itself retired nothing and moved nothing
+    assert not (clone / "patches/gtp/retired").exists()
+    assert "0.6.2" in (clone / "patches/gtp/series.toml").read_text()
+
+
+def _edit_for(block: str) -> str:
+    """The editing walkthrough: an edit where $EDITOR is, the commit of the patch of that file for COMMIT."""
+    m = re.search(r"(?m)^\$EDITOR (\S+)$", block)
+    assert m, block
+    path = m.group(1)
+    edit = f"printf '# edited by the README walkthrough\\n' >> {path}"
+    find = f"COMMIT=$(git log --format=%H -1 carry-base..HEAD -- {path})"
+    block = block.replace(m.group(0), f"{edit}\n{find}")
+    return block.replace("--fixup=COMMIT", "--fixup=$COMMIT")

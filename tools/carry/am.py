@@ -1,0 +1,140 @@
+"""Plumbing: a workspace cloned from a pristine base, and patches applied to it with ``git am``.
+
+apply (the transaction), retire (evidence), rebase (moving a series) and the
+trial applies all build on these; none of them needs the others' porcelain.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .errors import PatchFormatError
+from .manifest import PatchMeta, Series
+from .patchfile import parse_file
+from .report import PatchResult
+from .runner import Git
+from .sources import Base
+
+ALREADY = "the base already has this change; see tools/retire.py"
+
+
+BASE_TAG = "carry-base"  # in every workspace: what `git rebase -i --autosquash` and `git log BASE..` need
+
+
+def clone_base(base: Base, dest: Path) -> Git:
+    """A workspace at ``dest`` whose HEAD is the base commit (tagged carry-base), with no remote
+    pointing back at the cache."""
+    g = Git.clone(base.repo, dest, branch="main")
+    g("remote", "remove", "origin")
+    g("tag", BASE_TAG, base.commit)
+    return g
+
+
+def older_bases(base: Base) -> list[Path]:
+    """The other cached bases of the same upstream: where a 3-way merge finds a patch's pre-images."""
+    return [b for b in sorted(base.repo.parent.glob("*.git")) if b != base.repo]
+
+
+def am_patches(repo: Path, series: Series, patches: list[PatchMeta],
+               older: list[Path] | None = None) -> list[PatchResult]:
+    """git am each patch (3-way fallback). Stops at the first failure, leaving no am in progress.
+
+    A 3-way merge needs the blobs a patch was written against. When the base
+    moved, those live in older cached bases of the same upstream: they are
+    fetched into the workspace the first time a patch asks for them.
+    """
+    g = Git(repo)
+    fast = _am_all_at_once(g, series, patches)
+    if fast is not None:
+        return fast
+    results: list[PatchResult] = []
+    failed = False
+    pending_bases = list(older or [])
+    for p in patches:
+        path = series.patch_path(p)
+        if failed:
+            results.append(PatchResult(p.id, p.file, "not-attempted", "an earlier patch failed"))
+            continue
+        before = g.head()
+        res = g("am", "--3way", "--keep-cr", str(path), check=False)
+        out = res.stdout + res.stderr
+        if not res.ok and pending_bases and ("fake ancestor" in out or "lacking or useless" in out):
+            g("am", "--abort", check=False)
+            for old in pending_bases:
+                g("fetch", "-q", "--no-tags", str(old), "+refs/heads/main:refs/carry/older", check=False)
+            g("update-ref", "-d", "refs/carry/older", check=False)
+            pending_bases = []
+            res = g("am", "--3way", "--keep-cr", str(path), check=False)
+            out = res.stdout + res.stderr
+        if res.ok and g.head() != before:
+            detail = "applied with a 3-way merge" if "3-way merge" in out else "applied"
+            results.append(PatchResult(p.id, p.file, "applied", detail))
+        elif "already applied" in out or "No changes" in out or res.ok:
+            if not res.ok:
+                g("am", "--skip", check=False)
+            results.append(PatchResult(p.id, p.file, "already-applied", ALREADY))
+        else:
+            conflicted = g("diff", "--name-only", "--diff-filter=U", check=False).stdout.split()
+            g("am", "--abort", check=False)
+            results.append(PatchResult(p.id, p.file, "failed", _conflict_detail(g, path, out, conflicted)))
+            failed = True
+    return results
+
+
+def am_each(repo: Path, series: Series, patches: list[PatchMeta], older: list[Path]) -> list[PatchResult]:
+    """Apply each patch on its own merits: a failure does not stop the rest (retire's evidence)."""
+    results = []
+    for p in patches:
+        results += am_patches(repo, series, [p], older)
+    return results
+
+
+def _am_all_at_once(g: Git, series: Series, patches: list[PatchMeta]) -> list[PatchResult] | None:
+    """The common case in one git process; None (and the repo as it was) if anything is unusual."""
+    if not patches:
+        return []
+    before = g.head()
+    res = g("am", "--3way", "--keep-cr", *(str(series.patch_path(p)) for p in patches), check=False)
+    chunks = re.split(r"(?m)^Applying: ", res.stdout + res.stderr)[1:]
+    if res.ok and len(chunks) == len(patches):
+        results = []
+        for p, chunk in zip(patches, chunks):
+            if "No changes" in chunk or "already applied" in chunk:
+                results.append(PatchResult(p.id, p.file, "already-applied", ALREADY))
+            else:
+                detail = "applied with a 3-way merge" if "3-way merge" in chunk else "applied"
+                results.append(PatchResult(p.id, p.file, "applied", detail))
+        made = g.rev_list(f"{before}..HEAD")
+        if len(made) == sum(r.status == "applied" for r in results):
+            return results
+    g("am", "--abort", check=False)
+    g("reset", "-q", "--hard", before or "HEAD")
+    return None
+
+
+_FAILED_AT = re.compile(r"patch failed: (?P<file>.+?):(?P<line>\d+)")
+
+
+def _conflict_detail(g: Git, patch_path: Path, am_output: str, conflicted: list[str]) -> str:
+    """Which files and hunks failed: a plain `git apply --check` names them precisely."""
+    probe = g("apply", "--check", str(patch_path), check=False)
+    spots = [(m["file"], int(m["line"])) for m in _FAILED_AT.finditer(am_output + probe.stderr)]
+    if not conflicted:
+        missing = re.findall(r"error: (.+?): does not exist in index", am_output)
+        conflicted = missing or sorted({f for f, _ in spots})
+    hunks = []
+    try:
+        parsed = parse_file(patch_path)
+    except PatchFormatError:
+        parsed = None  # apply checked the patch before; a file edited since then gets no hunk detail
+    for f, line in spots if parsed else []:
+        for fd in parsed.files:
+            if fd.path == f:
+                hunks += [h.header for h in fd.hunks if h.old_start == line]
+    text = "conflict in " + (", ".join(conflicted) if conflicted else "an unknown file")
+    if hunks:
+        text += f" at hunk {hunks[0]}"
+    elif spots:
+        text += f" near line {spots[0][1]}"
+    return text

@@ -1,0 +1,31 @@
+"""gtp-carry lint / tools/lint.py."""
+
+from __future__ import annotations
+
+import sys
+
+from .. import options
+from ..lint import lint, notes
+
+DESCRIPTION = """\
+Check the series: files exist and are listed once, metadata is complete, every patch has a
+proof (or says why not), proofs exist, requires is sound, no patch escapes its tree."""
+
+
+def main(argv: list[str], prog: str) -> int:
+    p = options.parser(prog, DESCRIPTION)
+    options.add_series(p)
+    options.add_json(p)
+    a = p.parse_args(argv)
+    series = options.load_series(a, check_requires=False)  # lint reports broken requires itself
+    probs, said = lint(series), notes(series)
+    options.write_report(a.json, {"ok": not probs, "series": series.name,
+                                  "problems": [{"where": x.where, "message": x.message} for x in probs],
+                                  "notes": [{"where": x.where, "message": x.message} for x in said]})
+    for x in probs:
+        print(f"{x}", file=sys.stderr)
+    for x in said:
+        print(f"note: {x}")
+    print(f"series {series.name}: {len(series.patches)} patch(es), {len(probs)} problem(s)"
+          + (f", {len(said)} without a proof (see the notes)" if said else ""))
+    return 1 if probs else 0

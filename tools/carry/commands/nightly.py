@@ -1,0 +1,102 @@
+"""gtp-carry nightly / tools/nightly.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import nightly_config, options
+from ..errors import ConfigError
+from ..manifest import Series, load
+from ..nightly import run_nightly, write_outputs
+from ..nightly_config import NightlyConfig
+from ..nightly_plan import Options, cells, default_run_id, plan, seed_for, timeout_for
+from ..repo import REPO_ROOT, load_series
+from ..report import table
+
+
+def _load_series(name: str, cfg: NightlyConfig) -> Series:
+    """A series the matrix names: a name in patches/, or a folder relative to the matrix."""
+    if "/" in name:
+        path = Path(name)
+        return load((path if path.is_absolute() else cfg.root / path).resolve())
+    return load_series(name)
+
+
+def print_plans(cfg: NightlyConfig, opts: Options) -> None:
+    """The command line each cell would run, without applying or running anything."""
+    for sname in opts.series or list(cfg.series):
+        series = _load_series(sname, cfg)
+        trees = {u.name: (opts.workdir / series.name / u.name).absolute() for u in series.upstreams}
+        for cell in cells(cfg, series, opts):
+            out = (opts.out / "cells" / cell.id / "artifacts").absolute()
+            if cell.spec.kind == "proof":
+                print(f"# {cell.id}\nproof {cell.proof} (carry.prove.run_proof on the patched trees, "
+                      f"then on the pristine {cell.patch.upstream})\n")
+                continue
+            p = plan(cell, trees, out, opts, timeout_for(cell, opts, cfg.timeout_s))
+            print(f"# {cell.id} ({cell.launcher})\n{p.shell()}\n")
+
+
+DESCRIPTION = """\
+Run the nightly matrix (series x image x test) and judge every cell:
+passed, failed, skipped or vacuous (passed without its markers). A failed cell
+is bisected over its series. Writes OUT/nightly.json, OUT/junit.xml,
+OUT/summary.md and OUT/cells/<cell>/run.json; appends to the history file."""
+
+
+def main(argv: list[str], prog: str) -> int:
+    p = options.parser(prog, DESCRIPTION, options.EPILOG + "; a vacuous cell counts as a failure")
+    p.add_argument("--config", type=Path, default=REPO_ROOT / "integration" / "nightly.toml",
+                   help="the matrix (default integration/nightly.toml)")
+    p.add_argument("--out", type=Path, required=True, help="where this run's results go")
+    p.add_argument("--workdir", type=Path, help="patched workspaces, one folder per series (default OUT/work)")
+    p.add_argument("--history", type=Path, help="JSON-lines history to compare with and append to "
+                                                "(default OUT/../nightly-history.jsonl)")
+    p.add_argument("--series", help="comma-separated series (default: the matrix's)")
+    p.add_argument("--images", help="comma-separated images to run on (e.g. host for CPU-only CI)")
+    p.add_argument("--tests", help="comma-separated test names")
+    p.add_argument("--launcher", choices=("docker", "slurm"), help="run container images with this launcher")
+    options.add_sources(p)
+    options.add_only(p, help="as tools/apply.py --only: patch ids and/or upstreams to apply (e.g. "
+                             "megatron-lm,megatron-bridge where NeMo-RL cannot be fetched)")
+    options.add_cache(p)
+    p.add_argument("--run-id", help="name of this run (default: UTC time); also seeds {seed}")
+    p.add_argument("--seed", type=int, help="the {seed} placeholder (default: derived from the run id)")
+    p.add_argument("--timeout", type=float, help="seconds per check, overriding the matrix")
+    p.add_argument("--no-bisect", action="store_true", help="do not bisect failed cells")
+    p.add_argument("--print-commands", action="store_true",
+                   help="print each cell's command line (docker run / srun / local) and exit")
+    a = p.parse_args(argv)
+    cfg = nightly_config.load(a.config.resolve())
+    run_id = a.run_id or default_run_id()
+    out = a.out.absolute()
+    opts = Options(out=out, workdir=(a.workdir or out / "work").absolute(), cache=options.cache(a),
+                   history=(a.history or out.parent / "nightly-history.jsonl").absolute(), run_id=run_id,
+                   seed=a.seed if a.seed is not None else seed_for(run_id),
+                   sources=options.name_paths(a.source, "--source"), only=options.comma_list(a.only),
+                   series=options.comma_list(a.series, "--series"), images=options.comma_list(a.images, "--images"),
+                   tests=options.comma_list(a.tests, "--tests"), launcher=a.launcher,
+                   bisect=not a.no_bisect, timeout=a.timeout)
+    for name in opts.images or []:
+        if name not in cfg.images:
+            raise ConfigError(f"--images names an unknown image {name!r}", hint=f"known: {', '.join(cfg.images)}")
+    for name in opts.tests or []:
+        if name not in [t.name for t in cfg.tests]:
+            raise ConfigError(f"--tests names an unknown test {name!r}",
+                              hint=f"known: {', '.join(t.name for t in cfg.tests)}")
+    if a.print_commands:
+        print_plans(cfg, opts)
+        return 0
+    runs = run_nightly(cfg, opts, _load_series)
+    if not runs:
+        raise ConfigError("the selection matched no cell", hint="check --series, --images and --tests")
+    write_outputs(runs, opts, cfg)
+    rows = [[r["series"], r["image"], r["test"], r["status"], (r.get("reason") or "")[:90]] for r in runs]
+    print(table(rows, ["series", "image", "test", "status", "reason"]))
+    for r in runs:
+        for flag in r.get("flags") or []:
+            print(f"flag: {r['cell']}: {flag}")
+        if r.get("bisect"):
+            print(f"bisect: {r['cell']}: {r['bisect']['note']}")
+    print(f"results in {out} (summary.md, junit.xml, nightly.json); history {opts.history}")
+    return 1 if any(r["status"] in ("failed", "vacuous") for r in runs) else 0

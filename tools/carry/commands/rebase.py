@@ -1,0 +1,39 @@
+"""gtp-carry rebase / tools/rebase.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .. import options, report
+from ..rebase import rebase
+
+DESCRIPTION = """\
+Re-apply one upstream's patches on a new base (3-way), export them normalised, move the pin,
+and summarise each patch: unchanged, refreshed (context only), modified, dropped (already
+upstream), conflicting. A conflict stops with git am in progress in the workspace; resolve it
+there and run again with --continue."""
+
+
+def main(argv: list[str], prog: str) -> int:
+    p = options.parser(prog, DESCRIPTION)
+    options.add_series(p)
+    p.add_argument("--onto", required=True, metavar="NAME=VERSION_OR_COMMIT",
+                   help="the upstream and its new version (PyPI) or commit (git)")
+    options.add_workdir(p, default=Path("rebase-work"), help="where the rebase workspace lives (rebase-work)")
+    p.add_argument("--continue", dest="cont", action="store_true", help="pick up a resolved workspace")
+    options.add_sources(p, help="NAME=PATH: the new base of the --onto upstream from a wheel or checkout")
+    options.add_json(p)
+    options.add_cache(p)
+    a = p.parse_args(argv)
+    series = options.load_series(a)
+    name, target = options.name_target(a.onto, "--onto")
+    series.upstream(name)
+    srcs = options.sources(a, series)
+    rep = rebase(series, name, target, options.cache(a), a.workdir.absolute(), srcs.get(name), a.cont)
+    options.write_report(a.json, rep.to_dict())
+    print(f"{name} onto {target}: {rep.new_base}")
+    print(report.table([[e.id, e.outcome, e.detail] for e in rep.patches], ["patch", "outcome", "detail"]))
+    if rep.next:
+        print(f"  next: {rep.next}", file=sys.stderr)
+    return 0 if rep.ok else 1

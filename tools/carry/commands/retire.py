@@ -1,0 +1,48 @@
+"""gtp-carry retire / tools/retire.py."""
+
+from __future__ import annotations
+
+import sys
+
+from .. import options, report
+from ..retire import retire
+
+DESCRIPTION = """\
+Decide for each patch of one upstream whether a new upstream base already has it:
+landed, needed, conflicts or unknown, with the evidence (text, behaviour = the proof on the
+pristine new base, link) and any disagreement between them. --write retires the landed
+patches to patches/<series>/retired/, moves the pin and re-applies the rest; nothing is
+written if that fails."""
+
+
+def main(argv: list[str], prog: str) -> int:
+    p = options.parser(prog, DESCRIPTION)
+    options.add_series(p)
+    p.add_argument("--against", required=True, metavar="NAME=VERSION_OR_COMMIT",
+                   help="the upstream and its new version (PyPI) or commit (git)")
+    p.add_argument("--write", action="store_true", help="retire the landed patches and move the pin")
+    p.add_argument("--accept-candidates", action="store_true",
+                   help="with --write, also retire patches landed by behaviour whose text still applies")
+    options.add_sources(p, help="NAME=PATH: the new base of the --against upstream from a wheel or checkout; "
+                                "for another upstream, where its tree for the proofs comes from")
+    options.add_workdir(p, required=False, help="applied workspaces for the other upstreams' trees (proofs)")
+    options.add_json(p)
+    options.add_cache(p)
+    options.add_timeout(p)
+    a = p.parse_args(argv)
+    series = options.load_series(a)
+    name, target = options.name_target(a.against, "--against")
+    series.upstream(name)
+    rep = retire(series, name, target, options.cache(a), a.write, a.workdir, options.sources(a, series),
+                 a.timeout, a.accept_candidates)
+    options.write_report(a.json, rep.to_dict())
+    rows = [[v.id, v.verdict + (" (candidate)" if v.candidate else ""), v.text, v.behaviour, v.link,
+             "; ".join(v.disagreements)] for v in rep.patches]
+    print(f"{name} against {target}: {rep.new_base}")
+    print(report.table(rows, ["patch", "verdict", "text", "behaviour", "link", "disagreements"]))
+    if rep.written:
+        print(f"retired: {', '.join(rep.retired) or 'none'}; pin moved to {target}")
+    if not rep.ok:
+        print("error: " + (rep.error or "failed"), file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,50 @@
+"""Files written so that a reader, or a run killed half-way, sees the old content or the new.
+
+Each write goes to a temporary file beside the target, is flushed to disk,
+then renamed over the target; the directory is flushed too, so the rename
+itself survives a crash. Reports, the workspace record, its journal and
+edited series files all go through here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_atomic(path: Path | str, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        else:
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; these files are for everyone to read
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_json(path: Path | str, doc: dict[str, Any]) -> None:
+    write_atomic(path, json.dumps(doc, indent=2) + "\n")
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

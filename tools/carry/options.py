@@ -1,0 +1,136 @@
+"""Option definitions the commands share, so that an option means the same everywhere.
+
+``--source NAME=PATH`` is where upstream NAME's tree comes from (a wheel, a
+checkout, a mirror or an unpacked tree) in every command; ``--series``,
+``--workdir``, ``--only``, ``--cache``, ``--json`` and ``--lock-timeout`` too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import repo
+from .errors import UsageError
+from .files import write_json
+from .lock import LOCK_TIMEOUT
+from .manifest import RequiresError, Series
+from .sources import default_cache
+
+EPILOG = ("exit codes: 0 success; 1 the operation failed and nothing was changed; "
+          "2 bad usage, input or configuration")
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 too; keep our one message style
+        self.print_usage(sys.stderr)
+        raise UsageError(message)
+
+
+def parser(prog: str, description: str, epilog: str = EPILOG) -> Parser:
+    return Parser(prog=prog, description=description, epilog=epilog,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_series(p: argparse.ArgumentParser, default_note: str | None = None) -> None:
+    """--series; its default is the repository's only series (or what ``default_note`` says)."""
+    only = None if default_note else repo.default_series()
+    if default_note:
+        note = f"default: {default_note}"
+    elif only:
+        note = f"default: {only}, the only series in patches/"
+    else:
+        note = "required: patches/ holds more than one series"
+    p.add_argument("--series", default=only, metavar="NAME|DIR",
+                   help=f"a series: NAME for patches/NAME/series.toml, or a folder with series.toml ({note})")
+
+
+def load_series(a: argparse.Namespace, *, check_requires: bool = True) -> Series:
+    if not a.series:
+        raise UsageError("--series is required here", hint=f"series in patches/: {', '.join(repo.series_names())}")
+    try:
+        return repo.load_series(a.series, check_requires=check_requires)
+    except RequiresError as exc:
+        exc.hint = f"{exc.hint}; `{repo.command('lint', None, '--series', a.series)}` lists every problem"
+        raise
+
+
+def add_workdir(p: argparse.ArgumentParser, *, required: bool = True, default: Path | None = None,
+                help: str = "the work directory tools/apply.py made: DIR/<upstream> per upstream") -> None:
+    p.add_argument("--workdir", required=required and default is None, default=default, type=Path, metavar="DIR",
+                   help=help)
+
+
+def add_only(p: argparse.ArgumentParser, help: str = "comma-separated patch ids and/or upstream names") -> None:
+    p.add_argument("--only", metavar="ID,UPSTREAM,...", help=help)
+
+
+def add_sources(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    p.add_argument("--source", action="append", metavar="NAME=PATH",
+                   help=help or "where upstream NAME's tree comes from: a wheel, a git checkout or mirror, "
+                                "or an unpacked tree (repeat for several upstreams)")
+
+
+def add_cache(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache", type=Path, metavar="DIR",
+                   help="download and base cache (default $GTP_CARRY_CACHE or ~/.cache/gtp-carry)")
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON to FILE")
+
+
+def add_lock_timeout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lock-timeout", type=float, default=LOCK_TIMEOUT, metavar="SECONDS",
+                   help=f"how long to wait for another run on the same work directory ({LOCK_TIMEOUT:g})")
+
+
+def add_timeout(p: argparse.ArgumentParser, default: float = 900.0) -> None:
+    p.add_argument("--timeout", type=float, default=default, metavar="SECONDS",
+                   help=f"seconds per proof run ({default:g})")
+
+
+def cache(a: argparse.Namespace) -> Path:
+    return a.cache or default_cache()
+
+
+def name_paths(values: list[str] | None, flag: str) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for v in values or []:
+        name, sep, path = v.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"{flag} expects NAME=PATH, got {v!r}",
+                             hint=f"e.g. {flag} nemo-rl=PATH/TO/NeMo-RL (NAME is an upstream of the series)")
+        if name in out:
+            raise UsageError(f"{flag} {name} given twice")
+        out[name] = Path(path)
+    return out
+
+
+def sources(a: argparse.Namespace, series: Series) -> dict[str, Path]:
+    found = name_paths(a.source, "--source")
+    for name in found:
+        series.upstream(name)  # an unknown name is a usage error, with a suggestion
+    return found
+
+
+def comma_list(value: str | None, flag: str = "--only") -> list[str] | None:
+    if value is None:
+        return None
+    items = [x.strip() for x in value.split(",") if x.strip()]
+    if not items:
+        raise UsageError(f"{flag} needs at least one name")
+    return items
+
+
+def name_target(value: str, flag: str) -> tuple[str, str]:
+    name, sep, target = value.partition("=")
+    if not sep or not name or not target:
+        raise UsageError(f"{flag} expects NAME=VERSION_OR_COMMIT, got {value!r}")
+    return name, target
+
+
+def write_report(path: Path | None, doc: dict) -> None:
+    if path is not None:
+        write_json(path, doc)

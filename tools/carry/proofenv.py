@@ -1,0 +1,68 @@
+"""The interpreter a proof runs in.
+
+Most proofs run in the interpreter that runs the command: the test extra
+holds what they import. A proof folder with a ``requirements.txt``
+(``proofs/nemo_rl/``: NeMo-RL's import dependencies, with a transformers the
+test extra cannot hold) runs in a virtual environment built from that file,
+once, and cached under ``CACHE/proof-envs/<key>``; the key covers the file's
+bytes and the interpreter, so a changed file or another Python builds a new
+one. The environment also sees this interpreter's packages
+(``--system-site-packages``: torch, pytest), and its own pins shadow them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from . import progress
+from .errors import SourceError
+from .lock import building
+from .manifest import Series
+from .runner import run
+
+COMPLETE = ".carry-complete"
+
+
+def requirements_for(series: Series, proof: str) -> Path | None:
+    req = (series.root / proof.split("::")[0]).parent / "requirements.txt"
+    return req if req.is_file() else None
+
+
+def python_for(series: Series, proof: str, cache: Path) -> str | None:
+    """The interpreter for ``proof``: None for this one, else its folder's environment (built if needed)."""
+    req = requirements_for(series, proof)
+    return None if req is None else str(ensure(req, cache))
+
+
+def ensure(req: Path, cache: Path) -> Path:
+    """The python of the environment built from ``req``; built (under a lock) when absent."""
+    base = Path(sys.executable).resolve()
+    key = hashlib.sha256(req.read_bytes() + b"\0" + str(base).encode() + b"\0" + sys.version.encode()).hexdigest()[:16]
+    dest = cache / "proof-envs" / key
+    python = dest / "bin" / "python"
+    if (dest / COMPLETE).exists():
+        return python
+    with building(dest.parent):
+        if (dest / COMPLETE).exists():
+            return python
+        if dest.exists():
+            shutil.rmtree(dest)  # a build a killed run left half done
+        t0 = time.monotonic()
+        progress.say(f"building the proof environment {dest.name} from {req.name} (once; later runs reuse it)")
+        # A venv records its own path, so it is built where it stays; COMPLETE marks it usable.
+        run([sys.executable, "-m", "venv", "--system-site-packages", str(dest)])
+        res = run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+                   "--progress-bar", "off", "-r", str(req)], check=False, env={**os.environ, "PIP_REQUIRE_VIRTUALENV": "1"})
+        if not res.ok:
+            shutil.rmtree(dest, ignore_errors=True)
+            tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+            raise SourceError(f"could not build the proof environment from {req}: {tail}",
+                              hint="check network access to the package index (pip is configured as for any "
+                                   "install), then run the command again")
+        (dest / COMPLETE).write_text(f"built from {req} in {time.monotonic() - t0:.0f}s\n")
+    return python

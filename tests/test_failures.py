@@ -229,5 +229,6 @@ def test_every_patch_has_a_proof_or_says_why(demo):
 def test_the_gtp_series_has_a_proof_or_a_why_for_every_patch():
     """Every NeMo-RL patch has a proof but the functional test, which says why it has none."""
     res = tool("lint", "--series", "gtp", check=0)
-    assert "9 patch(es), 0 problem(s), 1 without a proof" in res.stdout
+    count = (SERIES / "series.toml").read_text().count("\n[[patches]]\n")
+    assert f"{count} patch(es), 0 problem(s), 1 without a proof" in res.stdout
     assert "note: patch nrl-gtp-functional-test: no proof: the patch is itself a test" in res.stdout

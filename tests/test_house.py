@@ -124,7 +124,8 @@ def test_the_console_script_runs(tmp_path):
     assert res.returncode == 0 and "apply" in res.stdout and "build-image" in res.stdout
     res = subprocess.run([str(exe), "lint", "--series", str(ROOT / "patches" / "gtp")], capture_output=True,
                          text=True, cwd=tmp_path)
-    assert res.returncode == 0 and "series gtp: 9 patch(es), 0 problem(s)" in res.stdout, res.stdout + res.stderr
+    count = (ROOT / "patches" / "gtp" / "series.toml").read_text().count("\n[[patches]]\n")
+    assert res.returncode == 0 and f"series gtp: {count} patch(es), 0 problem(s)" in res.stdout, res.stdout + res.stderr
     res = subprocess.run([str(exe), "apply", "--help"], capture_output=True, text=True, cwd=tmp_path)
     assert res.stdout.startswith("usage: gtp-carry apply")
     res = subprocess.run([str(exe), "aply"], capture_output=True, text=True, cwd=tmp_path)

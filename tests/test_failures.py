@@ -10,7 +10,7 @@ import sys
 import time
 
 
-from helpers import TOOLS, git, read_json, tool
+from helpers import SERIES, TOOLS, git, read_json, tool
 from helpers import apply_demo as apply
 
 

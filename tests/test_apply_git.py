@@ -162,6 +162,33 @@ def test_export_round_trip_and_edit_workflow(demo):
     assert git(fresh["work"] / "megatron-lm", "diff", "HEAD", git(ws, "rev-parse", "HEAD")) == ""
 
 
+def test_a_new_patch_is_committed_then_entered_then_exported(demo):
+    """The README's way to add a patch: commit it in the workspace, add its [[patches]] entry, export."""
+    apply(demo, check=0)
+    ws = demo["work"] / "megatron-lm"
+    write(ws, "megatron/core/epsilon.py", "value = 'new'\n")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-q", "-m", "demo: a new patch")
+    sdir = demo["series"]
+    res = tool("export", "--series", sdir, "--workdir", demo["work"], check=2)
+    assert "needs a [[patches]] entry" in res.stderr  # no entry yet: nothing is written
+    assert not (sdir / "megatron-lm" / "0005-new.patch").exists()
+    toml = sdir / "series.toml"
+    toml.write_text(toml.read_text() + '\n[[patches]]\nid = "new"\nupstream = "megatron-lm"\ntitle = "a new patch"\n'
+                    'file = "megatron-lm/0005-new.patch"\nstatus = "pending"\nowner = "tests"\nwhy = "the README"\n'
+                    'retire_when = "never"\nproof = "none: a demo patch"\n')
+    tool("export", "--series", sdir, "--workdir", demo["work"], check=0)
+    assert "+value = 'new'" in (sdir / "megatron-lm" / "0005-new.patch").read_text()
+    tool("export", "--series", sdir, "--workdir", demo["work"], "--check", check=0)
+    # The workspace and the series agree: apply has nothing to do, and a fresh apply makes the same tree.
+    out = demo["tmp"] / "after-new.json"
+    apply(demo, "--json", out, check=0)
+    assert statuses(out)[0] == dict.fromkeys(["clean", "threeway", "upstreamed", "conflict", "new"], "already-applied")
+    fresh = dict(demo, work=demo["tmp"] / "fresh-new")
+    apply(fresh, check=0)
+    assert git(fresh["work"] / "megatron-lm", "diff", "HEAD", git(ws, "rev-parse", "HEAD")) == ""
+
+
 def test_into_existing_checkout(demo, tmp_path):
     target = tmp_path / "checkout"
     git(tmp_path, "clone", "-q", str(demo["up"]), str(target))

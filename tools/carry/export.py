@@ -17,7 +17,7 @@ from .lock import LOCK_TIMEOUT
 from .manifest import Series, load
 from .repo import command
 from .runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
-from .workspace import WorkDir
+from .workspace import PatchRecord, UpstreamRecord, WorkDir
 
 _FIXED_FROM = f"From: {IDENTITY_NAME} <{IDENTITY_EMAIL}>"
 _FIXED_DATE_HDR = "Date: Sat, 1 Jan 2000 00:00:00 +0000"
@@ -57,6 +57,11 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                                      hint="commit them into the patch they belong to first "
                                           f"(`git -C {ws} commit -a --amend --no-edit` for the last one)")
             commits = g.rev_list(f"{rec.base_commit}..HEAD")
+            new = _new_entries(series, name, rec, len(commits) - len(rec.patches))
+            if new:
+                # Commits made for entries added to series.toml since apply: they become those patches.
+                state.add_new_patches(series, name, [PatchRecord(meta.id, meta.file, commit)
+                                                     for meta, commit in zip(new, commits[len(rec.patches):])])
             if len(commits) != len(rec.patches):
                 raise UsageError(
                     f"{name}: the workspace has {len(commits)} commit(s) on its base but the series applied "
@@ -91,3 +96,18 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                                     Git(wd.workspace(name)).head() or rec.head)
             wd.save_state(state)
     return result
+
+
+def _new_entries(series: Series, upstream: str, rec: UpstreamRecord, extra: int) -> list:
+    """The series entries that ``extra`` new workspace commits stand for, or [] if that is unclear.
+
+    Only when the applied patches are the upstream's first entries in series order and exactly
+    ``extra`` entries follow them: then the new commits are those entries, oldest first.
+    """
+    if extra <= 0:
+        return []
+    mine = [p for p in series.patches if p.upstream == upstream]
+    applied = [p.id for p in rec.patches]
+    if [p.id for p in mine[:len(applied)]] != applied or len(mine) - len(applied) != extra:
+        return []
+    return mine[len(applied):]

@@ -84,6 +84,14 @@ class State:
         applied = {p.id for rec in ups.values() for p in rec.patches}
         return State(series.name, ups, [p.id for p in series.patches if p.id in applied])
 
+    def add_new_patches(self, series: Series, upstream: str, new: list[PatchRecord]) -> None:
+        """Commits made in the workspace for series entries not applied yet: recorded as applied."""
+        rec = self.upstreams[upstream]
+        rec.patches.extend(new)
+        rec.selected.extend(p.id for p in new)
+        applied = {p.id for r in self.upstreams.values() for p in r.patches}
+        self.order = [p.id for p in series.patches if p.id in applied]
+
     def mark_exported(self, upstream: str, digest: str, head: str) -> None:
         """Export wrote the workspace's commits to the patch files: the two agree again."""
         rec = self.upstreams[upstream]

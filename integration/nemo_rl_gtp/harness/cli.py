@@ -95,11 +95,15 @@ def gpuhost_main(argv: list[str]) -> int:
                                                            "the config with every override, load tokenizer and data, "
                                                            "start Ray; print the commands")
     p.add_argument("--python312", help="dry-run: a Python 3.12 to build the check venv with")
+    p.add_argument("--parts-only", action="store_true",
+                   help="dry-run: check the parts, the payload and the wheels only (no venv, no Ray)")
+    p.add_argument("--ferry-root", type=Path, help="dry-run: the checkout whose .ferry/ to check (default this one)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
     a = p.parse_args(argv)
     selected = casing.select([c.strip() for c in a.cases.split(",") if c.strip()])
     if a.dry_run:
-        rep = dryrun.dry_run(dryrun.Options(repo=REPO, cache=_cache_default(), cases=selected, python312=a.python312))
+        rep = dryrun.dry_run(dryrun.Options(repo=REPO, cache=_cache_default(), cases=selected, python312=a.python312,
+                                            ferry_root=a.ferry_root, parts_only=a.parts_only))
         if a.json:
             write_json(a.json, rep)
         return 0 if rep["ok"] else 1

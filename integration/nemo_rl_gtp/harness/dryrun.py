@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from carry import progress
-from carry.errors import OperationError, UsageError
+from carry.errors import CarryError, OperationError, UsageError
 from carry.runner import run
 
 from . import cases as casing
@@ -63,6 +63,7 @@ class Options:
     venv: Path | None = None          # the stand-in venv (default CACHE/dryrun-venv, kept)
     ray: bool = True
     ferry_root: Path | None = None    # where .ferry/ is (default: the repo)
+    parts_only: bool = False          # stop after the parts, the payload and the wheels' RECORDs
     results: list[dict] = field(default_factory=list)
 
 
@@ -166,7 +167,11 @@ def dry_run(o: Options) -> dict:
     venv = None
     try:
         # 1-2: parts and payload
-        info = ferry.check(root, "nrl")
+        try:
+            info = ferry.check(root, "nrl")
+        except CarryError as exc:
+            _say(o, "ferry nrl", False, exc.message)
+            return _finish(o)
         big = info["over_limit"]
         _say(o, "ferry nrl", not big, f"{len(info['parts'])} part(s), "
              + ", ".join(f"{b / 1e6:.1f} MB" for b in info["part_bytes"]) + (f"; over 56 MiB: {big}" if big else ""),
@@ -180,8 +185,15 @@ def dry_run(o: Options) -> dict:
         manifest = gpuhost.unpack_payload(lay)
         _say(o, "payload", True, f"{manifest['payload_bytes'] / 1e6:.1f} MB, series digest "
              f"{manifest['series_digest'][:12]}, {manifest['wheels']} wheels")
-        built = [wheels.rezip(d, work / "wheelhouse") for d in sorted((lay.payload / "wheels").iterdir()) if d.is_dir()]
+        try:
+            built = [wheels.rezip(d, work / "wheelhouse") for d in sorted((lay.payload / "wheels").iterdir())
+                     if d.is_dir()]
+        except CarryError as exc:
+            _say(o, "wheels against RECORD", False, exc.message)
+            return _finish(o)
         _say(o, "wheels against RECORD", True, f"{len(built)} wheels checked and zipped again")
+        if o.parts_only:
+            return _finish(o)
 
         # 3: the stand-in of the GPU host
         lk = locking.load(Path(__file__).resolve().parents[1] / "wheels.toml")
@@ -267,6 +279,10 @@ def dry_run(o: Options) -> dict:
                            timeout=120)
         if own_work:
             shutil.rmtree(work, ignore_errors=True)
+    return _finish(o)
+
+
+def _finish(o: Options) -> dict:
     failed = [r for r in o.results if r["ok"] is False]
     print(f"[dry-run] {sum(r['ok'] is True for r in o.results)} ok, {len(failed)} failed, "
           f"{sum(r['ok'] is None for r in o.results)} not checkable here")

@@ -54,7 +54,9 @@ def make_wheel(path: Path, files: dict[str, bytes], name: str = "tinypkg", versi
     path.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w") as zf:
         for n, d in files.items():
-            zf.writestr(n, d)
+            zi = zipfile.ZipInfo(n)
+            zi.external_attr = (0o755 if n.endswith("/tool") else 0o644) << 16  # like ray's gcs_server
+            zf.writestr(zi, d)
         zf.writestr(f"{info}/RECORD", buf.getvalue())
     return path
 
@@ -117,7 +119,8 @@ def test_pip_download_with_a_wrong_pinned_hash_fails(tmp_path):
 
 def test_unpack_drops_trims_record_and_zips_again_for_pip(tmp_path):
     whl = make_wheel(tmp_path / "tinypkg-1.0-py3-none-any.whl",
-                     {"tinypkg/__init__.py": b"VALUE = 42\n", "tinypkg/jars/big.jar": b"J" * 5000})
+                     {"tinypkg/__init__.py": b"VALUE = 42\n", "tinypkg/jars/big.jar": b"J" * 5000,
+                      "tinypkg/tool": b"#!/bin/sh\necho tool\n"})
     a = locking.Artifact("tinypkg", "1.0", whl.name, hashlib.sha256(whl.read_bytes()).hexdigest(),
                          drop=("tinypkg/jars/*",))
     info = wheels.unpack(whl, a, tmp_path / "unpacked")
@@ -125,7 +128,8 @@ def test_unpack_drops_trims_record_and_zips_again_for_pip(tmp_path):
     assert info["dropped_files"] == 1 and info["dropped_bytes"] == 5000
     assert not (folder / "tinypkg" / "jars").exists()
     assert "jars" not in (folder / "tinypkg-1.0.dist-info" / "RECORD").read_text()
-    assert wheels.verify_unpacked(folder) == 3
+    assert wheels.verify_unpacked(folder) == 4
+    assert os.access(folder / "tinypkg" / "tool", os.X_OK), "executables stay executable (ray's servers)"
     again = wheels.rezip(folder, tmp_path / "house")
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
@@ -133,6 +137,7 @@ def test_unpack_drops_trims_record_and_zips_again_for_pip(tmp_path):
     out = subprocess.run([sys.executable, "-c", "import tinypkg; print(tinypkg.VALUE)"], env={**os.environ,
                          "PYTHONPATH": str(site)}, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "42"
+    assert os.access(site / "tinypkg" / "tool", os.X_OK)
     (folder / "tinypkg" / "__init__.py").write_text("VALUE = 43\n")
     with pytest.raises(IntegrityError, match="does not match its RECORD"):
         wheels.rezip(folder, tmp_path / "house2")

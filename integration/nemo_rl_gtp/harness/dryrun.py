@@ -90,11 +90,11 @@ def stand_in_venv(o: Options, lk: locking.Lock, py: str) -> Path:
     want = json.dumps({"torch": lk.host_torch, "packages": list(lk.host_packages)}, sort_keys=True)
     if stamp.exists() and stamp.read_text() == want:
         return venv
-    progress.say(f"building the GPU host stand-in venv {venv} (torch {lk.host_torch} and its CUDA wheels: "
-                 "several GB, once)")
-    if venv.exists():
-        shutil.rmtree(venv)
-    run([py, "-m", "venv", str(venv)])
+    if not (venv / "bin" / "python").exists():
+        progress.say(f"building the GPU host stand-in venv {venv} (torch {lk.host_torch} and its CUDA wheels: "
+                     "several GB, once)")
+        shutil.rmtree(venv, ignore_errors=True)
+        run([py, "-m", "venv", str(venv)])
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-input"]
     res = run([*pip, f"torch=={lk.host_torch}", *lk.host_packages], check=False, timeout=3600)
     if not res.ok:

@@ -16,6 +16,7 @@ import builtins
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import json
 import sys
 import traceback

@@ -108,6 +108,7 @@ def unpack(wheel: Path, a: Artifact | None, dest: Path) -> dict:
         record_name = _record_path(names)
         rows = list(csv.reader(io.StringIO(zf.read(record_name).decode())))
         listed = {r[0]: r[1] for r in rows if r and r[0] != record_name}
+        modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in zf.infolist()}
         for name in names:
             if name == record_name:
                 continue
@@ -123,6 +124,8 @@ def unpack(wheel: Path, a: Artifact | None, dest: Path) -> dict:
             out = target / name
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(data)
+            if modes.get(name, 0) & 0o111:
+                out.chmod(0o755)  # ray's gcs_server and raylet, console scripts: keep them runnable
             kept += 1
     keep_rows = [r for r in rows if r and r[0] not in set(dropped)]
     buf = io.StringIO()

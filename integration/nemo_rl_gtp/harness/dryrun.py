@@ -51,6 +51,7 @@ GRPO_MODULES = (
     "megatron.core.tensor_parallel.gtp_api",
     "hydra", "omegaconf", "ray", "datasets", "transformers",
 )
+SERIES_ONLY = ("nemo_rl.models.megatron.gtp",)  # added by the series: absent from pristine NeMo-RL by design
 
 
 @dataclass
@@ -220,7 +221,8 @@ def dry_run(o: Options) -> dict:
                        for c in o.cases):
                 continue
             env = _env_for(venv, front + [nrl, gpuhost.STUBS])
-            res = subprocess.run([str(venv / "bin" / "python"), str(probe), "--te-placeholder", *GRPO_MODULES],
+            mods = [m for m in GRPO_MODULES if label != "pristine-nemo-rl" or m not in SERIES_ONLY]
+            res = subprocess.run([str(venv / "bin" / "python"), str(probe), "--te-placeholder", *mods],
                                  env=env, capture_output=True, text=True, timeout=900, cwd=nrl)
             recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
             for r in recs:

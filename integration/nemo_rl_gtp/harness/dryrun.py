@@ -11,7 +11,8 @@
    HAVE_GTP) need CUDA and the GPU host's glibc: not run, and said so;
 5. the import closure of the GRPO path in that venv, for the patched trees and for each red
    case's trees (TransformerEngine cannot load here: the one Bridge module that imports it
-   unconditionally gets a placeholder, and the report says so);
+   unconditionally gets a placeholder, and the report says so), and NeMo-RL's calls into
+   megatron-core and Bridge checked against the installed signatures (probe_signatures.py);
 6. for each case, the functional script itself runs with the uv stand-in in record mode,
    which gives the exact examples/run_grpo.py command line; that command line is then
    loaded as run_grpo does it (config + every override, tokenizer, chat template,
@@ -51,6 +52,10 @@ GRPO_MODULES = (
     "megatron.core.tensor_parallel.gtp_api",
     "hydra", "omegaconf", "ray", "datasets", "transformers",
 )
+# NeMo-RL's code on the GRPO + Megatron path whose calls into megatron.* are checked.
+SIGNATURE_FILES = ("nemo_rl/models/policy/workers/megatron_policy_worker.py", "nemo_rl/models/megatron/**/*.py",
+                   "nemo_rl/models/generation/megatron/*.py", "nemo_rl/algorithms/*.py", "nemo_rl/models/policy/*.py",
+                   "nemo_rl/distributed/*.py")
 SERIES_ONLY = ("nemo_rl.models.megatron.gtp",)  # added by the series: absent from pristine NeMo-RL by design
 
 
@@ -232,6 +237,20 @@ def dry_run(o: Options) -> dict:
                          where=r.get("where"))
             if not recs:
                 _say(o, f"import [{label}]", False, res.stderr.strip()[-500:])
+
+        # 5b: calls into megatron-core / Bridge the installed versions cannot take
+        sig = Path(__file__).with_name("probe_signatures.py")
+        nrl = lay.nemo_rl_patched
+        files = sorted(p.relative_to(nrl).as_posix() for pat in SIGNATURE_FILES for p in nrl.glob(pat))
+        res = subprocess.run([str(venv / "bin" / "python"), str(sig), str(nrl), *files],
+                             env=_env_for(venv, [nrl, gpuhost.STUBS]), capture_output=True, text=True,
+                             timeout=900, cwd=nrl)
+        recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+        found = [r for r in recs if "at" in r]
+        summary = next((r for r in recs if r.get("summary")), None)
+        _say(o, "calls into megatron-core/-bridge [patched]", summary is not None and not found,
+             (f"{summary['files']} NeMo-RL files scanned" if summary else res.stderr.strip()[-300:])
+             + "".join(f"; {r['at']} {r['call']}: {r['problem']}" for r in found[:8]))
 
         # 6: the script's command line, the config, tokenizer, data, Ray
         if o.ray:

@@ -398,3 +398,21 @@ def test_gpu_host_cell_judges_recorded_runs_with_the_grpo_gates_and_markers(demo
     assert got["gate"]["status"] == "failed" and "1.1011" in got["gate"]["reason"]
     arts = out / "cells" / "demo--rec-green--grpo-megatron-generation-gtp" / "artifacts"
     assert {"run.log", "metrics.json", "console.log"} <= {p.name for p in arts.iterdir()}
+
+
+def test_case_summary_names_what_each_case_showed(tmp_path):
+    """case.json's verdict: green needs exit 0, the gate and both markers; gtp-off is judged on its metric."""
+    from harness import gpuhost
+    d = _recorded(tmp_path, "p", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003)
+    got = gpuhost.summarize(casing.CASES["patched"], d, 0)
+    assert got["observed"] == "green" and got["as_expected"] and got["gate_value"] == 1.003
+    d = _recorded(tmp_path, "m", rc=1, markers=(MARK_GTP,), err=None,
+                  extra="RuntimeError: supplied weight's shape is (512, 256), not (1024, 256)\n")
+    got = gpuhost.summarize(casing.CASES["pristine-mcore"], d, 1)
+    assert got["observed"] == "red" and got["as_expected"] and "supplied weight" in got["first_error"]
+    d = _recorded(tmp_path, "off", rc=1, markers=(), err=1.0002,
+                  extra=f"FAIL: '{MARK_GTP}' is not in run.log: training ran without GTP weight sharding\n")
+    got = gpuhost.summarize(casing.CASES["gtp-off"], d, 1)
+    assert got["observed"] == "green" and got["gate_value"] == 1.0002 and got["as_expected"]
+    d = _recorded(tmp_path, "off2", rc=1, markers=(), err=None, extra="ValueError: boom\n")
+    assert gpuhost.summarize(casing.CASES["gtp-off"], d, 1)["observed"] == "red"

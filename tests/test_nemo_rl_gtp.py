@@ -416,3 +416,13 @@ def test_case_summary_names_what_each_case_showed(tmp_path):
     assert got["observed"] == "green" and got["gate_value"] == 1.0002 and got["as_expected"]
     d = _recorded(tmp_path, "off2", rc=1, markers=(), err=None, extra="ValueError: boom\n")
     assert gpuhost.summarize(casing.CASES["gtp-off"], d, 1)["observed"] == "red"
+
+
+def test_run_on_gpu_host_without_its_parts_is_a_usage_error(tmp_path):
+    res = subprocess.run([sys.executable, str(NRL / "run-on-gpu-host"), "--parts", str(tmp_path / "none"),
+                          "--root", str(tmp_path / "root"), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "no nrl ferry unpacked" in res.stderr and "recv.sh nrl" in res.stderr
+    res = subprocess.run([sys.executable, str(NRL / "run-on-gpu-host"), "--cases", "patched,nope"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "unknown case(s): nope" in res.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 from carry import progress
@@ -112,7 +113,12 @@ def gpuhost_main(argv: list[str]) -> int:
     report: dict = {"cases": []}
     if not a.skip_setup:
         progress.say("setting up the environment (image steps, dependency wheels)")
-        report["setup"] = gpuhost.setup(lay, lay.root / "setup.log")
+        out.mkdir(parents=True, exist_ok=True)  # the setup's log and verify report come back with the results
+        try:
+            report["setup"] = gpuhost.setup(lay, out / "setup.log")
+        finally:
+            if (lay.root / "verify.json").exists():
+                shutil.copy2(lay.root / "verify.json", out / "verify.json")
     elif not lay.vpython.exists():
         raise UsageError(f"--skip-setup, but there is no environment in {lay.root}", hint="run once without it")
     trees = None

@@ -96,6 +96,9 @@ class Trees:
 # -- setup -------------------------------------------------------------------------------------
 def unpack_payload(lay: Layout) -> dict:
     src = lay.parts / "nrl"
+    if not (src / "manifest.json").exists():
+        raise UsageError(f"no nrl ferry unpacked in {lay.parts} ({src / 'manifest.json'} is missing)",
+                         hint="bash .ferry/recv.sh nrl /tmp/nrl (with each part), or pass --parts DIR")
     manifest = json.loads((src / "manifest.json").read_text())
     xz = src / "payload.tar.xz"
     done = lay.root / ".payload-ok"

@@ -406,6 +406,7 @@ def test_case_summary_names_what_each_case_showed(tmp_path):
     d = _recorded(tmp_path, "p", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003)
     got = gpuhost.summarize(casing.CASES["patched"], d, 0)
     assert got["observed"] == "green" and got["as_expected"] and got["gate_value"] == 1.003
+    assert got["token_mult_prob_error_per_step"] == {"1": 1.0001, "2": 1.003}
     d = _recorded(tmp_path, "m", rc=1, markers=(MARK_GTP,), err=None,
                   extra="RuntimeError: supplied weight's shape is (512, 256), not (1024, 256)\n")
     got = gpuhost.summarize(casing.CASES["pristine-mcore"], d, 1)

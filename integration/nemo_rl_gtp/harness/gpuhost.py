@@ -369,7 +369,11 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
         observed = "green" if gate.value is not None and gate.ok and only_markers else "red"
     else:
         observed = "green" if rc == 0 and gate.ok and all(marks.values()) else "red"
+    # Per step, for the open question (1.1011 in NeMo-RL's GTP pull request): the issue asks whether
+    # step 1's generation precedes the first refit; compare step 1 with step 2, GTP on vs off.
+    per_step = metrics.get("train/token_mult_prob_error")
     return {"observed": observed, "as_expected": observed == case.expect, "gate": GATE, "gate_value": gate.value,
+            "token_mult_prob_error_per_step": per_step if isinstance(per_step, dict) else None,
             "gate_detail": gate.detail, "markers": marks, "first_error": errors[0][:300] if errors else None,
             "last_error": errors[-1][:300] if errors else None}
 

@@ -64,10 +64,11 @@ def run_check(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, time
                     reason=o.detail if o.result != "error" else f"error: {o.detail}")
         return v, {"seconds": round(o.seconds, 1), "proof": cell.proof,
                    "log": str(out / f"{cell.patch.id}.patched.log")}
-    if cell.spec.gpus and cell.launcher == "local":
+    need = cell.spec.gpus or (cell.image.gpus if cell.launcher == "local" else 0)
+    if need and cell.launcher == "local":
         have = visible_gpus()
-        if have < cell.spec.gpus:
-            return Verdict(status="skipped", reason=f"needs {cell.spec.gpus} GPU(s), {have} visible (nvidia-smi)"), {}
+        if have < need:
+            return Verdict(status="skipped", reason=f"needs {need} GPU(s), {have} visible (nvidia-smi)"), {}
     p = plan(cell, trees, out, opts, timeout)
     log = out / "console.log"
     killer = docker_killer(p.container) if p.container else None
@@ -112,7 +113,7 @@ def depends_on_trees(cell: Cell) -> str | None:
     """Why bisecting this cell is pointless, or None when its check depends on the trees."""
     if cell.spec.kind == "proof" or cell.image.swaps_trees:
         return None
-    if any("{tree:" in a for a in cell.spec.argv) or any("{tree:" in v for _, v in cell.spec.env):
+    if any("{tree:" in a for a in cell.spec.argv + cell.image.functional) or any("{tree:" in v for _, v in cell.spec.env):
         return None
     return (f"neither the test nor image {cell.image.name!r} puts the series' trees in play "
             f"({{tree:NAME}}, pythonpath, tree_mounts): a prefix would change nothing")

@@ -47,6 +47,9 @@ class Image:
     mounts: tuple[str, ...] = ()
     pythonpath: tuple[str, ...] = ()  # upstreams whose trees go first on PYTHONPATH
     tree_mounts: tuple[TreeMount, ...] = ()
+    # How this image runs a functional test, when not through run-in-image.sh (an argv with
+    # the placeholders, {script} included): e.g. the offline GPU host's own harness.
+    functional: tuple[str, ...] = ()
 
     @property
     def swaps_trees(self) -> bool:
@@ -124,7 +127,7 @@ def load(path: Path) -> NightlyConfig:
 
 def _image(t: _Table, name: str) -> Image:
     t.check_keys(["launcher", "description", "docker", "squashfs", "workdir", "python", "gpus", "env",
-                  "mounts", "pythonpath", "tree_mounts"])
+                  "mounts", "pythonpath", "tree_mounts", "functional"])
     launcher = t.get("launcher", str, required=True)
     if launcher not in LAUNCHERS:
         raise ConfigError(f"{t.path}: [{t.where}] launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}",
@@ -141,7 +144,7 @@ def _image(t: _Table, name: str) -> Image:
     return Image(name, launcher, t.get("description", str, ""), t.get("docker", str, None),
                  t.get("squashfs", str, None), t.get("workdir", str, None), t.get("python", str, None),
                  t.get("gpus", int, 0), t.strings("env"), t.strings("mounts"), t.strings("pythonpath"),
-                 tuple(mounts))
+                 tuple(mounts), t.strings("functional"))
 
 
 def _test(t: _Table, images: dict[str, Image]) -> Spec:
@@ -187,7 +190,7 @@ def _test(t: _Table, images: dict[str, Image]) -> Spec:
 
 # -- expansion -------------------------------------------------------------------------------
 _ENV_RE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
-_PH_RE = re.compile(r"\{(?P<key>python|repo|out|seed|run_id|tree:[a-z0-9-]+)\}")
+_PH_RE = re.compile(r"\{(?P<key>python|repo|out|seed|run_id|script|tree:[a-z0-9-]+)\}")
 
 
 def expand_env(text: str, where: str, env: dict[str, str] | None = None) -> str:

@@ -124,7 +124,10 @@ def plan(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, timeout: 
             sub = cell.series.upstream(name).python_path
             front.append(values[f"tree:{name}"] if sub in (".", "") else f"{values[f'tree:{name}']}/{sub}")
         env["PYTHONPATH"] = _tidy("PYTHONPATH", ":".join(front + [env.get("PYTHONPATH", "")]))
-    if spec.kind == "functional":
+    if spec.kind == "functional" and image.functional:
+        values["script"] = spec.script or ""
+        argv = [expand(a, values, f"{where}: functional") for a in image.functional]
+    elif spec.kind == "functional":
         if not image.workdir:
             raise ConfigError(f"{where}: a functional test needs the image's workdir (the NeMo-RL checkout)")
         argv = ["bash", f"{values['repo']}/{FUNCTIONAL_WRAPPER}", spec.script or "", values["out"]]

@@ -1,0 +1,78 @@
+"""The runs on the GPU host: one functional script, five cases.
+
+Every case runs NeMo-RL's own ``tests/functional/grpo_megatron_generation_gtp.sh``
+(patch nrl 0004: megatron generation, colocated, refit over NCCL, two GPUs,
+TP1 with two weight shards, two GRPO steps) and appends only what an offline
+host needs (the local model and data) plus the case's own change. Overrides
+after the script's own win (Hydra applies them in order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCRIPT = "tests/functional/grpo_megatron_generation_gtp.sh"
+DATA_KEYS = ("problem", "expected_answer")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    shows: str
+    expect: str              # "green" or "red"
+    nemo_rl: str             # "patched" or "pristine"
+    megatron_core: str       # "patched" or "pristine"
+    overrides: tuple[str, ...] = ()
+    checkpoint: str = "none"  # "save", "resume" or "none"
+    needs: tuple[str, ...] = field(default_factory=tuple)  # cases whose output this one reads
+
+
+CASES: dict[str, Case] = {c.name: c for c in (
+    Case("patched", "the series: GTP training, a dedicated whole-weight inference model, NCCL refit; both markers, "
+         "token_mult_prob_error < 1.05; a checkpoint saved at step 2 through Megatron-Bridge",
+         "green", "patched", "patched", checkpoint="save"),
+    Case("resume", "one more step (3) resumed from the step-2 checkpoint: Bridge's load with the replica groups "
+         "of the series", "green", "patched", "patched",
+         ("grpo.max_num_steps=3",), checkpoint="resume", needs=("patched",)),
+    Case("pristine-nemo-rl", "NeMo-RL without the series: the script's GTP keys "
+         "(policy.megatron_cfg.tensor_parallel_num_weight_shards) do not exist there, so the run stops at the "
+         "override", "red", "pristine", "patched"),
+    Case("pristine-mcore", "the patched NeMo-RL on pristine megatron-core 0.19.2: GTP is on and meets the "
+         "megatron-core bugs (tied-weight shape guard, bias sizing, inference collection)",
+         "red", "patched", "pristine"),
+    Case("gtp-off", "control: the same run with the shard count null (GTP off); no dedicated model is needed, "
+         "so the markers are absent by design; token_mult_prob_error is reported",
+         "green", "patched", "patched",
+         ("policy.megatron_cfg.tensor_parallel_num_weight_shards=null",)),
+)}
+
+
+def offline_overrides(model: str, data: str) -> list[str]:
+    """What every case adds to the script's overrides: the local model and data (new keys need ++)."""
+    return [
+        f"policy.model_name={model}",
+        "data.train.dataset_name=ResponseDataset",
+        f"++data.train.data_path={data}",
+        f"++data.train.input_key={DATA_KEYS[0]}",
+        f"++data.train.output_key={DATA_KEYS[1]}",
+    ]
+
+
+def checkpoint_overrides(case: Case, checkpoint_dir: str) -> list[str]:
+    if case.checkpoint == "none":
+        return []
+    # Saved at step 2 (the script's last step); resume finds it in the same folder.
+    return ["checkpointing.enabled=true", f"checkpointing.checkpoint_dir={checkpoint_dir}",
+            "checkpointing.save_period=2"]
+
+
+def script_args(case: Case, model: str, data: str, checkpoint_dir: str) -> list[str]:
+    return offline_overrides(model, data) + checkpoint_overrides(case, checkpoint_dir) + list(case.overrides)
+
+
+def select(names: list[str]) -> list[Case]:
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        from carry.errors import UsageError
+        raise UsageError(f"unknown case(s): {', '.join(unknown)}", hint=f"known: {', '.join(CASES)}")
+    return [CASES[n] for n in names]

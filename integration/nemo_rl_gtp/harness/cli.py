@@ -1,0 +1,159 @@
+"""The two command lines: ``stage`` (here) and ``run-on-gpu-host`` (there, or --dry-run here)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from carry import progress
+from carry.options import EPILOG, Parser, name_paths
+from carry.repo import load_series
+from carry.errors import CarryError, UsageError
+from carry.files import write_json
+from carry.sources import default_cache
+
+from . import cases as casing
+
+HERE = Path(__file__).resolve().parents[1]
+REPO = HERE.parents[1]
+
+
+def guarded(entry, argv: list[str] | None = None) -> int:
+    """Run a command, turning the library's typed errors into its message and exit code."""
+    import sys
+
+    try:
+        return entry(sys.argv[1:] if argv is None else argv)
+    except CarryError as exc:
+        print(exc.render(), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _cache_default() -> Path:
+    return default_cache() / "nemo_rl_gtp"
+
+
+def stage_main(argv: list[str]) -> int:
+    from . import stage as staging
+
+    p = Parser(prog="integration/nemo_rl_gtp/stage", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+               description="Prepare NeMo-RL's GRPO + GTP run for an offline GPU host, on a machine that reaches the\n"
+                           "package index: fetch and hash-check every wheel in wheels.toml, build the tiny Qwen2,\n"
+                           "its tokenizer and the arithmetic data (fixed seed), apply the series (the patched\n"
+                           "megatron wheels of images/gtp-te219, the pinned pristine sources), and pack it all as\n"
+                           "the 'nrl' ferry under .ferry/ (parts of <= 56 MiB). TransformerEngine is the separate\n"
+                           "'te' ferry (shared/gpu/stage-te.sh). Prints the device calls to make.")
+    p.add_argument("--series", default="gtp", help="series name or folder (default gtp)")
+    p.add_argument("--source", action="append", metavar="NAME=PATH",
+                   help="as tools/apply.py --source (e.g. nemo-rl=CHECKOUT with the pinned commit)")
+    p.add_argument("--cache", type=Path, help="downloads, bases and the staging folder "
+                                               "(default $GTP_CARRY_CACHE/nemo_rl_gtp or ~/.cache/gtp-carry/nemo_rl_gtp)")
+    p.add_argument("--workdir", type=Path, help="apply workspaces (default CACHE/work)")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the model, tokenizer and data (default 1234)")
+    p.add_argument("--no-pack", action="store_true", help="stop after the staging folder; write no parts")
+    p.add_argument("--relock", action="store_true",
+                   help="re-download the pins of wheels.toml and rewrite their file names and sha256; then stop")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
+    a = p.parse_args(argv)
+    cache = (a.cache or _cache_default()).absolute()
+    if a.relock:
+        changed = staging.relock(staging.LOCK, cache)
+        print("\n".join(changed) if changed else "wheels.toml: every pin already matches the index")
+        return 0
+    series = load_series(a.series)
+    opts = staging.Options(out=cache / "stage", cache=cache, workdir=(a.workdir or cache / "work").absolute(),
+                           series=series, sources=name_paths(a.source, "--source"), seed=a.seed, pack=not a.no_pack)
+    res = staging.stage(opts)
+    if a.json:
+        write_json(a.json, res)
+    doc = res["stage"]
+    print(f"staged in {res['payload']} ({res['seconds']:.0f}s): {len(doc['wheels'])} wheels, series "
+          f"{doc['series']} digest {doc['series_trees']['series_digest'][:12]}, seed {doc['fixtures']['seed']}")
+    if res.get("parts"):
+        print(f"ferry nrl: payload {res['payload_mb']} MB in {len(res['parts'])} part(s): "
+              + ", ".join(f"{Path(p).name} {mb} MB" for p, mb in zip(res["parts"], res["part_mb"])))
+        for part in res["parts"]:
+            rel = Path(part).relative_to(REPO)
+            print(f'  call: carry [".ferry/recv.sh", ".ferry/nrl.sha256", "{rel}"]  command: bash .ferry/recv.sh nrl /tmp/nrl')
+        print("then: the last call runs integration/nemo_rl_gtp/run-on-gpu-host (integration/README.md)")
+    return 0
+
+
+def gpuhost_main(argv: list[str]) -> int:
+    from . import dryrun, gpuhost
+
+    p = Parser(prog="integration/nemo_rl_gtp/run-on-gpu-host", epilog=EPILOG,
+               formatter_class=argparse.RawDescriptionHelpFormatter,
+               description="On the offline GPU host, as root: build the environment with images/gtp-te219's steps from\n"
+                           "the 'nrl' and 'te' ferries, then run NeMo-RL's GRPO functional test\n"
+                           "(tests/functional/grpo_megatron_generation_gtp.sh) for each case: ray start, the run,\n"
+                           "ray stop (always). Each case leaves run.log, metrics.json, exit_status, case.json and\n"
+                           "case.log in OUT (OUT/<case>/ when several run). --dry-run does everything that can be\n"
+                           "done on this CPU machine instead and prints the commands.\n\ncases:\n"
+                           + "\n".join(f"  {c.name:17s} expected {c.expect}: {c.shows}" for c in casing.CASES.values()))
+    p.add_argument("--cases", default="patched", help="comma-separated cases (default patched)")
+    p.add_argument("--out", type=Path, help="where the results go (default ROOT/out)")
+    p.add_argument("--parts", type=Path, default=Path("/tmp/nrl"), help="where recv.sh unpacked the nrl ferry")
+    p.add_argument("--te", type=Path, default=Path("/tmp/te/te"), help="the unpacked te ferry's te/ folder")
+    p.add_argument("--root", type=Path, default=Path("/tmp/nrl-run"), help="run root: the environment and scratch")
+    p.add_argument("--timeout", type=float, default=480.0, help="seconds per case before it is killed (default 480)")
+    p.add_argument("--gpus", type=int, default=2, help="GPUs given to ray start (default 2)")
+    p.add_argument("--skip-setup", action="store_true", help="use the environment an earlier call built")
+    p.add_argument("--nemo-rl-tree", type=Path, help="run on this NeMo-RL tree instead (the nightly's)")
+    p.add_argument("--front", action="append", type=Path, default=[], metavar="DIR",
+                   help="put DIR first on PYTHONPATH (the nightly's megatron trees); repeatable")
+    p.add_argument("--dry-run", action="store_true", help="here, on the CPU: check the parts and the imports, parse "
+                                                           "the config with every override, load tokenizer and data, "
+                                                           "start Ray; print the commands")
+    p.add_argument("--python312", help="dry-run: a Python 3.12 to build the check venv with")
+    p.add_argument("--parts-only", action="store_true",
+                   help="dry-run: check the parts, the payload and the wheels only (no venv, no Ray)")
+    p.add_argument("--ferry-root", type=Path, help="dry-run: the checkout whose .ferry/ to check (default this one)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
+    a = p.parse_args(argv)
+    selected = casing.select([c.strip() for c in a.cases.split(",") if c.strip()])
+    if a.dry_run:
+        rep = dryrun.dry_run(dryrun.Options(repo=REPO, cache=_cache_default(), cases=selected, python312=a.python312,
+                                            ferry_root=a.ferry_root, parts_only=a.parts_only))
+        if a.json:
+            write_json(a.json, rep)
+        return 0 if rep["ok"] else 1
+    lay = gpuhost.Layout(parts=a.parts, root=a.root, te=a.te)
+    out = (a.out or a.root / "out").absolute()
+    report: dict = {"cases": []}
+    if not a.skip_setup:
+        progress.say("setting up the environment (image steps, dependency wheels)")
+        out.mkdir(parents=True, exist_ok=True)  # the setup's log and verify report come back with the results
+        try:
+            report["setup"] = gpuhost.setup(lay, out / "setup.log")
+        finally:
+            if (lay.root / "verify.json").exists():
+                shutil.copy2(lay.root / "verify.json", out / "verify.json")
+    elif not lay.vpython.exists():
+        raise UsageError(f"--skip-setup, but there is no environment in {lay.root}", hint="run once without it")
+    trees = None
+    if a.nemo_rl_tree is not None:
+        trees = gpuhost.Trees(a.nemo_rl_tree.absolute(), [f.absolute() for f in a.front])
+    elif a.front:
+        raise UsageError("--front goes with --nemo-rl-tree")
+    failed = []
+    for case in selected:
+        where = out if len(selected) == 1 else out / case.name
+        res = gpuhost.run_case(lay, case, where, trees=trees, timeout=a.timeout, gpus=a.gpus)
+        report["cases"].append(res)
+        print(f"[run-on-gpu-host] {case.name}: exit {res['exit_status']} in {res['seconds']:.0f}s "
+              f"(expected {case.expect}); results in {where}", flush=True)
+        if res["exit_status"] != 0:
+            failed.append(case.name)
+    if a.json:
+        write_json(a.json, report)
+    print(json.dumps({"cases": [{k: r[k] for k in ("case", "expect", "exit_status", "seconds")}
+                                for r in report["cases"]]}))
+    if failed and len(selected) == 1:
+        return int(report["cases"][0]["exit_status"] or 1)
+    return 1 if failed else 0

@@ -1,0 +1,310 @@
+"""run-on-gpu-host --dry-run: as much of the GPU host's run as a CPU machine can do, for real.
+
+1. the ferry parts: joined, hash-checked, the manifest read (as recv.sh will);
+2. the payload unpacked (as run-on-gpu-host will), every wheel checked against its RECORD
+   and zipped again;
+3. a Python 3.12 venv standing in for the GPU host: torch 2.11.0 and the host's other
+   packages (wheels.toml [dryrun]) from the index, then the staged wheels exactly as they
+   will be installed there (--no-index --no-deps);
+4. the image steps that can run without a GPU: 10 (venvs), 30 (the patched megatron wheels),
+   40 (the NeMo-RL patches onto the clone at the pin). Step 20 (TE) and 90 (verify:
+   HAVE_GTP) need CUDA and the GPU host's glibc: not run, and said so;
+5. the import closure of the GRPO path in that venv, for the patched trees and for each red
+   case's trees (TransformerEngine cannot load here: the one Bridge module that imports it
+   unconditionally gets a placeholder, and the report says so), and NeMo-RL's calls into
+   megatron-core and Bridge checked against the installed signatures (probe_signatures.py);
+6. for each case, the functional script itself runs with the uv stand-in in record mode,
+   which gives the exact examples/run_grpo.py command line; that command line is then
+   loaded as run_grpo does it (config + every override, tokenizer, chat template,
+   generation config, the dedicated-model decision), and with Ray started here
+   (``ray start --head --num-gpus=0``), NeMo-RL's init_ray, a trivial actor, the data and the
+   math environment actors are set up;
+7. the commands the GPU host will run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from carry import progress
+from carry.errors import CarryError, OperationError, UsageError
+from carry.runner import run
+
+from . import cases as casing
+from . import ferry, gpuhost, lock as locking, wheels
+
+GRPO_MODULES = (
+    "nemo_rl.algorithms.grpo",
+    "nemo_rl.models.policy.workers.megatron_policy_worker",
+    "nemo_rl.models.generation.megatron.megatron_generation",
+    "nemo_rl.models.generation.megatron.megatron_worker",
+    "nemo_rl.models.megatron.setup",
+    "nemo_rl.models.megatron.gtp",
+    "nemo_rl.environments.math_environment",
+    "nemo_rl.data.datasets.response_datasets",
+    "megatron.bridge.training.checkpointing",
+    "megatron.core.tensor_parallel.gtp_api",
+    "hydra", "omegaconf", "ray", "datasets", "transformers",
+)
+# NeMo-RL's code on the GRPO + Megatron path whose calls into megatron.* are checked.
+SIGNATURE_FILES = ("nemo_rl/models/policy/workers/megatron_policy_worker.py", "nemo_rl/models/megatron/**/*.py",
+                   "nemo_rl/models/generation/megatron/*.py", "nemo_rl/algorithms/*.py", "nemo_rl/models/policy/*.py",
+                   "nemo_rl/distributed/*.py")
+SERIES_ONLY = ("nemo_rl.models.megatron.gtp",)  # added by the series: absent from pristine NeMo-RL by design
+
+
+@dataclass
+class Options:
+    repo: Path
+    cache: Path
+    cases: list[casing.Case]
+    python312: str | None = None
+    work: Path | None = None          # scratch (default: a temp dir, removed at the end)
+    venv: Path | None = None          # the stand-in venv (default CACHE/dryrun-venv, kept)
+    ray: bool = True
+    ferry_root: Path | None = None    # where .ferry/ is (default: the repo)
+    parts_only: bool = False          # stop after the parts, the payload and the wheels' RECORDs
+    results: list[dict] = field(default_factory=list)
+
+
+def _say(o: Options, what: str, ok: bool | None, detail: str = "", **info) -> None:
+    mark = {True: "ok  ", False: "FAIL", None: "n/a "}[ok]
+    print(f"[dry-run] {mark} {what}" + (f": {detail}" if detail else ""), flush=True)
+    o.results.append({"check": what, "ok": ok, "detail": detail, **info})
+
+
+def find_python312(given: str | None) -> str:
+    for cand in ([given] if given else []) + ["python3.12"]:
+        path = shutil.which(cand) if cand and "/" not in cand else cand
+        if path and Path(path).exists():
+            v = run([path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], check=False).stdout.strip()
+            if v == "3.12":
+                return path
+    raise UsageError("the dry-run needs a Python 3.12 (the GPU host's version) to build its check venv",
+                     hint="pass --python312 PATH")
+
+
+def stand_in_venv(o: Options, lk: locking.Lock, py: str) -> Path:
+    venv = o.venv or o.cache / "dryrun-venv"
+    stamp = venv / ".carry-stand-in"
+    want = json.dumps({"torch": lk.host_torch, "packages": list(lk.host_packages)}, sort_keys=True)
+    if stamp.exists() and stamp.read_text() == want:
+        return venv
+    if not (venv / "bin" / "python").exists():
+        progress.say(f"building the GPU host stand-in venv {venv} (torch {lk.host_torch} and its CUDA wheels: "
+                     "several GB, once)")
+        shutil.rmtree(venv, ignore_errors=True)
+        run([py, "-m", "venv", str(venv)])
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-input"]
+    res = run([*pip, f"torch=={lk.host_torch}", *lk.host_packages], check=False, timeout=3600)
+    if not res.ok:
+        raise OperationError(f"could not build the stand-in venv: {res.stderr.strip()[-800:]}")
+    stamp.write_text(want)
+    return venv
+
+
+def _env_for(venv: Path, pythonpath: list[Path], extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(PATH=f"{venv / 'bin'}:{gpuhost.SHIMS}:{env.get('PATH', '')}",
+               PYTHONPATH=":".join(str(p) for p in pythonpath), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", NEMO_RL_PY_EXECUTABLES_SYSTEM="1",
+               PYTHONDONTWRITEBYTECODE="1")
+    env.update(extra or {})
+    return env
+
+
+def run_steps(lay: gpuhost.Layout, venv: Path) -> list[tuple[str, bool, str]]:
+    """Steps 10, 30, 40 of the image recipe, as run-local.sh would run them, on the stand-in venv."""
+    ctx = lay.payload / "context"
+    house = ctx / "wheelhouse"
+    env = dict(os.environ)
+    for line in (house / "image.env").read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key.strip().removeprefix("export ").strip()] = value.strip().strip("'\"")
+    env.update(GTP_WHEELHOUSE=str(house), GTP_VENVS=str(venv), GTP_TARGET_VENVS=str(venv), GTP_STAND_IN_VENVS="",
+               GTP_NEMO_RL_DIR=str(lay.nemo_rl_patched), GTP_SECRETS="/nonexistent", GTP_FLAVOR="cuda")
+    out = []
+    for step in ("10-venvs", "30-megatron", "40-nemo-rl"):
+        res = run(["bash", str(ctx / "steps" / f"{step}.sh")], env={**env, "GTP_STEP": step}, check=False, timeout=900)
+        text = (res.stdout + res.stderr).strip()
+        out.append((step, res.ok, text.splitlines()[-1] if text else ""))
+        if not res.ok:
+            break
+    return out
+
+
+def record_script(lay: gpuhost.Layout, case: casing.Case, venv: Path, work: Path,
+                  pythonpath: list[Path], src: Path) -> list[dict]:
+    """The functional script, run for real with uv recording: the command lines it would run."""
+    tree = gpuhost.copy_tree(src, work / f"nemo-rl-{case.name}", lay.nemo_rl_patched)
+    record = work / f"{case.name}.uv.jsonl"
+    record.unlink(missing_ok=True)
+    doc = lay.stage_doc()
+    args = casing.script_args(case, str(lay.payload / doc["fixtures"]["model"]),
+                              str(lay.payload / doc["fixtures"]["data"]), str(lay.checkpoints))
+    env = _env_for(venv, pythonpath + [tree, gpuhost.STUBS],
+                   {"CARRY_UV_RECORD": str(record), "GIT_CONFIG_GLOBAL": str(work / "gitconfig")})
+    subprocess.run(["bash", casing.SCRIPT, *args], cwd=tree, env=env, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=300, check=False)
+    if not record.exists():
+        return []
+    return [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+
+
+def grpo_args(recorded: list[dict]) -> list[str] | None:
+    for r in recorded:
+        if "examples/run_grpo.py" in r["argv"]:
+            return r["argv"][r["argv"].index("examples/run_grpo.py") + 1:]
+    return None
+
+
+def dry_run(o: Options) -> dict:
+    root = o.ferry_root or o.repo
+    own_work = o.work is None
+    work = o.work or Path(tempfile.mkdtemp(prefix="nrl-dry-run."))
+    ray_started = False
+    venv = None
+    try:
+        # 1-2: parts and payload
+        try:
+            info = ferry.check(root, "nrl")
+        except CarryError as exc:
+            _say(o, "ferry nrl", False, exc.message)
+            return _finish(o)
+        big = info["over_limit"]
+        _say(o, "ferry nrl", not big, f"{len(info['parts'])} part(s), "
+             + ", ".join(f"{b / 1e6:.1f} MB" for b in info["part_bytes"]) + (f"; over 56 MiB: {big}" if big else ""),
+             sha256=info["sha256"])
+        te = root / ".ferry" / "te.sha256"
+        _say(o, "ferry te", te.exists() or None, f"{te.read_text().split()[1]} part(s)" if te.exists()
+             else "not staged here (shared/gpu/stage-te.sh); needed on the GPU host")
+        ferry.receive_local(root, "nrl", work / "parts")
+        lay = gpuhost.Layout(parts=work / "parts", root=work / "root", te=work / "te")
+        lay.root.mkdir(parents=True, exist_ok=True)
+        manifest = gpuhost.unpack_payload(lay)
+        _say(o, "payload", True, f"{manifest['payload_bytes'] / 1e6:.1f} MB, series digest "
+             f"{manifest['series_digest'][:12]}, {manifest['wheels']} wheels")
+        try:
+            built = [wheels.rezip(d, work / "wheelhouse") for d in sorted((lay.payload / "wheels").iterdir())
+                     if d.is_dir()]
+        except CarryError as exc:
+            _say(o, "wheels against RECORD", False, exc.message)
+            return _finish(o)
+        _say(o, "wheels against RECORD", True, f"{len(built)} wheels checked and zipped again")
+        if o.parts_only:
+            return _finish(o)
+
+        # 3: the stand-in of the GPU host
+        lk = locking.load(Path(__file__).resolve().parents[1] / "wheels.toml")
+        venv = stand_in_venv(o, lk, find_python312(o.python312))
+        res = run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                   "--disable-pip-version-check", "--force-reinstall", *map(str, built)], check=False, timeout=900)
+        _say(o, "staged wheels install (--no-index --no-deps)", res.ok, res.stderr.strip()[-300:] if not res.ok else
+             f"{len(built)} into {venv}")
+        # 4: image steps without GPU
+        run(["git", "clone", "-q", str(lay.payload / "sources" / "nemo-rl.git"), str(lay.nemo_rl_patched)])
+        for step, ok, last in run_steps(lay, venv):
+            _say(o, f"image step {step}", ok, last)
+        _say(o, "image step 20-te", None, "not here: TransformerEngine's torch extension needs the GPU host "
+             "(built there against torch 2.11+cu130, glibc >= 2.38)")
+        _say(o, "image step 90-verify", None, "not here: it asks HAVE_GTP, which needs TE and CUDA")
+        gpuhost.prepare_pristine(lay, python=str(venv / "bin" / "python"))
+
+        # 5: the import closure, per tree set
+        probe = Path(__file__).with_name("probe_imports.py")
+        for label, front, nrl in (("patched", [], lay.nemo_rl_patched),
+                                  ("pristine-mcore", [lay.mcore_pristine], lay.nemo_rl_patched),
+                                  ("pristine-nemo-rl", [], lay.nemo_rl_pristine)):
+            if not any(c.name == label or (label == "patched" and c.nemo_rl == c.megatron_core == "patched")
+                       for c in o.cases):
+                continue
+            env = _env_for(venv, front + [nrl, gpuhost.STUBS])
+            mods = [m for m in GRPO_MODULES if label != "pristine-nemo-rl" or m not in SERIES_ONLY]
+            res = subprocess.run([str(venv / "bin" / "python"), str(probe), "--te-placeholder", *mods],
+                                 env=env, capture_output=True, text=True, timeout=900, cwd=nrl)
+            recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+            for r in recs:
+                if "module" in r:
+                    note = f" (TE placeholder in {', '.join(r['te_placeholder'])})" if r.get("te_placeholder") else ""
+                    _say(o, f"import [{label}] {r['module']}", r["ok"], (r.get("error") or "") + note,
+                         where=r.get("where"))
+            if not recs:
+                _say(o, f"import [{label}]", False, res.stderr.strip()[-500:])
+
+        # 5b: calls into megatron-core / Bridge the installed versions cannot take
+        sig = Path(__file__).with_name("probe_signatures.py")
+        nrl = lay.nemo_rl_patched
+        files = sorted(p.relative_to(nrl).as_posix() for pat in SIGNATURE_FILES for p in nrl.glob(pat))
+        res = subprocess.run([str(venv / "bin" / "python"), str(sig), str(nrl), *files],
+                             env=_env_for(venv, [nrl, gpuhost.STUBS]), capture_output=True, text=True,
+                             timeout=900, cwd=nrl)
+        recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+        found = [r for r in recs if "at" in r]
+        summary = next((r for r in recs if r.get("summary")), None)
+        _say(o, "calls into megatron-core/-bridge [patched]", summary is not None and not found,
+             (f"{summary['files']} NeMo-RL files scanned" if summary else res.stderr.strip()[-300:])
+             + "".join(f"; {r['at']} {r['call']}: {r['problem']}" for r in found[:8]))
+
+        # 6: the script's command line, the config, tokenizer, data, Ray
+        if o.ray:
+            env = _env_for(venv, [gpuhost.STUBS])
+            rs = subprocess.run(["ray", "start", "--head", "--num-gpus=0", "--num-cpus=2", "--include-dashboard=false",
+                                 "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=300)
+            ray_started = rs.returncode == 0
+            _say(o, "ray start --head (CPU)", ray_started, rs.stderr.strip()[-300:] if not ray_started else "")
+        pconf = Path(__file__).with_name("probe_config.py")
+        for case in o.cases:
+            t = gpuhost.case_trees(lay, case, None)
+            recorded = record_script(lay, case, venv, work, t.front, t.nemo_rl)
+            args = grpo_args(recorded)
+            _say(o, f"[{case.name}] functional script's command line", args is not None,
+                 f"{len(args)} run_grpo.py arguments" if args else "the script never reached run_grpo.py",
+                 commands=[" ".join(r["argv"]) for r in recorded])
+            if args is None:
+                continue
+            tree = work / f"nemo-rl-{case.name}"
+            env = _env_for(venv, t.front + [tree, gpuhost.STUBS], {"HF_DATASETS_CACHE": str(work / "hf-datasets")})
+            res = subprocess.run([str(venv / "bin" / "python"), str(pconf), "--nemo-rl", str(tree),
+                                  *(["--ray"] if ray_started else []), "--", *args],
+                                 env=env, capture_output=True, text=True, timeout=900, cwd=tree)
+            try:
+                doc = json.loads(res.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                doc = {"ok": False, "error": res.stderr.strip()[-800:], "steps": []}
+            for s in doc.get("steps", []):
+                detail = {k: v for k, v in s.items() if k != "step"}
+                _say(o, f"[{case.name}] {s['step']}", True, json.dumps(detail, default=str)[:400])
+            if not doc["ok"]:
+                expected = case.expect == "red"
+                _say(o, f"[{case.name}] run_grpo.py setup", False if not expected else None,
+                     ("expected for this red case: " if expected else "") + doc.get("error", "")
+                     + (f" (cause: {doc['cause']})" if doc.get("cause") else ""), where=doc.get("where"))
+
+        # 7: what the GPU host will run
+        print("[dry-run] on the GPU host, for each case:")
+        for case in o.cases:
+            print(f"  {case.name}: ray start --head --num-gpus=2 --include-dashboard=false; "
+                  f"(cd <nemo-rl copy> && bash {casing.SCRIPT} "
+                  + " ".join(casing.script_args(case, "<model>", "<train.jsonl>", "<checkpoints>"))
+                  + "); ray stop --force")
+    finally:
+        if ray_started and venv is not None:
+            subprocess.run(["ray", "stop", "--force"], env=_env_for(venv, [gpuhost.STUBS]), capture_output=True,
+                           timeout=120)
+        if own_work:
+            shutil.rmtree(work, ignore_errors=True)
+    return _finish(o)
+
+
+def _finish(o: Options) -> dict:
+    failed = [r for r in o.results if r["ok"] is False]
+    print(f"[dry-run] {sum(r['ok'] is True for r in o.results)} ok, {len(failed)} failed, "
+          f"{sum(r['ok'] is None for r in o.results)} not checkable here")
+    return {"ok": not failed, "results": o.results}

@@ -1,0 +1,382 @@
+"""run-on-gpu-host: the environment from the image recipe's steps, then the GRPO cases.
+
+Setup (once per warm machine, idempotent):
+  1. the payload of the ``nrl`` ferry is unpacked into the run root;
+  2. a venv with the host's torch visible (``--system-site-packages`` plus a .pth naming
+     the site that holds torch: a venv of the host's venv does not see it otherwise);
+  3. images/gtp-te219/steps/run-local.sh on that venv: step 10 (check), 20 (TE 2.20.2 from
+     the "te" ferry's wheels, the prebuilt torch extension), 30 (the patched megatron-core
+     and megatron-bridge wheels), 40 (the series' NeMo-RL patches onto a clone at the pin),
+     90 (verify: versions, RECORD hashes, HAVE_GTP True);
+  4. NeMo-RL's own dependencies: the staged wheels, each file checked against its RECORD,
+     zipped again and installed with ``--no-index --no-deps``. (The image gets these from
+     its NeMo-RL base; there is no such base here.)
+Per case: a fresh copy of the NeMo-RL tree, ``ray start``, the functional script through a
+``uv`` stand-in, ``ray stop`` always, and OUT/{run.log, metrics.json, exit_status, case.json}.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from carry import progress
+from carry.errors import IntegrityError, OperationError, UsageError
+from carry.runner import Git, run, spawn
+
+from . import cases as casing
+from . import wheels
+
+HERE = Path(__file__).resolve().parents[1]   # integration/nemo_rl_gtp
+REPO = HERE.parents[1]
+STUBS = HERE / "stubs"
+SHIMS = HERE / "shims"
+TE_SO = "transformer_engine_torch.cpython-312-x86_64-linux-gnu.so"
+# Kept set in every child (shared/gpu/README.md): NVLink multicast must stay off.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclass
+class Layout:
+    """Where everything lives on the GPU host (all under /tmp: gone when the machine goes cold)."""
+    parts: Path          # where recv.sh unpacked the ferry: PARTS/nrl/{payload.tar.xz, manifest.json}
+    root: Path           # the run root: the unpacked payload and what setup builds
+    te: Path             # the unpacked "te" ferry (its te/ folder: wheels/, the .so)
+    python: str = sys.executable
+
+    @property
+    def payload(self) -> Path:
+        return self.root / "payload"
+
+    @property
+    def venv(self) -> Path:
+        return self.root / "venv"
+
+    @property
+    def vpython(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def nemo_rl_patched(self) -> Path:
+        return self.root / "nemo-rl"
+
+    @property
+    def nemo_rl_pristine(self) -> Path:
+        return self.root / "nemo-rl-pristine"
+
+    @property
+    def mcore_pristine(self) -> Path:
+        return self.root / "pristine-site"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def stage_doc(self) -> dict:
+        return json.loads((self.payload / "stage.json").read_text())
+
+
+@dataclass
+class Trees:
+    """The trees a case runs on; None: what setup installed (patched) or prepared (pristine)."""
+    nemo_rl: Path
+    front: list[Path] = field(default_factory=list)   # first on PYTHONPATH (megatron trees)
+
+
+# -- setup -------------------------------------------------------------------------------------
+def unpack_payload(lay: Layout) -> dict:
+    src = lay.parts / "nrl"
+    if not (src / "manifest.json").exists():
+        raise UsageError(f"no nrl ferry unpacked in {lay.parts} ({src / 'manifest.json'} is missing)",
+                         hint="bash .ferry/recv.sh nrl /tmp/nrl (with each part), or pass --parts DIR")
+    manifest = json.loads((src / "manifest.json").read_text())
+    xz = src / "payload.tar.xz"
+    done = lay.root / ".payload-ok"
+    if done.exists() and done.read_text().strip() == manifest["payload_sha256"] and lay.payload.exists():
+        return manifest
+    from carry.artifacts import sha256_file
+    got = sha256_file(xz)
+    if got != manifest["payload_sha256"]:
+        raise IntegrityError(f"{xz}: sha256 {got}, the ferry's manifest says {manifest['payload_sha256']}")
+    if lay.payload.exists():
+        shutil.rmtree(lay.payload)
+    lay.payload.mkdir(parents=True)
+    progress.say(f"unpacking {xz} ({xz.stat().st_size / 1e6:.0f} MB)")
+    with lzma.open(xz) as f, tarfile.open(fileobj=f, mode="r|") as tf:
+        tf.extractall(lay.payload, filter="data")
+    done.write_text(manifest["payload_sha256"] + "\n")
+    return manifest
+
+
+def host_site() -> str:
+    """The site-packages that holds this interpreter's torch (the host's own venv)."""
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        raise OperationError(f"{sys.executable} has no torch: run-on-gpu-host needs the host's Python with torch")
+    return str(Path(spec.origin).parents[1])
+
+
+def make_venv(lay: Layout) -> None:
+    if not lay.vpython.exists():
+        run([lay.python, "-m", "venv", "--system-site-packages", str(lay.venv)])
+    purelib = run([str(lay.vpython), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    # Appended after the venv's own site, so what the venv installs wins over the host's copies.
+    Path(purelib, "zz-host-site.pth").write_text(host_site() + "\n")
+
+
+def run_steps(lay: Layout, log) -> dict:
+    ctx = lay.payload / "context"
+    te = lay.te
+    so = te / TE_SO
+    for need, what in ((te / "wheels", "the te ferry's wheels"), (so, "the prebuilt TE torch extension")):
+        if not need.exists():
+            raise UsageError(f"{need} is missing ({what})",
+                             hint="receive the te ferry first: bash .ferry/recv.sh te /tmp/te (6 calls)")
+    if not (lay.nemo_rl_patched / ".git").exists():
+        run(["git", "clone", "-q", str(lay.payload / "sources" / "nemo-rl.git"), str(lay.nemo_rl_patched)])
+    argv = ["bash", str(ctx / "steps" / "run-local.sh"), "--wheelhouse", str(ctx / "wheelhouse"),
+            "--venv", str(lay.venv), "--te-wheelhouse", str(te / "wheels"), "--te-no-deps",
+            "--te-torch-prebuilt", str(so), "--nemo-rl", str(lay.nemo_rl_patched), "--cuda-archs", "90",
+            "--json", str(lay.root / "verify.json")]
+    rc = _stream(argv, log, env=_child_env({}))
+    if rc != 0:
+        raise OperationError(f"the image steps failed (exit {rc}): see {log.name}")
+    return json.loads((lay.root / "verify.json").read_text())
+
+
+def install_deps(lay: Layout, log) -> list[str]:
+    house = lay.root / "wheelhouse-deps"
+    shutil.rmtree(house, ignore_errors=True)
+    built = [wheels.rezip(d, house) for d in sorted((lay.payload / "wheels").iterdir()) if d.is_dir()]
+    argv = [str(lay.vpython), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+            "--disable-pip-version-check", *map(str, built)]
+    rc = _stream(argv, log, env=_child_env({}))
+    if rc != 0:
+        raise OperationError(f"installing NeMo-RL's dependency wheels failed (exit {rc}): see {log.name}")
+    return [w.name for w in built]
+
+
+def prepare_pristine(lay: Layout, python: str | None = None) -> None:
+    """The red cases' trees: NeMo-RL at the pin without the series; pristine megatron-core."""
+    if not (lay.nemo_rl_pristine / ".git").exists():
+        run(["git", "clone", "-q", str(lay.payload / "sources" / "nemo-rl.git"), str(lay.nemo_rl_pristine)])
+    if not lay.mcore_pristine.exists():
+        src = lay.payload / "sources"
+        wheel = sorted(src.glob("megatron_core-*.whl"))
+        if len(wheel) != 1:
+            raise IntegrityError(f"expected one pristine megatron-core wheel in {src}, found {len(wheel)}")
+        run([python or str(lay.vpython), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+             "--disable-pip-version-check", "--target", str(lay.mcore_pristine), str(wheel[0])])
+
+
+def setup(lay: Layout, log_path: Path) -> dict:
+    lay.root.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(log_path, "a") as log:
+        manifest = unpack_payload(lay)
+        make_venv(lay)
+        verify = run_steps(lay, log)
+        deps = install_deps(lay, log)
+        prepare_pristine(lay)
+    return {"manifest": manifest, "verify_ok": verify.get("ok"), "deps": len(deps),
+            "seconds": round(time.monotonic() - t0, 1)}
+
+
+# -- one case ----------------------------------------------------------------------------------
+def _child_env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    for k, v in NO_MULTICAST.items():
+        env.setdefault(k, v)
+    env.update(extra)
+    return env
+
+
+def _stream(argv: list[str], log, env: dict[str, str], cwd: Path | None = None, timeout: float | None = None,
+            echo: bool = True) -> int:
+    """Run ARGV in its own process group; its output goes to LOG and (echo) to our stdout as it comes.
+
+    A timeout takes down the whole group (Ray, the workers), and says so in the log.
+    """
+    def put(text: str) -> None:
+        log.write(text)
+        log.flush()
+        if echo:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    put(f"$ {' '.join(argv)}\n")
+    proc = spawn(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                 errors="replace", start_new_session=True, stdin=subprocess.DEVNULL)
+    expired = threading.Event()
+
+    def kill() -> None:
+        expired.set()
+        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 20.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    timer = threading.Timer(timeout, kill) if timeout else None
+    if timer:
+        timer.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            put(line)
+        rc = proc.wait()
+    finally:
+        if timer:
+            timer.cancel()
+    if expired.is_set():
+        put(f"\n[run-on-gpu-host] killed after {timeout:g}s\n")
+        return 124
+    return rc
+
+
+def case_trees(lay: Layout, case: casing.Case, given: Trees | None) -> Trees:
+    if given is not None:   # the nightly's trees (tonight's, or a bisection prefix)
+        return given
+    nrl = lay.nemo_rl_patched if case.nemo_rl == "patched" else lay.nemo_rl_pristine
+    front = [lay.mcore_pristine] if case.megatron_core == "pristine" else []
+    return Trees(nrl, front)
+
+
+def copy_tree(src: Path, dest: Path, script_from: Path | None) -> Path:
+    """A scratch copy to run in (the script writes its logs under tests/functional/)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".git"), symlinks=True)
+    script = dest / casing.SCRIPT
+    if not script.exists() and script_from is not None:
+        # Pristine NeMo-RL has no such script (patch nrl 0004 adds it): run the series' script on it.
+        script.write_bytes((script_from / casing.SCRIPT).read_bytes())
+        script.chmod(0o755)
+    return dest
+
+
+def case_env(lay: Layout, trees: Trees, nrl: Path, out: Path, *, record: Path | None = None) -> dict[str, str]:
+    pythonpath = [str(p) for p in trees.front] + [str(nrl), str(STUBS)]
+    env = {
+        "PATH": f"{lay.venv / 'bin'}:{SHIMS}:{os.environ.get('PATH', '')}",
+        "PYTHONPATH": ":".join(pythonpath),
+        "NEMO_RL_PY_EXECUTABLES_SYSTEM": "1",      # workers run this venv's python, not uv venvs
+        "HF_HOME": str(lay.root / "hf"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(out / "hf-datasets"),
+        "NRL_MEGATRON_CHECKPOINT_DIR": str(out / "megatron-from-hf"),  # converted afresh per case
+        "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
+        # The script adds its checkout to git's safe.directory: keep that out of the host's config.
+        "GIT_CONFIG_GLOBAL": str(out / "gitconfig"),
+    }
+    if record is not None:
+        env["CARRY_UV_RECORD"] = str(record)
+    return _child_env(env)
+
+
+def ray_start(env: dict[str, str], log, gpus: int) -> int:
+    return _stream(["ray", "start", "--head", f"--num-gpus={gpus}", "--include-dashboard=false",
+                    "--disable-usage-stats"], log, env)
+
+
+def ray_stop(env: dict[str, str], log) -> int:
+    return _stream(["ray", "stop", "--force"], log, env, timeout=120)
+
+
+def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None = None, timeout: float = 540,
+             gpus: int = 2) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("run.log", "metrics.json", "exit_status", "case.json", "case.log"):
+        (out / stale).unlink(missing_ok=True)  # never judge what an earlier run left
+    t = case_trees(lay, case, trees)
+    nrl = copy_tree(t.nemo_rl, out / "nemo-rl", lay.nemo_rl_patched)
+    doc = lay.stage_doc()
+    model = lay.payload / doc["fixtures"]["model"]
+    data = lay.payload / doc["fixtures"]["data"]
+    if case.checkpoint == "save" and lay.checkpoints.exists():
+        shutil.rmtree(lay.checkpoints)
+    if case.checkpoint == "resume" and not any(lay.checkpoints.glob("step_*")):
+        raise UsageError(f"case {case.name}: no checkpoint in {lay.checkpoints}", hint="run the patched case first")
+    args = casing.script_args(case, str(model), str(data), str(lay.checkpoints))
+    env = case_env(lay, t, nrl, out)
+    console = out / "case.log"
+    t0 = time.monotonic()
+    with open(console, "w") as log:
+        log.write(f"[run-on-gpu-host] case {case.name}: {case.shows}\n[run-on-gpu-host] trees: nemo-rl "
+                  f"{t.nemo_rl}, first on PYTHONPATH: {[str(p) for p in t.front] or 'none (the venv)'}\n")
+        rc = None
+        try:
+            rc_ray = ray_start(env, log, gpus)
+            if rc_ray != 0:
+                rc = rc_ray
+                log.write(f"[run-on-gpu-host] ray start failed (exit {rc_ray})\n")
+            else:
+                rc = _stream(["bash", casing.SCRIPT, *args], log, env, cwd=nrl, timeout=timeout)
+        finally:
+            ray_stop(env, log)
+    exp_dir = nrl / Path(casing.SCRIPT).parent / Path(casing.SCRIPT).stem
+    for name in ("run.log", "metrics.json"):
+        if (exp_dir / name).exists():
+            shutil.copy2(exp_dir / name, out / name)
+    (out / "exit_status").write_text(f"{rc}\n")
+    result = {"case": case.name, "expect": case.expect, "shows": case.shows, "exit_status": rc,
+              "seconds": round(time.monotonic() - t0, 1), "args": args, "nemo_rl_tree": str(t.nemo_rl),
+              "front": [str(p) for p in t.front],
+              "checkpoints": sorted(p.name for p in lay.checkpoints.glob("step_*")) if case.checkpoint != "none" else None}
+    result.update(summarize(case, out, rc))
+    (out / "case.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+GATE = 'max(data["train/token_mult_prob_error"]) < 1.05'   # the script's and the nightly's gate
+MARKERS = ("[gtp] enabling GTP weight rematerialization", "[colocated-reshard] building dedicated inference model")
+
+
+def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
+    """What the case showed, for the lead's table (the nightly judges the patched case itself)."""
+    from carry.judge import evaluate_gate, markers_found, numeric_metrics, parse_gate
+
+    metrics = {}
+    if (out / "metrics.json").exists():
+        try:
+            metrics = numeric_metrics(json.loads((out / "metrics.json").read_text()))
+        except ValueError:
+            metrics = {}
+    gate = evaluate_gate(parse_gate(GATE), metrics)
+    log = (out / "run.log").read_text(errors="replace") if (out / "run.log").exists() else ""
+    marks = markers_found(log, MARKERS)
+    text = (out / "case.log").read_text(errors="replace") if (out / "case.log").exists() else ""
+    errors = [ln.strip() for ln in text.splitlines()
+              if ("Error" in ln or ln.startswith(("FAIL:", "BUG_HIT:"))) and "[run-on-gpu-host]" not in ln]
+    if case.name == "gtp-off":
+        # The script's marker checks fail by design without GTP; the control is the metric.
+        only_markers = rc == 0 or all(e.startswith("FAIL: '[gtp] enabling") for e in errors if e.startswith("FAIL:"))
+        observed = "green" if gate.value is not None and gate.ok and only_markers else "red"
+    else:
+        observed = "green" if rc == 0 and gate.ok and all(marks.values()) else "red"
+    # Per step, for the open question (1.1011 in NeMo-RL's GTP pull request): the issue asks whether
+    # step 1's generation precedes the first refit; compare step 1 with step 2, GTP on vs off.
+    per_step = metrics.get("train/token_mult_prob_error")
+    return {"observed": observed, "as_expected": observed == case.expect, "gate": GATE, "gate_value": gate.value,
+            "token_mult_prob_error_per_step": per_step if isinstance(per_step, dict) else None,
+            "gate_detail": gate.detail, "markers": marks, "first_error": errors[0][:300] if errors else None,
+            "last_error": errors[-1][:300] if errors else None}
+
+
+def git_head(path: Path) -> str | None:
+    return Git(path).head() if (path / ".git").exists() else None

@@ -1,0 +1,142 @@
+"""wheels.toml: every artifact the GPU host lacks, pinned by file name and sha256.
+
+Three tables:
+- ``[[wheel]]``: a wheel taken from the package index as it is, or with
+  ``drop`` globs removed (ray's Java jars: the run has no Java workers);
+- ``[[sdist]]``: a source distribution (antlr4 4.9.3 has no wheel), built
+  into a wheel by the stage;
+- ``[dryrun]``: what the GPU host already has (its image's package list and
+  the versions read there), for the CPU dry-run's stand-in of that host.
+
+The file is written by :func:`render` (``stage --relock`` refreshes the hashes),
+so it stays in one canonical form.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from carry.errors import ConfigError, IntegrityError
+from carry.manifest import _suggest
+from carry.artifacts import sha256_file
+
+
+@dataclass(frozen=True)
+class Artifact:
+    name: str
+    version: str
+    file: str
+    sha256: str
+    why: str = ""
+    drop: tuple[str, ...] = ()
+
+    @property
+    def pin(self) -> str:
+        return f"{self.name}=={self.version}"
+
+    def dropped(self, member: str) -> bool:
+        return any(fnmatch.fnmatch(member, pat) for pat in self.drop)
+
+
+@dataclass(frozen=True)
+class Lock:
+    path: Path
+    python: str
+    platforms: tuple[str, ...]
+    wheels: tuple[Artifact, ...]
+    sdists: tuple[Artifact, ...]
+    host_python: str = "3.12"
+    host_torch: str = ""
+    host_packages: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def artifacts(self) -> tuple[Artifact, ...]:
+        return self.wheels + self.sdists
+
+    def pip_requirements(self, which: tuple[Artifact, ...]) -> str:
+        """pip's hash-checking form of some pins (``--require-hashes -r FILE``)."""
+        return "".join(f"{a.pin} --hash=sha256:{a.sha256}\n" for a in which)
+
+
+def _keys(table: dict, allowed: list[str], where: str, path: Path) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"{path}: [{where}] has an unknown key {key!r}", hint=_suggest(key, allowed))
+
+
+def _artifact(raw: dict, where: str, path: Path) -> Artifact:
+    _keys(raw, ["name", "version", "file", "sha256", "why", "drop"], where, path)
+    try:
+        a = Artifact(str(raw["name"]), str(raw["version"]), str(raw["file"]), str(raw["sha256"]),
+                     str(raw.get("why", "")), tuple(raw.get("drop", ())))
+    except KeyError as exc:
+        raise ConfigError(f"{path}: [{where}] needs {exc.args[0]!r}") from None
+    if len(a.sha256) != 64 or any(c not in "0123456789abcdef" for c in a.sha256):
+        raise ConfigError(f"{path}: [{where}] {a.pin}: sha256 must be 64 lowercase hex digits",
+                          hint="run the stage with --relock to fill it in")
+    return a
+
+
+def load(path: Path) -> Lock:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"no wheel lock at {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    _keys(raw, ["target", "wheel", "sdist", "dryrun"], "<top>", path)
+    target = raw.get("target", {})
+    _keys(target, ["python", "platforms"], "target", path)
+    dry = raw.get("dryrun", {})
+    _keys(dry, ["python", "torch", "packages"], "dryrun", path)
+    wheels = tuple(_artifact(w, f"wheel {i}", path) for i, w in enumerate(raw.get("wheel", [])))
+    sdists = tuple(_artifact(s, f"sdist {i}", path) for i, s in enumerate(raw.get("sdist", [])))
+    names = [a.name.lower() for a in wheels + sdists]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"{path}: pinned more than once: {', '.join(dup)}")
+    return Lock(path, str(target.get("python", "3.12")), tuple(target.get("platforms", ())), wheels, sdists,
+                str(dry.get("python", "3.12")), str(dry.get("torch", "")), tuple(dry.get("packages", ())))
+
+
+def check_file(path: Path, a: Artifact) -> None:
+    """The file must be the pinned artifact: its name and its sha256."""
+    if path.name != a.file:
+        raise IntegrityError(f"{a.pin}: expected the file {a.file}, got {path.name}")
+    got = sha256_file(path)
+    if got != a.sha256:
+        raise IntegrityError(f"{a.pin}: {path.name} has sha256 {got}, the lock says {a.sha256}",
+                             hint="the index served other bytes than were pinned: find out why before relocking")
+
+
+def _q(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render(lock: Lock) -> str:
+    out = ["# Wheels the GPU host lacks for NeMo-RL's GRPO + Megatron path (integration/README.md).",
+           "# Written by integration/nemo_rl_gtp/stage --relock; hand edits: names, versions, why, drop.",
+           "", "[target]", f"python = {_q(lock.python)}",
+           "platforms = [" + ", ".join(_q(p) for p in lock.platforms) + "]", ""]
+    for kind, items in (("wheel", lock.wheels), ("sdist", lock.sdists)):
+        for a in items:
+            out += [f"[[{kind}]]", f"name = {_q(a.name)}", f"version = {_q(a.version)}", f"file = {_q(a.file)}",
+                    f"sha256 = {_q(a.sha256)}"]
+            if a.why:
+                out.append(f"why = {_q(a.why)}")
+            if a.drop:
+                out.append("drop = [" + ", ".join(_q(d) for d in a.drop) + "]")
+            out.append("")
+    out += ["[dryrun]", f"python = {_q(lock.host_python)}", f"torch = {_q(lock.host_torch)}", "packages = ["]
+    out += [f"  {_q(p)}," for p in lock.host_packages]
+    out += ["]", ""]
+    return "\n".join(out)
+
+
+def with_artifact(lock: Lock, new: Artifact) -> Lock:
+    """The lock with one artifact's file and hash replaced (relocking)."""
+    swap = lambda items: tuple(new if a.name == new.name else a for a in items)  # noqa: E731
+    return replace(lock, wheels=swap(lock.wheels), sdists=swap(lock.sdists))

@@ -1,0 +1,240 @@
+"""stage: everything the GPU host needs for the NeMo-RL GRPO run, as ferry parts.
+
+Layout of the payload (``payload.tar.xz`` inside the ``nrl`` ferry):
+
+  wheels/<file>.whl/     the lock's dependency wheels, hash-checked, unpacked (wheels.py)
+  context/               the gtp-te219 build context: steps/, wheelhouse/ with the patched
+                         megatron-core (cp312) and megatron-bridge wheels, series.json, image.env
+                         and the NeMo-RL patches (tools/build_image.py --context-only, in process)
+  sources/               the pinned pristine artifacts: the megatron-core and megatron-bridge
+                         wheels of series.toml, and nemo-rl.git (a shallow bare clone at the pin)
+  fixtures/model/        the tiny Qwen2 (weights, config, tokenizer, chat template)
+  fixtures/data/train.jsonl
+  stage.json             what is inside and where it came from
+
+TransformerEngine travels separately (shared/gpu/stage-te.sh, the "te" ferry).
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from carry import progress
+from carry.errors import SourceError, UsageError
+from carry.manifest import Series
+from carry.runner import Git, run
+from carry.artifacts import fetch_artifact, sha256_file
+from carry.sources import mirror_path
+
+from . import ferry, fixtures, lock as locking, wheels
+
+HERE = Path(__file__).resolve().parents[1]           # integration/nemo_rl_gtp
+REPO = HERE.parents[1]
+LOCK = HERE / "wheels.toml"
+FERRY_NAME = "nrl"
+IMAGE = "gtp-te219"
+HOST_TAG = "cp312"  # the GPU host's Python; the other megatron-core wheels stay here
+
+
+@dataclass
+class Options:
+    out: Path                      # the staging folder (payload before packing)
+    cache: Path                    # downloads (wheels) and apply's bases
+    workdir: Path                  # apply workspaces
+    series: Series
+    sources: dict[str, Path] = field(default_factory=dict)
+    seed: int = 1234
+    pack: bool = True
+    ferry_root: Path = REPO
+    lock_path: Path = LOCK
+
+
+def _dir_files(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def stage_wheels(lk: locking.Lock, cache: Path, dest: Path) -> list[dict]:
+    got = wheels.fetch(lk, cache / "wheels")
+    built_dir = cache / "built"
+    out = []
+    for a in lk.wheels:
+        info = wheels.unpack(got[a.name], a, dest)
+        out.append({"name": a.name, "version": a.version, "sha256": a.sha256, "source": "index", **info})
+    for a in lk.sdists:
+        whl = wheels.build_sdist(got[a.name], a, built_dir)
+        info = wheels.unpack(whl, None, dest)
+        out.append({"name": a.name, "version": a.version, "sha256": a.sha256, "source": "built from the sdist",
+                    "built_sha256": sha256_file(whl), **info})
+    return out
+
+
+def stage_series(o: Options, dest: Path) -> dict:
+    """Apply the whole series (it must apply), then the image context with the patched wheels."""
+    from carry import apply as applying
+    from carry.image_config import load_image
+    from carry.image_context import make_context
+
+    progress.say(f"applying series {o.series.name}")
+    rep = applying.apply_series(o.series, applying.Options(workdir=o.workdir, cache=o.cache, sources=dict(o.sources)))
+    if not rep.ok:
+        raise SourceError(f"series {o.series.name} does not apply: {rep.error}")
+    heads = {u.name: {"base": u.base, "base_commit": u.base_commit, "head": u.head} for u in rep.upstreams}
+    cfg = load_image(REPO, IMAGE)
+    flavor = cfg.flavor("cuda")
+    progress.say("writing the gtp-te219 context (patched wheels)")
+    ctx = make_context(cfg, flavor, o.series, dest / "context", base=flavor.base, te_version=cfg.te_version,
+                              workdir=o.workdir / "image", cache=o.cache)
+    house = dest / "context" / "wheelhouse"
+    for w in house.glob("megatron_core-*.whl"):
+        if f"-{HOST_TAG}-" not in w.name:
+            w.unlink()
+    (dest / "context" / "Dockerfile").unlink(missing_ok=True)  # no Docker there; the steps are the recipe
+    return {"digest": rep.digest, "series_digest": ctx.series_doc["digest"], "upstreams": heads,
+            "context_wheels": sorted(w.name for w in house.glob("*.whl"))}
+
+
+def _nemo_rl_repo(o: Options) -> Path:
+    up = o.series.upstream("nemo-rl")
+    if "nemo-rl" in o.sources:
+        return o.sources["nemo-rl"].expanduser().resolve()
+    assert up.git is not None
+    mirror = mirror_path(up, o.cache)
+    if not mirror.exists():
+        raise UsageError("no NeMo-RL repository with the pinned commit here",
+                         hint="pass --source nemo-rl=PATH (a checkout that has the pin), as for tools/apply.py")
+    return mirror
+
+
+def stage_sources(o: Options, dest: Path) -> dict:
+    """The pristine inputs exactly as series.toml pins them (nightly's --source there)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name in ("megatron-lm", "megatron-bridge"):
+        up = o.series.upstream(name)
+        assert up.pypi is not None
+        art = up.pypi.tree_artifact
+        path = fetch_artifact(name, up.pypi, art, o.cache)
+        shutil.copy2(path, dest / art.file)
+        out[name] = {"file": art.file, "sha256": art.sha256}
+    up = o.series.upstream("nemo-rl")
+    assert up.git is not None and up.git.commit
+    repo = dest / "nemo-rl.git"
+    if repo.exists():
+        shutil.rmtree(repo)
+    run(["git", "init", "-q", "--bare", str(repo)])
+    src = _nemo_rl_repo(o)
+    g = Git(repo)
+    res = g("fetch", "-q", "--depth=1", "--no-tags", f"file://{src}", up.git.commit, check=False)
+    if not res.ok:
+        raise SourceError(f"nemo-rl: {src} does not give the pinned commit {up.git.commit}: {res.stderr.strip()}",
+                          hint="pass --source nemo-rl=PATH with a checkout that has it")
+    g("update-ref", "refs/heads/main", up.git.commit)
+    g("symbolic-ref", "HEAD", "refs/heads/main")
+    g("gc", "-q", "--prune=now")
+    out["nemo-rl"] = {"git": "nemo-rl.git", "commit": up.git.commit, "depth": 1}
+    return out
+
+
+def stage_fixtures(o: Options, dest: Path, prompt_file: Path) -> dict:
+    fixtures.build_all(dest, o.seed, prompt_file.read_text())
+    return {"seed": o.seed, "model": "fixtures/model", "data": "fixtures/data/train.jsonl",
+            "prompt_file": "examples/prompts/cot.txt", "files": _dir_files(dest),
+            "built_by": {"python": platform.python_version(), "transformers": _version("transformers"),
+                         "tokenizers": _version("tokenizers"), "torch": _version("torch")}}
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def compress(src: Path, out: Path) -> Path:
+    """src/ as a tar.xz; the xz binary (multi-threaded) when present, else Python's lzma."""
+    members = sorted(p for p in src.rglob("*"))
+    tmp = out.with_suffix(".tmp")
+    xz = shutil.which("xz")
+    progress.say(f"compressing {sum(p.stat().st_size for p in members if p.is_file()) / 1e6:.0f} MB "
+                 f"with {'xz -9' if xz else 'lzma preset 9'} (minutes)")
+    if xz:
+        with open(tmp, "wb") as f:
+            proc = subprocess.Popen([xz, "-9", "-T0", "-c"], stdin=subprocess.PIPE, stdout=f)
+            assert proc.stdin is not None
+            with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.GNU_FORMAT) as tf:
+                for p in members:
+                    tf.add(p, p.relative_to(src).as_posix(), recursive=False)
+            proc.stdin.close()
+            if proc.wait() != 0:
+                raise SourceError(f"xz failed with exit status {proc.returncode}")
+    else:
+        with lzma.open(tmp, "wb", preset=9) as f, tarfile.open(fileobj=f, mode="w|", format=tarfile.GNU_FORMAT) as tf:
+            for p in members:
+                tf.add(p, p.relative_to(src).as_posix(), recursive=False)
+    os.replace(tmp, out)
+    return out
+
+
+def stage(o: Options) -> dict:
+    t0 = time.monotonic()
+    lk = locking.load(o.lock_path)
+    payload = o.out / "payload"
+    if payload.exists():
+        shutil.rmtree(payload)
+    payload.mkdir(parents=True)
+    doc: dict = {"schema": 1, "ferry": FERRY_NAME, "series": o.series.name,
+                 "stage": {"python": platform.python_version(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                 "lock": {"file": str(o.lock_path.relative_to(REPO)) if o.lock_path.is_relative_to(REPO) else o.lock_path.name,
+                          "sha256": sha256_file(o.lock_path)}}
+    doc["wheels"] = stage_wheels(lk, o.cache, payload / "wheels")
+    doc["series_trees"] = stage_series(o, payload)
+    doc["sources"] = stage_sources(o, payload / "sources")
+    prompt = o.workdir / "nemo-rl" / "examples" / "prompts" / "cot.txt"
+    doc["fixtures"] = stage_fixtures(o, payload / "fixtures", prompt)
+    doc["context_files"] = _dir_files(payload / "context")
+    (payload / "stage.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    result = {"ok": True, "payload": str(payload), "stage": doc, "seconds": 0.0}
+    if o.pack:
+        xz = compress(payload, o.out / "payload.tar.xz")
+        manifest = {k: doc[k] for k in ("schema", "ferry", "series", "stage", "lock")}
+        manifest.update(series_digest=doc["series_trees"]["series_digest"], payload_sha256=sha256_file(xz),
+                        payload_bytes=xz.stat().st_size, wheels=len(doc["wheels"]))
+        parts = ferry.pack(o.ferry_root, FERRY_NAME, xz, manifest)
+        result.update(parts=[str(p) for p in parts], part_mb=ferry.sizes_mb(parts),
+                      payload_mb=round(xz.stat().st_size / 1e6, 1))
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    return result
+
+
+def relock(path: Path, cache: Path) -> list[str]:
+    """Re-download every pin for the target platform and write its file name and sha256."""
+    lk = locking.load(path)
+    changed = []
+    tmp = cache / "relock"
+    for a in lk.artifacts:
+        d = tmp / a.name
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        extra = ["--no-binary=:all:"] if a in lk.sdists else wheels._platform_args(lk)
+        res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--no-input",
+                   "--progress-bar", "off", "--dest", str(d), a.pin, *extra], check=False)
+        got = sorted(d.iterdir())
+        if not res.ok or len(got) != 1:
+            raise SourceError(f"{a.pin}: could not download it for the target: {res.stderr.strip()[-300:]}")
+        sha = sha256_file(got[0])
+        if (got[0].name, sha) != (a.file, a.sha256):
+            changed.append(f"{a.pin}: {got[0].name} {sha[:12]}")
+            lk = locking.with_artifact(lk, locking.Artifact(a.name, a.version, got[0].name, sha, a.why, a.drop))
+    path.write_text(locking.render(lk))
+    return changed

@@ -1,0 +1,168 @@
+"""The dependency wheels: fetched and hash-checked here, unpacked for transport, zipped again there.
+
+A wheel is a zip; compressed once more inside an xz payload it barely
+shrinks, while its unpacked files shrink by about 40%. So the stage unpacks
+each checked wheel (leaving out the lock's ``drop`` globs and their RECORD
+lines), and run-on-gpu-host checks every file against RECORD and zips the
+wheel again under its own name, for pip to install. RECORD is what ties the
+files back to the hash-checked download.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+from carry import progress
+from carry.errors import IntegrityError, SourceError
+from carry.runner import run
+
+from .lock import Artifact, Lock, check_file
+
+
+def _platform_args(lock: Lock) -> list[str]:
+    args = ["--only-binary=:all:", "--python-version", lock.python, "--implementation", "cp"]
+    for plat in lock.platforms:
+        args += ["--platform", plat]
+    return args
+
+
+def _pip_download(reqs: str, dest: Path, extra: list[str], what: str) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    req = dest / ".requirements.txt"
+    req.write_text(reqs)
+    try:
+        res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--disable-pip-version-check",
+                   "--no-input", "--progress-bar", "off", "--dest", str(dest), "-r", str(req), *extra], check=False)
+    finally:
+        req.unlink(missing_ok=True)
+    if not res.ok:
+        tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+        if "DO NOT MATCH" in res.stderr.upper():
+            raise IntegrityError(f"{what}: the index served other bytes than the lock pins: {tail}")
+        raise SourceError(f"{what}: pip download failed: {tail}",
+                          hint="check access to the package index (the stage runs where it is reachable)")
+
+
+def fetch(lock: Lock, cache: Path) -> dict[str, Path]:
+    """Every pinned artifact in CACHE, downloaded once, always hash-checked; {name: path}."""
+    out: dict[str, Path] = {}
+    missing_w = [a for a in lock.wheels if not (cache / a.file).exists()]
+    missing_s = [a for a in lock.sdists if not (cache / a.file).exists()]
+    if missing_w:
+        progress.say(f"downloading {len(missing_w)} wheel(s)")
+        _pip_download(lock.pip_requirements(tuple(missing_w)), cache, _platform_args(lock), "wheels")
+    if missing_s:
+        progress.say(f"downloading {len(missing_s)} source distribution(s)")
+        _pip_download(lock.pip_requirements(tuple(missing_s)), cache, ["--no-binary=:all:"], "sdists")
+    for a in lock.artifacts:
+        path = cache / a.file
+        if not path.exists():
+            raise SourceError(f"{a.pin}: pip did not write {a.file}",
+                              hint="the pinned file name may be wrong for this platform: check wheels.toml")
+        check_file(path, a)
+        out[a.name] = path
+    return out
+
+
+def build_sdist(sdist: Path, a: Artifact, out: Path) -> Path:
+    """A pure-Python sdist built into a wheel with this machine's pip (setuptools needed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    res = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
+               "--no-input", "-w", str(out), str(sdist)], check=False)
+    built = sorted(out.glob(f"{a.name.replace('-', '_')}-{a.version}-*.whl"))
+    if not res.ok or len(built) != 1:
+        tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+        raise SourceError(f"{a.pin}: building a wheel from {sdist.name} failed: {tail}",
+                          hint=f"{sys.executable} needs setuptools and wheel to build it")
+    if not built[0].name.endswith("-py3-none-any.whl"):
+        raise IntegrityError(f"{a.pin}: the build gave {built[0].name}, not a pure-Python wheel")
+    return built[0]
+
+
+def _record_digest(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _record_path(names: list[str]) -> str:
+    recs = [n for n in names if n.endswith(".dist-info/RECORD") and n.count("/") == 1]
+    if len(recs) != 1:
+        raise IntegrityError(f"a wheel must have one top-level *.dist-info/RECORD, found {len(recs)}")
+    return recs[0]
+
+
+def unpack(wheel: Path, a: Artifact | None, dest: Path) -> dict:
+    """WHEEL's files into DEST/<wheel file name>/, minus the drop globs; RECORD checked and trimmed."""
+    target = dest / wheel.name
+    if target.exists():
+        shutil.rmtree(target)
+    dropped, kept, dropped_bytes = [], 0, 0
+    with zipfile.ZipFile(wheel) as zf:
+        names = [i.filename for i in zf.infolist() if not i.is_dir()]
+        record_name = _record_path(names)
+        rows = list(csv.reader(io.StringIO(zf.read(record_name).decode())))
+        listed = {r[0]: r[1] for r in rows if r and r[0] != record_name}
+        modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in zf.infolist()}
+        for name in names:
+            if name == record_name:
+                continue
+            if ".." in Path(name).parts or name.startswith("/"):
+                raise IntegrityError(f"{wheel.name}: member {name!r} escapes the wheel")
+            data = zf.read(name)
+            if listed.get(name) and listed[name] != _record_digest(data):
+                raise IntegrityError(f"{wheel.name}: {name} does not match its RECORD hash")
+            if a is not None and a.dropped(name):
+                dropped.append(name)
+                dropped_bytes += len(data)
+                continue
+            out = target / name
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(data)
+            if modes.get(name, 0) & 0o111:
+                out.chmod(0o755)  # ray's gcs_server and raylet, console scripts: keep them runnable
+            kept += 1
+    keep_rows = [r for r in rows if r and r[0] not in set(dropped)]
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(keep_rows)
+    (target / record_name).parent.mkdir(parents=True, exist_ok=True)
+    (target / record_name).write_text(buf.getvalue())
+    return {"file": wheel.name, "files": kept, "dropped_files": len(dropped), "dropped_bytes": dropped_bytes}
+
+
+def verify_unpacked(folder: Path) -> int:
+    """Every file of an unpacked wheel against its RECORD; returns how many were checked."""
+    names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    record_name = _record_path(names)
+    rows = list(csv.reader(io.StringIO((folder / record_name).read_text())))
+    listed = {r[0]: r[1] for r in rows if r and r[0] != record_name}
+    extra = [n for n in names if n != record_name and n not in listed]
+    if extra:
+        raise IntegrityError(f"{folder.name}: files not in RECORD: {', '.join(extra[:5])}")
+    checked = 0
+    for name, digest in listed.items():
+        path = folder / name
+        if not path.is_file():
+            raise IntegrityError(f"{folder.name}: {name} is in RECORD but missing")
+        if digest and digest != _record_digest(path.read_bytes()):
+            raise IntegrityError(f"{folder.name}: {name} does not match its RECORD hash")
+        checked += 1
+    return checked
+
+
+def rezip(folder: Path, out_dir: Path) -> Path:
+    """The unpacked wheel FOLDER as a wheel file named like the folder, after verify_unpacked."""
+    verify_unpacked(folder)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / folder.name
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    record = [p for p in files if p.name == "RECORD" and p.parent.name.endswith(".dist-info")]
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        for p in [f for f in files if f not in record] + record:  # RECORD last, as wheels have it
+            zf.write(p, p.relative_to(folder).as_posix())
+    return out

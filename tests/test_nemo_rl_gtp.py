@@ -1,0 +1,429 @@
+"""integration/nemo_rl_gtp: what runs on this machine, end to end on real files.
+
+The stage's lock and its hash checks (a bad hash stops it), the wheels' unpack / RECORD /
+zip-again round trip that carries them to the GPU host, the seeded model, tokenizer and
+data, the ferry format with the real recv.sh, the dry-run on a small part set, the uv and
+logger stand-ins, and the nightly's gpu-host cell: its command line, and its judging of
+recorded run folders with the grpo test's own gates and markers. The GPU run itself is the
+lead's (integration/README.md); the full dry-run needs a Python 3.12 venv with torch 2.11
+(several GB) and runs by hand.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, read_json, tool
+
+NRL = ROOT / "integration" / "nemo_rl_gtp"
+sys.path.insert(0, str(NRL))
+
+from harness import cases as casing  # noqa: E402
+from harness import ferry, fixtures, lock as locking, wheels  # noqa: E402
+from carry.errors import IntegrityError  # noqa: E402
+
+MARK_GTP = "[gtp] enabling GTP weight rematerialization"
+MARK_RESHARD = "[colocated-reshard] building dedicated inference model"
+
+
+def _digest(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def make_wheel(path: Path, files: dict[str, bytes], name: str = "tinypkg", version: str = "1.0") -> Path:
+    """A real wheel: files, METADATA, WHEEL and a RECORD with their hashes."""
+    info = f"{name}-{version}.dist-info"
+    files = dict(files)
+    files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    rows = [[n, _digest(d), str(len(d))] for n, d in files.items()] + [[f"{info}/RECORD", "", ""]]
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as zf:
+        for n, d in files.items():
+            zi = zipfile.ZipInfo(n)
+            zi.external_attr = (0o755 if n.endswith("/tool") else 0o644) << 16  # like ray's gcs_server
+            zf.writestr(zi, d)
+        zf.writestr(f"{info}/RECORD", buf.getvalue())
+    return path
+
+
+# -- the lock and the stage's hash checks --------------------------------------------------------
+def test_lock_is_canonical_and_pins_every_artifact():
+    lk = locking.load(NRL / "wheels.toml")
+    assert locking.render(lk) == (NRL / "wheels.toml").read_text(), "wheels.toml is not in render()'s form"
+    names = {a.name for a in lk.artifacts}
+    # The findings the issue names, and the ones measured since (energon, modelopt's pulp, fastapi).
+    for need in ("ray", "jsonschema", "hydra-core", "omegaconf", "antlr4-python3-runtime", "transformers",
+                 "tokenizers", "nvidia-modelopt", "pulp", "datasets", "megatron-energon", "math-verify"):
+        assert need in names, need
+    tf = next(a for a in lk.wheels if a.name == "transformers")
+    assert tf.version.startswith("5.8."), "NeMo-RL asserts transformers < 5.12 at import"
+    assert [a.name for a in lk.sdists] == ["antlr4-python3-runtime"]
+    assert next(a for a in lk.wheels if a.name == "ray").dropped("ray/jars/ray_dist.jar")
+    assert lk.host_torch == "2.11.0" and all(a.why for a in lk.artifacts)
+
+
+def test_bad_lock_entries_are_config_errors(tmp_path):
+    bad = tmp_path / "wheels.toml"
+    bad.write_text('[[wheel]]\nname = "x"\nversion = "1"\nfile = "x-1-py3-none-any.whl"\nsha256 = "abc"\n')
+    with pytest.raises(Exception, match="64 lowercase hex"):
+        locking.load(bad)
+    bad.write_text('[[wheel]]\nname = "x"\nversion = "1"\nfile = "f"\nsha256 = "' + "0" * 64 + '"\nwhy_not = 1\n')
+    with pytest.raises(Exception, match="unknown key 'why_not'"):
+        locking.load(bad)
+
+
+def test_stage_refuses_a_wheel_whose_hash_differs(tmp_path):
+    """A cached file with the pinned name but other bytes stops the stage; the right bytes pass."""
+    whl = make_wheel(tmp_path / "cache" / "wheels" / "tinypkg-1.0-py3-none-any.whl", {"tinypkg/__init__.py": b"x = 1\n"})
+    good = hashlib.sha256(whl.read_bytes()).hexdigest()
+    lk = locking.Lock(tmp_path / "w.toml", "3.12", ("any",),
+                      (locking.Artifact("tinypkg", "1.0", whl.name, "f" * 64, "test"),), ())
+    with pytest.raises(IntegrityError, match="the lock says f{64}"):
+        wheels.fetch(lk, tmp_path / "cache" / "wheels")  # present in the cache: no download, but checked
+    with pytest.raises(IntegrityError, match="lock says"):
+        from harness.stage import stage_wheels
+        stage_wheels(lk, tmp_path / "cache", tmp_path / "out")
+    assert not (tmp_path / "out" / whl.name).exists(), "nothing is unpacked from a wheel that failed its hash"
+    lk = locking.Lock(lk.path, "3.12", ("any",), (locking.Artifact("tinypkg", "1.0", whl.name, good, "test"),), ())
+    assert wheels.fetch(lk, tmp_path / "cache" / "wheels") == {"tinypkg": whl}
+    with pytest.raises(IntegrityError, match="expected the file"):
+        locking.check_file(whl, locking.Artifact("tinypkg", "1.0", "other.whl", good))
+
+
+@pytest.mark.network
+def test_pip_download_with_a_wrong_pinned_hash_fails(tmp_path):
+    """The real index: the pinned file with a wrong sha256 is refused by the hash check."""
+    lk = locking.load(NRL / "wheels.toml")
+    a = next(a for a in lk.wheels if a.name == "braceexpand")
+    wrong = locking.Lock(lk.path, lk.python, lk.platforms, (locking.Artifact(a.name, a.version, a.file, "0" * 64),), ())
+    with pytest.raises(IntegrityError):
+        wheels.fetch(wrong, tmp_path / "dl")
+    right = locking.Lock(lk.path, lk.python, lk.platforms, (a,), ())
+    assert wheels.fetch(right, tmp_path / "dl2")["braceexpand"].name == a.file
+
+
+def test_unpack_drops_trims_record_and_zips_again_for_pip(tmp_path):
+    whl = make_wheel(tmp_path / "tinypkg-1.0-py3-none-any.whl",
+                     {"tinypkg/__init__.py": b"VALUE = 42\n", "tinypkg/jars/big.jar": b"J" * 5000,
+                      "tinypkg/tool": b"#!/bin/sh\necho tool\n"})
+    a = locking.Artifact("tinypkg", "1.0", whl.name, hashlib.sha256(whl.read_bytes()).hexdigest(),
+                         drop=("tinypkg/jars/*",))
+    info = wheels.unpack(whl, a, tmp_path / "unpacked")
+    folder = tmp_path / "unpacked" / whl.name
+    assert info["dropped_files"] == 1 and info["dropped_bytes"] == 5000
+    assert not (folder / "tinypkg" / "jars").exists()
+    assert "jars" not in (folder / "tinypkg-1.0.dist-info" / "RECORD").read_text()
+    assert wheels.verify_unpacked(folder) == 4
+    assert os.access(folder / "tinypkg" / "tool", os.X_OK), "executables stay executable (ray's servers)"
+    again = wheels.rezip(folder, tmp_path / "house")
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
+                    str(again)], check=True, capture_output=True)
+    out = subprocess.run([sys.executable, "-c", "import tinypkg; print(tinypkg.VALUE)"], env={**os.environ,
+                         "PYTHONPATH": str(site)}, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "42"
+    assert os.access(site / "tinypkg" / "tool", os.X_OK)
+    (folder / "tinypkg" / "__init__.py").write_text("VALUE = 43\n")
+    with pytest.raises(IntegrityError, match="does not match its RECORD"):
+        wheels.rezip(folder, tmp_path / "house2")
+    (folder / "tinypkg" / "extra.py").write_text("")
+    with pytest.raises(IntegrityError, match="not in RECORD"):
+        wheels.verify_unpacked(folder)
+
+
+# -- the model, tokenizer and data ----------------------------------------------------------------
+def _tree_hashes(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_fixtures_are_the_asked_shape_and_repeat_with_the_seed(tmp_path):
+    prompt = "Think step-by-step.\n{}\n"
+    fixtures.build_all(tmp_path / "a", 7, prompt)
+    fixtures.build_all(tmp_path / "b", 7, prompt)
+    fixtures.build_all(tmp_path / "c", 8, prompt)
+    a, b, c = (_tree_hashes(tmp_path / x) for x in "abc")
+    assert a == b, "the same seed must give the same bytes"
+    assert a["model/model.safetensors"] != c["model/model.safetensors"]
+    assert a["data/train.jsonl"] != c["data/train.jsonl"]
+
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoTokenizer
+    cfg = AutoConfig.from_pretrained(tmp_path / "a" / "model")
+    assert (cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+            cfg.num_key_value_heads, cfg.hidden_act, cfg.tie_word_embeddings) == ("qwen2", 256, 2, 4, 2, "silu", True)
+    with safe_open(tmp_path / "a" / "model" / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+        assert "lm_head.weight" not in keys, "tied: the output layer reuses the embedding"
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            assert f"model.layers.0.self_attn.{proj}.bias" in keys
+        assert "model.layers.1.self_attn.o_proj.bias" not in keys
+        assert {"model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"} <= keys  # SwiGLU
+        assert tuple(f.get_slice("model.layers.0.self_attn.k_proj.weight").get_shape()) == (128, 256)  # 2 KV groups
+    tok = AutoTokenizer.from_pretrained(tmp_path / "a" / "model")
+    assert len(tok) <= cfg.vocab_size and tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text == "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(tok("What is 12 * 7?")["input_ids"]) == "What is 12 * 7?"
+    rows = [json.loads(x) for x in (tmp_path / "a" / "data" / "train.jsonl").read_text().splitlines()]
+    assert len(rows) == 256 and set(rows[0]) == set(casing.DATA_KEYS)
+    q = rows[0]["problem"].removeprefix("What is ").removesuffix("?")
+    assert str(eval(q)) == rows[0]["expected_answer"]  # noqa: S307 - our own generated arithmetic
+
+
+# -- the ferry ------------------------------------------------------------------------------------
+def _pack_small(root: Path, name: str, part_bytes: int = 8192) -> list[Path]:
+    (root / ".git").mkdir(parents=True, exist_ok=True)
+    payload = root / "payload.tar.xz"
+    payload.write_bytes(os.urandom(10_000))
+    return ferry.pack(root, name, payload, {"payload_sha256": hashlib.sha256(payload.read_bytes()).hexdigest()},
+                      part_bytes=part_bytes)
+
+
+def test_ferry_parts_travel_one_per_call_through_recv_sh(tmp_path):
+    name = f"t{os.getpid()}"  # recv.sh keeps parts in /tmp/ferry/NAME between calls
+    parts = _pack_small(tmp_path / "repo", name)
+    assert len(parts) == 3 and all(p.stat().st_size <= 8192 for p in parts)
+    info = ferry.check(tmp_path / "repo", name)
+    assert info["manifest"]["payload_sha256"] and info["members"] == [f"{name}/manifest.json",
+                                                                       f"{name}/payload.tar.xz"]
+    assert "/.ferry/" in (tmp_path / "repo" / ".git" / "info" / "exclude").read_text()
+    dest = tmp_path / "dest"
+    try:
+        for i, part in enumerate(parts):  # each "call" carries recv.sh, NAME.sha256 and one part
+            call = tmp_path / f"call{i}" / ".ferry"
+            call.mkdir(parents=True)
+            for f in (tmp_path / "repo" / ".ferry" / "recv.sh", tmp_path / "repo" / ".ferry" / f"{name}.sha256", part):
+                shutil.copy2(f, call / f.name)
+            res = subprocess.run(["bash", str(call / "recv.sh"), name, str(dest)], capture_output=True, text=True)
+            assert res.returncode == 0, res.stderr
+            want = "complete" if i == len(parts) - 1 else f"have {i + 1} of {len(parts)}"
+            assert want in res.stdout
+        got = dest / name / "payload.tar.xz"
+        assert got.read_bytes() == (tmp_path / "repo" / "payload.tar.xz").read_bytes()
+    finally:
+        shutil.rmtree(f"/tmp/ferry/{name}", ignore_errors=True)
+
+
+def test_a_damaged_part_is_caught_here_and_there(tmp_path):
+    name = f"d{os.getpid()}"
+    parts = _pack_small(tmp_path / "repo", name)
+    data = bytearray(parts[1].read_bytes())
+    data[10] ^= 0xFF
+    parts[1].write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="joined parts have sha256"):
+        ferry.check(tmp_path / "repo", name)
+    try:
+        res = subprocess.run(["bash", str(tmp_path / "repo" / ".ferry" / "recv.sh"), name, str(tmp_path / "d")],
+                             capture_output=True, text=True)
+        assert res.returncode == 1 and "hash mismatch" in res.stderr
+        assert not (tmp_path / "d" / ".ferry-ok").exists()
+    finally:
+        shutil.rmtree(f"/tmp/ferry/{name}", ignore_errors=True)
+    parts[0].unlink()
+    with pytest.raises(IntegrityError, match="2 part"):
+        ferry.check(tmp_path / "repo", name)
+
+
+# -- the dry-run on a small part set ---------------------------------------------------------------
+def _fake_nrl_ferry(root: Path, damaged: bool = False) -> None:
+    """A payload shaped like the stage's, with two tiny real wheels, packed as the nrl ferry."""
+    import lzma
+    import tarfile
+    pay = root / "payload"
+    for n in ("alpha", "beta"):
+        whl = make_wheel(root / "dl" / f"{n}-1.0-py3-none-any.whl", {f"{n}/__init__.py": b"A = 1\n"}, name=n)
+        wheels.unpack(whl, None, pay / "wheels")
+    if damaged:
+        (pay / "wheels" / "beta-1.0-py3-none-any.whl" / "beta" / "__init__.py").write_text("A = 2\n")
+    (pay / "stage.json").write_text("{}\n")
+    xz = root / "payload.tar.xz"
+    with lzma.open(xz, "wb") as f, tarfile.open(fileobj=f, mode="w|") as tf:
+        for p in sorted(pay.rglob("*")):
+            tf.add(p, p.relative_to(pay).as_posix(), recursive=False)
+    (root / ".git").mkdir(exist_ok=True)
+    ferry.pack(root, "nrl", xz, {"payload_sha256": hashlib.sha256(xz.read_bytes()).hexdigest(),
+                                 "payload_bytes": xz.stat().st_size, "series_digest": "0" * 64, "wheels": 2},
+               part_bytes=2048)
+
+
+def _dry(root: Path, check: int):
+    res = subprocess.run([sys.executable, str(NRL / "run-on-gpu-host"), "--dry-run", "--parts-only",
+                          "--ferry-root", str(root)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == check, res.stdout + res.stderr
+    return res.stdout
+
+
+def test_dry_run_checks_a_small_part_set(tmp_path):
+    _fake_nrl_ferry(tmp_path / "ok")
+    out = _dry(tmp_path / "ok", 0)
+    assert "ok   ferry nrl:" in out and "ok   wheels against RECORD: 2 wheels" in out
+    assert "n/a  ferry te" in out  # said, not hidden: the te ferry is staged elsewhere
+    _fake_nrl_ferry(tmp_path / "bad", damaged=True)
+    assert "does not match its RECORD" in _dry(tmp_path / "bad", 1)
+    (tmp_path / "ok" / ".ferry" / "nrl.part01").unlink()
+    assert "FAIL ferry nrl" in _dry(tmp_path / "ok", 1)
+
+
+# -- the stand-ins ----------------------------------------------------------------------------------
+def test_uv_stand_in_runs_or_records_the_command(tmp_path):
+    uv = NRL / "shims" / "uv"
+    (tmp_path / "hello.py").write_text("import sys; print('hello', sys.argv[1:])\n")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    res = subprocess.run([str(uv), "run", "--no-sync", "hello.py", "a"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "hello ['a']"
+    rec = tmp_path / "rec.jsonl"
+    res = subprocess.run([str(uv), "run", "coverage", "run", "-a", "examples/run_grpo.py", "x=1"], cwd=tmp_path,
+                         env={**env, "CARRY_UV_RECORD": str(rec)}, capture_output=True, text=True)
+    assert res.returncode == 0
+    assert json.loads(rec.read_text())["argv"] == ["python", "-m", "coverage", "run", "-a", "examples/run_grpo.py",
+                                                   "x=1"]
+    res = subprocess.run([str(uv), "sync"], env=env, capture_output=True, text=True)
+    assert res.returncode == 2 and "only 'uv run'" in res.stderr
+
+
+def test_logger_stand_ins_import_and_refuse_any_use():
+    code = ("import wandb, mlflow, swanlab\nfrom wandb import Table, Histogram\n"
+            "assert wandb.HARNESS_STAND_IN and not wandb.run\n"
+            "for call in (lambda: Table(), lambda: wandb.init(project='x'), lambda: mlflow.set_experiment('e')):\n"
+            "    try:\n        call()\n    except RuntimeError as e:\n        assert 'stand-in' in str(e)\n"
+            "    else:\n        raise SystemExit('a stand-in did not refuse')\nprint('refused')\n")
+    res = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(NRL / "stubs")},
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "refused", res.stderr
+
+
+def test_every_case_appends_to_the_functional_scripts_own_config():
+    assert set(casing.CASES) == {"patched", "resume", "pristine-nemo-rl", "pristine-mcore", "gtp-off"}
+    for case in casing.CASES.values():
+        args = casing.script_args(case, "/m", "/d.jsonl", "/ck")
+        assert args[:5] == ["policy.model_name=/m", "data.train.dataset_name=ResponseDataset",
+                            "++data.train.data_path=/d.jsonl", "++data.train.input_key=problem",
+                            "++data.train.output_key=expected_answer"]
+    assert "checkpointing.save_period=2" in casing.script_args(casing.CASES["patched"], "/m", "/d", "/ck")
+    assert "grpo.max_num_steps=3" in casing.script_args(casing.CASES["resume"], "/m", "/d", "/ck")
+    assert casing.script_args(casing.CASES["gtp-off"], "/m", "/d", "/ck")[-1] == \
+        "policy.megatron_cfg.tensor_parallel_num_weight_shards=null"
+    script = (ROOT / "patches/gtp/nemo-rl/0004-functional-test-grpo-megatron-generation-gtp.patch").read_text()
+    assert '"${overrides[@]}" "$@"' in script, "the script must pass the harness's overrides after its own"
+
+
+# -- the nightly's gpu-host cell ---------------------------------------------------------------------
+def test_gpu_host_cell_runs_the_harness_on_tonights_trees(tmp_path):
+    res = tool("nightly", "--out", tmp_path / "o", "--print-commands", "--images", "gpu-host",
+               "--tests", "grpo-megatron-generation-gtp", check=0)
+    line = next(x for x in res.stdout.splitlines() if "run-on-gpu-host" in x)
+    w = tmp_path / "o" / "work" / "gtp"
+    assert f"--skip-setup --cases patched --nemo-rl-tree {w / 'nemo-rl'}" in line
+    assert f"--front {w / 'megatron-lm'} --front {w / 'megatron-bridge'}/src" in line
+    assert f"--out {tmp_path / 'o' / 'cells' / 'gtp--gpu-host--grpo-megatron-generation-gtp' / 'artifacts'}" in line
+
+
+# A recorded run folder laid out as run-on-gpu-host leaves it, played back as the cell's command.
+REPLAY = r'''
+import shutil, sys
+from pathlib import Path
+script, out, rec = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+assert script == "tests/functional/grpo_megatron_generation_gtp.sh", script
+for name in ("run.log", "metrics.json"):
+    if (rec / name).exists():
+        shutil.copy2(rec / name, out / name)
+sys.stdout.write((rec / "case.log").read_text())
+sys.exit(int((rec / "exit_status").read_text()))
+'''
+
+
+def _recorded(root: Path, name: str, *, rc: int, markers: tuple[str, ...], err: float | None, extra: str = ""):
+    d = root / name
+    d.mkdir(parents=True)
+    log = "".join(f"{m} (gtp_remat_size=2)\n" for m in markers) + "step 2/2 done\n" + extra
+    (d / "run.log").write_text(log)
+    (d / "case.log").write_text("[run-on-gpu-host] case patched\n" + log)
+    if err is not None:
+        (d / "metrics.json").write_text(json.dumps({"train/token_mult_prob_error": {"1": 1.0001, "2": err},
+                                                    "train/loss": {"1": 0.5, "2": 0.4}}, indent=2))
+    (d / "exit_status").write_text(f"{rc}\n")
+    return d
+
+
+def test_gpu_host_cell_judges_recorded_runs_with_the_grpo_gates_and_markers(demo, tmp_path):
+    from carry import nightly_config
+    shipped = nightly_config.load(ROOT / "integration" / "nightly.toml")
+    spec = next(t for t in shipped.tests if t.name == "grpo-megatron-generation-gtp")
+    assert "gpu-host" in spec.images and shipped.images["gpu-host"].functional
+    recs = tmp_path / "recorded"
+    runs = {
+        "green": _recorded(recs, "green", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.0004),
+        "no-reshard": _recorded(recs, "no-reshard", rc=0, markers=(MARK_GTP,), err=1.0004),
+        "red": _recorded(recs, "red", rc=1, markers=(MARK_GTP,), err=None,
+                         extra="RuntimeError: supplied weight's shape is (512, 256), not (1024, 256)\n"),
+        "gate": _recorded(recs, "gate", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.1011),
+    }
+    (tmp_path / "replay.py").write_text(REPLAY)
+    q = json.dumps
+    images, tests = "", ""
+    for name, folder in runs.items():
+        argv = [sys.executable, str(tmp_path / "replay.py"), "{script}", "{out}", str(folder)]
+        images += f'\n[images.rec-{name}]\nlauncher = "local"\nfunctional = [{", ".join(q(a) for a in argv)}]\n'
+    tests = (f'\n[[tests]]\nname = {q(spec.name)}\nkind = "functional"\nimages = [{", ".join(q("rec-" + n) for n in runs)}]\n'
+             f'script = {q(spec.script)}\ngates = [{", ".join(q(g.text) for g in spec.gates)}]\n'
+             f'markers = [{", ".join(q(m) for m in spec.markers)}]\ntimeout_s = 120\n')
+    config = tmp_path / "nightly.toml"
+    config.write_text(f'[nightly]\nseries = [{q(str(demo["series"]))}]\n' + images + tests)
+    out = tmp_path / "n"
+    tool("nightly", "--config", config, "--out", out, "--workdir", tmp_path / "w", "--cache", demo["cache"],
+         "--source", f"megatron-lm={demo['up']}", "--no-bisect", "--history", tmp_path / "h.jsonl", check=1)
+    got = {r["image"].removeprefix("rec-"): r for r in read_json(out / "nightly.json")["runs"]}
+    assert got["green"]["status"] == "passed", got["green"]["reason"]
+    assert "1.0004" in got["green"]["reason"]
+    assert got["no-reshard"]["status"] == "vacuous" and MARK_RESHARD in got["no-reshard"]["reason"]
+    assert got["red"]["status"] == "failed" and "supplied weight's shape" in got["red"]["reason"]
+    assert got["gate"]["status"] == "failed" and "1.1011" in got["gate"]["reason"]
+    arts = out / "cells" / "demo--rec-green--grpo-megatron-generation-gtp" / "artifacts"
+    assert {"run.log", "metrics.json", "console.log"} <= {p.name for p in arts.iterdir()}
+
+
+def test_case_summary_names_what_each_case_showed(tmp_path):
+    """case.json's verdict: green needs exit 0, the gate and both markers; gtp-off is judged on its metric."""
+    from harness import gpuhost
+    d = _recorded(tmp_path, "p", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003)
+    got = gpuhost.summarize(casing.CASES["patched"], d, 0)
+    assert got["observed"] == "green" and got["as_expected"] and got["gate_value"] == 1.003
+    assert got["token_mult_prob_error_per_step"] == {"1": 1.0001, "2": 1.003}
+    d = _recorded(tmp_path, "m", rc=1, markers=(MARK_GTP,), err=None,
+                  extra="RuntimeError: supplied weight's shape is (512, 256), not (1024, 256)\n")
+    got = gpuhost.summarize(casing.CASES["pristine-mcore"], d, 1)
+    assert got["observed"] == "red" and got["as_expected"] and "supplied weight" in got["first_error"]
+    d = _recorded(tmp_path, "off", rc=1, markers=(), err=1.0002,
+                  extra=f"FAIL: '{MARK_GTP}' is not in run.log: training ran without GTP weight sharding\n")
+    got = gpuhost.summarize(casing.CASES["gtp-off"], d, 1)
+    assert got["observed"] == "green" and got["gate_value"] == 1.0002 and got["as_expected"]
+    d = _recorded(tmp_path, "off2", rc=1, markers=(), err=None, extra="ValueError: boom\n")
+    assert gpuhost.summarize(casing.CASES["gtp-off"], d, 1)["observed"] == "red"
+
+
+def test_run_on_gpu_host_without_its_parts_is_a_usage_error(tmp_path):
+    res = subprocess.run([sys.executable, str(NRL / "run-on-gpu-host"), "--parts", str(tmp_path / "none"),
+                          "--root", str(tmp_path / "root"), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "no nrl ferry unpacked" in res.stderr and "recv.sh nrl" in res.stderr
+    res = subprocess.run([sys.executable, str(NRL / "run-on-gpu-host"), "--cases", "patched,nope"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "unknown case(s): nope" in res.stderr

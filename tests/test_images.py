@@ -25,7 +25,7 @@ import pytest
 
 from carry import manifest
 from carry.docker import Docker, docker_binary
-from helpers import ROOT, SERIES, python_at_least, read_json, tool
+from helpers import ROOT, SERIES, git, python_at_least, read_json, tool
 
 IMAGE_DIR = ROOT / "images" / "gtp-te219"
 CPU_BASE = "gtp-carry/debian-minbase:trixie"
@@ -323,3 +323,37 @@ def test_dockerfile_suits_the_engines_builtin_frontend():
     assert "--mount=type=secret,id=gtp-ca" in text
     # The CA bundle only ever arrives as a secret: no build arg, env or copy of it.
     assert not re.search(r"(?m)^(ARG|ENV|COPY|ADD)\b.*(CERT|\.crt|\.pem)", text)
+
+
+def test_verify_finds_a_series_whose_patches_touch_the_same_lines(tmp_path):
+    """The verify step's NeMo-RL check: patch 2 rewrites a line patch 1 added, so patch 1 alone
+    does not reverse-apply; the series as a whole is in the tree all the same."""
+    import importlib.util
+
+    from fakeup import make_patch, write
+
+    spec = importlib.util.spec_from_file_location("verify", ROOT / "images" / "gtp-te219" / "steps" / "verify.py")
+    verify = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(verify)
+    repo = tmp_path / "nemo-rl"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    write(repo, "pkg/mod.py", "a = 1\nb = 2\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "pin")
+    pin = git(repo, "rev-parse", "HEAD")
+    house = tmp_path / "wheelhouse" / "nemo-rl"
+    house.mkdir(parents=True)
+    make_patch(repo, pin, [("pkg/mod.py", 1, "a = 10\n")], "one", house / "0001-one.patch")
+    git(repo, "checkout", "-q", "-b", "two")
+    write(repo, "pkg/mod.py", "a = 10\nb = 2\n")
+    git(repo, "commit", "-q", "-am", "one")
+    make_patch(repo, git(repo, "rev-parse", "HEAD"), [("pkg/mod.py", 1, "a = 100\n")], "two", house / "0002-two.patch")
+    git(repo, "checkout", "-q", pin)
+    for p in sorted(house.iterdir()):
+        git(repo, "apply", str(p))
+    res = verify.nemo_rl_check(str(tmp_path / "wheelhouse"), "cuda", str(repo))
+    assert res["applied"] == ["0001-one.patch", "0002-two.patch"] and not res["missing"], res
+    write(repo, "pkg/mod.py", "a = 10\nb = 2\n")  # patch 2 taken out again
+    res = verify.nemo_rl_check(str(tmp_path / "wheelhouse"), "cuda", str(repo))
+    assert res["missing"] and "pkg/mod.py differs" in res["note"], res

@@ -219,12 +219,43 @@ def nemo_rl_check(wheelhouse: str, flavor: str, checkout: str) -> dict:
         out["missing"] = patches
         out["note"] = f"{checkout} does not exist"
     else:
-        for name in patches:
-            # A patch is in the tree when its reverse applies cleanly.
-            res = subprocess.run(["git", "-C", checkout, "apply", "--reverse", "--check",
-                                  os.path.join(folder, name)], capture_output=True, text=True)
-            (out["applied"] if res.returncode == 0 else out["missing"]).append(name)
+        differ = _series_differs(checkout, [os.path.join(folder, n) for n in patches])
+        if differ is None:
+            out["applied"] = patches
+        else:
+            out["missing"] = patches
+            out["note"] = differ
     return out
+
+
+def _series_differs(checkout: str, patches: list[str]) -> str | None:
+    """None when the checkout's files equal its HEAD with every patch applied in order, else why.
+
+    Patches are checked as a series, not one by one: a patch whose lines a later one changes
+    again does not reverse-apply on its own although it is in the tree.
+    """
+    touched: list[str] = []
+    for path in patches:
+        for line in open(path, encoding="utf-8", errors="replace"):
+            if line.startswith("+++ b/") and line[6:].strip() not in touched:
+                touched.append(line[6:].strip())
+    with tempfile.TemporaryDirectory(prefix="verify-nemo-rl-") as scratch:
+        for rel in touched:
+            res = subprocess.run(["git", "-C", checkout, "show", f"HEAD:{rel}"], capture_output=True)
+            if res.returncode == 0:
+                os.makedirs(os.path.dirname(os.path.join(scratch, rel)) or scratch, exist_ok=True)
+                with open(os.path.join(scratch, rel), "wb") as f:
+                    f.write(res.stdout)
+        for path in patches:
+            res = subprocess.run(["git", "apply", path], cwd=scratch, capture_output=True, text=True)
+            if res.returncode != 0:
+                return f"{os.path.basename(path)} does not apply to the checkout's HEAD: {res.stderr.strip()[:200]}"
+        for rel in touched:
+            want, have = os.path.join(scratch, rel), os.path.join(checkout, rel)
+            if os.path.exists(want) != os.path.exists(have) or (
+                    os.path.exists(want) and open(want, "rb").read() != open(have, "rb").read()):
+                return f"{rel} differs from HEAD with the series applied"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"no venv in {a.venvs!r} carries megatron-core")
     nrl = nemo_rl_check(a.wheelhouse, a.flavor, a.nemo_rl_dir)
     if nrl["missing"]:
-        problems.append(f"NeMo-RL patches not in {a.nemo_rl_dir}: {', '.join(nrl['missing'])}")
+        problems.append(f"NeMo-RL patches not in {a.nemo_rl_dir}: {', '.join(nrl['missing'])}"
+                        + (f" ({nrl['note']})" if nrl.get("note") else ""))
     ok = not problems and all(r["ok"] for r in results)
     report = {"ok": ok, "flavor": a.flavor, "series": series["series"], "digest": series["digest"],
               "patches": series["patches"], "wheels": series["wheels"], "te_floor": a.te_floor,

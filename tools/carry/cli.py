@@ -25,16 +25,21 @@ VERBS = {
 }
 
 
-def run(verb: str, argv: list[str], prog: str | None = None) -> int:
-    module = importlib.import_module(f".commands.{verb.replace('-', '_')}", __package__)
+def guarded(entry, *args) -> int:
+    """Call a command's entry point; its typed errors become their message and exit code."""
     try:
-        return module.main(argv, prog or f"gtp-carry {verb}")
+        return entry(*args)
     except CarryError as exc:
         print(exc.render(), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted: nothing was changed that a later run does not finish or undo", file=sys.stderr)
         return 130
+
+
+def run(verb: str, argv: list[str], prog: str | None = None) -> int:
+    module = importlib.import_module(f".commands.{verb.replace('-', '_')}", __package__)
+    return guarded(module.main, argv, prog or f"gtp-carry {verb}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,12 +133,12 @@ def run_logged(plan: Plan, log: Path, *, timeout: float | None,
         except subprocess.TimeoutExpired:
             if on_timeout is not None:
                 on_timeout()
-            _kill_group(proc)
+            kill_group(proc)
             out.write(f"\n[carry] killed after {timeout:g}s\n".encode())
             return Finished(proc.returncode, True, time.monotonic() - t0, log)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
     """SIGTERM the run's own process group, then SIGKILL what is left (ours only: we made the group)."""
     for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 15.0)):
         try:

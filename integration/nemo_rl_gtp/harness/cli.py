@@ -10,7 +10,7 @@ from pathlib import Path
 from carry import progress
 from carry.options import EPILOG, Parser, name_paths
 from carry.repo import load_series
-from carry.errors import CarryError, UsageError
+from carry.errors import UsageError
 from carry.files import write_json
 from carry.sources import default_cache
 
@@ -24,14 +24,9 @@ def guarded(entry, argv: list[str] | None = None) -> int:
     """Run a command, turning the library's typed errors into its message and exit code."""
     import sys
 
-    try:
-        return entry(sys.argv[1:] if argv is None else argv)
-    except CarryError as exc:
-        print(exc.render(), file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    from carry.cli import guarded as run_guarded
+
+    return run_guarded(entry, sys.argv[1:] if argv is None else argv)
 
 
 def _cache_default() -> Path:

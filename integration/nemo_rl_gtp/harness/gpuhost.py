@@ -21,7 +21,6 @@ import json
 import lzma
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from carry import progress
 from carry.errors import IntegrityError, OperationError, UsageError
+from carry.launch import kill_group
 from carry.runner import Git, run, spawn
 
 from . import cases as casing
@@ -222,16 +222,7 @@ def _stream(argv: list[str], log, env: dict[str, str], cwd: Path | None = None, 
 
     def kill() -> None:
         expired.set()
-        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 20.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        kill_group(proc)
 
     timer = threading.Timer(timeout, kill) if timeout else None
     if timer:

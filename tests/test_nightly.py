@@ -404,3 +404,29 @@ def test_judge_on_committed_gpu_logs_of_the_mini_test():
             assert v.status == "failed" and v.bug is None, (run["file"], v)
         seen.add(expect.split(":")[0])
     assert seen == {"passed", "failed"}
+
+
+def test_mini_shape_names_the_target_and_flags_still_win():
+    """--shape qwen2.5-0.5b is the series' target shape (what the cost cell runs); a size flag
+    given beside it wins."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mini_run", MINI)
+    mini = importlib.util.module_from_spec(spec)
+    saved_path, saved_modules = list(sys.path), set(sys.modules)
+    sys.modules[spec.name] = mini  # its dataclass looks its module up
+    try:
+        spec.loader.exec_module(mini)  # puts its folder on sys.path, imports its sibling modules
+    finally:
+        sys.path[:] = saved_path
+        for name in set(sys.modules) - saved_modules:
+            del sys.modules[name]
+    s, _ = mini.parse_args(["--nproc", "2", "--shape", "qwen2.5-0.5b"])
+    assert (s.vocab, s.hidden, s.layers, s.heads, s.query_groups, s.ffn) == (151936, 896, 24, 14, 2, 4864)
+    s, _ = mini.parse_args(["--shape", "qwen2.5-0.5b", "--layers", "2"])
+    assert (s.layers, s.hidden) == (2, 896)
+    assert mini.parse_args([])[0].vocab == 512  # no shape: the tiny default
+    from carry.nightly_config import load as load_matrix
+
+    cost = next(t for t in load_matrix(ROOT / "integration" / "nightly.toml").tests if t.name == "gtp-refit-mini-cost")
+    assert "--shape" in cost.argv and cost.argv[cost.argv.index("--shape") + 1] == "qwen2.5-0.5b"

@@ -90,8 +90,7 @@ case " $what " in *" mini "*)
 case " $what " in *" cost "*)
   if [ "$gpus" -ge 2 ]; then
     mini patched "$(tree patched)" cost --nproc 2 --backend nccl --dtype bf16 --compare-gtp-off --steps 4 \
-      --vocab 151936 --hidden 896 --layers 24 --heads 14 --query-groups 2 --ffn 4864 --seq 128 \
-      --prompt-len 32 --new-tokens 16
+      --shape qwen2.5-0.5b
   fi
 ;; esac
 echo "[evidence] done $(date -u +%FT%TZ)"

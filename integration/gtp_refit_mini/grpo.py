@@ -15,7 +15,7 @@ import time
 
 import torch
 from bugs import check
-from model import _comm
+from model import all_reduce_sum, for_comm
 
 
 def positions(tokens: torch.Tensor) -> torch.Tensor:
@@ -65,8 +65,8 @@ def advantages(tokens: torch.Tensor, s) -> torch.Tensor:
 
 
 class Trainer:
-    def __init__(self, module, config, s):
-        self.module, self.s = module, s
+    def __init__(self, module, config, s, gtp: int):
+        self.module, self.s, self.gtp = module, s, gtp
         self.ddp = s.backend == "nccl"
         if self.ddp:
             from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -148,7 +148,7 @@ class Trainer:
             else:
                 if p.grad is None:
                     continue
-                flat = _comm(p.grad, self.s.backend)
+                flat = for_comm(p.grad, self.s.backend)
                 dist.all_reduce(flat)
                 g = flat.to(p.device) / world
                 other_sq += float(g.double().pow(2).sum())
@@ -156,11 +156,5 @@ class Trainer:
             p.grad = None
             if is_gtp_param(p):
                 p.main_grad.zero_()
-        (gtp_sq,) = _all_reduce(gtp_sq, self.s.backend)  # shards: the sum over peers is the whole
-        return math.sqrt(gtp_sq / (world // self.s.gtp) + other_sq)
-
-
-def _all_reduce(value: float, backend: str) -> list[float]:
-    from model import all_reduce_sum
-
-    return all_reduce_sum([value], backend)
+        (gtp_sq,) = all_reduce_sum([gtp_sq], self.s.backend)  # shards: the sum over peers is the whole
+        return math.sqrt(gtp_sq / (world // self.gtp) + other_sq)

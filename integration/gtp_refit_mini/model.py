@@ -69,19 +69,15 @@ def plain_copy(param) -> torch.Tensor:
     return out
 
 
-def state_bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
 # -- collectives (gloo gets CPU copies: it is only trusted with those here) ------------------
-def _comm(t: torch.Tensor, backend: str) -> torch.Tensor:
+def for_comm(t: torch.Tensor, backend: str) -> torch.Tensor:
     return t.detach().cpu() if backend == "gloo" else t.detach().contiguous()
 
 
 def all_gather_rows(t: torch.Tensor, group, backend: str) -> torch.Tensor:
     import torch.distributed as dist
 
-    src = _comm(t, backend)
+    src = for_comm(t, backend)
     parts = [torch.empty_like(src) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, src, group=group)
     return torch.cat(parts, 0).to(t.device)

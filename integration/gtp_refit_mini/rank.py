@@ -95,7 +95,7 @@ def train_arm(rank: int, world: int, s, gtp: int, ckpt_dir: str, source: dict, m
         markers.append(line)
     load(train, os.path.join(ckpt_dir, "off"))
     check_loaded(train, source, s, f"the GTP-off checkpoint loaded into the gtp={gtp} training model")
-    trainer = Trainer(train, config, s)
+    trainer = Trainer(train, config, s, gtp)
     setup_mib = (torch.cuda.memory_allocated() - base) / MIB
 
     gen = torch.Generator(device="cuda").manual_seed(s.seed * 1009 + rank)
@@ -199,8 +199,7 @@ def run_rank(rank: int, world: int, port: int, s, ckpt_dir: str) -> dict:
     finally:
         parallel_state.destroy_model_parallel()
 
-    result = {"rank": rank, "markers": markers, "gtp_sharded_params": len(sharded), "gtp": metrics,
-              "source_tensors": len(source_weights)}
+    result = {"rank": rank, "markers": markers, "gtp_sharded_params": len(sharded), "gtp": metrics}
     if s.compare_gtp_off:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
         try:

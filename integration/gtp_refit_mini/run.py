@@ -84,6 +84,13 @@ class Settings:
     ckpt_dir: str | None = None
 
 
+# Model shapes by name (--shape); explicit size flags still win over the shape's values.
+SHAPES = {
+    "qwen2.5-0.5b": dict(vocab=151936, hidden=896, layers=24, heads=14, query_groups=2, ffn=4864, seq=128,
+                         prompt_len=32, new_tokens=16),
+}
+
+
 def parse_args(argv: list[str]) -> tuple[Settings, bool]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="exit codes: 0 passed or skipped (SKIP line); 1 a check failed; "
@@ -95,6 +102,8 @@ def parse_args(argv: list[str]) -> tuple[Settings, bool]:
                         "nccl: rank r on cuda:r (Megatron DDP and distributed Adam)")
     p.add_argument("--gtp", type=int, default=d.gtp, help="gtp_remat_size of the training layout")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default=d.dtype, help="parameter and compute dtype")
+    p.add_argument("--shape", choices=sorted(SHAPES),
+                   help="a named model shape (qwen2.5-0.5b: the series' target; its sequence sizes too)")
     p.add_argument("--vocab", type=int, default=d.vocab)
     p.add_argument("--hidden", type=int, default=d.hidden)
     p.add_argument("--layers", type=int, default=d.layers)
@@ -124,6 +133,9 @@ def parse_args(argv: list[str]) -> tuple[Settings, bool]:
     p.add_argument("--ckpt-dir", help="where the checkpoints go (default: a temporary folder, removed)")
     p.add_argument("--dry-check", action="store_true",
                    help="validate arguments, imports and the megatron-core APIs used; needs no CUDA")
+    shape = p.parse_known_args(argv)[0].shape
+    if shape:
+        p.set_defaults(**SHAPES[shape])
     a = p.parse_args(argv)
     s = Settings(**{k: getattr(a, k) for k in Settings.__dataclass_fields__})
     problems = []

@@ -233,8 +233,12 @@ def dry_run(o: Options) -> dict:
             for r in recs:
                 if "module" in r:
                     note = f" (TE placeholder in {', '.join(r['te_placeholder'])})" if r.get("te_placeholder") else ""
-                    _say(o, f"import [{label}] {r['module']}", r["ok"], (r.get("error") or "") + note,
-                         where=r.get("where"))
+                    ok, detail = r["ok"], (r.get("error") or "") + note
+                    if not ok and label == "pristine-nemo-rl":
+                        # That tree lacks the series, its import fix (nrl-mcore-fsdp-names) too:
+                        # the case is red by design, so this is what it shows, not a dry-run failure.
+                        ok, detail = None, "expected without the series: " + detail
+                    _say(o, f"import [{label}] {r['module']}", ok, detail, where=r.get("where"))
             if not recs:
                 _say(o, f"import [{label}]", False, res.stderr.strip()[-500:])
 

@@ -12,50 +12,18 @@ whether the placeholder was used. Without the flag nothing is stood in for.
 
 from __future__ import annotations
 
-import builtins
 import importlib
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import json
 import sys
 import traceback
+from pathlib import Path
 
-NEEDS_TE = ("megatron.bridge.peft.lora_layers",)
-USED: list[str] = []
+# The finder lives with the series' CPU proofs (patches/gtp/proofs/_cpu.py), which need the same.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "patches" / "gtp" / "proofs"))
+from _cpu import BridgeWithoutTE  # noqa: E402
 
-
-class _TEPlaceholder(type):
-    def __getattr__(cls, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _TEPlaceholder(name, (), {})
-
-    def __call__(cls, *args, **kwargs):
-        raise RuntimeError("TransformerEngine placeholder (dry-run): TE code cannot run here")
-
-
-class _LocalTE(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name not in NEEDS_TE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return None
-        real = spec.loader.exec_module
-
-        def local_import(mod, globals=None, locals=None, fromlist=(), level=0):
-            if level == 0 and mod.split(".")[0] == "transformer_engine":
-                USED.append(name)
-                return _TEPlaceholder("transformer_engine", (), {})
-            return builtins.__import__(mod, globals, locals, fromlist, level)
-
-        def exec_module(module):
-            module.__dict__["__builtins__"] = dict(vars(builtins), __import__=local_import)
-            real(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
+FINDER = BridgeWithoutTE()
 
 
 def main(argv: list[str]) -> int:
@@ -63,10 +31,10 @@ def main(argv: list[str]) -> int:
     mods = [a for a in argv if not a.startswith("--")]
     have_te = importlib.util.find_spec("transformer_engine") is not None
     if placeholder and not have_te:
-        sys.meta_path.insert(0, _LocalTE())
+        sys.meta_path.insert(0, FINDER)
     bad = 0
     for m in mods:
-        before = len(USED)
+        before = len(FINDER.used)
         try:
             importlib.import_module(m)
             rec = {"module": m, "ok": True}
@@ -75,7 +43,7 @@ def main(argv: list[str]) -> int:
             frames = traceback.extract_tb(exc.__traceback__)[-3:]
             rec = {"module": m, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:400],
                    "where": [f"{f.filename}:{f.lineno}" for f in frames]}
-        rec["te_placeholder"] = sorted(set(USED[before:])) or None
+        rec["te_placeholder"] = sorted(set(FINDER.used[before:])) or None
         print(json.dumps(rec), flush=True)
     print(json.dumps({"summary": True, "modules": len(mods), "failed": bad, "transformer_engine": have_te}))
     return 1 if bad else 0

@@ -89,7 +89,7 @@ def scan(root: Path, rel: str) -> list[dict]:
 def main(argv: list[str]) -> int:
     root, files = Path(argv[0]), argv[1:]
     if importlib.util.find_spec("transformer_engine") is None:
-        sys.meta_path.insert(0, probe_imports._LocalTE())
+        sys.meta_path.insert(0, probe_imports.FINDER)
     found = []
     for rel in files:
         found += scan(root, rel)

@@ -11,10 +11,20 @@ A torch_dist save or load calls ``torch.cuda.synchronize`` and puts a status fla
 on ``torch.cuda.current_device()``; on a CPU build both raise, so they get their
 CPU meaning (nothing to wait for; the flag lives on the CPU).
 
+Megatron-Bridge's ``peft/lora_layers.py`` imports ``transformer_engine.pytorch``
+unconditionally, and TE only exists for CUDA: ``BridgeWithoutTE`` hands that module (and no
+other) an inert placeholder for its own import statements. sys.modules never holds it, so
+megatron-core keeps seeing TE as absent. The NeMo-RL dry-run's import probe
+(integration/nemo_rl_gtp/harness) uses the same finder.
+
 Nothing else is replaced, and nothing at all where CUDA is available.
 """
 
 from __future__ import annotations
+
+import builtins
+import importlib.abc
+import importlib.machinery
 
 import torch
 
@@ -35,3 +45,49 @@ def allow_dist_checkpoints_without_cuda() -> None:
     if not torch.cuda.is_available():
         torch.cuda.synchronize = lambda device=None: None
         torch.cuda.current_device = lambda: "cpu"
+
+
+class _InertTE(type):
+    """A placeholder TE: attribute lookups give further placeholders (so annotations such as
+    ``te.ops.Sequential`` evaluate); using one as a real layer raises."""
+
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _InertTE(name, (), {})
+
+    def __call__(cls, *args, **kwargs):
+        raise RuntimeError("TransformerEngine placeholder: no TE code can run here")
+
+
+class BridgeWithoutTE(importlib.abc.MetaPathFinder):
+    """Insert into sys.meta_path (where TE is absent) before importing Megatron-Bridge.
+
+    ``used`` lists the modules that really imported the placeholder.
+    """
+
+    MODULES = ("megatron.bridge.peft.lora_layers",)
+
+    def __init__(self):
+        self.used: list[str] = []
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.MODULES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        real_exec = spec.loader.exec_module
+
+        def local_import(mod, globals=None, locals=None, fromlist=(), level=0):
+            if level == 0 and mod.split(".")[0] == "transformer_engine":
+                self.used.append(name)
+                return _InertTE("transformer_engine", (), {})
+            return builtins.__import__(mod, globals, locals, fromlist, level)
+
+        def exec_module(module):
+            module.__dict__["__builtins__"] = dict(vars(builtins), __import__=local_import)
+            real_exec(module)
+
+        spec.loader.exec_module = exec_module
+        return spec

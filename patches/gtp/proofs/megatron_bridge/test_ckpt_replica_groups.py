@@ -40,9 +40,6 @@ local (non-persistent) checkpoint sites, which need nvidia-resiliency-ext and a 
 
 from __future__ import annotations
 
-import builtins
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import logging
 import random
@@ -51,7 +48,7 @@ import typing
 
 import torch
 import torch.distributed as dist
-from _cpu import allow_dist_checkpoints_without_cuda
+from _cpu import BridgeWithoutTE, allow_dist_checkpoints_without_cuda
 from _world import spawn
 
 STEP = 3
@@ -62,50 +59,6 @@ HIDDEN = 8
 # Importing Bridge's checkpointing module on a CPU-only Python 3.11 machine.
 
 
-class _InertTE(type):
-    """Placeholder for ``transformer_engine.pytorch`` seen by ``lora_layers`` alone.
-
-    Attribute lookups yield further placeholders so that annotations like
-    ``te.ops.Sequential`` evaluate; using one as a real layer raises.
-    """
-
-    def __getattr__(cls, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _InertTE(name, (), {})
-
-    def __call__(cls, *args, **kwargs):
-        raise RuntimeError("transformer_engine is not installed; this proof never runs TE code")
-
-
-class _LoraLayersWithoutTE(importlib.abc.MetaPathFinder):
-    """Loads ``megatron.bridge.peft.lora_layers`` with a module-local ``__import__``.
-
-    Only that module's own ``import transformer_engine...`` statements get the placeholder;
-    sys.modules never holds it, so megatron-core keeps seeing TE as absent.
-    """
-
-    TARGET = "megatron.bridge.peft.lora_layers"
-
-    def find_spec(self, name, path, target=None):
-        if name != self.TARGET:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        real_exec = spec.loader.exec_module
-
-        def local_import(mod, globals=None, locals=None, fromlist=(), level=0):
-            if level == 0 and mod.split(".")[0] == "transformer_engine":
-                return _InertTE("transformer_engine", (), {})
-            return builtins.__import__(mod, globals, locals, fromlist, level)
-
-        def exec_module(module):
-            module.__dict__["__builtins__"] = dict(vars(builtins), __import__=local_import)
-            real_exec(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def _import_bridge_checkpointing():
     if not hasattr(typing, "override"):
         import typing_extensions
@@ -113,7 +66,7 @@ def _import_bridge_checkpointing():
         typing.override = typing_extensions.override
     hook = None
     if importlib.util.find_spec("transformer_engine") is None:
-        hook = _LoraLayersWithoutTE()
+        hook = BridgeWithoutTE()
         sys.meta_path.insert(0, hook)
     try:
         import megatron.bridge.training.checkpointing as checkpointing

@@ -228,6 +228,13 @@ def nemo_rl_check(wheelhouse: str, flavor: str, checkout: str) -> dict:
     return out
 
 
+def _read(path: str) -> bytes | None:
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def _series_differs(checkout: str, patches: list[str]) -> str | None:
     """None when the checkout's files equal its HEAD with every patch applied in order, else why.
 
@@ -236,9 +243,10 @@ def _series_differs(checkout: str, patches: list[str]) -> str | None:
     """
     touched: list[str] = []
     for path in patches:
-        for line in open(path, encoding="utf-8", errors="replace"):
-            if line.startswith("+++ b/") and line[6:].strip() not in touched:
-                touched.append(line[6:].strip())
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("+++ b/") and line[6:].strip() not in touched:
+                    touched.append(line[6:].strip())
     with tempfile.TemporaryDirectory(prefix="verify-nemo-rl-") as scratch:
         for rel in touched:
             res = subprocess.run(["git", "-C", checkout, "show", f"HEAD:{rel}"], capture_output=True)
@@ -251,9 +259,7 @@ def _series_differs(checkout: str, patches: list[str]) -> str | None:
             if res.returncode != 0:
                 return f"{os.path.basename(path)} does not apply to the checkout's HEAD: {res.stderr.strip()[:200]}"
         for rel in touched:
-            want, have = os.path.join(scratch, rel), os.path.join(checkout, rel)
-            if os.path.exists(want) != os.path.exists(have) or (
-                    os.path.exists(want) and open(want, "rb").read() != open(have, "rb").read()):
+            if _read(os.path.join(scratch, rel)) != _read(os.path.join(checkout, rel)):
                 return f"{rel} differs from HEAD with the series applied"
     return None
 

@@ -9,7 +9,12 @@ does nothing is enough.
 
 A torch_dist save or load calls ``torch.cuda.synchronize`` and puts a status flag
 on ``torch.cuda.current_device()``; on a CPU build both raise, so they get their
-CPU meaning (nothing to wait for; the flag lives on the CPU).
+CPU meaning (nothing to wait for; the flag lives on the CPU). Megatron-core's refit
+(resharding/execution.py and its gloo copy service) orders its copies on CUDA streams
+and synchronizes the device, and its gloo copy service stages through pinned host
+buffers: on a CPU there is one stream and nothing to wait for, so streams become inert
+and ``torch.cuda.stream`` a plain context, and ``torch.empty(..., pin_memory=True)``
+(which a CPU build refuses) gives the same buffer unpinned.
 
 Megatron-Bridge's ``peft/lora_layers.py`` imports ``transformer_engine.pytorch``
 unconditionally, and TE only exists for CUDA: ``BridgeWithoutTE`` hands that module (and no
@@ -23,6 +28,7 @@ Nothing else is replaced, and nothing at all where CUDA is available.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib.abc
 import importlib.machinery
 
@@ -45,6 +51,35 @@ def allow_dist_checkpoints_without_cuda() -> None:
     if not torch.cuda.is_available():
         torch.cuda.synchronize = lambda device=None: None
         torch.cuda.current_device = lambda: "cpu"
+
+
+class InertStream:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def wait_stream(self, stream):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+
+def allow_refit_without_cuda() -> None:
+    """Call in each rank before megatron-core's swap_model_weights."""
+    allow_dist_checkpoints_without_cuda()
+    if not torch.cuda.is_available():
+        torch.cuda.Stream = InertStream
+        torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
+        torch.cuda.current_stream = lambda device=None: InertStream()
+        empty = torch.empty
+
+        def empty_unpinned(*args, pin_memory=False, **kwargs):
+            return empty(*args, **kwargs)
+
+        torch.empty = empty_unpinned
 
 
 class _InertTE(type):

@@ -1,0 +1,164 @@
+"""Megatron-core's refit moves GTP weight-remat shards into a whole-weight model, and back.
+
+Bug (megatron-core 0.19.2): the resharding planner (``resharding/planner.py``,
+``_build_descriptors_for_param``) reads a parameter's shape as its TP-local shape. A GTP shard
+is a dim-0 slice of that: the planner's size check refuses it. Seen on two H200s in NeMo-RL's
+GRPO run, at the first refit into the dedicated inference model (``refit.py
+prepare_swap_model_weights``, from NeMo-RL's ``_reshard_into_inference_model``):
+"Cannot build TP descriptor for embedding.word_embeddings.weight dim0: src_world*src_local=
+1*512 != 1*1024". Megatron-LM main of 2026-08-22 has nothing GTP-aware in ``resharding/``.
+
+How: two gloo ranks on CPU. A GPT model with SwiGLU, QKV bias and tied embeddings, TP 1 x
+gtp_remat 2, its values moved off their initial ones, and a whole-weight model built the way
+NeMo-RL builds its dedicated inference model (``build_inference_pg_collection``, no GTP axis).
+Then the calls NeMo-RL makes: ``prepare_swap_model_weights`` and ``swap_model_weights`` (gloo
+copy service; on a CPU its CUDA streams are inert, ``_cpu.allow_refit_without_cuda``). Every
+whole-weight tensor must equal the gathered GTP weight exactly, on both
+ranks. Twice: without padding (every GTP weight divides evenly) and with GTP's default
+alignment padding (ffn 200: the fused fc1's 400 rows padded to 416, padding never sent). The
+reverse direction (whole weights into GTP shards) is checked too: every shard must get its
+rows, its padding rows untouched. A model that shards a weight over TP and GTP at once is
+refused with a message naming the parameter (planned from metadata alone, no ranks).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from _cpu import allow_gtp_shards_without_cuda, allow_refit_without_cuda
+from _layouts import _config, whole_weights
+from _world import spawn
+
+VOCAB = 64
+
+
+def _gpt(ffn: int, gtp: int, pg_collection=None):
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    kwargs = {"pg_collection": pg_collection} if pg_collection is not None else {}
+    return GPTModel(_config(ffn, True, gtp), get_gpt_layer_local_spec(), vocab_size=VOCAB,
+                    max_sequence_length=16, share_embeddings_and_output_weights=True,
+                    position_embedding_type="rope", **kwargs)
+
+
+def _perturb(model, seed: int) -> None:
+    """New values, the same on both ranks for replicated tensors; GTP padding rows stay zero."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen))
+            if getattr(p, "pad_length", 0) and p.group.rank() == p.group.size() - 1:
+                p[p.shape[0] - p.pad_length:] = 0
+
+
+def _diff(expected: dict, model) -> list[str]:
+    got = {n: p.detach() for n, p in model.named_parameters()}
+    bad = [f"{n}: missing" for n in expected if n not in got]
+    for name, want in expected.items():
+        have = got.get(name)
+        if have is None:
+            continue
+        if tuple(have.shape) != tuple(want.shape):
+            bad.append(f"{name}: shape {tuple(have.shape)}, not {tuple(want.shape)}")
+        elif not torch.equal(torch.Tensor(have), want):
+            bad.append(f"{name}: max |diff| {float((torch.Tensor(have) - want).abs().max()):.4g}")
+    return bad
+
+
+def _refit(src, dst) -> str | None:
+    from megatron.core.resharding.refit import clear_all_caches, prepare_swap_model_weights, swap_model_weights
+
+    clear_all_caches()
+    try:
+        prepare_swap_model_weights(src_model=src, target_model=dst, group=None)
+        swap_model_weights(src, dst, refit_method="gloo", group=None)
+    except Exception as exc:  # noqa: BLE001 - reported as the outcome
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def run_refit(rank, world_size, ffn):
+    from megatron.core import parallel_state
+    from megatron.core.inference.shards import build_inference_pg_collection
+
+    allow_gtp_shards_without_cuda()
+    allow_refit_without_cuda()
+    torch.manual_seed(1234)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=2)
+    out = {}
+    try:
+        gtp = _gpt(ffn, gtp=2)
+        shards = [n for n, p in gtp.named_parameters() if getattr(p, "is_gtp_weight_remat", False)]
+        out["gtp shards"] = len(shards)
+        out["padded"] = sorted(n for n, p in gtp.named_parameters() if getattr(p, "pad_length", 0))
+        whole = _gpt(ffn, gtp=1, pg_collection=build_inference_pg_collection(world_size, tp_size=1))
+        out["whole shards"] = sum(getattr(p, "is_gtp_weight_remat", False) for p in whole.parameters())
+        _perturb(gtp, seed=7)
+        _perturb(whole, seed=8)
+        expected = whole_weights(gtp)
+        out["differs before"] = len(_diff(expected, whole))
+        error = _refit(gtp, whole)
+        out["gtp->whole"] = [f"failed: {error}"] if error else _diff(expected, whole)
+
+        # Back: new whole weights into the GTP shards.
+        _perturb(whole, seed=9)
+        want = {n: p.detach().clone() for n, p in whole.named_parameters()}
+        error = _refit(whole, gtp)
+        out["whole->gtp"] = [f"failed: {error}"] if error else _diff(want, _Gathered(gtp))
+        out["padding zero"] = all(
+            bool((p[p.shape[0] - p.pad_length:] == 0).all())
+            for p in gtp.parameters()
+            if getattr(p, "pad_length", 0) and p.group.rank() == p.group.size() - 1
+        )
+        dist.barrier()
+    finally:
+        parallel_state.destroy_model_parallel()
+    return out
+
+
+class _Gathered:
+    """A GTP model's parameters as whole weights (gathered, padding cut), for _diff."""
+
+    def __init__(self, model):
+        self._weights = whole_weights(model)
+
+    def named_parameters(self):
+        return iter(self._weights.items())
+
+
+@pytest.mark.parametrize("ffn", [64, 200], ids=["no-padding", "alignment-padding"])
+def test_refit_between_gtp_shards_and_whole_weights(ffn):
+    results = spawn(run_refit, 2, ffn)
+    for rank, res in enumerate(results):
+        assert res["gtp shards"] > 0, f"rank {rank}: the GTP model has no GTP shards"
+        assert res["whole shards"] == 0, f"rank {rank}: the whole-weight model is GTP-sharded"
+        assert bool(res["padded"]) == (ffn == 200), f"rank {rank}: padded weights {res['padded']}"
+        assert res["differs before"] > 0, f"rank {rank}: the models agreed before the refit"
+        assert res["gtp->whole"] == [], f"rank {rank}, GTP -> whole weights: {res['gtp->whole']}"
+        assert res["whole->gtp"] == [], f"rank {rank}, whole weights -> GTP: {res['whole->gtp']}"
+        assert res["padding zero"], f"rank {rank}: the refit wrote into GTP padding rows"
+
+
+def _meta(name, rank, shape, **kw):
+    from megatron.core.resharding.utils import ParameterMetadata
+
+    meta = ParameterMetadata(name=name, shape=shape, dtype=torch.bfloat16, element_size=2,
+                             owner_rank=rank, resolved_name=name, **kw)
+    return meta
+
+
+def test_tp_and_gtp_at_once_is_refused_by_name():
+    """TP 2 x gtp 2 on four ranks into a TP 1 model: not planned, and the message says why."""
+    from megatron.core.resharding.planner import build_plan_from_rosters
+
+    name = "decoder.layers.0.mlp.linear_fc1.weight"
+    tp = {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}
+    gtp = {0: [0, 1], 1: [0, 1], 2: [2, 3], 3: [2, 3]}
+    src = {name: [_meta(name, r, (64, 32), is_tp=True, tensor_parallel_group_ranks=tp[r],
+                        gtp_group_ranks=gtp[r], data_parallel_group_ranks=gtp[r]) for r in range(4)]}
+    dst = {r: {name: _meta(name, r, (256, 32), is_tp=True, tensor_parallel_group_ranks=[r],
+                           data_parallel_group_ranks=[0, 1, 2, 3])} for r in range(4)}
+    with pytest.raises(NotImplementedError, match=r"linear_fc1.*tensor parallelism.*GTP"):
+        build_plan_from_rosters(dst, src, my_global_rank=0)

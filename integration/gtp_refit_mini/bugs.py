@@ -16,6 +16,8 @@ SIGNATURES = (
     ("mlm-te-bias-sizing", re.compile(r"Global shape mismatch for loaded .* for key \S*\.bias\b")),
     ("mlm-tied-weight-guard", re.compile(r"supplied weight's shape")),
     ("mlm-pg-collection", re.compile(r"unexpected keyword argument '?pg_collection'?")),
+    # megatron-core's refit planner takes a GTP shard for the whole TP-local tensor.
+    ("mlm-gtp-refit-plan", re.compile(r"Cannot build TP descriptor for \S+ dim0")),
     ("mlm-gtp-tied-prefetch",
      re.compile(r"KeyError: None(?s:.*)(_get_prefetched_weight|wgrad_reduce_scatter)"
                 r"|(_get_prefetched_weight|wgrad_reduce_scatter)(?s:.*)KeyError: None")),

@@ -10,9 +10,9 @@
 # - proofs: tools/prove.py for the GPU proofs (mlm-te-bias-sizing, mlm-gtp-tied-prefetch),
 #   pristine vs patched; OUT/prove.json, OUT/prove.txt.
 # - mini:   integration/gtp_refit_mini/run.py on the patched tree (gloo fp32 on one GPU; NCCL bf16
-#   on two), on the pristine tree, and on the series without mlm-gtp-tied-prefetch, and without
-#   mlm-gtp-swiglu-ckpt (mlm-gtp-ckpt-without-te changes nothing where TE imports); one
-#   OUT/<variant>.<form>.stdout per run, exit statuses in OUT/runs.tsv.
+#   on two), on the pristine tree, and on the series without mlm-gtp-tied-prefetch, without
+#   mlm-gtp-swiglu-ckpt and without mlm-gtp-refit-plan (mlm-gtp-ckpt-without-te changes nothing
+#   where TE imports); one OUT/<variant>.<form>.stdout per run, exit statuses in OUT/runs.tsv.
 # - cost:   the --compare-gtp-off run on the Qwen2.5-0.5B shape (nightly cell gtp-refit-mini-cost).
 # Nothing stops at a failed run: every outcome is recorded.
 set -uo pipefail
@@ -81,7 +81,7 @@ case " $what " in *" mini "*)
     mini patched "$patched" nccl-bf16 "${nccl[@]}"
     mini pristine "$(pristine)" nccl-bf16 "${nccl[@]}"
     # mlm-gtp-ckpt-without-te changes nothing where TE is importable (its proof is the CPU one).
-    for id in mlm-gtp-tied-prefetch mlm-gtp-swiglu-ckpt; do
+    for id in mlm-gtp-tied-prefetch mlm-gtp-swiglu-ckpt mlm-gtp-refit-plan; do
       mini "without-$id" "$(tree "without-$id" "$(ids_without "$id")")" nccl-bf16 "${nccl[@]}"
     done
   fi

@@ -31,7 +31,7 @@ from bugs import KnownBug, check
 from ckpt import check_loaded, load, logprobs_of, save
 from grpo import Trainer, advantages, generate, grpo_loss, mult_prob_error, positions, token_logprobs
 from model import build_gpt, gtp_sharded, model_config, whole_weights
-from refit import refit
+from refit import new_model_pair, refit
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization"
 MARK_RESHARD = "[colocated-reshard] building dedicated inference model"
@@ -76,6 +76,7 @@ def _release_gtp_buffers() -> None:
 def train_arm(rank: int, world: int, s, gtp: int, ckpt_dir: str, source: dict, markers: list[str] | None) -> dict:
     """Build, load the GTP-off checkpoint (checked against ``source``, its writer's weights),
     train ``s.steps`` GRPO steps; return the metrics and the models."""
+    new_model_pair()
     infer = _inference_model(s, world)
     if markers is not None:
         line = f"{MARK_RESHARD} (inference TP=1 PP=1 EP=1 CP=1 impl=transformer_engine)"

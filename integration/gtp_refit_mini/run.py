@@ -368,6 +368,7 @@ def dry_check(s: Settings) -> int:
         from megatron.core.models.gpt.gpt_model import GPTModel
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: F401
         from megatron.core.process_groups_config import ProcessGroupCollection
+        from megatron.core.resharding import refit as mcore_refit
         from megatron.core.tensor_parallel import gtp_api
         from megatron.core.tensor_parallel.generalized_tensor_parallelism import (  # noqa: F401
             GTP_CONFIG,
@@ -396,6 +397,8 @@ def dry_check(s: Settings) -> int:
         need(hasattr(DistributedDataParallel, attr), f"DistributedDataParallel has no {attr}")
     for attr in ("HAVE_GTP", "is_gtp_param", "classify_gtp_remat_chains"):
         need(hasattr(gtp_api, attr), f"gtp_api has no {attr}")
+    for attr in ("prepare_swap_model_weights", "swap_model_weights", "clear_all_caches"):
+        need(hasattr(mcore_refit, attr), f"megatron.core.resharding.refit has no {attr}")
     for attr in ("weight_prefetch", "async_reduction"):
         need(hasattr(GTP_CONFIG, attr), f"GTP config has no {attr}")
     report["gtp_defaults"] = {"weight_prefetch": GTP_CONFIG.weight_prefetch,

@@ -350,7 +350,8 @@ sys.exit(int((rec / "exit_status").read_text()))
 '''
 
 
-def _recorded(root: Path, name: str, *, rc: int, markers: tuple[str, ...], err: float | None, extra: str = ""):
+def _recorded(root: Path, name: str, *, rc: int, markers: tuple[str, ...], err: float | None, extra: str = "",
+              grad_norm: float = 0.75):
     d = root / name
     d.mkdir(parents=True)
     log = "".join(f"{m} (gtp_remat_size=2)\n" for m in markers) + "step 2/2 done\n" + extra
@@ -358,7 +359,8 @@ def _recorded(root: Path, name: str, *, rc: int, markers: tuple[str, ...], err: 
     (d / "case.log").write_text("[run-on-gpu-host] case patched\n" + log)
     if err is not None:
         (d / "metrics.json").write_text(json.dumps({"train/token_mult_prob_error": {"1": 1.0001, "2": err},
-                                                    "train/loss": {"1": 0.5, "2": 0.4}}, indent=2))
+                                                    "train/loss": {"1": 0.5, "2": 0.4},
+                                                    "train/grad_norm": {"1": 0.8, "2": grad_norm}}, indent=2))
     (d / "exit_status").write_text(f"{rc}\n")
     return d
 
@@ -375,6 +377,9 @@ def test_gpu_host_cell_judges_recorded_runs_with_the_grpo_gates_and_markers(demo
         "red": _recorded(recs, "red", rc=1, markers=(MARK_GTP,), err=None,
                          extra="RuntimeError: supplied weight's shape is (512, 256), not (1024, 256)\n"),
         "gate": _recorded(recs, "gate", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.1011),
+        # Log-probs agree, but clipping an infinite gradient norm zeroed the update.
+        "inf-norm": _recorded(recs, "inf-norm", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.0004,
+                              grad_norm=float("inf")),
     }
     (tmp_path / "replay.py").write_text(REPLAY)
     q = json.dumps
@@ -396,6 +401,7 @@ def test_gpu_host_cell_judges_recorded_runs_with_the_grpo_gates_and_markers(demo
     assert got["no-reshard"]["status"] == "vacuous" and MARK_RESHARD in got["no-reshard"]["reason"]
     assert got["red"]["status"] == "failed" and "supplied weight's shape" in got["red"]["reason"]
     assert got["gate"]["status"] == "failed" and "1.1011" in got["gate"]["reason"]
+    assert got["inf-norm"]["status"] == "failed" and "grad_norm" in got["inf-norm"]["reason"]
     arts = out / "cells" / "demo--rec-green--grpo-megatron-generation-gtp" / "artifacts"
     assert {"run.log", "metrics.json", "console.log"} <= {p.name for p in arts.iterdir()}
 

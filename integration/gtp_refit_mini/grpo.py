@@ -130,9 +130,25 @@ class Trainer:
         else:
             grad_norm = self._sgd()
         # Gradients can be finite yet so large that their norm overflows: weights that blew up.
-        check(math.isfinite(float(grad_norm)), f"the gradient norm is {float(grad_norm)}: the weights diverged")
+        if not math.isfinite(float(grad_norm)):
+            check(False, f"the gradient norm is {float(grad_norm)}: the weights diverged; "
+                         f"largest |weight| and |grad| first: {self._largest()}")
         torch.cuda.synchronize()
         return {"step_seconds": time.perf_counter() - t0, "grad_norm": float(grad_norm)}
+
+    @torch.no_grad()
+    def _largest(self, n: int = 6) -> str:
+        """The parameters with the largest |weight| (GTP shards marked), for a diverged step."""
+        from megatron.core.tensor_parallel.gtp_api import is_gtp_param
+
+        rows = []
+        for name, p in self.module.named_parameters():
+            g = getattr(p, "main_grad", None)
+            rows.append((float(p.detach().float().abs().max()), name, is_gtp_param(p),
+                         None if g is None else float(g.float().abs().max())))
+        rows.sort(reverse=True)
+        return "; ".join(f"{name}{' (GTP)' if gtp else ''} {w:.3g}/{'-' if g is None else f'{g:.3g}'}"
+                         for w, name, gtp, g in rows[:n])
 
     @torch.no_grad()
     def _sgd(self) -> float:

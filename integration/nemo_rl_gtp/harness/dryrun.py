@@ -5,7 +5,9 @@
    and zipped again;
 3. a Python 3.12 venv standing in for the GPU host: torch 2.11.0 and the host's other
    packages (wheels.toml [dryrun]) from the index, then the staged wheels exactly as they
-   will be installed there (--no-index --no-deps);
+   will be installed there (--no-index --no-deps); then the model's weights built from the
+   staged config and seed exactly as the GPU host's setup builds them (fixtures.build_weights
+   in that venv), once, in CACHE/dryrun-model, and kept while config, seed and bytes match;
 4. the image steps that can run without a GPU: 10 (venvs), 30 (the patched megatron wheels),
    40 (the NeMo-RL patches onto the clone at the pin). Step 20 (TE) and 90 (verify:
    HAVE_GTP) need CUDA and the GPU host's glibc: not run, and said so;
@@ -67,6 +69,7 @@ class Options:
     python312: str | None = None
     work: Path | None = None          # scratch (default: a temp dir, removed at the end)
     venv: Path | None = None          # the stand-in venv (default CACHE/dryrun-venv, kept)
+    model: Path | None = None         # where the model is built (default CACHE/dryrun-model, kept)
     ray: bool = True
     ferry_root: Path | None = None    # where .ferry/ is (default: the repo)
     parts_only: bool = False          # stop after the parts, the payload and the wheels' RECORDs
@@ -147,7 +150,7 @@ def record_script(lay: gpuhost.Layout, case: casing.Case, venv: Path, work: Path
     record = work / f"{case.name}.uv.jsonl"
     record.unlink(missing_ok=True)
     doc = lay.stage_doc()
-    args = casing.script_args(case, str(lay.payload / doc["fixtures"]["model"]),
+    args = casing.script_args(case, str(gpuhost.require_model(lay)),
                               str(lay.payload / doc["fixtures"]["data"]), str(lay.checkpoints))
     env = _env_for(venv, pythonpath + [tree, gpuhost.STUBS],
                    {"CARRY_UV_RECORD": str(record), "GIT_CONFIG_GLOBAL": str(work / "gitconfig")})
@@ -186,7 +189,8 @@ def dry_run(o: Options) -> dict:
         _say(o, "ferry te", te.exists() or None, f"{te.read_text().split()[1]} part(s)" if te.exists()
              else "not staged here (shared/gpu/stage-te.sh); needed on the GPU host")
         ferry.receive_local(root, "nrl", work / "parts")
-        lay = gpuhost.Layout(parts=work / "parts", root=work / "root", te=work / "te")
+        lay = gpuhost.Layout(parts=work / "parts", root=work / "root", te=work / "te",
+                             model_dir=o.model or o.cache / "dryrun-model")
         lay.root.mkdir(parents=True, exist_ok=True)
         manifest = gpuhost.unpack_payload(lay)
         _say(o, "payload", True, f"{manifest['payload_bytes'] / 1e6:.1f} MB, series digest "
@@ -208,6 +212,20 @@ def dry_run(o: Options) -> dict:
                    "--disable-pip-version-check", "--force-reinstall", *map(str, built)], check=False, timeout=900)
         _say(o, "staged wheels install (--no-index --no-deps)", res.ok, res.stderr.strip()[-300:] if not res.ok else
              f"{len(built)} into {venv}")
+        # 3b: the model, built as the GPU host's setup builds it
+        log_path = work / "model.log"
+        with open(log_path, "w") as log:
+            try:
+                m = gpuhost.build_model(lay, log, python=str(venv / "bin" / "python"))
+            except CarryError as exc:
+                m = None
+                detail = exc.message + ": " + " | ".join(log_path.read_text().strip().splitlines()[-3:])
+        if m is not None:
+            detail = (f"{m['parameters']} parameters, seed {m['seed']}, "
+                      + ", ".join(f"{n} sha256 {h}" for n, h in m["files"].items())
+                      + (" (kept from an earlier dry-run)" if m["reused"] else f" (built in {m['seconds']}s)"))
+        _say(o, "model weights (fixtures.build_weights, as the GPU host's setup)", m is not None, detail,
+             model=str(lay.model), weights=m)
         # 4: image steps without GPU
         run(["git", "clone", "-q", str(lay.payload / "sources" / "nemo-rl.git"), str(lay.nemo_rl_patched)])
         for step, ok, last in run_steps(lay, venv):

@@ -1,6 +1,7 @@
 """run-on-gpu-host: the environment from the image recipe's steps, then the GRPO cases.
 
-Setup (once per warm machine, idempotent):
+Setup (once per warm machine, idempotent), after checking first that this machine's glibc is
+as new as the staged wheels' manylinux tags need (nvidia-resiliency-ext's: 2.39):
   1. the payload of the ``nrl`` ferry is unpacked into the run root;
   2. a venv with the host's torch visible (``--system-site-packages`` plus a .pth naming
      the site that holds torch: a venv of the host's venv does not see it otherwise);
@@ -41,6 +42,7 @@ from carry.launch import kill_group
 from carry.runner import Git, run, spawn
 
 from . import cases as casing
+from . import lock as locking
 from . import wheels
 
 HERE = Path(__file__).resolve().parents[1]   # integration/nemo_rl_gtp
@@ -106,11 +108,16 @@ class Trees:
 
 
 # -- setup -------------------------------------------------------------------------------------
-def unpack_payload(lay: Layout) -> dict:
+def require_parts(lay: Layout) -> Path:
     src = lay.parts / "nrl"
     if not (src / "manifest.json").exists():
         raise UsageError(f"no nrl ferry unpacked in {lay.parts} ({src / 'manifest.json'} is missing)",
                          hint="bash .ferry/recv.sh nrl /tmp/nrl (with each part), or pass --parts DIR")
+    return src
+
+
+def unpack_payload(lay: Layout) -> dict:
+    src = require_parts(lay)
     manifest = json.loads((src / "manifest.json").read_text())
     xz = src / "payload.tar.xz"
     done = lay.root / ".payload-ok"
@@ -228,10 +235,20 @@ def require_model(lay: Layout) -> Path:
     return lay.model
 
 
+def check_platform() -> str:
+    """Before anything else: pip would refuse a wheel whose manylinux tag needs a newer glibc."""
+    need = wheels.check_glibc([a.file for a in locking.load(HERE / "wheels.toml").wheels])
+    have = wheels.this_glibc()
+    return f"glibc {have[0]}.{have[1]}" + (f" (the staged wheels need >= {need[0]}.{need[1]})" if need else "")
+
+
 def setup(lay: Layout, log_path: Path) -> dict:
+    require_parts(lay)
+    libc = check_platform()
     lay.root.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with open(log_path, "a") as log:
+        log.write(f"[run-on-gpu-host] {libc}\n")
         manifest = unpack_payload(lay)
         make_venv(lay)
         verify = run_steps(lay, log)
@@ -239,7 +256,7 @@ def setup(lay: Layout, log_path: Path) -> dict:
         prepare_pristine(lay)
         model = build_model(lay, log)
     (log_path.parent / "model.json").write_text(json.dumps(model, indent=2, sort_keys=True) + "\n")
-    return {"manifest": manifest, "verify_ok": verify.get("ok"), "deps": len(deps), "model": model,
+    return {"manifest": manifest, "libc": libc, "verify_ok": verify.get("ok"), "deps": len(deps), "model": model,
             "seconds": round(time.monotonic() - t0, 1)}
 
 

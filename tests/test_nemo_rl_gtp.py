@@ -68,8 +68,11 @@ def test_lock_is_canonical_and_pins_every_artifact():
     names = {a.name for a in lk.artifacts}
     # The findings the issue names, and the ones measured since (energon, modelopt's pulp, fastapi).
     for need in ("ray", "jsonschema", "hydra-core", "omegaconf", "antlr4-python3-runtime", "transformers",
-                 "tokenizers", "nvidia-modelopt", "pulp", "datasets", "megatron-energon", "math-verify"):
+                 "tokenizers", "nvidia-modelopt", "pulp", "datasets", "megatron-energon", "math-verify",
+                 "nvidia-resiliency-ext", "defusedxml", "grpcio-tools"):
         assert need in names, need
+    nvrx = next(a for a in lk.wheels if a.name == "nvidia-resiliency-ext")
+    assert nvrx.version == "0.6.0" and "manylinux_2_39_x86_64" in lk.platforms  # NeMo-RL's pin; its only wheel
     tf = next(a for a in lk.wheels if a.name == "transformers")
     assert tf.version.startswith("5.8."), "NeMo-RL asserts transformers < 5.12 at import"
     assert [a.name for a in lk.sdists] == ["antlr4-python3-runtime"]
@@ -115,6 +118,26 @@ def test_pip_download_with_a_wrong_pinned_hash_fails(tmp_path):
         wheels.fetch(wrong, tmp_path / "dl")
     right = locking.Lock(lk.path, lk.python, lk.platforms, (a,), ())
     assert wheels.fetch(right, tmp_path / "dl2")["braceexpand"].name == a.file
+
+
+def test_the_glibc_the_staged_wheels_need_is_checked_before_anything():
+    from carry.errors import OperationError
+    files = [a.file for a in locking.load(NRL / "wheels.toml").wheels]
+    assert wheels.wheel_glibc("x-1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl") == (2, 17)
+    assert wheels.wheel_glibc("x-1-py3-none-any.whl") is None
+    need, which = wheels.glibc_needed(files)
+    assert need == (2, 39) and which.startswith("nvidia_resiliency_ext-0.6.0-")
+    with pytest.raises(OperationError, match=r"has glibc 2\.36; the staged wheel nvidia_resiliency_ext-0\.6\.0-.* "
+                                             r"needs glibc >= 2\.39"):
+        wheels.check_glibc(files, have=(2, 36))
+    assert wheels.check_glibc(files, have=(2, 39)) == (2, 39)
+    from harness import gpuhost  # the setup's first step, on this machine's real glibc
+    have = wheels.this_glibc()
+    if have is not None and have >= (2, 39):
+        assert gpuhost.check_platform().startswith("glibc %d.%d" % have)
+    else:
+        with pytest.raises(OperationError, match="needs glibc >= 2.39"):
+            gpuhost.check_platform()
 
 
 def test_unpack_drops_trims_record_and_zips_again_for_pip(tmp_path):
@@ -364,6 +387,8 @@ def test_every_case_appends_to_the_functional_scripts_own_config():
                             "++data.train.output_key=expected_answer"]
     assert "checkpointing.save_period=2" in casing.script_args(casing.CASES["patched"], "/m", "/d", "/ck")
     assert "grpo.max_num_steps=3" in casing.script_args(casing.CASES["resume"], "/m", "/d", "/ck")
+    for case in casing.CASES.values():  # Bridge's asynchronous checkpointing stays at its default (nvrx is staged)
+        assert not [a for a in casing.script_args(case, "/m", "/d", "/ck") if "async" in a], case.name
     assert casing.script_args(casing.CASES["gtp-off"], "/m", "/d", "/ck")[-1] == \
         "policy.megatron_cfg.tensor_parallel_num_weight_shards=null"
     script = (ROOT / "patches/gtp/nemo-rl/0004-functional-test-grpo-megatron-generation-gtp.patch").read_text()
@@ -469,6 +494,13 @@ def test_run_on_gpu_host_without_its_parts_is_a_usage_error(tmp_path):
                           "--root", str(tmp_path / "root"), "--out", str(tmp_path / "out")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "no nrl ferry unpacked" in res.stderr and "recv.sh nrl" in res.stderr
+    res = subprocess.run([sys.executable, str(NRL / "run-on-gpu-host"), "--skip-setup", "--root", str(tmp_path / "r")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "no environment in" in res.stderr
+    from carry.errors import UsageError
+    from harness import gpuhost
+    with pytest.raises(UsageError, match="no built model in"):  # --skip-setup with a venv but no weights
+        gpuhost.require_model(gpuhost.Layout(parts=tmp_path, root=tmp_path / "r", te=tmp_path))
     res = subprocess.run([sys.executable, str(NRL / "run-on-gpu-host"), "--cases", "patched,nope"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "unknown case(s): nope" in res.stderr

@@ -2,7 +2,7 @@
 
 The stage's lock and its hash checks (a bad hash stops it), the wheels' unpack / RECORD /
 zip-again round trip that carries them to the GPU host, the seeded model, tokenizer and
-data, the ferry format with the real recv.sh, the dry-run on a small part set, the uv and
+data (the stage's config and the weights built from it), the ferry format with the real recv.sh, the dry-run on a small part set, the uv and
 logger stand-ins, and the nightly's gpu-host cell: its command line, and its judging of
 recorded run folders with the grpo test's own gates and markers. The GPU run itself is the
 lead's (integration/README.md); the full dry-run needs a Python 3.12 venv with torch 2.11
@@ -68,8 +68,11 @@ def test_lock_is_canonical_and_pins_every_artifact():
     names = {a.name for a in lk.artifacts}
     # The findings the issue names, and the ones measured since (energon, modelopt's pulp, fastapi).
     for need in ("ray", "jsonschema", "hydra-core", "omegaconf", "antlr4-python3-runtime", "transformers",
-                 "tokenizers", "nvidia-modelopt", "pulp", "datasets", "megatron-energon", "math-verify"):
+                 "tokenizers", "nvidia-modelopt", "pulp", "datasets", "megatron-energon", "math-verify",
+                 "nvidia-resiliency-ext", "defusedxml", "grpcio-tools"):
         assert need in names, need
+    nvrx = next(a for a in lk.wheels if a.name == "nvidia-resiliency-ext")
+    assert nvrx.version == "0.6.0" and "manylinux_2_39_x86_64" in lk.platforms  # NeMo-RL's pin; its only wheel
     tf = next(a for a in lk.wheels if a.name == "transformers")
     assert tf.version.startswith("5.8."), "NeMo-RL asserts transformers < 5.12 at import"
     assert [a.name for a in lk.sdists] == ["antlr4-python3-runtime"]
@@ -117,6 +120,26 @@ def test_pip_download_with_a_wrong_pinned_hash_fails(tmp_path):
     assert wheels.fetch(right, tmp_path / "dl2")["braceexpand"].name == a.file
 
 
+def test_the_glibc_the_staged_wheels_need_is_checked_before_anything():
+    from carry.errors import OperationError
+    files = [a.file for a in locking.load(NRL / "wheels.toml").wheels]
+    assert wheels.wheel_glibc("x-1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl") == (2, 17)
+    assert wheels.wheel_glibc("x-1-py3-none-any.whl") is None
+    need, which = wheels.glibc_needed(files)
+    assert need == (2, 39) and which.startswith("nvidia_resiliency_ext-0.6.0-")
+    with pytest.raises(OperationError, match=r"has glibc 2\.36; the staged wheel nvidia_resiliency_ext-0\.6\.0-.* "
+                                             r"needs glibc >= 2\.39"):
+        wheels.check_glibc(files, have=(2, 36))
+    assert wheels.check_glibc(files, have=(2, 39)) == (2, 39)
+    from harness import gpuhost  # the setup's first step, on this machine's real glibc
+    have = wheels.this_glibc()
+    if have is not None and have >= (2, 39):
+        assert gpuhost.check_platform().startswith("glibc %d.%d" % have)
+    else:
+        with pytest.raises(OperationError, match="needs glibc >= 2.39"):
+            gpuhost.check_platform()
+
+
 def test_unpack_drops_trims_record_and_zips_again_for_pip(tmp_path):
     whl = make_wheel(tmp_path / "tinypkg-1.0-py3-none-any.whl",
                      {"tinypkg/__init__.py": b"VALUE = 42\n", "tinypkg/jars/big.jar": b"J" * 5000,
@@ -152,31 +175,33 @@ def _tree_hashes(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_fixtures_are_the_asked_shape_and_repeat_with_the_seed(tmp_path):
+QWEN25_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+              "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768,
+              "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "use_sliding_window": False, "hidden_act": "silu"}
+
+
+def test_fixtures_are_the_qwen25_05b_shape_and_repeat_with_the_seed(tmp_path):
+    """The stage's side: tokenizer, config (no weights) and data, byte for byte from the seed."""
     prompt = "Think step-by-step.\n{}\n"
     fixtures.build_all(tmp_path / "a", 7, prompt)
     fixtures.build_all(tmp_path / "b", 7, prompt)
     fixtures.build_all(tmp_path / "c", 8, prompt)
     a, b, c = (_tree_hashes(tmp_path / x) for x in "abc")
     assert a == b, "the same seed must give the same bytes"
-    assert a["model/model.safetensors"] != c["model/model.safetensors"]
     assert a["data/train.jsonl"] != c["data/train.jsonl"]
+    assert not [n for n in a if n.endswith(".safetensors")], "the ferry carries no weights: they are built there"
 
-    from safetensors import safe_open
     from transformers import AutoConfig, AutoTokenizer
     cfg = AutoConfig.from_pretrained(tmp_path / "a" / "model")
-    assert (cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-            cfg.num_key_value_heads, cfg.hidden_act, cfg.tie_word_embeddings) == ("qwen2", 256, 2, 4, 2, "silu", True)
-    with safe_open(tmp_path / "a" / "model" / "model.safetensors", "pt") as f:
-        keys = set(f.keys())
-        assert "lm_head.weight" not in keys, "tied: the output layer reuses the embedding"
-        for proj in ("q_proj", "k_proj", "v_proj"):
-            assert f"model.layers.0.self_attn.{proj}.bias" in keys
-        assert "model.layers.1.self_attn.o_proj.bias" not in keys
-        assert {"model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"} <= keys  # SwiGLU
-        assert tuple(f.get_slice("model.layers.0.self_attn.k_proj.weight").get_shape()) == (128, 256)  # 2 KV groups
+    assert cfg.model_type == "qwen2" and cfg.architectures == ["Qwen2ForCausalLM"]
+    assert {k: getattr(cfg, k) for k in QWEN25_05B} == QWEN25_05B
+    rope = getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]
+    assert rope == 1e6 and str(getattr(cfg, "dtype", None) or cfg.torch_dtype).endswith("bfloat16")
+    assert fixtures.check_shape(tmp_path / "a" / "model")["rope_theta"] == 1e6
     tok = AutoTokenizer.from_pretrained(tmp_path / "a" / "model")
-    assert len(tok) <= cfg.vocab_size and tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert len(tok) <= 1024 < cfg.vocab_size and tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert (cfg.eos_token_id, cfg.pad_token_id, cfg.bos_token_id) == (tok.eos_token_id, tok.pad_token_id,
+                                                                       tok.convert_tokens_to_ids("<|endoftext|>"))
     text = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], tokenize=False,
                                    add_generation_prompt=True)
     assert text == "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
@@ -185,6 +210,49 @@ def test_fixtures_are_the_asked_shape_and_repeat_with_the_seed(tmp_path):
     assert len(rows) == 256 and set(rows[0]) == set(casing.DATA_KEYS)
     q = rows[0]["problem"].removeprefix("What is ").removesuffix("?")
     assert str(eval(q)) == rows[0]["expected_answer"]  # noqa: S307 - our own generated arithmetic
+
+
+def test_a_config_of_another_shape_is_refused(tmp_path):
+    fixtures.build_all(tmp_path, 7)
+    cfg = json.loads((tmp_path / "model" / "config.json").read_text())
+    cfg["hidden_size"] = 256
+    (tmp_path / "model" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"not the Qwen2\.5-0\.5B shape.*hidden_size.*\(256, 896\)"):
+        fixtures.build_weights(tmp_path / "model", 7)
+    assert not list((tmp_path / "model").glob("*.safetensors"))
+
+
+def test_weights_are_built_from_the_config_and_the_seed_as_the_gpu_host_does(tmp_path):
+    """The GPU host's side: the real 0.5B build (about 1 GB, tens of seconds), run as setup runs it."""
+    fixtures.build_all(tmp_path / "f", 7)
+    model = tmp_path / "f" / "model"
+    shipped = _tree_hashes(model)
+    res = subprocess.run([sys.executable, str(NRL / "harness" / "fixtures.py"), "weights", str(model), "--seed", "7",
+                          "--json", str(tmp_path / "w.json")], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    built = json.loads((tmp_path / "w.json").read_text())
+    assert built["parameters"] == 494_032_768 and not built["reused"]  # Qwen2.5-0.5B's count
+    assert list(built["files"]) == ["model.safetensors"]
+    assert built["files"]["model.safetensors"] == hashlib.sha256((model / "model.safetensors").read_bytes()).hexdigest()
+    now = _tree_hashes(model)
+    assert {k: now[k] for k in shipped} == shipped, "the shipped config and tokenizer stay as they came"
+
+    from safetensors import safe_open
+    with safe_open(model / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+        assert "lm_head.weight" not in keys, "tied: the output layer reuses the embedding"
+        assert tuple(f.get_slice("model.embed_tokens.weight").get_shape()) == (151936, 896)
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            assert f"model.layers.23.self_attn.{proj}.bias" in keys
+        assert "model.layers.0.self_attn.o_proj.bias" not in keys
+        assert tuple(f.get_slice("model.layers.0.self_attn.k_proj.weight").get_shape()) == (128, 896)  # 2 KV heads
+        assert tuple(f.get_slice("model.layers.0.mlp.gate_proj.weight").get_shape()) == (4864, 896)  # SwiGLU
+        assert str(f.get_tensor("model.norm.weight").dtype) == "torch.bfloat16"
+    again = fixtures.build_weights(model, 7)
+    assert again["reused"] and again["files"] == built["files"], "a second setup keeps the built weights"
+    (model / "model.safetensors").write_bytes(b"damaged")
+    rebuilt = fixtures.build_weights(model, 7)
+    assert not rebuilt["reused"] and rebuilt["files"] == built["files"], "damaged weights are rebuilt, same bytes"
 
 
 # -- the ferry ------------------------------------------------------------------------------------
@@ -319,6 +387,8 @@ def test_every_case_appends_to_the_functional_scripts_own_config():
                             "++data.train.output_key=expected_answer"]
     assert "checkpointing.save_period=2" in casing.script_args(casing.CASES["patched"], "/m", "/d", "/ck")
     assert "grpo.max_num_steps=3" in casing.script_args(casing.CASES["resume"], "/m", "/d", "/ck")
+    for case in casing.CASES.values():  # Bridge's asynchronous checkpointing stays at its default (nvrx is staged)
+        assert not [a for a in casing.script_args(case, "/m", "/d", "/ck") if "async" in a], case.name
     assert casing.script_args(casing.CASES["gtp-off"], "/m", "/d", "/ck")[-1] == \
         "policy.megatron_cfg.tensor_parallel_num_weight_shards=null"
     script = (ROOT / "patches/gtp/nemo-rl/0004-functional-test-grpo-megatron-generation-gtp.patch").read_text()
@@ -430,6 +500,13 @@ def test_run_on_gpu_host_without_its_parts_is_a_usage_error(tmp_path):
                           "--root", str(tmp_path / "root"), "--out", str(tmp_path / "out")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "no nrl ferry unpacked" in res.stderr and "recv.sh nrl" in res.stderr
+    res = subprocess.run([sys.executable, str(NRL / "run-on-gpu-host"), "--skip-setup", "--root", str(tmp_path / "r")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "no environment in" in res.stderr
+    from carry.errors import UsageError
+    from harness import gpuhost
+    with pytest.raises(UsageError, match="no built model in"):  # --skip-setup with a venv but no weights
+        gpuhost.require_model(gpuhost.Layout(parts=tmp_path, root=tmp_path / "r", te=tmp_path))
     res = subprocess.run([sys.executable, str(NRL / "run-on-gpu-host"), "--cases", "patched,nope"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "unknown case(s): nope" in res.stderr

@@ -55,9 +55,6 @@ def offline_overrides(model: str, data: str) -> list[str]:
         f"++data.train.data_path={data}",
         f"++data.train.input_key={DATA_KEYS[0]}",
         f"++data.train.output_key={DATA_KEYS[1]}",
-        # The host has no nvidia-resiliency-ext (not staged), which Bridge's asynchronous
-        # checkpoint strategy ("nvrx") needs at worker start; save synchronously instead.
-        "policy.megatron_cfg.checkpoint.async_save=false",
     ]
 
 

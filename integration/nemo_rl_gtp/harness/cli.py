@@ -38,8 +38,9 @@ def stage_main(argv: list[str]) -> int:
 
     p = Parser(prog="integration/nemo_rl_gtp/stage", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                description="Prepare NeMo-RL's GRPO + GTP run for an offline GPU host, on a machine that reaches the\n"
-                           "package index: fetch and hash-check every wheel in wheels.toml, build the tiny Qwen2,\n"
-                           "its tokenizer and the arithmetic data (fixed seed), apply the series (the patched\n"
+                           "package index: fetch and hash-check every wheel in wheels.toml, write the config of a\n"
+                           "Qwen2.5-0.5B-shaped model (its ~1 GB of weights are built on the GPU host from it and\n"
+                           "the seed), its tokenizer and the arithmetic data (fixed seed), apply the series (the patched\n"
                            "megatron wheels of images/gtp-te219, the pinned pristine sources), and pack it all as\n"
                            "the 'nrl' ferry under .ferry/ (parts of <= 56 MiB). TransformerEngine is the separate\n"
                            "'te' ferry (shared/gpu/stage-te.sh). Prints the device calls to make.")

@@ -5,13 +5,17 @@
    and zipped again;
 3. a Python 3.12 venv standing in for the GPU host: torch 2.11.0 and the host's other
    packages (wheels.toml [dryrun]) from the index, then the staged wheels exactly as they
-   will be installed there (--no-index --no-deps);
+   will be installed there (--no-index --no-deps); then the model's weights built from the
+   staged config and seed exactly as the GPU host's setup builds them (fixtures.build_weights
+   in that venv), once, in CACHE/dryrun-model, and kept while config, seed and bytes match;
 4. the image steps that can run without a GPU: 10 (venvs), 30 (the patched megatron wheels),
    40 (the NeMo-RL patches onto the clone at the pin). Step 20 (TE) and 90 (verify:
    HAVE_GTP) need CUDA and the GPU host's glibc: not run, and said so;
 5. the import closure of the GRPO path in that venv, for the patched trees and for each red
    case's trees (TransformerEngine cannot load here: the one Bridge module that imports it
-   unconditionally gets a placeholder, and the report says so), and NeMo-RL's calls into
+   unconditionally gets a placeholder, and the report says so), megatron-core's
+   get_async_strategy("nvrx") (Bridge's asynchronous checkpoint strategy: nvidia-resiliency-ext,
+   imported at Megatron worker start), and NeMo-RL's calls into
    megatron-core and Bridge checked against the installed signatures (probe_signatures.py);
 6. for each case, the functional script itself runs with the uv stand-in in record mode,
    which gives the exact examples/run_grpo.py command line; that command line is then
@@ -50,12 +54,18 @@ GRPO_MODULES = (
     "nemo_rl.data.datasets.response_datasets",
     "megatron.bridge.training.checkpointing",
     "megatron.core.tensor_parallel.gtp_api",
+    "megatron.core.dist_checkpointing.strategies.torch",
+    "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async",
     "hydra", "omegaconf", "ray", "datasets", "transformers",
 )
 # NeMo-RL's code on the GRPO + Megatron path whose calls into megatron.* are checked.
 SIGNATURE_FILES = ("nemo_rl/models/policy/workers/megatron_policy_worker.py", "nemo_rl/models/megatron/**/*.py",
                    "nemo_rl/models/generation/megatron/*.py", "nemo_rl/algorithms/*.py", "nemo_rl/models/policy/*.py",
                    "nemo_rl/distributed/*.py")
+# What a Megatron worker calls at start: Bridge's save path takes megatron-core's async strategy,
+# "nvrx" by default, which imports nvidia-resiliency-ext's async checkpointing (the first H200
+# attempt's workers died here when it was not staged).
+CALLS = ("megatron.core.dist_checkpointing.strategies.torch:get_async_strategy:nvrx",)
 SERIES_ONLY = ("nemo_rl.models.megatron.gtp",)  # added by the series: absent from pristine NeMo-RL by design
 
 
@@ -67,6 +77,7 @@ class Options:
     python312: str | None = None
     work: Path | None = None          # scratch (default: a temp dir, removed at the end)
     venv: Path | None = None          # the stand-in venv (default CACHE/dryrun-venv, kept)
+    model: Path | None = None         # where the model is built (default CACHE/dryrun-model, kept)
     ray: bool = True
     ferry_root: Path | None = None    # where .ferry/ is (default: the repo)
     parts_only: bool = False          # stop after the parts, the payload and the wheels' RECORDs
@@ -140,6 +151,13 @@ def run_steps(lay: gpuhost.Layout, venv: Path) -> list[tuple[str, bool, str]]:
     return out
 
 
+def wheels_glibc_of(python: str) -> tuple[int, int] | None:
+    res = run([python, "-c", "import platform; print(*platform.libc_ver())"], check=False)
+    lib, _, version = res.stdout.strip().partition(" ")
+    parts = version.split(".")
+    return (int(parts[0]), int(parts[1])) if lib == "glibc" and len(parts) >= 2 and parts[1].isdigit() else None
+
+
 def record_script(lay: gpuhost.Layout, case: casing.Case, venv: Path, work: Path,
                   pythonpath: list[Path], src: Path) -> list[dict]:
     """The functional script, run for real with uv recording: the command lines it would run."""
@@ -147,7 +165,7 @@ def record_script(lay: gpuhost.Layout, case: casing.Case, venv: Path, work: Path
     record = work / f"{case.name}.uv.jsonl"
     record.unlink(missing_ok=True)
     doc = lay.stage_doc()
-    args = casing.script_args(case, str(lay.payload / doc["fixtures"]["model"]),
+    args = casing.script_args(case, str(gpuhost.require_model(lay)),
                               str(lay.payload / doc["fixtures"]["data"]), str(lay.checkpoints))
     env = _env_for(venv, pythonpath + [tree, gpuhost.STUBS],
                    {"CARRY_UV_RECORD": str(record), "GIT_CONFIG_GLOBAL": str(work / "gitconfig")})
@@ -186,7 +204,8 @@ def dry_run(o: Options) -> dict:
         _say(o, "ferry te", te.exists() or None, f"{te.read_text().split()[1]} part(s)" if te.exists()
              else "not staged here (shared/gpu/stage-te.sh); needed on the GPU host")
         ferry.receive_local(root, "nrl", work / "parts")
-        lay = gpuhost.Layout(parts=work / "parts", root=work / "root", te=work / "te")
+        lay = gpuhost.Layout(parts=work / "parts", root=work / "root", te=work / "te",
+                             model_dir=o.model or o.cache / "dryrun-model")
         lay.root.mkdir(parents=True, exist_ok=True)
         manifest = gpuhost.unpack_payload(lay)
         _say(o, "payload", True, f"{manifest['payload_bytes'] / 1e6:.1f} MB, series digest "
@@ -204,10 +223,43 @@ def dry_run(o: Options) -> dict:
         # 3: the stand-in of the GPU host
         lk = locking.load(Path(__file__).resolve().parents[1] / "wheels.toml")
         venv = stand_in_venv(o, lk, find_python312(o.python312))
-        res = run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                   "--disable-pip-version-check", "--force-reinstall", *map(str, built)], check=False, timeout=900)
+        vpy = str(venv / "bin" / "python")
+        need = wheels.glibc_needed([w.name for w in built])
+        here = wheels_glibc_of(vpy)
+        if need is not None:
+            _say(o, "glibc the staged wheels need", None if here is None or here < need[0] else True,
+                 f">= {need[0][0]}.{need[0][1]} ({need[1]}); here " + ("unknown" if here is None else "%d.%d" % here)
+                 + "; run-on-gpu-host checks the host's first")
+        # What this machine's glibc cannot take, pip refuses here though the host takes it: those
+        # wheels go into the stand-in's site with --platform (their compiled parts may not load here).
+        foreign = [w for w in built if (v := wheels.wheel_glibc(w.name)) is not None and (here is None or v > here)]
+        native = [w for w in built if w not in foreign]
+        pip = [vpy, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check"]
+        res = run([*pip, "--force-reinstall", *map(str, native)], check=False, timeout=900)
+        for w in foreign if res.ok else []:
+            site = run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+            tag = w.name[:-4].split("-")[-1].split(".")[0]
+            res = run([*pip, "--upgrade", "--target", site, "--platform", tag, "--python-version", lk.python,
+                       "--implementation", "cp", "--only-binary=:all:", str(w)], check=False, timeout=900)
+            if not res.ok:
+                break
         _say(o, "staged wheels install (--no-index --no-deps)", res.ok, res.stderr.strip()[-300:] if not res.ok else
-             f"{len(built)} into {venv}")
+             f"{len(built)} into {venv}" + (f"; for the host's platform, as this glibc is older: "
+                                            f"{', '.join(w.name for w in foreign)}" if foreign else ""))
+        # 3b: the model, built as the GPU host's setup builds it
+        log_path = work / "model.log"
+        with open(log_path, "w") as log:
+            try:
+                m = gpuhost.build_model(lay, log, python=str(venv / "bin" / "python"))
+            except CarryError as exc:
+                m = None
+                detail = exc.message + ": " + " | ".join(log_path.read_text().strip().splitlines()[-3:])
+        if m is not None:
+            detail = (f"{m['parameters']} parameters, seed {m['seed']}, "
+                      + ", ".join(f"{n} sha256 {h}" for n, h in m["files"].items())
+                      + (" (kept from an earlier dry-run)" if m["reused"] else f" (built in {m['seconds']}s)"))
+        _say(o, "model weights (fixtures.build_weights, as the GPU host's setup)", m is not None, detail,
+             model=str(lay.model), weights=m)
         # 4: image steps without GPU
         run(["git", "clone", "-q", str(lay.payload / "sources" / "nemo-rl.git"), str(lay.nemo_rl_patched)])
         for step, ok, last in run_steps(lay, venv):
@@ -227,7 +279,8 @@ def dry_run(o: Options) -> dict:
                 continue
             env = _env_for(venv, front + [nrl, gpuhost.STUBS])
             mods = [m for m in GRPO_MODULES if label != "pristine-nemo-rl" or m not in SERIES_ONLY]
-            res = subprocess.run([str(venv / "bin" / "python"), str(probe), "--te-placeholder", *mods],
+            calls = [a for c in CALLS for a in ("--call", c)]
+            res = subprocess.run([str(venv / "bin" / "python"), str(probe), "--te-placeholder", *calls, *mods],
                                  env=env, capture_output=True, text=True, timeout=900, cwd=nrl)
             recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
             for r in recs:
@@ -239,6 +292,10 @@ def dry_run(o: Options) -> dict:
                         # the case is red by design, so this is what it shows, not a dry-run failure.
                         ok, detail = None, "expected without the series: " + detail
                     _say(o, f"import [{label}] {r['module']}", ok, detail, where=r.get("where"))
+                elif "call" in r:
+                    mod, func, arg = r["call"].split(":", 2)
+                    _say(o, f"call [{label}] {func}({arg!r}) of {mod}", r["ok"],
+                         r.get("error") or f"returned a {r['returned']}", where=r.get("where"))
             if not recs:
                 _say(o, f"import [{label}]", False, res.stderr.strip()[-500:])
 

@@ -1,16 +1,25 @@
 """The model, tokenizer and data a GRPO run needs when nothing can be downloaded.
 
-A Qwen2 of the Qwen2.5 shape in miniature (tied embeddings, SwiGLU, QKV bias,
-RMSNorm, rotary, grouped-query attention), randomly initialised; a byte-level
-BPE tokenizer trained on the run's own text, with a ChatML template and
-eos/pad set; and arithmetic problems as JSON lines. Everything comes from one
-seed: building twice gives the same bytes.
+The model is Qwen/Qwen2.5-0.5B's exact shape (Qwen2ForCausalLM: hidden 896, 24
+layers, 14 heads, 2 KV heads, FFN 4864, vocabulary 151936, tied embeddings,
+SwiGLU, QKV bias, RMSNorm, rotary with theta 1e6, bf16), randomly initialised
+from the seed; a byte-level BPE tokenizer trained on the run's own text, with a
+ChatML template and eos/pad set; and arithmetic problems as JSON lines.
+
+Its weights are about 1 GB, more than the ferry should carry, so they travel as
+a recipe: the stage writes the config (and the tokenizer), and the GPU host (and
+the dry-run) build the weights from that config with the same seed, on the CPU,
+with :func:`build_weights`, and log their sha256. Everything comes from one seed:
+building twice with the same torch gives the same bytes.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import random
+import sys
 from pathlib import Path
 
 # Qwen2's ChatML markers. eos ends an assistant turn (generation stops there);
@@ -24,9 +33,17 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-# The shape the issue asks for; the vocabulary is the tokenizer's, padded by Megatron.
-SHAPE = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "intermediate_size": 512, "vocab_size": 1024, "max_position_embeddings": 1024}
+# Qwen/Qwen2.5-0.5B's config.json, the numbers that give the model its shape. The functional
+# script's generation settings (buffer_size_gb, max_tokens) are sized for this model.
+SHAPE = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+         "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768,
+         "max_window_layers": 24, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+         "use_sliding_window": False, "sliding_window": 32768, "hidden_act": "silu", "attention_dropout": 0.0,
+         "initializer_range": 0.02}
+# The tokenizer stays small (trained on the run's text); its ids are far below the model's vocabulary.
+TOKENIZER_VOCAB = 1008
+TOKENIZER_MAX_LENGTH = 1024
+WEIGHTS_STAMP = "weights-built.json"   # beside the weights: the seed, the config's sha256, the files' sha256
 DATA_KEYS = ("problem", "expected_answer")
 
 
@@ -66,38 +83,128 @@ def build_tokenizer(out: Path, seed: int, prompt_text: str = "{}") -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=SHAPE["vocab_size"] - 16, special_tokens=SPECIALS,
+    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, special_tokens=SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_corpus(seed, prompt_text), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD,
-                                   additional_special_tokens=["<|im_start|>"], model_max_length=SHAPE["max_position_embeddings"])
+                                   additional_special_tokens=["<|im_start|>"], model_max_length=TOKENIZER_MAX_LENGTH)
     fast.chat_template = CHAT_TEMPLATE
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out))
     return out
 
 
-def build_model(out: Path, seed: int) -> Path:
-    """A randomly initialised tiny Qwen2 next to its tokenizer (call build_tokenizer first)."""
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+def write_model_config(out: Path) -> Path:
+    """config.json and generation_config.json of the model, next to its tokenizer (build_tokenizer first)."""
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config
 
     tok = AutoTokenizer.from_pretrained(str(out))
     if len(tok) > SHAPE["vocab_size"]:
         raise ValueError(f"tokenizer has {len(tok)} tokens, more than the model's {SHAPE['vocab_size']}")
-    cfg = Qwen2Config(**SHAPE, hidden_act="silu", tie_word_embeddings=True, rms_norm_eps=1e-6,
-                      rope_theta=10000.0, use_sliding_window=False, attention_dropout=0.0,
-                      bos_token_id=tok.convert_tokens_to_ids(PAD), eos_token_id=tok.eos_token_id,
+    cfg = Qwen2Config(**SHAPE, bos_token_id=tok.convert_tokens_to_ids(PAD), eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id, torch_dtype="bfloat16")
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
-    model.save_pretrained(str(out), safe_serialization=True)
+    cfg.architectures = ["Qwen2ForCausalLM"]
+    cfg.save_pretrained(str(out))
+    GenerationConfig.from_model_config(cfg).save_pretrained(str(out))
     return out
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    return sorted(p for p in model_dir.iterdir() if p.name.endswith(".safetensors")
+                  or p.name == "model.safetensors.index.json")
+
+
+def check_shape(model_dir: Path) -> dict:
+    """The config in MODEL_DIR must be the shape above; returns what it says."""
+    raw = json.loads((model_dir / "config.json").read_text())
+    rope = raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta"))
+    got = {k: (rope if k == "rope_theta" else raw.get(k)) for k in SHAPE if k != "sliding_window"}
+    want = {k: v for k, v in SHAPE.items() if k != "sliding_window"}
+    if raw.get("model_type") != "qwen2" or got != want:
+        diff = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
+        raise ValueError(f"{model_dir / 'config.json'} is not the Qwen2.5-0.5B shape: "
+                         f"model_type {raw.get('model_type')!r}, (got, want) {diff}")
+    return got
+
+
+def build_weights(model_dir: Path, seed: int) -> dict:
+    """The model's weights from MODEL_DIR/config.json and SEED: random init on the CPU, bf16, safetensors.
+
+    The same function runs on the GPU host (setup) and in the dry-run. The config and the
+    tokenizer files are left exactly as shipped; only the weight files are written. If
+    MODEL_DIR already holds weights built from the same config and seed whose bytes still
+    match the stamp, they are kept. Returns (and writes to the stamp) the seed, the config's
+    sha256, each weight file's sha256, the parameter count and the versions that built it.
+    """
+    import shutil
+    import tempfile
+    import time
+
+    model_dir = Path(model_dir)
+    check_shape(model_dir)
+    config_sha = _sha256(model_dir / "config.json")
+    stamp = model_dir / WEIGHTS_STAMP
+    if stamp.exists():
+        old = json.loads(stamp.read_text())
+        files = {p.name: _sha256(p) for p in _weight_files(model_dir)}
+        if old.get("seed") == seed and old.get("config_sha256") == config_sha and files and old.get("files") == files:
+            return {**old, "reused": True}
+    import torch
+    import transformers
+    from transformers import AutoConfig, Qwen2ForCausalLM
+
+    t0 = time.monotonic()
+    stamp.unlink(missing_ok=True)
+    for old_file in _weight_files(model_dir):
+        old_file.unlink()
+    cfg = AutoConfig.from_pretrained(str(model_dir))
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    with tempfile.TemporaryDirectory(dir=model_dir.parent, prefix=".weights.") as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        del model
+        for p in _weight_files(Path(tmp)):
+            shutil.move(str(p), model_dir / p.name)
+    files = {p.name: _sha256(p) for p in _weight_files(model_dir)}
+    doc = {"seed": seed, "config_sha256": config_sha, "files": files, "parameters": params,
+           "bytes": sum((model_dir / n).stat().st_size for n in files), "torch": torch.__version__,
+           "transformers": transformers.__version__, "seconds": round(time.monotonic() - t0, 1)}
+    stamp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return {**doc, "reused": False}
+
+
 def build_all(root: Path, seed: int, prompt_text: str = "{}") -> dict[str, str]:
-    """root/model (weights + tokenizer) and root/data/train.jsonl; returns their paths."""
+    """root/model (tokenizer and config; no weights: build_weights makes them) and root/data/train.jsonl."""
     model = build_tokenizer(root / "model", seed, prompt_text)
-    build_model(model, seed)
+    write_model_config(model)
     data = write_dataset(root / "data" / "train.jsonl", seed)
     return {"model": str(model), "data": str(data)}
+
+
+def main(argv: list[str]) -> int:
+    """python fixtures.py weights MODEL_DIR --seed N [--json FILE]: run in the environment that will use them."""
+    p = argparse.ArgumentParser(prog="fixtures.py")
+    p.add_argument("what", choices=["weights"])
+    p.add_argument("model_dir", type=Path)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv)
+    doc = build_weights(a.model_dir, a.seed)
+    text = json.dumps(doc, sort_keys=True)
+    if a.json:
+        a.json.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,7 @@
 """run-on-gpu-host: the environment from the image recipe's steps, then the GRPO cases.
 
-Setup (once per warm machine, idempotent):
+Setup (once per warm machine, idempotent), after checking first that this machine's glibc is
+as new as the staged wheels' manylinux tags need (nvidia-resiliency-ext's: 2.39):
   1. the payload of the ``nrl`` ferry is unpacked into the run root;
   2. a venv with the host's torch visible (``--system-site-packages`` plus a .pth naming
      the site that holds torch: a venv of the host's venv does not see it otherwise);
@@ -11,6 +12,12 @@ Setup (once per warm machine, idempotent):
   4. NeMo-RL's own dependencies: the staged wheels, each file checked against its RECORD,
      zipped again and installed with ``--no-index --no-deps``. (The image gets these from
      its NeMo-RL base; there is no such base here.)
+  5. the model: the staged config and tokenizer copied into ROOT/model, and its weights
+     (Qwen2.5-0.5B's shape, ~1 GB in bf16) built there from the config and the stage's seed
+     with the venv's torch on the CPU (fixtures.build_weights); their sha256 goes into the
+     setup log and OUT/model.json. Built once: a later setup keeps them while config, seed
+     and bytes still match.
+The setup leaves setup.log, verify.json and model.json (the weights' sha256) in OUT.
 Per case: a fresh copy of the NeMo-RL tree, ``ray start``, the functional script through a
 ``uv`` stand-in, ``ray stop`` always, and OUT/{run.log, metrics.json, exit_status, case.json}.
 """
@@ -35,11 +42,13 @@ from carry.launch import kill_group
 from carry.runner import Git, run, spawn
 
 from . import cases as casing
+from . import lock as locking
 from . import wheels
 
 HERE = Path(__file__).resolve().parents[1]   # integration/nemo_rl_gtp
 REPO = HERE.parents[1]
 STUBS = HERE / "stubs"
+FIXTURES_PY = Path(__file__).with_name("fixtures.py")
 SHIMS = HERE / "shims"
 TE_SO = "transformer_engine_torch.cpython-312-x86_64-linux-gnu.so"
 # Kept set in every child (shared/gpu/README.md): NVLink multicast must stay off.
@@ -53,10 +62,15 @@ class Layout:
     root: Path           # the run root: the unpacked payload and what setup builds
     te: Path             # the unpacked "te" ferry (its te/ folder: wheels/, the .so)
     python: str = sys.executable
+    model_dir: Path | None = None   # where the model is built (default ROOT/model; the dry-run keeps its own)
 
     @property
     def payload(self) -> Path:
         return self.root / "payload"
+
+    @property
+    def model(self) -> Path:
+        return self.model_dir or self.root / "model"
 
     @property
     def venv(self) -> Path:
@@ -94,11 +108,16 @@ class Trees:
 
 
 # -- setup -------------------------------------------------------------------------------------
-def unpack_payload(lay: Layout) -> dict:
+def require_parts(lay: Layout) -> Path:
     src = lay.parts / "nrl"
     if not (src / "manifest.json").exists():
         raise UsageError(f"no nrl ferry unpacked in {lay.parts} ({src / 'manifest.json'} is missing)",
                          hint="bash .ferry/recv.sh nrl /tmp/nrl (with each part), or pass --parts DIR")
+    return src
+
+
+def unpack_payload(lay: Layout) -> dict:
+    src = require_parts(lay)
     manifest = json.loads((src / "manifest.json").read_text())
     xz = src / "payload.tar.xz"
     done = lay.root / ".payload-ok"
@@ -180,16 +199,64 @@ def prepare_pristine(lay: Layout, python: str | None = None) -> None:
              "--disable-pip-version-check", "--target", str(lay.mcore_pristine), str(wheel[0])])
 
 
+def build_model(lay: Layout, log, python: str | None = None) -> dict:
+    """ROOT/model: the staged config and tokenizer, and the weights built from them (fixtures.build_weights).
+
+    The build runs in PYTHON (the venv's: the torch and transformers the run uses). Returns
+    what build_weights reports: the seed, the config's sha256, each weight file's sha256.
+    """
+    doc = lay.stage_doc()["fixtures"]
+    src = lay.payload / doc["model"]
+    lay.model.mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.iterdir()):
+        if f.is_file():
+            shutil.copy2(f, lay.model / f.name)
+    report = lay.model.parent / f".{lay.model.name}-weights.json"
+    report.unlink(missing_ok=True)
+    argv = [python or str(lay.vpython), str(FIXTURES_PY), "weights", str(lay.model), "--seed", str(doc["seed"]),
+            "--json", str(report)]
+    rc = _stream(argv, log, env=_child_env({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}), echo=False)
+    if rc != 0 or not report.exists():
+        raise OperationError(f"building the model's weights in {lay.model} failed (exit {rc}): see {log.name}")
+    built = json.loads(report.read_text())
+    log.write(f"[run-on-gpu-host] model {lay.model}: seed {built['seed']}, {built['parameters']} parameters, "
+              + ", ".join(f"{n} sha256 {h}" for n, h in built["files"].items())
+              + (" (kept from an earlier build)" if built["reused"] else f" (built in {built['seconds']}s)") + "\n")
+    log.flush()
+    return built
+
+
+def require_model(lay: Layout) -> Path:
+    """The built model, for a case (--skip-setup reuses what the setup built)."""
+    from .fixtures import WEIGHTS_STAMP
+    if not (lay.model / WEIGHTS_STAMP).exists():
+        raise UsageError(f"no built model in {lay.model} (its weights are made by the setup)",
+                         hint="run once without --skip-setup")
+    return lay.model
+
+
+def check_platform() -> str:
+    """Before anything else: pip would refuse a wheel whose manylinux tag needs a newer glibc."""
+    need = wheels.check_glibc([a.file for a in locking.load(HERE / "wheels.toml").wheels])
+    have = wheels.this_glibc()
+    return f"glibc {have[0]}.{have[1]}" + (f" (the staged wheels need >= {need[0]}.{need[1]})" if need else "")
+
+
 def setup(lay: Layout, log_path: Path) -> dict:
+    require_parts(lay)
+    libc = check_platform()
     lay.root.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with open(log_path, "a") as log:
+        log.write(f"[run-on-gpu-host] {libc}\n")
         manifest = unpack_payload(lay)
         make_venv(lay)
         verify = run_steps(lay, log)
         deps = install_deps(lay, log)
         prepare_pristine(lay)
-    return {"manifest": manifest, "verify_ok": verify.get("ok"), "deps": len(deps),
+        model = build_model(lay, log)
+    (log_path.parent / "model.json").write_text(json.dumps(model, indent=2, sort_keys=True) + "\n")
+    return {"manifest": manifest, "libc": libc, "verify_ok": verify.get("ok"), "deps": len(deps), "model": model,
             "seconds": round(time.monotonic() - t0, 1)}
 
 
@@ -297,7 +364,7 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
     t = case_trees(lay, case, trees)
     nrl = copy_tree(t.nemo_rl, out / "nemo-rl", lay.nemo_rl_patched)
     doc = lay.stage_doc()
-    model = lay.payload / doc["fixtures"]["model"]
+    model = require_model(lay)
     data = lay.payload / doc["fixtures"]["data"]
     if case.checkpoint == "save" and lay.checkpoints.exists():
         shutil.rmtree(lay.checkpoints)

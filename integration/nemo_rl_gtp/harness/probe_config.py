@@ -5,7 +5,8 @@
 RUN_GRPO_ARGS are the arguments the functional script passes to examples/run_grpo.py (the
 dry-run records them through the uv stand-in). In ROOT, with its nemo_rl on sys.path, this
 loads the config with every override exactly as run_grpo.main does (load_config,
-parse_hydra_overrides, OmegaConf.to_container(resolve=True), MasterConfig), loads the
+parse_hydra_overrides, OmegaConf.to_container(resolve=True), MasterConfig), reads the
+model's config and its weights' shapes (built from it), loads the
 tokenizer and renders a prompt with its chat template, configures generation, asks NeMo-RL
 whether a dedicated inference model will be built, and with --ray attaches to a running Ray
 (init_ray, as run_grpo does), runs a trivial actor and sets up the data and the math
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -82,6 +84,20 @@ def probe(root: str, argv: list[str], with_ray: bool, out: dict) -> dict:
     step("model-config", model_type=hf.model_type, hidden=hf.hidden_size, layers=hf.num_hidden_layers,
          heads=hf.num_attention_heads, kv_heads=hf.num_key_value_heads, vocab=hf.vocab_size,
          tied=hf.tie_word_embeddings)
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    shapes = {}
+    for f in sorted(Path(master.policy["model_name"]).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            shapes.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
+    embed = shapes.get("model.embed_tokens.weight")
+    if embed != (hf.vocab_size, hf.hidden_size) or "lm_head.weight" in shapes:
+        raise ValueError(f"the weights in {master.policy['model_name']} do not fit its config: embedding {embed}, "
+                         f"lm_head {'present' if 'lm_head.weight' in shapes else 'tied'}")
+    step("model-weights", tensors=len(shapes), embedding=embed,
+         parameters=sum(math.prod(s) for s in shapes.values()))
     tok = get_tokenizer(master.policy["tokenizer"])
     text = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], tokenize=False,
                                    add_generation_prompt=True)

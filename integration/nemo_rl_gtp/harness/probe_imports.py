@@ -1,7 +1,11 @@
 """Import NeMo-RL's GRPO + Megatron path in the environment that runs it; one JSON line per module.
 
 Run by the dry-run with the dry-run venv's python (and usable on the GPU host as a preflight):
-    python probe_imports.py [--te-placeholder] MODULE...
+    python probe_imports.py [--te-placeholder] [--call MODULE:FUNCTION:ARG]... MODULE...
+
+--call runs FUNCTION(ARG) (ARG a string) after the imports and reports whether it raised: what
+a worker calls at start, e.g. megatron-core's get_async_strategy("nvrx"), which imports
+nvidia-resiliency-ext's async checkpointing for Bridge.
 
 TransformerEngine cannot load on a machine without a CUDA-capable glibc/driver stack. With
 --te-placeholder, the modules that import it unconditionally (megatron.bridge.peft.lora_layers)
@@ -26,9 +30,19 @@ from _cpu import BridgeWithoutTE  # noqa: E402
 FINDER = BridgeWithoutTE()
 
 
+def _failure(exc: BaseException) -> dict:
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
+    text = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None:  # a re-raised ImportError hides which module was missing
+        text += f" (cause: {type(cause).__name__}: {cause})"
+    return {"ok": False, "error": text[:600], "where": [f"{f.filename}:{f.lineno}" for f in frames]}
+
+
 def main(argv: list[str]) -> int:
     placeholder = "--te-placeholder" in argv
-    mods = [a for a in argv if not a.startswith("--")]
+    calls = [argv[i + 1] for i, a in enumerate(argv) if a == "--call"]
+    mods = [a for i, a in enumerate(argv) if not a.startswith("--") and (i == 0 or argv[i - 1] != "--call")]
     have_te = importlib.util.find_spec("transformer_engine") is not None
     if placeholder and not have_te:
         sys.meta_path.insert(0, FINDER)
@@ -40,12 +54,19 @@ def main(argv: list[str]) -> int:
             rec = {"module": m, "ok": True}
         except BaseException as exc:  # noqa: BLE001 - every failure is a finding
             bad += 1
-            frames = traceback.extract_tb(exc.__traceback__)[-3:]
-            rec = {"module": m, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:400],
-                   "where": [f"{f.filename}:{f.lineno}" for f in frames]}
+            rec = {"module": m, **_failure(exc)}
         rec["te_placeholder"] = sorted(set(FINDER.used[before:])) or None
         print(json.dumps(rec), flush=True)
-    print(json.dumps({"summary": True, "modules": len(mods), "failed": bad, "transformer_engine": have_te}))
+    for spec in calls:
+        mod, func, arg = spec.split(":", 2)
+        try:
+            got = getattr(importlib.import_module(mod), func)(arg)
+            rec = {"call": spec, "ok": True, "returned": type(got).__name__}
+        except BaseException as exc:  # noqa: BLE001 - every failure is a finding
+            bad += 1
+            rec = {"call": spec, **_failure(exc)}
+        print(json.dumps(rec), flush=True)
+    print(json.dumps({"summary": True, "modules": len(mods), "calls": len(calls), "failed": bad, "transformer_engine": have_te}))
     return 1 if bad else 0
 
 

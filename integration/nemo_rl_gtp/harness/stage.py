@@ -8,7 +8,9 @@ Layout of the payload (``payload.tar.xz`` inside the ``nrl`` ferry):
                          and the NeMo-RL patches (tools/build_image.py --context-only, in process)
   sources/               the pinned pristine artifacts: the megatron-core and megatron-bridge
                          wheels of series.toml, and nemo-rl.git (a shallow bare clone at the pin)
-  fixtures/model/        the tiny Qwen2 (weights, config, tokenizer, chat template)
+  fixtures/model/        the Qwen2.5-0.5B-shaped model's config and its tokenizer (chat template); no
+                         weights: about 1 GB, they are built from the config and the seed on the GPU host
+                         (fixtures.build_weights, run-on-gpu-host's setup)
   fixtures/data/train.jsonl
   stage.json             what is inside and where it came from
 
@@ -148,6 +150,8 @@ def stage_sources(o: Options, dest: Path) -> dict:
 def stage_fixtures(o: Options, dest: Path, prompt_file: Path) -> dict:
     fixtures.build_all(dest, o.seed, prompt_file.read_text())
     return {"seed": o.seed, "model": "fixtures/model", "data": "fixtures/data/train.jsonl",
+            "shape": "Qwen/Qwen2.5-0.5B", "weights": "built from config.json and the seed where the run is "
+                                                  "(fixtures.build_weights)",
             "prompt_file": "examples/prompts/cot.txt", "files": _dir_files(dest),
             "built_by": {"python": platform.python_version(), "transformers": _version("transformers"),
                          "tokenizers": _version("tokenizers"), "torch": _version("torch")}}

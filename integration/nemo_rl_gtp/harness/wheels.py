@@ -14,16 +14,60 @@ import base64
 import csv
 import hashlib
 import io
+import platform
+import re
 import shutil
 import sys
 import zipfile
 from pathlib import Path
 
 from carry import progress
-from carry.errors import IntegrityError, SourceError
+from carry.errors import IntegrityError, OperationError, SourceError
 from carry.runner import run
 
 from .lock import Artifact, Lock, check_file
+
+
+LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+
+
+def wheel_glibc(file: str) -> tuple[int, int] | None:
+    """The oldest glibc that one of the wheel's platform tags accepts; None when it names no glibc."""
+    if not file.endswith(".whl"):
+        return None
+    found = []
+    for tag in file[:-4].split("-")[-1].split("."):
+        m = re.fullmatch(r"manylinux_(\d+)_(\d+)_\w+", tag)
+        if m:
+            found.append((int(m[1]), int(m[2])))
+        elif tag.split("_", 1)[0] in LEGACY_MANYLINUX:
+            found.append(LEGACY_MANYLINUX[tag.split("_", 1)[0]])
+    return min(found) if found else None
+
+
+def glibc_needed(files: list[str]) -> tuple[tuple[int, int], str] | None:
+    """The newest glibc any of FILES needs, and the wheel that needs it."""
+    need = [(v, f) for f in files if (v := wheel_glibc(f)) is not None]
+    return max(need) if need else None
+
+
+def this_glibc() -> tuple[int, int] | None:
+    lib, version = platform.libc_ver()
+    m = re.match(r"(\d+)\.(\d+)", version) if lib == "glibc" else None
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def check_glibc(files: list[str], have: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """Stop early, with the wheel's name, when this machine's glibc is older than a wheel needs."""
+    need = glibc_needed(files)
+    have = have if have is not None else this_glibc()
+    if need is not None and (have is None or have < need[0]):
+        here = "no glibc" if have is None else "glibc %d.%d" % have
+        raise OperationError(f"this machine has {here}; the staged wheel {need[1]} needs glibc >= "
+                             f"{need[0][0]}.{need[0][1]} (its manylinux tag), so pip would refuse it",
+                             hint="run on a GPU host with that glibc, or pin a release of it with an older "
+                                  "manylinux tag in integration/nemo_rl_gtp/wheels.toml")
+    return need[0] if need else None
 
 
 def _platform_args(lock: Lock) -> list[str]:

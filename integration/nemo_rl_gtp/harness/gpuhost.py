@@ -33,6 +33,7 @@ import sys
 import tarfile
 import threading
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -310,10 +311,39 @@ def _stream(argv: list[str], log, env: dict[str, str], cwd: Path | None = None, 
 
 def case_trees(lay: Layout, case: casing.Case, given: Trees | None) -> Trees:
     if given is not None:   # the nightly's trees (tonight's, or a bisection prefix)
-        return given
+        return Trees(given.nemo_rl, [with_compiled_parts(lay, t) for t in given.front])
     nrl = lay.nemo_rl_patched if case.nemo_rl == "patched" else lay.nemo_rl_pristine
     front = [lay.mcore_pristine] if case.megatron_core == "pristine" else []
     return Trees(nrl, front)
+
+
+def with_compiled_parts(lay: Layout, tree: Path) -> Path:
+    """A megatron-lm tree from tools/apply.py as the pinned wheel installs it.
+
+    apply keeps the wheel's sources and leaves its compiled extension (the dataset helpers,
+    ``helpers_cpp``) out of the tree. Run from such a tree, megatron-core cannot import them and
+    Bridge's initialize_megatron stops at compile_helpers on rank 0. Returns TREE itself when it
+    lacks nothing, else a fresh copy under ROOT/fronts with the pinned wheel's compiled files
+    added (the tree is left as the nightly made it).
+    """
+    if not (tree / "megatron" / "core").is_dir():
+        return tree   # not a megatron-core tree (megatron-bridge's src)
+    wheels_found = sorted((lay.payload / "sources").glob("megatron_core-*.whl"))
+    if len(wheels_found) != 1:
+        raise IntegrityError(f"expected one pinned megatron-core wheel in {lay.payload / 'sources'}, "
+                             f"found {len(wheels_found)}")
+    with zipfile.ZipFile(wheels_found[0]) as z:
+        missing = [n for n in z.namelist() if n.endswith(".so") and not (tree / n).exists()]
+        if not missing:
+            return tree
+        dest = lay.root / "fronts" / tree.name
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(tree, dest, ignore=shutil.ignore_patterns(".git"), symlinks=True)
+        for name in missing:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            (dest / name).write_bytes(z.read(name))
+    return dest
 
 
 def copy_tree(src: Path, dest: Path, script_from: Path | None) -> Path:

@@ -493,6 +493,16 @@ def test_case_summary_names_what_each_case_showed(tmp_path):
     assert got["observed"] == "green" and got["gate_value"] == 1.0002 and got["as_expected"]
     d = _recorded(tmp_path, "off2", rc=1, markers=(), err=None, extra="ValueError: boom\n")
     assert gpuhost.summarize(casing.CASES["gtp-off"], d, 1)["observed"] == "red"
+    # Clipping an infinite norm zeroes the update while log-probs agree: red all the same.
+    d = _recorded(tmp_path, "inf", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003, grad_norm=float("inf"))
+    got = gpuhost.summarize(casing.CASES["patched"], d, 0)
+    assert got["observed"] == "red" and got["grad_norm_max"] == float("inf")
+    # Ray's metrics-agent noise is not the run's first error.
+    d = _recorded(tmp_path, "noise", rc=1, markers=(MARK_GTP,), err=None,
+                  extra="Error fetching metrics from 192.0.2.2:-1: Failed to parse\n"
+                        "ModuleNotFoundError: No module named 'flash_attn'\n")
+    got = gpuhost.summarize(casing.CASES["patched"], d, 1)
+    assert got["first_error"] == "ModuleNotFoundError: No module named 'flash_attn'"
 
 
 def test_run_on_gpu_host_without_its_parts_is_a_usage_error(tmp_path):

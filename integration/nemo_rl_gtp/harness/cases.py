@@ -37,8 +37,9 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("pristine-nemo-rl", "NeMo-RL without the series: the script's GTP keys "
          "(policy.megatron_cfg.tensor_parallel_num_weight_shards) do not exist there, so the run stops at the "
          "override", "red", "pristine", "patched"),
-    Case("pristine-mcore", "the patched NeMo-RL on pristine megatron-core 0.19.2: GTP is on and meets the "
-         "megatron-core bugs (tied-weight shape guard, bias sizing, inference collection)",
+    Case("pristine-mcore", "the patched NeMo-RL on pristine megatron-core 0.19.2: rank 0 stops first at "
+         "compile_helpers' make on the wheel install (mlm-dataset-helpers-wheel); past it GTP meets the "
+         "megatron-core GTP bugs (tied-weight shape guard, bias sizing, inference collection, refit planner)",
          "red", "patched", "pristine"),
     Case("gtp-off", "control: the same run with the shard count null (GTP off); no dedicated model is needed, "
          "so the markers are absent by design; token_mult_prob_error is reported",

@@ -520,3 +520,27 @@ def test_run_on_gpu_host_without_its_parts_is_a_usage_error(tmp_path):
     res = subprocess.run([sys.executable, str(NRL / "run-on-gpu-host"), "--cases", "patched,nope"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "unknown case(s): nope" in res.stderr
+
+
+def test_nightly_megatron_tree_runs_with_the_pinned_wheels_compiled_helper(mcore_tree, pin_cache, tmp_path):
+    """A tools/apply.py tree has the wheel's sources but not its compiled dataset helper; the gpu-host
+    cell runs it from a copy that has the pinned wheel's, and leaves the tree as it was."""
+    from harness import gpuhost
+    wheel = next((pin_cache / "artifacts").rglob("megatron_core-0.19.2-cp312-*.whl"))
+    lay = gpuhost.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te")
+    with pytest.raises(IntegrityError, match="one pinned megatron-core wheel"):
+        gpuhost.with_compiled_parts(lay, mcore_tree)
+    (lay.payload / "sources").mkdir(parents=True)
+    shutil.copy2(wheel, lay.payload / "sources" / wheel.name)
+    assert not list(mcore_tree.rglob("*.so")), "apply leaves compiled files out of the tree"
+    got = gpuhost.with_compiled_parts(lay, mcore_tree)
+    assert got != mcore_tree and not list(mcore_tree.rglob("*.so"))
+    with zipfile.ZipFile(wheel) as z:
+        shipped = {n for n in z.namelist() if n.endswith(".so")}
+    assert shipped and {str(p.relative_to(got)) for p in got.rglob("*.so")} == shipped
+    assert (got / "megatron" / "core" / "datasets" / "utils.py").read_bytes() == \
+        (mcore_tree / "megatron" / "core" / "datasets" / "utils.py").read_bytes()
+    assert gpuhost.with_compiled_parts(lay, got) == got            # nothing missing: used as it is
+    bridge = tmp_path / "bridge" / "src"
+    (bridge / "megatron" / "bridge").mkdir(parents=True)
+    assert gpuhost.with_compiled_parts(lay, bridge) == bridge      # not a megatron-core tree

@@ -124,10 +124,12 @@ def comma_list(value: str | None, flag: str = "--only") -> list[str] | None:
     return items
 
 
-def name_target(value: str, flag: str) -> tuple[str, str]:
+def upstream_target(value: str, flag: str, series) -> tuple[str, str]:
+    """NAME=VERSION_OR_COMMIT of --onto/--against: NAME must be an upstream of SERIES."""
     name, sep, target = value.partition("=")
     if not sep or not name or not target:
         raise UsageError(f"{flag} expects NAME=VERSION_OR_COMMIT, got {value!r}")
+    series.upstream(name)  # a UsageError naming the known upstreams
     return name, target
 
 

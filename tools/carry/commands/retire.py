@@ -31,8 +31,7 @@ def main(argv: list[str], prog: str) -> int:
     options.add_timeout(p)
     a = p.parse_args(argv)
     series = options.load_series(a)
-    name, target = options.name_target(a.against, "--against")
-    series.upstream(name)
+    name, target = options.upstream_target(a.against, "--against", series)
     rep = retire(series, name, target, options.cache(a), a.write, a.workdir, options.sources(a, series),
                  a.timeout, a.accept_candidates)
     options.write_report(a.json, rep.to_dict())

@@ -46,13 +46,26 @@ def _config(ffn: int, gated: bool, gtp: int):
     )
 
 
-def _gpt(ffn: int, gated: bool, gtp: int):
+def gpt(ffn: int, gated: bool, gtp: int, pg_collection=None):
+    """The proofs' small GPT (tied embeddings, QKV bias, local spec); ``pg_collection`` as GPTModel takes it."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
+    kwargs = {"pg_collection": pg_collection} if pg_collection is not None else {}
     return GPTModel(_config(ffn, gated, gtp), get_gpt_layer_local_spec(), vocab_size=VOCAB,
                     max_sequence_length=16, share_embeddings_and_output_weights=True,
-                    position_embedding_type="rope")
+                    position_embedding_type="rope", **kwargs)
+
+
+@torch.no_grad()
+def perturb(model, seed: int, scale: float) -> None:
+    """New values, the same on every rank for replicated tensors; GTP padding rows stay zero, as
+    GTP keeps them."""
+    gen = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.add_(torch.randn(p.shape, generator=gen) * scale)
+        if getattr(p, "pad_length", 0) and p.group.rank() == p.group.size() - 1:
+            p[p.shape[0] - p.pad_length:] = 0
 
 
 def whole_weights(model) -> dict[str, torch.Tensor]:
@@ -68,7 +81,7 @@ def whole_weights(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def _mismatches(expected: dict, got: dict) -> list[str]:
+def mismatches(expected: dict, got: dict) -> list[str]:
     bad = []
     for name, want in expected.items():
         have = got[name]
@@ -106,13 +119,13 @@ def run_layouts(rank, world_size, tmp, ffn, gated, singleton):
             text = f"{type(exc).__name__}: {exc}"
             lines = [x.strip() for x in text.splitlines() if "Exception: " in x or "Error: " in x]
             return "failed: " + (lines[-1] if lines else text.splitlines()[0])[:400]
-        return _mismatches(expected, whole_weights(target))
+        return mismatches(expected, whole_weights(target))
 
     results = {}
     torch.manual_seed(1234)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
     try:
-        off = _gpt(ffn, gated, gtp=1)
+        off = gpt(ffn, gated, gtp=1)
         off_weights = whole_weights(off)
         save(off, "off")
     finally:
@@ -120,25 +133,19 @@ def run_layouts(rank, world_size, tmp, ffn, gated, singleton):
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=2)
     try:
-        gtp = _gpt(ffn, gated, gtp=2)
+        gtp = gpt(ffn, gated, gtp=2)
         assert any(getattr(p, "is_gtp_weight_remat", False) for p in gtp.parameters()), "nothing GTP-sharded"
         results["off->gtp"] = direction("off", gtp, off_weights)
-        # New values, the same on both ranks (replicated parameters stay replicas).
-        with torch.no_grad():
-            gen = torch.Generator().manual_seed(99)
-            for p in gtp.parameters():
-                p.add_(torch.randn(p.shape, generator=gen) * 0.01)
-                if getattr(p, "pad_length", 0) and p.group.rank() == p.group.size() - 1:
-                    p[p.shape[0] - p.pad_length:] = 0  # padding rows stay zero, as GTP keeps them
+        perturb(gtp, seed=99, scale=0.01)
         gtp_weights = whole_weights(gtp)
         save(gtp, "gtp")
-        results["gtp->gtp"] = direction("gtp", _gpt(ffn, gated, gtp=2), gtp_weights)
+        results["gtp->gtp"] = direction("gtp", gpt(ffn, gated, gtp=2), gtp_weights)
     finally:
         parallel_state.destroy_model_parallel()
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
     try:
-        results["gtp->off"] = direction("gtp", _gpt(ffn, gated, gtp=1), gtp_weights)
+        results["gtp->off"] = direction("gtp", gpt(ffn, gated, gtp=1), gtp_weights)
     finally:
         parallel_state.destroy_model_parallel()
     return results

@@ -27,44 +27,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from _cpu import allow_gtp_shards_without_cuda, allow_refit_without_cuda
-from _layouts import _config, whole_weights
+from _layouts import gpt, mismatches, perturb, whole_weights
 from _world import spawn
 
-VOCAB = 64
 
-
-def _gpt(ffn: int, gtp: int, pg_collection=None):
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
-
-    kwargs = {"pg_collection": pg_collection} if pg_collection is not None else {}
-    return GPTModel(_config(ffn, True, gtp), get_gpt_layer_local_spec(), vocab_size=VOCAB,
-                    max_sequence_length=16, share_embeddings_and_output_weights=True,
-                    position_embedding_type="rope", **kwargs)
-
-
-def _perturb(model, seed: int) -> None:
-    """New values, the same on both ranks for replicated tensors; GTP padding rows stay zero."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen))
-            if getattr(p, "pad_length", 0) and p.group.rank() == p.group.size() - 1:
-                p[p.shape[0] - p.pad_length:] = 0
-
-
-def _diff(expected: dict, model) -> list[str]:
-    got = {n: p.detach() for n, p in model.named_parameters()}
-    bad = [f"{n}: missing" for n in expected if n not in got]
-    for name, want in expected.items():
-        have = got.get(name)
-        if have is None:
-            continue
-        if tuple(have.shape) != tuple(want.shape):
-            bad.append(f"{name}: shape {tuple(have.shape)}, not {tuple(want.shape)}")
-        elif not torch.equal(torch.Tensor(have), want):
-            bad.append(f"{name}: max |diff| {float((torch.Tensor(have) - want).abs().max()):.4g}")
-    return bad
+def _params(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach() for n, p in model.named_parameters()}
 
 
 def _refit(src, dst) -> str | None:
@@ -89,24 +57,23 @@ def run_refit(rank, world_size, ffn):
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=2)
     out = {}
     try:
-        gtp = _gpt(ffn, gtp=2)
-        shards = [n for n, p in gtp.named_parameters() if getattr(p, "is_gtp_weight_remat", False)]
-        out["gtp shards"] = len(shards)
+        gtp = gpt(ffn, True, gtp=2)
+        out["gtp shards"] = sum(getattr(p, "is_gtp_weight_remat", False) for p in gtp.parameters())
         out["padded"] = sorted(n for n, p in gtp.named_parameters() if getattr(p, "pad_length", 0))
-        whole = _gpt(ffn, gtp=1, pg_collection=build_inference_pg_collection(world_size, tp_size=1))
+        whole = gpt(ffn, True, gtp=1, pg_collection=build_inference_pg_collection(world_size, tp_size=1))
         out["whole shards"] = sum(getattr(p, "is_gtp_weight_remat", False) for p in whole.parameters())
-        _perturb(gtp, seed=7)
-        _perturb(whole, seed=8)
+        perturb(gtp, seed=7, scale=1.0)
+        perturb(whole, seed=8, scale=1.0)
         expected = whole_weights(gtp)
-        out["differs before"] = len(_diff(expected, whole))
+        out["differs before"] = len(mismatches(expected, _params(whole)))
         error = _refit(gtp, whole)
-        out["gtp->whole"] = [f"failed: {error}"] if error else _diff(expected, whole)
+        out["gtp->whole"] = [f"failed: {error}"] if error else mismatches(expected, _params(whole))
 
         # Back: new whole weights into the GTP shards.
-        _perturb(whole, seed=9)
-        want = {n: p.detach().clone() for n, p in whole.named_parameters()}
+        perturb(whole, seed=9, scale=1.0)
+        want = {n: t.clone() for n, t in _params(whole).items()}
         error = _refit(whole, gtp)
-        out["whole->gtp"] = [f"failed: {error}"] if error else _diff(want, _Gathered(gtp))
+        out["whole->gtp"] = [f"failed: {error}"] if error else mismatches(want, whole_weights(gtp))
         out["padding zero"] = all(
             bool((p[p.shape[0] - p.pad_length:] == 0).all())
             for p in gtp.parameters()
@@ -116,16 +83,6 @@ def run_refit(rank, world_size, ffn):
     finally:
         parallel_state.destroy_model_parallel()
     return out
-
-
-class _Gathered:
-    """A GTP model's parameters as whole weights (gathered, padding cut), for _diff."""
-
-    def __init__(self, model):
-        self._weights = whole_weights(model)
-
-    def named_parameters(self):
-        return iter(self._weights.items())
 
 
 @pytest.mark.parametrize("ffn", [64, 200], ids=["no-padding", "alignment-padding"])
@@ -144,9 +101,8 @@ def test_refit_between_gtp_shards_and_whole_weights(ffn):
 def _meta(name, rank, shape, **kw):
     from megatron.core.resharding.utils import ParameterMetadata
 
-    meta = ParameterMetadata(name=name, shape=shape, dtype=torch.bfloat16, element_size=2,
+    return ParameterMetadata(name=name, shape=shape, dtype=torch.bfloat16, element_size=2,
                              owner_rank=rank, resolved_name=name, **kw)
-    return meta
 
 
 def test_tp_and_gtp_at_once_is_refused_by_name():

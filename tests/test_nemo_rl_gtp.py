@@ -496,7 +496,9 @@ def test_case_summary_names_what_each_case_showed(tmp_path):
     # Clipping an infinite norm zeroes the update while log-probs agree: red all the same.
     d = _recorded(tmp_path, "inf", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003, grad_norm=float("inf"))
     got = gpuhost.summarize(casing.CASES["patched"], d, 0)
-    assert got["observed"] == "red" and got["grad_norm_max"] == float("inf")
+    assert got["observed"] == "red" and got["gate_value"] == 1.003
+    grad = got["gates"]['max(data["train/grad_norm"]) < 1e30']
+    assert grad["value"] == float("inf") and not grad["ok"]
     # Ray's metrics-agent noise is not the run's first error.
     d = _recorded(tmp_path, "noise", rc=1, markers=(MARK_GTP,), err=None,
                   extra="Error fetching metrics from 192.0.2.2:-1: Failed to parse\n"

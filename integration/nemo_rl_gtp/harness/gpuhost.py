@@ -40,7 +40,7 @@ from pathlib import Path
 from carry import progress
 from carry.errors import IntegrityError, OperationError, UsageError
 from carry.launch import kill_group
-from carry.runner import Git, run, spawn
+from carry.runner import run, spawn
 
 from . import cases as casing
 from . import lock as locking
@@ -476,10 +476,7 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     per_step = metrics.get("train/token_mult_prob_error")
     return {"observed": observed, "as_expected": observed == case.expect, "gate": gate.gate, "gate_value": gate.value,
             "token_mult_prob_error_per_step": per_step if isinstance(per_step, dict) else None,
-            "gate_detail": gate.detail, "gates": {r.gate: {"value": r.value, "ok": r.ok, "detail": r.detail}
-                                                  for r in results}, "markers": marks, "first_error": errors[0][:300] if errors else None,
+            "gate_detail": gate.detail,
+            "gates": {r.gate: {"value": r.value, "ok": r.ok, "detail": r.detail} for r in results},
+            "markers": marks, "first_error": errors[0][:300] if errors else None,
             "last_error": errors[-1][:300] if errors else None}
-
-
-def git_head(path: Path) -> str | None:
-    return Git(path).head() if (path / ".git").exists() else None

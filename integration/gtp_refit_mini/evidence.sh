@@ -7,12 +7,15 @@
 # $CARRY_CACHE/artifacts: apply then needs no network) and TransformerEngine >= 2.19 importable
 # (PYTHONPATH, e.g. /tmp/site as shared/gpu/README.md installs it).
 #
-# - proofs: tools/prove.py for the GPU proofs (mlm-te-bias-sizing, mlm-gtp-tied-prefetch),
+# - proofs: tools/prove.py for the GPU proofs (mlm-te-bias-sizing, mlm-gtp-tied-prefetch,
+#   mlm-gtp-tied-dummy-wgrad),
 #   pristine vs patched; OUT/prove.json, OUT/prove.txt.
 # - mini:   integration/gtp_refit_mini/run.py on the patched tree (gloo fp32 on one GPU; NCCL bf16
 #   on two), on the pristine tree, and on the series without mlm-gtp-tied-prefetch, without
 #   mlm-gtp-swiglu-ckpt and without mlm-gtp-refit-plan (mlm-gtp-ckpt-without-te changes nothing
-#   where TE imports); one OUT/<variant>.<form>.stdout per run, exit statuses in OUT/runs.tsv.
+#   where TE imports); then the Qwen2.5-0.5B shape patched and without mlm-gtp-tied-dummy-wgrad
+#   (the tiny model's dummy buffer may happen to hold zeros); one OUT/<variant>.<form>.stdout per
+#   run, exit statuses in OUT/runs.tsv.
 # - cost:   the --compare-gtp-off run on the Qwen2.5-0.5B shape (nightly cell gtp-refit-mini-cost).
 # Nothing stops at a failed run: every outcome is recorded.
 set -uo pipefail
@@ -68,7 +71,7 @@ mini() {  # mini LABEL TREE FORM ARGS...: one run, its stdout kept, its exit sta
 
 case " $what " in *" proofs "*)
   tree patched > /dev/null
-  $py "$repo/tools/prove.py" --series gtp --workdir "$work/patched" --only mlm-te-bias-sizing,mlm-gtp-tied-prefetch \
+  $py "$repo/tools/prove.py" --series gtp --workdir "$work/patched" --only mlm-te-bias-sizing,mlm-gtp-tied-prefetch,mlm-gtp-tied-dummy-wgrad \
     --json "$out/prove.json" --logs "$work/prove-logs" --timeout 600 > "$out/prove.txt" 2>&1
   echo "[evidence] prove exit $?"; cat "$out/prove.txt"
 ;; esac
@@ -84,6 +87,10 @@ case " $what " in *" mini "*)
     for id in mlm-gtp-tied-prefetch mlm-gtp-swiglu-ckpt mlm-gtp-refit-plan; do
       mini "without-$id" "$(tree "without-$id" "$(ids_without "$id")")" nccl-bf16 "${nccl[@]}"
     done
+    qwen=("${nccl[@]}" --shape qwen2.5-0.5b)
+    mini patched "$patched" nccl-bf16.qwen2.5-0.5b "${qwen[@]}"
+    id=mlm-gtp-tied-dummy-wgrad
+    mini "without-$id" "$(tree "without-$id" "$(ids_without "$id")")" nccl-bf16.qwen2.5-0.5b "${qwen[@]}"
   fi
 ;; esac
 

@@ -113,42 +113,33 @@ class Trainer:
 
             finalize_model_grads([self.model])
         torch.cuda.synchronize()
-        bad, zero = [], []
+        names, finite, nonzero, norms = [], [], [], []
         for name, p in self.module.named_parameters():
             g = getattr(p, "main_grad", None) if (self.ddp or is_gtp_param(p)) else p.grad
             if g is None:
                 continue
-            if not bool(torch.isfinite(g).all()):
-                bad.append(name)
-            elif is_gtp_param(p) and not bool(g.abs().sum() > 0):
-                zero.append(name)
-        check(not bad, f"non-finite gradients: {bad[:5]}")
+            names.append((name, is_gtp_param(p)))
+            finite.append(torch.isfinite(g).all())
+            nonzero.append(g.abs().sum() > 0)
+            norms.append(torch.linalg.vector_norm(g, dtype=torch.float64))
+        finite, nonzero, norms = (torch.stack(t).tolist() for t in (finite, nonzero, norms))
+        check(all(finite), f"non-finite gradients: {[n for (n, _), f in zip(names, finite) if not f][:5]}")
+        zero = [n for (n, gtp), nz in zip(names, nonzero) if gtp and not nz]
         check(not zero, f"GTP-sharded weights with an all-zero gradient: {zero[:5]}")
         if self.ddp:
             ok, grad_norm, _ = self.optimizer.step()
             check(ok, "the optimizer skipped its update (found inf/nan)")
         else:
             grad_norm = self._sgd()
-        # Gradients can be finite yet so large that their norm overflows: weights that blew up.
+        # Every element finite, the norm not: gradients so large that their squares overflow.
+        # Name the largest, as measured before the optimizer clips them (by an infinite norm: to 0).
         if not math.isfinite(float(grad_norm)):
-            check(False, f"the gradient norm is {float(grad_norm)}: the weights diverged; "
-                         f"largest |weight| and |grad| first: {self._largest()}")
+            ranked = sorted(zip(norms, names), key=lambda r: -r[0])[:4]
+            check(False, f"the gradient norm is {float(grad_norm)} although every gradient element is "
+                         "finite; largest gradient norms before clipping: " + "; ".join(
+                             f"{n}{' (GTP)' if gtp else ''} {v:.3g}" for v, (n, gtp) in ranked))
         torch.cuda.synchronize()
         return {"step_seconds": time.perf_counter() - t0, "grad_norm": float(grad_norm)}
-
-    @torch.no_grad()
-    def _largest(self, n: int = 6) -> str:
-        """The parameters with the largest |weight| (GTP shards marked), for a diverged step."""
-        from megatron.core.tensor_parallel.gtp_api import is_gtp_param
-
-        rows = []
-        for name, p in self.module.named_parameters():
-            g = getattr(p, "main_grad", None)
-            rows.append((float(p.detach().float().abs().max()), name, is_gtp_param(p),
-                         None if g is None else float(g.float().abs().max())))
-        rows.sort(reverse=True)
-        return "; ".join(f"{name}{' (GTP)' if gtp else ''} {w:.3g}/{'-' if g is None else f'{g:.3g}'}"
-                         for w, name, gtp, g in rows[:n])
 
     @torch.no_grad()
     def _sgd(self) -> float:

@@ -78,6 +78,15 @@ def test_lock_is_canonical_and_pins_every_artifact():
     assert [a.name for a in lk.sdists] == ["antlr4-python3-runtime"]
     assert next(a for a in lk.wheels if a.name == "ray").dropped("ray/jars/ray_dist.jar")
     assert lk.host_torch == "2.11.0" and all(a.why for a in lk.artifacts)
+    # FlashAttention-4 for megatron-core's dynamic-batching attention: HAVE_FA4 wants flash-attn-4 >=
+    # 4.0.0b20; the CuTe DSL goes with its cu13 libs only (the host's driver runs CUDA 13).
+    from packaging.version import Version
+    fa4 = next(a for a in lk.wheels if a.name == "flash-attn-4")
+    assert Version(fa4.version) >= Version("4.0.0b20")
+    for need in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
+                 "nvidia-cutlass-dsl-libs-cu13", "quack-kernels", "apache-tvm-ffi"):
+        assert need in names, need
+    assert "nvidia-cutlass-dsl-libs-cu12" not in names
 
 
 def test_bad_lock_entries_are_config_errors(tmp_path):
@@ -347,6 +356,22 @@ def test_dry_run_checks_a_small_part_set(tmp_path):
     assert "does not match its RECORD" in _dry(tmp_path / "bad", 1)
     (tmp_path / "ok" / ".ferry" / "nrl.part01").unlink()
     assert "FAIL ferry nrl" in _dry(tmp_path / "ok", 1)
+
+
+def test_probe_reports_a_flag_megatron_core_decides_at_import():
+    """--flag passes only on True: how the dry-run and the GPU host's setup ask for HAVE_FA4."""
+    probe = NRL / "harness" / "probe_imports.py"
+    res = subprocess.run([sys.executable, str(probe), "--flag", "os:supports_bytes_environ", "--flag", "json:decoder",
+                          "--flag", "json:no_such_name", "--call", "json:loads:1", "json"],
+                         capture_output=True, text=True, timeout=120)
+    recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+    flags = {r["flag"]: r for r in recs if "flag" in r}
+    assert flags["os:supports_bytes_environ"] == {"flag": "os:supports_bytes_environ", "ok": os.supports_bytes_environ,
+                                                  "value": repr(os.supports_bytes_environ)}
+    assert not flags["json:decoder"]["ok"] and flags["json:decoder"]["value"].startswith("<module")
+    assert not flags["json:no_such_name"]["ok"] and "AttributeError" in flags["json:no_such_name"]["error"]
+    assert next(r for r in recs if "call" in r)["value"] == "1"
+    assert res.returncode == 1 and recs[-1]["flags"] == 3
 
 
 # -- the stand-ins ----------------------------------------------------------------------------------

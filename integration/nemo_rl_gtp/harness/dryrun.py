@@ -15,8 +15,12 @@
    case's trees (TransformerEngine cannot load here: the one Bridge module that imports it
    unconditionally gets a placeholder, and the report says so), megatron-core's
    get_async_strategy("nvrx") (Bridge's asynchronous checkpoint strategy: nvidia-resiliency-ext,
-   imported at Megatron worker start), and NeMo-RL's calls into
-   megatron-core and Bridge checked against the installed signatures (probe_signatures.py);
+   imported at Megatron worker start), megatron-core's HAVE_FA4 (the dynamic-batching attention
+   of Megatron generation needs a FlashAttention: FlashAttention-4's flash_attn.cute imports on
+   this CPU, as the CuTe DSL only looks for a driver and picks its cu13 build without one, so the
+   import and the flash-attn-4 version check are real here; no kernel is compiled or run), and
+   NeMo-RL's calls into megatron-core and Bridge checked against the installed signatures
+   (probe_signatures.py);
 6. for each case, the functional script itself runs with the uv stand-in in record mode,
    which gives the exact examples/run_grpo.py command line; that command line is then
    loaded as run_grpo does it (config + every override, tokenizer, chat template,
@@ -57,6 +61,7 @@ GRPO_MODULES = (
     "megatron.core.dist_checkpointing.strategies.torch",
     "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async",
     "hydra", "omegaconf", "ray", "datasets", "transformers",
+    "flash_attn.cute",
 )
 # NeMo-RL's code on the GRPO + Megatron path whose calls into megatron.* are checked.
 SIGNATURE_FILES = ("nemo_rl/models/policy/workers/megatron_policy_worker.py", "nemo_rl/models/megatron/**/*.py",
@@ -66,6 +71,9 @@ SIGNATURE_FILES = ("nemo_rl/models/policy/workers/megatron_policy_worker.py", "n
 # "nvrx" by default, which imports nvidia-resiliency-ext's async checkpointing (the first H200
 # attempt's workers died here when it was not staged).
 CALLS = ("megatron.core.dist_checkpointing.strategies.torch:get_async_strategy:nvrx",)
+# What megatron-core decides at import and the run needs True: FlashAttention-4 for the dynamic
+# inference engine's attention (the second H200 attempt stopped at "No module named 'flash_attn'").
+FLAGS = ("megatron.core.transformer.attention:HAVE_FA4",)
 SERIES_ONLY = ("nemo_rl.models.megatron.gtp",)  # added by the series: absent from pristine NeMo-RL by design
 
 
@@ -279,7 +287,7 @@ def dry_run(o: Options) -> dict:
                 continue
             env = _env_for(venv, front + [nrl, gpuhost.STUBS])
             mods = [m for m in GRPO_MODULES if label != "pristine-nemo-rl" or m not in SERIES_ONLY]
-            calls = [a for c in CALLS for a in ("--call", c)]
+            calls = [a for c in CALLS for a in ("--call", c)] + [a for f in FLAGS for a in ("--flag", f)]
             res = subprocess.run([str(venv / "bin" / "python"), str(probe), "--te-placeholder", *calls, *mods],
                                  env=env, capture_output=True, text=True, timeout=900, cwd=nrl)
             recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
@@ -296,6 +304,10 @@ def dry_run(o: Options) -> dict:
                     mod, func, arg = r["call"].split(":", 2)
                     _say(o, f"call [{label}] {func}({arg!r}) of {mod}", r["ok"],
                          r.get("error") or f"returned a {r['returned']}", where=r.get("where"))
+                elif "flag" in r:
+                    mod, name = r["flag"].split(":", 1)
+                    _say(o, f"flag [{label}] {mod}.{name}", r["ok"], r.get("error") or f"is {r['value']}",
+                         where=r.get("where"))
             if not recs:
                 _say(o, f"import [{label}]", False, res.stderr.strip()[-500:])
 

@@ -11,7 +11,10 @@ as new as the staged wheels' manylinux tags need (nvidia-resiliency-ext's: 2.39)
      90 (verify: versions, RECORD hashes, HAVE_GTP True);
   4. NeMo-RL's own dependencies: the staged wheels, each file checked against its RECORD,
      zipped again and installed with ``--no-index --no-deps``. (The image gets these from
-     its NeMo-RL base; there is no such base here.)
+     its NeMo-RL base; there is no such base here.) Then megatron-core is asked whether it
+     sees FlashAttention-4 (``HAVE_FA4``, which its dynamic-batching attention needs: the
+     staged flash-attn-4 is the only FlashAttention there); the answer goes into the setup
+     log and on stdout. Step 90 runs before these wheels are in, so it cannot ask.
   5. the model: the staged config and tokenizer copied into ROOT/model, and its weights
      (Qwen2.5-0.5B's shape, ~1 GB in bf16) built there from the config and the stage's seed
      with the venv's torch on the CPU (fixtures.build_weights); their sha256 goes into the
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from carry import progress
-from carry.errors import IntegrityError, OperationError, UsageError
+from carry.errors import CommandError, IntegrityError, OperationError, UsageError
 from carry.launch import kill_group
 from carry.runner import run, spawn
 
@@ -50,6 +53,8 @@ HERE = Path(__file__).resolve().parents[1]   # integration/nemo_rl_gtp
 REPO = HERE.parents[1]
 STUBS = HERE / "stubs"
 FIXTURES_PY = Path(__file__).with_name("fixtures.py")
+PROBE_PY = Path(__file__).with_name("probe_imports.py")
+FA4_FLAG = "megatron.core.transformer.attention:HAVE_FA4"
 SHIMS = HERE / "shims"
 TE_SO = "transformer_engine_torch.cpython-312-x86_64-linux-gnu.so"
 # Kept set in every child (shared/gpu/README.md): NVLink multicast must stay off.
@@ -187,6 +192,33 @@ def install_deps(lay: Layout, log) -> list[str]:
     return [w.name for w in built]
 
 
+def fa4_status(lay: Layout, log) -> dict:
+    """Whether megatron-core in the venv sees FlashAttention-4: said in LOG and on stdout.
+
+    Without it Megatron generation's dynamic-batching attention stops at its first forward.
+    Informative only: the red cases do not generate, and a case's own log shows the failure.
+    """
+    try:
+        res = run([str(lay.vpython), str(PROBE_PY), "--call", "importlib.metadata:version:flash-attn-4",
+                   "--flag", FA4_FLAG, "flash_attn.cute"], check=False, env=_child_env({}), cwd=lay.root, timeout=600)
+        stdout, stderr = res.stdout, res.stderr
+    except CommandError as exc:   # it hung: say so, the cases still run
+        stdout, stderr = "", exc.message
+    recs = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
+    get = lambda key: next((r for r in recs if key in r), {})  # noqa: E731
+    flag, mod, ver = get("flag"), get("module"), get("call")
+    out = {"have_fa4": flag.get("ok") is True, "flash_attn_4": ver.get("value", "").strip("'") or None,
+           "import_flash_attn_cute": mod.get("error") or ("ok" if mod else None),
+           "error": flag.get("error") or (None if flag else stderr.strip()[-500:] or "the probe said nothing")}
+    line = (f"[run-on-gpu-host] {FA4_FLAG.replace(':', '.')} = {flag.get('value', '?')} (flash-attn-4 "
+            f"{out['flash_attn_4'] or 'not installed'}; import flash_attn.cute: {out['import_flash_attn_cute']})"
+            + (f"; {out['error']}" if out["error"] else ""))
+    log.write(line + "\n")
+    log.flush()
+    print(line, flush=True)
+    return out
+
+
 def prepare_pristine(lay: Layout, python: str | None = None) -> None:
     """The red cases' trees: NeMo-RL at the pin without the series; pristine megatron-core."""
     if not (lay.nemo_rl_pristine / ".git").exists():
@@ -259,11 +291,12 @@ def setup(lay: Layout, log_path: Path) -> dict:
         make_venv(lay)
         verify = run_steps(lay, log)
         deps = install_deps(lay, log)
+        fa4 = fa4_status(lay, log)
         prepare_pristine(lay)
         model = build_model(lay, log)
     (log_path.parent / "model.json").write_text(json.dumps(model, indent=2, sort_keys=True) + "\n")
-    return {"manifest": manifest, "libc": libc, "verify_ok": verify.get("ok"), "deps": len(deps), "model": model,
-            "seconds": round(time.monotonic() - t0, 1)}
+    return {"manifest": manifest, "libc": libc, "verify_ok": verify.get("ok"), "deps": len(deps), "fa4": fa4,
+            "model": model, "seconds": round(time.monotonic() - t0, 1)}
 
 
 # -- one case ----------------------------------------------------------------------------------

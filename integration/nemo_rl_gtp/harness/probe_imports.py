@@ -1,11 +1,16 @@
 """Import NeMo-RL's GRPO + Megatron path in the environment that runs it; one JSON line per module.
 
 Run by the dry-run with the dry-run venv's python (and usable on the GPU host as a preflight):
-    python probe_imports.py [--te-placeholder] [--call MODULE:FUNCTION:ARG]... MODULE...
+    python probe_imports.py [--te-placeholder] [--call MODULE:FUNCTION:ARG]... [--flag MODULE:NAME]... MODULE...
 
 --call runs FUNCTION(ARG) (ARG a string) after the imports and reports whether it raised: what
 a worker calls at start, e.g. megatron-core's get_async_strategy("nvrx"), which imports
 nvidia-resiliency-ext's async checkpointing for Bridge.
+
+--flag reads the module attribute NAME after the imports and reports its value; it passes when
+the value is True: a capability megatron-core decides at import, e.g.
+megatron.core.transformer.attention's HAVE_FA4 (FlashAttention-4 importable, and its
+distribution new enough), without which the dynamic-batching attention stops.
 
 TransformerEngine cannot load on a machine without a CUDA-capable glibc/driver stack. With
 --te-placeholder, the modules that import it unconditionally (megatron.bridge.peft.lora_layers)
@@ -42,7 +47,8 @@ def _failure(exc: BaseException) -> dict:
 def main(argv: list[str]) -> int:
     placeholder = "--te-placeholder" in argv
     calls = [argv[i + 1] for i, a in enumerate(argv) if a == "--call"]
-    mods = [a for i, a in enumerate(argv) if not a.startswith("--") and (i == 0 or argv[i - 1] != "--call")]
+    flags = [argv[i + 1] for i, a in enumerate(argv) if a == "--flag"]
+    mods = [a for i, a in enumerate(argv) if not a.startswith("--") and (i == 0 or argv[i - 1] not in ("--call", "--flag"))]
     have_te = importlib.util.find_spec("transformer_engine") is not None
     if placeholder and not have_te:
         sys.meta_path.insert(0, FINDER)
@@ -61,12 +67,22 @@ def main(argv: list[str]) -> int:
         mod, func, arg = spec.split(":", 2)
         try:
             got = getattr(importlib.import_module(mod), func)(arg)
-            rec = {"call": spec, "ok": True, "returned": type(got).__name__}
+            rec = {"call": spec, "ok": True, "returned": type(got).__name__, "value": repr(got)[:200]}
         except BaseException as exc:  # noqa: BLE001 - every failure is a finding
             bad += 1
             rec = {"call": spec, **_failure(exc)}
         print(json.dumps(rec), flush=True)
-    print(json.dumps({"summary": True, "modules": len(mods), "calls": len(calls), "failed": bad, "transformer_engine": have_te}))
+    for spec in flags:
+        mod, name = spec.split(":", 1)
+        try:
+            value = getattr(importlib.import_module(mod), name)
+            rec = {"flag": spec, "ok": value is True, "value": repr(value)[:200]}
+        except BaseException as exc:  # noqa: BLE001 - every failure is a finding
+            rec = {"flag": spec, **_failure(exc)}
+        bad += not rec["ok"]
+        print(json.dumps(rec), flush=True)
+    print(json.dumps({"summary": True, "modules": len(mods), "calls": len(calls), "flags": len(flags), "failed": bad,
+                      "transformer_engine": have_te}))
     return 1 if bad else 0
 
 

@@ -410,8 +410,9 @@ def test_every_case_appends_to_the_functional_scripts_own_config():
         assert args[:5] == ["policy.model_name=/m", "data.train.dataset_name=ResponseDataset",
                             "++data.train.data_path=/d.jsonl", "++data.train.input_key=problem",
                             "++data.train.output_key=expected_answer"]
-    assert "checkpointing.save_period=2" in casing.script_args(casing.CASES["patched"], "/m", "/d", "/ck")
-    assert "grpo.max_num_steps=3" in casing.script_args(casing.CASES["resume"], "/m", "/d", "/ck")
+    assert "checkpointing.save_period=1" in casing.script_args(casing.CASES["patched"], "/m", "/d", "/ck")
+    # Resume keeps the script's horizon: a longer one changes Bridge's scheduler lengths, which its load refuses.
+    assert not [a for a in casing.script_args(casing.CASES["resume"], "/m", "/d", "/ck") if "max_num_steps" in a]
     for case in casing.CASES.values():  # Bridge's asynchronous checkpointing stays at its default (nvrx is staged)
         assert not [a for a in casing.script_args(case, "/m", "/d", "/ck") if "async" in a], case.name
     assert casing.script_args(casing.CASES["gtp-off"], "/m", "/d", "/ck")[-1] == \
@@ -530,6 +531,33 @@ def test_case_summary_names_what_each_case_showed(tmp_path):
                         "ModuleNotFoundError: No module named 'flash_attn'\n")
     got = gpuhost.summarize(casing.CASES["patched"], d, 1)
     assert got["first_error"] == "ModuleNotFoundError: No module named 'flash_attn'"
+
+
+def test_resume_starts_from_the_step_1_checkpoint_alone_and_must_run_step_2(tmp_path):
+    from carry.errors import UsageError
+    from harness import gpuhost
+    lay = gpuhost.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te")
+    resume = casing.CASES["resume"]
+    with pytest.raises(UsageError, match=r"no step_1 in .*\(there: nothing\)") as e:
+        gpuhost.resume_folder(lay, resume)
+    assert "run the patched case first" in e.value.hint
+    for step in (1, 2):
+        (lay.checkpoints / f"step_{step}" / "policy").mkdir(parents=True)
+        (lay.checkpoints / f"step_{step}" / "policy" / "weights.bin").write_bytes(bytes([step]) * 64)
+    (lay.resume_checkpoints / "step_9").mkdir(parents=True)   # a stale folder from an earlier call
+    dest = gpuhost.resume_folder(lay, resume)
+    assert sorted(p.name for p in dest.iterdir()) == ["step_1"]
+    assert (dest / "step_1" / "policy" / "weights.bin").read_bytes() == bytes([1]) * 64
+    assert (lay.checkpoints / "step_2").is_dir(), "the patched case's checkpoints stay as they were"
+    # Green needs the run to go on at step 2: a run that starts over at step 1 did not resume.
+    steps = "========================= Step {}/2 =========================\n"
+    d = _recorded(tmp_path, "resumed", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003, extra=steps.format(2))
+    got = gpuhost.summarize(resume, d, 0)
+    assert got["observed"] == "green" and got["steps_run"] == [2]
+    d = _recorded(tmp_path, "restarted", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003,
+                  extra=steps.format(1) + steps.format(2))
+    got = gpuhost.summarize(resume, d, 0)
+    assert got["observed"] == "red" and got["steps_run"] == [1, 2] and "resumed from step 1" in got["last_error"]
 
 
 def test_run_on_gpu_host_without_its_parts_is_a_usage_error(tmp_path):

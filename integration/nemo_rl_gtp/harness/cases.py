@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SCRIPT = "tests/functional/grpo_megatron_generation_gtp.sh"
+# The patched case saves every step; resume starts from this one alone and must run the next.
+RESUME_FROM = 1
 DATA_KEYS = ("problem", "expected_answer")
 
 
@@ -29,11 +31,13 @@ class Case:
 
 CASES: dict[str, Case] = {c.name: c for c in (
     Case("patched", "the series: GTP training, a dedicated whole-weight inference model, NCCL refit; both markers, "
-         "token_mult_prob_error < 1.05; a checkpoint saved at step 2 through Megatron-Bridge",
+         "token_mult_prob_error < 1.05; checkpoints saved at steps 1 and 2 through Megatron-Bridge",
          "green", "patched", "patched", checkpoint="save"),
-    Case("resume", "one more step (3) resumed from the step-2 checkpoint: Bridge's load with the replica groups "
-         "of the series", "green", "patched", "patched",
-         ("grpo.max_num_steps=3",), checkpoint="resume", needs=("patched",)),
+    Case("resume", f"step {RESUME_FROM + 1} again, resumed from the step-{RESUME_FROM} checkpoint alone: Bridge's "
+         "load with the replica groups of the series, then a GTP step and a save; the script's 2-step horizon "
+         "is kept (a longer one changes Bridge's scheduler lengths, which its load refuses unless "
+         "override_opt_param_scheduler is set)", "green", "patched", "patched",
+         checkpoint="resume", needs=("patched",)),
     Case("pristine-nemo-rl", "NeMo-RL without the series: the script's GTP keys "
          "(policy.megatron_cfg.tensor_parallel_num_weight_shards) do not exist there, so the run stops at the "
          "override", "red", "pristine", "patched"),
@@ -62,9 +66,10 @@ def offline_overrides(model: str, data: str) -> list[str]:
 def checkpoint_overrides(case: Case, checkpoint_dir: str) -> list[str]:
     if case.checkpoint == "none":
         return []
-    # Saved at step 2 (the script's last step); resume finds it in the same folder.
+    # Saved at every step; resume gets a folder holding only step RESUME_FROM (NeMo-RL resumes from
+    # the newest step_N it finds), so it runs the script's last step again from there.
     return ["checkpointing.enabled=true", f"checkpointing.checkpoint_dir={checkpoint_dir}",
-            "checkpointing.save_period=2"]
+            "checkpointing.save_period=1"]
 
 
 def script_args(case: Case, model: str, data: str, checkpoint_dir: str) -> list[str]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import lzma
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -101,6 +102,10 @@ class Layout:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def resume_checkpoints(self) -> Path:
+        return self.root / "resume-checkpoints"
 
     def stage_doc(self) -> dict:
         return json.loads((self.payload / "stage.json").read_text())
@@ -430,11 +435,12 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
     doc = lay.stage_doc()
     model = require_model(lay)
     data = lay.payload / doc["fixtures"]["data"]
-    if case.checkpoint == "save" and lay.checkpoints.exists():
-        shutil.rmtree(lay.checkpoints)
-    if case.checkpoint == "resume" and not any(lay.checkpoints.glob("step_*")):
-        raise UsageError(f"case {case.name}: no checkpoint in {lay.checkpoints}", hint="run the patched case first")
-    args = casing.script_args(case, str(model), str(data), str(lay.checkpoints))
+    ckpt = lay.checkpoints
+    if case.checkpoint == "save" and ckpt.exists():
+        shutil.rmtree(ckpt)
+    if case.checkpoint == "resume":
+        ckpt = resume_folder(lay, case)
+    args = casing.script_args(case, str(model), str(data), str(ckpt))
     env = case_env(lay, t, nrl, out)
     console = out / "case.log"
     t0 = time.monotonic()
@@ -459,7 +465,7 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
     result = {"case": case.name, "expect": case.expect, "shows": case.shows, "exit_status": rc,
               "seconds": round(time.monotonic() - t0, 1), "args": args, "nemo_rl_tree": str(t.nemo_rl),
               "front": [str(p) for p in t.front],
-              "checkpoints": sorted(p.name for p in lay.checkpoints.glob("step_*")) if case.checkpoint != "none" else None}
+              "checkpoints": sorted(p.name for p in ckpt.glob("step_*")) if case.checkpoint != "none" else None}
     result.update(summarize(case, out, rc))
     (out / "case.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -476,6 +482,31 @@ def grpo_test():
     from carry.nightly_config import load
 
     return next(t for t in load(REPO / "integration" / "nightly.toml").tests if t.name == TEST)
+
+
+def resume_folder(lay: Layout, case: casing.Case) -> Path:
+    """A checkpoint folder holding only step RESUME_FROM of the patched case's, hard-linked (GBs)."""
+    src = lay.checkpoints / f"step_{casing.RESUME_FROM}"
+    if not src.is_dir():
+        have = sorted(p.name for p in lay.checkpoints.glob("step_*"))
+        raise UsageError(f"case {case.name}: no {src.name} in {lay.checkpoints} (there: {have or 'nothing'})",
+                         hint="run the patched case first: it saves a checkpoint at every step")
+    dest = lay.resume_checkpoints
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+
+    def link_or_copy(a, b):
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    shutil.copytree(src, dest / src.name, copy_function=link_or_copy)
+    return dest
+
+
+STEP_LINE = re.compile(r"=+ Step (\d+)/(\d+) =+")
 
 
 def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
@@ -498,12 +529,16 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     errors = [ln.strip() for ln in text.splitlines()
               if ("Error" in ln or ln.startswith(("FAIL:", "BUG_HIT:"))) and "[run-on-gpu-host]" not in ln
               and not any(n in ln for n in NOISE)]
+    steps_run = sorted({int(m.group(1)) for m in STEP_LINE.finditer(log)})
     if case.name == "gtp-off":
         # The script's marker checks fail by design without GTP; the control is the metric.
         only_markers = rc == 0 or all(e.startswith("FAIL: '[gtp] enabling") for e in errors if e.startswith("FAIL:"))
         observed = "green" if gate.value is not None and gates_ok and only_markers else "red"
     else:
         observed = "green" if rc == 0 and gates_ok and all(marks.values()) else "red"
+    if case.checkpoint == "resume" and steps_run[:1] != [casing.RESUME_FROM + 1]:
+        observed = "red"  # it did not pick up where the checkpoint left off
+        errors.append(f"FAIL: resumed from step {casing.RESUME_FROM}, the run's steps were {steps_run}")
     # Per step, for the open question (1.1011 in NeMo-RL's GTP pull request): the issue asks whether
     # step 1's generation precedes the first refit; compare step 1 with step 2, GTP on vs off.
     per_step = metrics.get("train/token_mult_prob_error")
@@ -511,5 +546,5 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
             "token_mult_prob_error_per_step": per_step if isinstance(per_step, dict) else None,
             "gate_detail": gate.detail,
             "gates": {r.gate: {"value": r.value, "ok": r.ok, "detail": r.detail} for r in results},
-            "markers": marks, "first_error": errors[0][:300] if errors else None,
+            "markers": marks, "steps_run": steps_run, "first_error": errors[0][:300] if errors else None,
             "last_error": errors[-1][:300] if errors else None}

@@ -43,7 +43,8 @@ CASES: dict[str, Case] = {c.name: c for c in (
          "override", "red", "pristine", "patched"),
     Case("pristine-mcore", "the patched NeMo-RL on pristine megatron-core 0.19.2: rank 0 stops first at "
          "compile_helpers' make on the wheel install (mlm-dataset-helpers-wheel); past it GTP meets the "
-         "megatron-core GTP bugs (tied-weight shape guard, bias sizing, inference collection, refit planner)",
+         "megatron-core GTP bugs (tied-weight shape guard, bias sizing, inference collection, refit planner, the tied "
+         "embedding's dummy wgrad)",
          "red", "patched", "pristine"),
     Case("gtp-off", "control: the same run with the shard count null (GTP off); no dedicated model is needed, "
          "so the markers are absent by design; token_mult_prob_error is reported",

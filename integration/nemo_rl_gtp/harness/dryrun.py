@@ -73,7 +73,7 @@ SIGNATURE_FILES = ("nemo_rl/models/policy/workers/megatron_policy_worker.py", "n
 CALLS = ("megatron.core.dist_checkpointing.strategies.torch:get_async_strategy:nvrx",)
 # What megatron-core decides at import and the run needs True: FlashAttention-4 for the dynamic
 # inference engine's attention (the second H200 attempt stopped at "No module named 'flash_attn'").
-FLAGS = ("megatron.core.transformer.attention:HAVE_FA4",)
+FLAGS = (gpuhost.FA4_FLAG,)
 SERIES_ONLY = ("nemo_rl.models.megatron.gtp",)  # added by the series: absent from pristine NeMo-RL by design
 
 

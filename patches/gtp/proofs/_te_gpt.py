@@ -2,7 +2,7 @@
 
 ``GPU_ONLY`` is the skip marking every such proof carries: it needs a CUDA GPU and
 TransformerEngine (>= 2.19 is asserted inside the ranks through megatron-core's HAVE_GTP, so
-an old TE is a failure, not a skip). ``build`` makes the GPTModel on the current device the way
+an old TE is a failure, not a skip; ``assert_gtp_at_its_defaults`` does it, with GTP's config). ``build`` makes the GPTModel on the current device the way
 megatron.training's get_model does; ``load_gtp_off_params`` gives each GTP shard its rows of
 the GTP-off model's weight (the padded full weight) and every other parameter all of it,
 collecting every parameter whose size does not fit instead of stopping at the first.
@@ -24,6 +24,16 @@ GPU_ONLY = [
         reason="needs TransformerEngine >= 2.19 (megatron-core's GTP is built on it)",
     ),
 ]
+
+
+def assert_gtp_at_its_defaults() -> None:
+    """In a rank: megatron-core has GTP, and GTP's config is what NeMo-RL and Bridge run (weight
+    prefetch and asynchronous reduce-scatter on). Asserted, never set."""
+    from megatron.core.tensor_parallel.generalized_tensor_parallelism import GTP_CONFIG
+    from megatron.core.tensor_parallel.gtp_api import HAVE_GTP
+
+    assert HAVE_GTP, "megatron-core reports HAVE_GTP False: GTP needs TransformerEngine >= 2.19"
+    assert GTP_CONFIG.weight_prefetch and GTP_CONFIG.async_reduction, f"GTP defaults changed: {GTP_CONFIG}"
 
 
 def build(gtp: int, *, vocab: int, seq: int, tied: bool, position: str = "learned_absolute", **config):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _te_gpt import GPU_ONLY, build, load_gtp_off_params
+from _te_gpt import GPU_ONLY, assert_gtp_at_its_defaults, build, load_gtp_off_params
 from _world import spawn
 
 pytestmark = GPU_ONLY
@@ -51,16 +51,13 @@ def _build(tied, gtp):
 def _gpt(rank, world_size, tied):
     torch.cuda.set_device(0)
     from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.generalized_tensor_parallelism import GTP_CONFIG
     from megatron.core.tensor_parallel.gtp_api import (
-        HAVE_GTP,
         classify_gtp_remat_chains,
         is_gtp_param,
     )
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    assert HAVE_GTP, "megatron-core reports HAVE_GTP False: GTP needs TransformerEngine >= 2.19"
-    assert GTP_CONFIG.weight_prefetch and GTP_CONFIG.async_reduction, f"GTP defaults changed: {GTP_CONFIG}"
+    assert_gtp_at_its_defaults()
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen).cuda()
     positions = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ).contiguous().cuda()

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _te_gpt import GPU_ONLY, build, gtp_rows, load_gtp_off_params
+from _te_gpt import GPU_ONLY, assert_gtp_at_its_defaults, build, gtp_rows, load_gtp_off_params
 from _world import spawn
 
 pytestmark = GPU_ONLY
@@ -66,16 +66,13 @@ def _microbatches(rank, world_size, next_step):
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer.optimizer import _zero_grad_group_helper
-    from megatron.core.tensor_parallel.generalized_tensor_parallelism import GTP_CONFIG
     from megatron.core.tensor_parallel.gtp_api import (
-        HAVE_GTP,
         is_gtp_param,
         wait_for_gtp_grad_reduction_on_current_stream,
     )
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    assert HAVE_GTP, "megatron-core reports HAVE_GTP False: GTP needs TransformerEngine >= 2.19"
-    assert GTP_CONFIG.weight_prefetch and GTP_CONFIG.async_reduction, f"GTP defaults changed: {GTP_CONFIG}"
+    assert_gtp_at_its_defaults()
     gen = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen).cuda() for _ in range(2)]
     positions = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ).contiguous().cuda()

@@ -525,9 +525,10 @@ def test_case_summary_names_what_each_case_showed(tmp_path):
     assert got["observed"] == "red" and got["gate_value"] == 1.003
     grad = got["gates"]['max(data["train/grad_norm"]) < 1e30']
     assert grad["value"] == float("inf") and not grad["ok"]
-    # Ray's metrics-agent noise is not the run's first error.
+    # Ray's metrics-agent noise and GRPO's step summary are not the run's first error.
     d = _recorded(tmp_path, "noise", rc=1, markers=(MARK_GTP,), err=None,
                   extra="Error fetching metrics from 192.0.2.2:-1: Failed to parse\n"
+                        "  \u2022 Generation KL Error: 0.0001\n"
                         "ModuleNotFoundError: No module named 'flash_attn'\n")
     got = gpuhost.summarize(casing.CASES["patched"], d, 1)
     assert got["first_error"] == "ModuleNotFoundError: No module named 'flash_attn'"

@@ -472,8 +472,8 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
 
 
 # Lines with "Error" that are no error of the run: Ray's dashboard agent polling a metrics port it
-# never got (no dashboard is started).
-NOISE = ("Error fetching metrics from",)
+# never got (no dashboard is started), and GRPO's step summary naming a metric ("Generation KL Error").
+NOISE = ("Error fetching metrics from", "Generation KL Error:")
 TEST = "grpo-megatron-generation-gtp"   # integration/nightly.toml: the script's gates and markers
 
 

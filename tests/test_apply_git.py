@@ -251,3 +251,14 @@ def test_a_failed_run_reports_the_workspace_head_not_the_trial(demo, tmp_path):
     demo["write_series"](demo["v0"], ids=("clean",))
     res = apply(demo, "--check", "--json", out, check=0)
     assert read_json(out)["upstreams"][0]["head"] == head and "(unchanged)" in res.stdout
+
+
+def test_relative_cache_and_workdir_paths(demo):
+    """--cache and --workdir relative to the current folder: the cached base is found and used,
+    although git runs with -C in a scratch folder."""
+    apply(demo, check=0)  # fills the cache
+    res = tool("apply", "--series", demo["series"], "--workdir", "fresh", "--cache", demo["cache"].name,
+               "--source", f"megatron-lm={demo['up']}", cwd=demo["tmp"], check=0)
+    ws = demo["tmp"] / "fresh" / "megatron-lm"
+    assert git(ws, "rev-parse", "HEAD~4") == demo["v0"], res.stderr
+    assert git(ws, "diff", "HEAD", git(demo["work"] / "megatron-lm", "rev-parse", "HEAD")) == ""

@@ -92,7 +92,8 @@ def add_timeout(p: argparse.ArgumentParser, default: float = 900.0) -> None:
 
 
 def cache(a: argparse.Namespace) -> Path:
-    return a.cache or default_cache()
+    # Absolute: git runs with -C in scratch folders, where a relative cache path would name nothing.
+    return (a.cache or default_cache()).absolute()
 
 
 def name_paths(values: list[str] | None, flag: str) -> dict[str, Path]:

@@ -2,14 +2,19 @@
 
 ``GPU_ONLY`` is the skip marking every such proof carries: it needs a CUDA GPU and
 TransformerEngine (>= 2.19 is asserted inside the ranks through megatron-core's HAVE_GTP, so
-an old TE is a failure, not a skip; ``assert_gtp_at_its_defaults`` does it, with GTP's config). ``build`` makes the GPTModel on the current device the way
-megatron.training's get_model does; ``load_gtp_off_params`` gives each GTP shard its rows of
-the GTP-off model's weight (the padded full weight) and every other parameter all of it,
-collecting every parameter whose size does not fit instead of stopping at the first.
+an old TE is a failure, not a skip; ``assert_gtp_at_its_defaults`` does it, with GTP's config).
+``model_parallel(gtp)`` is one phase of a proof: megatron-core's model-parallel state at TP 1
+(GTP off, or GTP with ``gtp_remat_size`` gtp), the CUDA RNG seeded alike for both phases, torn
+down afterwards. ``fixed_tokens`` gives every proof its inputs from one seed. ``build`` makes
+the GPTModel on the current device the way megatron.training's get_model does, and
+``build_qwen_like`` the Qwen2.5 shape in small with it; ``load_gtp_off_params`` gives each GTP
+shard its rows of the GTP-off model's weight (the padded full weight) and every other parameter
+all of it, collecting every parameter whose size does not fit instead of stopping at the first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import pytest
@@ -36,6 +41,30 @@ def assert_gtp_at_its_defaults() -> None:
     assert GTP_CONFIG.weight_prefetch and GTP_CONFIG.async_reduction, f"GTP defaults changed: {GTP_CONFIG}"
 
 
+@contextlib.contextmanager
+def model_parallel(gtp: int, seed: int = 1234):
+    """In a rank: TP 1 with GTP off (gtp 1) or gtp_remat_size gtp, the CUDA RNG seeded; destroyed after."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=1, **({"gtp_remat_size": gtp} if gtp > 1 else {})
+    )
+    try:
+        model_parallel_cuda_manual_seed(seed)
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def fixed_tokens(vocab: int, batch: int, seq: int, count: int = 1):
+    """``count`` token batches drawn from seed 0, and their positions, on the current device."""
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, vocab, (batch, seq), generator=gen).cuda() for _ in range(count)]
+    positions = torch.arange(seq).unsqueeze(0).expand(batch, seq).contiguous().cuda()
+    return batches, positions
+
+
 def build(gtp: int, *, vocab: int, seq: int, tied: bool, position: str = "learned_absolute", **config):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -54,6 +83,14 @@ def build(gtp: int, *, vocab: int, seq: int, tied: bool, position: str = "learne
     )
     # As megatron.training's get_model does; the learned position embedding starts on the CPU.
     return model.cuda(torch.cuda.current_device())
+
+
+def build_qwen_like(gtp: int, *, vocab: int, seq: int, hidden: int, ffn: int, qkv_bias: bool):
+    """Qwen2.5's shape in small: tied embeddings, rope, RMSNorm, SwiGLU, GQA (4 heads, 2 groups), fp32."""
+    return build(gtp, vocab=vocab, seq=seq, tied=True, position="rope", num_layers=2,
+                 hidden_size=hidden, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=ffn,
+                 normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
+                 add_bias_linear=False, add_qkv_bias=qkv_bias)
 
 
 def gtp_rows(param, full: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _te_gpt import GPU_ONLY, assert_gtp_at_its_defaults, build, load_gtp_off_params
+from _te_gpt import GPU_ONLY, assert_gtp_at_its_defaults, build, fixed_tokens, load_gtp_off_params, model_parallel
 from _world import spawn
 
 pytestmark = GPU_ONLY
@@ -50,22 +50,16 @@ def _build(tied, gtp):
 
 def _gpt(rank, world_size, tied):
     torch.cuda.set_device(0)
-    from megatron.core import parallel_state
     from megatron.core.tensor_parallel.gtp_api import (
         classify_gtp_remat_chains,
         is_gtp_param,
     )
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     assert_gtp_at_its_defaults()
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen).cuda()
-    positions = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ).contiguous().cuda()
+    (tokens,), positions = fixed_tokens(VOCAB, BATCH, SEQ)
 
     # GTP off: the reference.
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-    try:
-        model_parallel_cuda_manual_seed(1234)
+    with model_parallel(gtp=1):
         ref = _build(tied, gtp=1)
         ref_logits = ref(tokens, positions, None)
         (ref_logits.float() ** 2).sum().backward()
@@ -75,15 +69,11 @@ def _gpt(rank, world_size, tied):
             n: p.grad.detach().clone() for n, p in ref.named_parameters() if n.endswith(".bias")
         }
         torch.cuda.synchronize()
-    finally:
-        parallel_state.destroy_model_parallel()
     del ref
     assert any(".linear_qkv.bias" in n for n in ref_bias_grads), sorted(ref_bias_grads)
 
     # GTP on, same parameters.
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=GTP)
-    try:
-        model_parallel_cuda_manual_seed(1234)
+    with model_parallel(gtp=GTP):
         model = _build(tied, gtp=GTP)
         classify_gtp_remat_chains(model)
         gtp_params = [p for p in model.parameters() if is_gtp_param(p)]
@@ -110,8 +100,6 @@ def _gpt(rank, world_size, tied):
             )
         for p in gtp_params:
             assert torch.isfinite(p.main_grad).all(), f"{p._debug_name}: non-finite main_grad"
-    finally:
-        parallel_state.destroy_model_parallel()
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied-embeddings", "untied"])

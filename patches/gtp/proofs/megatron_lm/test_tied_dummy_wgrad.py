@@ -36,7 +36,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _te_gpt import GPU_ONLY, assert_gtp_at_its_defaults, build, gtp_rows, load_gtp_off_params
+from _te_gpt import (
+    GPU_ONLY,
+    assert_gtp_at_its_defaults,
+    build_qwen_like,
+    fixed_tokens,
+    gtp_rows,
+    load_gtp_off_params,
+    model_parallel,
+)
 from _world import spawn
 
 pytestmark = GPU_ONLY
@@ -49,12 +57,7 @@ EMBEDDING = "embedding.word_embeddings.weight"
 
 
 def _build(gtp):
-    import torch.nn.functional as F
-
-    return build(gtp, vocab=VOCAB, seq=SEQ, tied=True, position="rope", num_layers=2,
-                 hidden_size=HIDDEN, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=FFN,
-                 normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
-                 add_bias_linear=False, add_qkv_bias=False)
+    return build_qwen_like(gtp, vocab=VOCAB, seq=SEQ, hidden=HIDDEN, ffn=FFN, qkv_bias=False)
 
 
 def _loss(model, tokens, positions):
@@ -63,24 +66,18 @@ def _loss(model, tokens, positions):
 
 def _microbatches(rank, world_size, next_step):
     torch.cuda.set_device(0)
-    from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer.optimizer import _zero_grad_group_helper
     from megatron.core.tensor_parallel.gtp_api import (
         is_gtp_param,
         wait_for_gtp_grad_reduction_on_current_stream,
     )
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     assert_gtp_at_its_defaults()
-    gen = torch.Generator().manual_seed(0)
-    batches = [torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen).cuda() for _ in range(2)]
-    positions = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ).contiguous().cuda()
+    batches, positions = fixed_tokens(VOCAB, BATCH, SEQ, count=2)
 
     # GTP off: the embedding gradient of each microbatch.
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-    try:
-        model_parallel_cuda_manual_seed(1234)
+    with model_parallel(gtp=1):
         ref = _build(gtp=1)
         full_params = {n: p.detach().clone() for n, p in ref.named_parameters()}
         ref_grads = []
@@ -89,14 +86,10 @@ def _microbatches(rank, world_size, next_step):
             _loss(ref, tokens, positions).backward()
             ref_grads.append(dict(ref.named_parameters())[EMBEDDING].grad.detach().clone())
         torch.cuda.synchronize()
-    finally:
-        parallel_state.destroy_model_parallel()
     del ref
     expected_full = ref_grads[1] if next_step else ref_grads[0] + ref_grads[1]
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=GTP)
-    try:
-        model_parallel_cuda_manual_seed(1234)
+    with model_parallel(gtp=GTP):
         module = _build(gtp=GTP)
         load_gtp_off_params(module, full_params)
         ddp = DistributedDataParallel(
@@ -136,8 +129,6 @@ def _microbatches(rank, world_size, next_step):
         )
         torch.testing.assert_close(got, expected, **GRAD_TOL,
                                    msg=lambda m: f"{EMBEDDING} main_grad vs its GTP-off rows: {m}")
-    finally:
-        parallel_state.destroy_model_parallel()
 
 
 @pytest.mark.parametrize("next_step", [False, True], ids=["microbatches", "next-step"])

@@ -26,7 +26,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _te_gpt import GPU_ONLY, assert_gtp_at_its_defaults, build, gtp_rows, load_gtp_off_params
+from _te_gpt import (
+    GPU_ONLY,
+    assert_gtp_at_its_defaults,
+    build_qwen_like,
+    fixed_tokens,
+    gtp_rows,
+    load_gtp_off_params,
+    model_parallel,
+)
 from _world import spawn
 
 pytestmark = GPU_ONLY
@@ -39,12 +47,7 @@ GRAD_TOL = dict(atol=1e-4, rtol=1e-3)
 
 
 def _build(gtp):
-    import torch.nn.functional as F
-
-    return build(gtp, vocab=VOCAB, seq=SEQ, tied=True, position="rope", num_layers=2,
-                 hidden_size=HIDDEN, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=FFN,
-                 normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
-                 add_bias_linear=False, add_qkv_bias=True)
+    return build_qwen_like(gtp, vocab=VOCAB, seq=SEQ, hidden=HIDDEN, ffn=FFN, qkv_bias=True)
 
 
 def _step_delta(step: int, name: str, shape) -> torch.Tensor:
@@ -55,22 +58,17 @@ def _step_delta(step: int, name: str, shape) -> torch.Tensor:
 
 def _train(rank, world_size, classify):
     torch.cuda.set_device(0)
-    from megatron.core import parallel_state
     from megatron.core.tensor_parallel.gtp_api import (
         classify_gtp_remat_chains,
         is_gtp_param,
         wait_for_gtp_grad_reduction_on_current_stream,
     )
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     assert_gtp_at_its_defaults()
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0)).cuda()
-    positions = torch.arange(SEQ).unsqueeze(0).expand(BATCH, SEQ).contiguous().cuda()
+    (tokens,), positions = fixed_tokens(VOCAB, BATCH, SEQ)
 
     # GTP off: logits and gradients of every step.
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-    try:
-        model_parallel_cuda_manual_seed(1234)
+    with model_parallel(gtp=1):
         ref = _build(gtp=1)
         start = {n: p.detach().clone() for n, p in ref.named_parameters()}
         ref_logits, ref_grads = [], []
@@ -84,13 +82,9 @@ def _train(rank, world_size, classify):
                     p.grad = None
                     p.add_(_step_delta(step, n, p.shape))
         torch.cuda.synchronize()
-    finally:
-        parallel_state.destroy_model_parallel()
     del ref
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=GTP)
-    try:
-        model_parallel_cuda_manual_seed(1234)
+    with model_parallel(gtp=GTP):
         model = _build(gtp=GTP)
         if classify:
             classify_gtp_remat_chains(model)
@@ -124,8 +118,6 @@ def _train(rank, world_size, classify):
                         delta = gtp_rows(p, delta)
                     p.grad = None
                     p.add_(delta)
-    finally:
-        parallel_state.destroy_model_parallel()
 
 
 @pytest.mark.parametrize("classify", [False, True], ids=["as-bridge-and-nemo-rl", "classified-chains"])

@@ -70,7 +70,8 @@ PY
 HAVE_GTP_TRUE = 'echo "megatron.core from (stand-in: no TransformerEngine here)"; echo "HAVE_GTP True"\n'
 
 # A command whose result depends on the trees: the 'threeway' patch changes beta.value_10.
-CMD_BETA = ["{python}", "-c", "import megatron.core.beta as b; assert b.value_10 == 10, b.value_10; print('ok')"]
+BETA_OK = "import megatron.core.beta as b; assert b.value_10 == 10, b.value_10; print('beta.value_10 is 10')"
+CMD_BETA = ["{python}", "-c", BETA_OK]
 # A proof that the first patch ('clean') breaks: fails on the patched trees, passes pristine.
 REGRESS = '''
 import megatron.core.alpha as alpha
@@ -140,6 +141,7 @@ kind = "command"
 images = ["host"]
 argv = {_toml_list(CMD_BETA)}
 env = {{ PYTHONPATH = "{{tree:megatron-lm}}" }}
+markers = ["beta.value_10 is 10"]
 timeout_s = 120
 
 [[tests]]
@@ -326,6 +328,7 @@ images = ["host"]
 argv = {_toml_list(["{python}", str(MINI), "--dry-check"])}
 env = {{ PYTHONPATH = "{{tree:megatron-lm}}" }}
 metrics = "result-line"
+gates = ['len(data["problems"]) == 0']
 timeout_s = 300
 ''')
     out = tmp_path / "out"
@@ -384,8 +387,8 @@ def test_judge_on_committed_gpu_logs_of_the_mini_test():
         spec = cells[run["cell"]]
         gates = [parse_gate(g) for g in run["gates"]] if "gates" in run else spec.gates
         text = (GPU_LOGS / run["file"]).read_text()
-        v = judge(rc=run["exit_status"], timed_out=False, text=text, metrics=numeric_metrics(result_line(text)),
-                  gates=gates, markers=spec.markers)
+        v = judge(rc=run["exit_status"], timed_out=False, text=text, metrics=result_line(text),
+                  gates=gates, markers=spec.markers, step_markers=spec.step_markers, metrics_source=spec.metrics)
         applied = set(run["patches"])
         expect = run["expect"]
         if expect == "passed":
@@ -430,3 +433,4 @@ def test_mini_shape_names_the_target_and_flags_still_win():
 
     cost = next(t for t in load_matrix(ROOT / "integration" / "nightly.toml").tests if t.name == "gtp-refit-mini-cost")
     assert "--shape" in cost.argv and cost.argv[cost.argv.index("--shape") + 1] == "qwen2.5-0.5b"
+

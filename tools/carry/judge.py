@@ -4,17 +4,47 @@ A run is judged from what it left behind, never from its exit status alone:
 
 - ``skipped``: it exited 0 and printed a capability-guard line (``SKIP: <reason>``);
   the reason is kept. A skip is never a pass.
-- ``failed``: it timed out (the last log lines are kept), exited non-zero (a
-  ``BUG_HIT: <patch id>: <message>`` line names the series bug it met), a metric
-  gate did not hold, or a gated metric is missing.
+- ``failed``: it timed out (the last log lines are kept), exited non-zero, printed a
+  ``BUG_HIT: <patch id>: <message>`` line (whatever its exit status: the line names the
+  series bug it met), a metric gate did not hold, a gated metric is missing, not a number or
+  not finite at some step, a gated series lacks a step another gated series has, a step
+  marker has no line for some step, or (``metrics = "result-line"`` cells) it printed a
+  Python traceback.
 - ``vacuous``: everything held but an anti-vacuity marker is absent from the
   log: the run passed without doing what it was meant to exercise.
 - ``passed``: exit 0, every gate holds, every marker is present.
 
 Gates use NeMo-RL's check_metrics.py form, ``AGG(data["NAME"]) OP NUMBER``,
 on metrics shaped as tests/json_dump_tb_logs.py writes them
-(``{name: {step: value}}``); a scalar counts as one step. They are parsed, not
-``eval``-ed.
+(``{name: {step: value}}``); a scalar counts as one step, a list's entries are steps
+1..n. They are parsed, not ``eval``-ed. Every value a gate reads must be a finite number
+(not a bool, a string or null; not NaN or an infinity, which JSON spells ``NaN``,
+``Infinity`` or an overflowing literal such as ``-1e400``): one that is not fails the gate,
+naming the metric, the step and the value, whatever the aggregate (``max()`` would skip a
+NaN that is not first). ``len(data["NAME"])`` counts entries (steps) and reads no value but
+still refuses a non-finite one.
+
+At every step: ``min``/``max`` are taken over all steps, so ``min(...) > 0`` holds at every
+step. The gated {step: value} series must cover the same steps: a gated metric that lacks a
+step another gated metric has fails (``X has no value at step 3``); scalars and lists have
+no step keys and are not compared.
+
+Lines. Markers, step markers, ``BUG_HIT`` lines and tracebacks count only as whole lines
+printed by the run. A log line is read after removing ANSI colour codes, then at most one
+Ray worker prefix, ``(NAME pid=N) `` or ``(pid=N) ``, where NAME may carry a ``[...]``
+suffix (``MegatronPolicyWorker[rank=0]``) and the pid an ``, ip=ADDR``; then Ray's
+de-duplication suffix (`` [repeated 2x across cluster] ...``) is dropped. A marker counts
+when the line then *starts* with it (the details after it are free); a step marker is a
+regex that must match at the start of such a line. Nothing else may come first: no
+indentation, no logging prefix (``INFO:name:`` could as well be ``ERROR:name:``; the
+markers are ``print()``-ed), no quote: ``ERROR: never saw '[gtp] enabling ...'`` does
+not count as the marker.
+
+Tracebacks (``Traceback (most recent call last):`` as a whole line) fail a
+``metrics = "result-line"`` run even with exit 0, after the result line or before it: that
+run is one program (the mini test) that prints a traceback only when a rank raised, so a
+result line beside one cannot be trusted. Other cells are judged by their exit status,
+gates and markers: NeMo-RL's logs carry Ray's and libraries' handled tracebacks.
 """
 
 from __future__ import annotations
@@ -32,9 +62,13 @@ STATUSES = ("passed", "failed", "skipped", "vacuous")
 TAIL_LINES = 40
 
 SKIP_RE = re.compile(r"^SKIP: (?P<reason>.+?)\s*$", re.M)
-BUG_RE = re.compile(r"^BUG_HIT: (?P<id>[a-z0-9][a-z0-9-]*): (?P<message>.*?)\s*$", re.M)
+BUG_RE = re.compile(r"BUG_HIT: (?P<id>[a-z0-9][a-z0-9-]*): (?P<message>.*?)\s*$")
+TRACEBACK = "Traceback (most recent call last):"
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RAY_PREFIX_RE = re.compile(r"\((?:[A-Za-z_][\w.]*(?:\[[^\]\s]*\])? )?pid=\d+(?:, ip=[0-9A-Za-z.:-]+)?\) ")
+_RAY_DEDUP_RE = re.compile(r"\s*\[repeated \d+x across cluster\].*$")
 _GATE_RE = re.compile(
-    r"""^\s*(?P<agg>max|min|mean|median|last|first)\(\s*data\[\s*(?P<q>["'])(?P<key>.+?)(?P=q)\s*\]\s*\)"""
+    r"""^\s*(?P<agg>max|min|mean|median|last|first|len)\(\s*data\[\s*(?P<q>["'])(?P<key>.+?)(?P=q)\s*\]\s*\)"""
     r"""\s*(?P<op><=|>=|==|!=|<|>)\s*(?P<num>[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?)\s*$""")
 _OPS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
         ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
@@ -53,17 +87,35 @@ def parse_gate(text: str) -> Gate:
     m = _GATE_RE.match(text)
     if not m:
         raise ConfigError(f"gate {text!r} is not of the form AGG(data[\"NAME\"]) OP NUMBER",
-                          hint="AGG is max, min, mean, median, first or last; OP is <, <=, >, >=, == or !=")
-    return Gate(text.strip(), m["agg"], m["key"], m["op"], float(m["num"]))
+                          hint="AGG is max, min, mean, median, first, last or len; OP is <, <=, >, >=, == or !=")
+    threshold = float(m["num"])
+    if not math.isfinite(threshold):
+        raise ConfigError(f"gate {text!r}: {m['num']} is not a finite number (as a float it is {threshold})",
+                          hint="a gate against an infinity holds for every finite value: use a finite bound")
+    return Gate(text.strip(), m["agg"], m["key"], m["op"], threshold)
 
 
-def _series(value: Any) -> list[float]:
-    if isinstance(value, dict):
-        items = sorted(value.items(), key=lambda kv: _step_key(kv[0]))
-        return [float(v) for _, v in items]
-    if isinstance(value, list):
-        return [float(v) for v in value]
-    return [float(value)]
+@dataclass(frozen=True)
+class StepMarker:
+    """A regex with a named group ``step``: a line matching it must exist for every gated step."""
+    text: str
+    pattern: re.Pattern
+
+
+def parse_step_marker(text: str) -> StepMarker:
+    try:
+        pattern = re.compile(text)
+    except re.error as exc:
+        raise ConfigError(f"step marker {text!r} is not a valid regex: {exc}") from None
+    if "step" not in pattern.groupindex:
+        raise ConfigError(f"step marker {text!r} has no named group 'step'",
+                          hint=r"write the step's place as (?P<step>\d+), e.g. '\[refit-check\] step (?P<step>\d+): ...'")
+    return StepMarker(text, pattern)
+
+
+# -- metric values -----------------------------------------------------------------------------
+class MetricError(ValueError):
+    """A metric value a gate cannot read: the message names the metric, the step and the value."""
 
 
 def _step_key(step: Any):
@@ -73,10 +125,69 @@ def _step_key(step: Any):
         return (1, str(step))
 
 
-def aggregate(agg: str, value: Any) -> float:
-    vals = _series(value)
+def step_label(step: Any) -> str:
+    """One spelling per step: "02", 2 and "2" are step 2."""
+    k = _step_key(step)
+    return str(k[1])
+
+
+def _points(value: Any) -> list[tuple[str | None, Any]]:
+    if isinstance(value, dict):
+        return [(step_label(k), v) for k, v in sorted(value.items(), key=lambda kv: _step_key(kv[0]))]
+    if isinstance(value, list):
+        return [(str(i), v) for i, v in enumerate(value, 1)]
+    return [(None, value)]
+
+
+def _what(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"a bool ({json.dumps(v)})"
+    if isinstance(v, str):
+        return f"a string ({v[:40]!r})"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, dict):
+        return "an object"
+    return f"a {type(v).__name__}"
+
+
+def _fmt(v: float) -> str:
+    return "NaN" if math.isnan(v) else repr(v)
+
+
+def read_values(key: str, value: Any, *, numbers: bool = True) -> list[tuple[str | None, float]]:
+    """The (step, value) points of a metric, each checked: a finite number (``numbers``), else a
+    MetricError naming the metric, the step and what the value is. Without ``numbers`` (``len``),
+    only numbers are checked for finiteness and other entries are kept as they are."""
+    pts = _points(value)
+    out = []
+    for step, v in pts:
+        at = f" at step {step}" if step is not None else ""
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            if numbers:
+                raise MetricError(f"{key} is {_what(v)}{at}, not a number")
+            out.append((step, v))
+            continue
+        if not math.isfinite(v):
+            raise MetricError(f"{key} is {_fmt(float(v))}{at}")
+        out.append((step, float(v)))
+    return out
+
+
+def _series(value: Any) -> list[float]:
+    return [v for _, v in read_values("metric", value)]
+
+
+def aggregate(agg: str, value: Any, key: str = "metric") -> float:
+    if agg == "len":
+        if not isinstance(value, (dict, list)):
+            raise MetricError(f"{key} is {_what(value)}, not a list or a series: len() counts entries")
+        return float(len(read_values(key, value, numbers=False)))
+    vals = [v for _, v in read_values(key, value)]
     if not vals:
-        raise ValueError("no values")
+        raise MetricError(f"{key} has no values")
     return {"max": max, "min": min, "mean": statistics.fmean, "median": statistics.median,
             "last": lambda v: v[-1], "first": lambda v: v[0]}[agg](vals)
 
@@ -93,19 +204,49 @@ def evaluate_gate(gate: Gate, metrics: dict[str, Any]) -> GateResult:
     if gate.key not in metrics:
         return GateResult(gate.text, None, False, f"metric {gate.key!r} is missing")
     try:
-        value = aggregate(gate.agg, metrics[gate.key])
-    except (TypeError, ValueError) as exc:
-        return GateResult(gate.text, None, False, f"metric {gate.key!r} is not numeric: {exc}")
-    if math.isnan(value):
-        return GateResult(gate.text, value, False, f"{gate.agg}({gate.key}) is NaN")
+        value = aggregate(gate.agg, metrics[gate.key], gate.key)
+    except MetricError as exc:
+        return GateResult(gate.text, None, False, str(exc))
     ok = _OPS[gate.op](value, gate.threshold)
     return GateResult(gate.text, value, ok, "" if ok else f"{gate.agg}({gate.key}) = {value:.10g}, "
                       f"wanted {gate.op} {gate.threshold:g}")
 
 
+def gated_steps(gates: Iterable[Gate], metrics: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The steps the gated {step: value} series show (their union, in order), and a problem for
+    each gated series that lacks one of them."""
+    keyed = {g.key: metrics[g.key] for g in gates
+             if g.agg != "len" and isinstance(metrics.get(g.key), dict) and metrics[g.key]}
+    have = {k: {step_label(s) for s in v} for k, v in keyed.items()}
+    steps = sorted(set().union(*have.values()), key=_step_key) if have else []
+    problems = []
+    for key, own in have.items():
+        lack = [s for s in steps if s not in own]
+        if lack:
+            problems.append(f"{key} has no value at {_steps(lack)}, which other gated metrics have")
+    return steps, problems
+
+
+def _steps(steps: list[str]) -> str:
+    return ("step " if len(steps) == 1 else "steps ") + ", ".join(steps)
+
+
 # -- reading evidence ----------------------------------------------------------------------
 def tail(text: str, n: int = TAIL_LINES) -> list[str]:
     return text.rstrip("\n").splitlines()[-n:] if text.strip() else []
+
+
+def run_line(line: str) -> str:
+    """A log line as the run printed it: colours, one Ray worker prefix and Ray's dedup suffix off."""
+    line = _ANSI_RE.sub("", line)
+    m = _RAY_PREFIX_RE.match(line)
+    if m:
+        line = line[m.end():]
+    return _RAY_DEDUP_RE.sub("", line).rstrip()
+
+
+def run_lines(text: str) -> list[str]:
+    return [run_line(ln) for ln in text.splitlines()]
 
 
 def skip_reason(text: str) -> str | None:
@@ -114,21 +255,41 @@ def skip_reason(text: str) -> str | None:
 
 
 def bug_hits(text: str) -> list[tuple[str, str]]:
-    return [(m["id"], m["message"]) for m in BUG_RE.finditer(text)]
+    return [(m["id"], m["message"]) for m in (BUG_RE.match(ln) for ln in run_lines(text)) if m]
 
 
-def result_line(text: str) -> dict | None:
-    """The last line that is a JSON object (the mini test's final line)."""
-    for line in reversed(text.splitlines()):
-        line = line.strip()
+def _result_line_at(text: str) -> tuple[int | None, dict | None]:
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i].strip()
         if line.startswith("{") and line.endswith("}"):
             try:
                 doc = json.loads(line)
             except json.JSONDecodeError:
                 continue
             if isinstance(doc, dict):
-                return doc
-    return None
+                return i, doc
+    return None, None
+
+
+def result_line(text: str) -> dict | None:
+    """The last line that is a JSON object (the mini test's final line)."""
+    return _result_line_at(text)[1]
+
+
+def tracebacks(text: str) -> list[str]:
+    """One problem per Python traceback in the log, placed against the result line, with its
+    exception line (the first unindented line after the frames)."""
+    at, _ = _result_line_at(text)
+    lines = run_lines(text)
+    out = []
+    for i, line in enumerate(lines):
+        if line != TRACEBACK:
+            continue
+        exc = next((ln for ln in lines[i + 1:i + 400] if ln and not ln[0].isspace()), "")
+        where = "(no result line)" if at is None else ("after the result line" if i > at else "before the result line")
+        out.append(f"a Python traceback {where} (log line {i + 1}): {exc[:200] or '?'}")
+    return out
 
 
 def numeric_metrics(doc: dict | None) -> dict[str, Any]:
@@ -147,14 +308,38 @@ def numeric_metrics(doc: dict | None) -> dict[str, Any]:
 
 def summary_value(value: Any) -> float | None:
     """One number per metric for reports and history: the last step of a series."""
-    try:
-        return _series(value)[-1]
-    except (TypeError, ValueError, IndexError):
+    pts = _points(value)
+    if not pts:
         return None
+    v = pts[-1][1]
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def markers_found(text: str, markers: Iterable[str]) -> dict[str, bool]:
-    return {m: (m in text) for m in markers}
+    """Whether each marker begins a whole line of the run (module docstring, "Lines")."""
+    markers = list(markers)
+    found = dict.fromkeys(markers, False)
+    for line in run_lines(text):
+        for m in markers:
+            if not found[m] and m and line.startswith(m):
+                found[m] = True
+    return found
+
+
+def step_markers_missing(text: str, step_markers: Iterable[StepMarker], steps: list[str]) -> list[str]:
+    """For each step marker, the steps no whole line of the run matches it for."""
+    out = []
+    lines = run_lines(text)
+    for sm in step_markers:
+        seen = set()
+        for line in lines:
+            m = sm.pattern.match(line)
+            if m and m.group("step") is not None:
+                seen.add(step_label(m.group("step")))
+        lack = [s for s in steps if s not in seen]
+        if lack:
+            out.append(f"no log line matches step marker {sm.text!r} at {_steps(lack)}")
+    return out
 
 
 def _last_line(lines: list[str]) -> str:
@@ -189,17 +374,22 @@ class Verdict:
 
 def judge(*, rc: int | None, timed_out: bool, text: str, metrics: dict[str, Any] | None,
           gates: Iterable[Gate] = (), markers: Iterable[str] = (), timeout_s: float | None = None,
-          launch_error: str | None = None, marker_text: str | None = None) -> Verdict:
+          launch_error: str | None = None, marker_text: str | None = None,
+          step_markers: Iterable[StepMarker] = (), metrics_source: str = "none") -> Verdict:
     """Judge one run from its exit status, its log text and its metrics.
 
-    ``marker_text`` is where the markers must appear (e.g. the test's own run.log);
-    it defaults to ``text``.
+    ``metrics`` is the document as read (a result line, a metrics file): gates read it as it
+    is, so a value that is not a number is named, not dropped. ``marker_text`` is where the
+    markers and step markers must appear (e.g. the test's own run.log); it defaults to
+    ``text``. ``metrics_source`` is the cell's ``metrics`` setting: with ``"result-line"`` a
+    traceback anywhere in ``text`` fails the run.
     """
     marker_text = text if marker_text is None else marker_text
     metrics = metrics or {}
-    gates, markers = list(gates), list(markers)
+    gates, markers, step_markers = list(gates), list(markers), list(step_markers)
     v = Verdict(status="failed", tail=tail(text),
-                metrics={k: s for k, s in ((k, summary_value(x)) for k, x in metrics.items()) if s is not None})
+                metrics={k: s for k, s in ((k, summary_value(x)) for k, x in numeric_metrics(metrics).items())
+                         if s is not None})
     hits = bug_hits(text)
     if hits:
         v.bug = hits[0][0]
@@ -213,23 +403,30 @@ def judge(*, rc: int | None, timed_out: bool, text: str, metrics: dict[str, Any]
             v.reason += f"; last line: {last[:200]}"
         return v
     skip = skip_reason(text)
-    if rc == 0 and skip is not None:
+    if rc == 0 and skip is not None and not hits:
         v.status, v.reason = "skipped", skip
-        return v
-    if rc != 0:
-        if hits:
-            v.reason = f"BUG_HIT {hits[0][0]}: {hits[0][1]}"
-        else:
-            last = _last_line(v.tail)
-            v.reason = f"exited {rc}" + (f"; last line: {last[:200]}" if last else "")
-        v.markers = markers_found(marker_text, markers)
-        v.gates = [evaluate_gate(g, metrics) for g in gates]
         return v
     v.gates = [evaluate_gate(g, metrics) for g in gates]
     v.markers = markers_found(marker_text, markers)
-    bad = [g for g in v.gates if not g.ok]
-    if bad:
-        v.reason = "; ".join(g.detail for g in bad)
+    if hits:
+        v.reason = f"BUG_HIT {hits[0][0]}: {hits[0][1]}" + (" (it exited 0)" if rc == 0 else "")
+        return v
+    if rc != 0:
+        last = _last_line(v.tail)
+        v.reason = f"exited {rc}" + (f"; last line: {last[:200]}" if last else "")
+        return v
+    problems = [f"gate {g.gate}: {g.detail}" for g in v.gates if not g.ok]
+    steps, gaps = gated_steps(gates, metrics)
+    problems += gaps
+    if step_markers:
+        if steps:
+            problems += step_markers_missing(marker_text, step_markers, steps)
+        else:
+            problems.append("step markers need per-step metrics, and no gated metric has steps")
+    if metrics_source == "result-line":
+        problems += tracebacks(text)
+    if problems:
+        v.reason = "; ".join(problems)
         return v
     missing = [m for m, ok in v.markers.items() if not ok]
     if missing:

@@ -32,7 +32,7 @@ from .apply import apply_series
 from .bisect import BisectResult, PrefixTrees, bisect
 from .errors import CarryError
 from .files import write_json
-from .judge import Verdict, deterministic_flags, judge, numeric_metrics, result_line
+from .judge import Verdict, deterministic_flags, judge, result_line
 from .launch import docker_killer, run_logged
 from .nightly_config import NightlyConfig
 from .nightly_plan import Cell, Options, cells, plan, timeout_for
@@ -74,23 +74,30 @@ def run_check(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, time
     killer = docker_killer(p.container) if p.container else None
     fin = run_logged(p, log, timeout=timeout, on_timeout=killer)
     text = log.read_text(errors="replace")
+    # The document as read: the judge names a value that is not a number rather than lose it.
     metrics: dict = {}
     src = cell.spec.metrics
     if src == "result-line":
-        metrics = numeric_metrics(result_line(text))
+        metrics = result_line(text) or {}
     elif src.startswith("file:"):
         f = out / src[5:]
         if f.exists():
             try:
-                metrics = numeric_metrics(json.loads(f.read_text()))
+                doc = json.loads(f.read_text())
             except ValueError as exc:
                 text += f"\n[carry] {f.name} is not valid JSON: {exc}\n"
+            else:
+                if isinstance(doc, dict):
+                    metrics = doc
+                else:
+                    text += f"\n[carry] {f.name} is not a JSON object (a {type(doc).__name__})\n"
     marker_text = text
     run_log = out / "run.log"
     if run_log.exists():
         marker_text = run_log.read_text(errors="replace")
     v = judge(rc=fin.returncode, timed_out=fin.timed_out, text=text, metrics=metrics, gates=cell.spec.gates,
-              markers=cell.spec.markers, timeout_s=timeout, launch_error=fin.error, marker_text=marker_text)
+              markers=cell.spec.markers, timeout_s=timeout, launch_error=fin.error, marker_text=marker_text,
+              step_markers=cell.spec.step_markers, metrics_source=src)
     info = {"seconds": round(fin.seconds, 1), "command": p.shell(), "log": str(log), "returncode": fin.returncode,
             "timed_out": fin.timed_out,
             "artifacts": sorted(str(x.relative_to(out)) for x in out.rglob("*") if x.is_file())}

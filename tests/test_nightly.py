@@ -434,3 +434,30 @@ def test_mini_shape_names_the_target_and_flags_still_win():
     cost = next(t for t in load_matrix(ROOT / "integration" / "nightly.toml").tests if t.name == "gtp-refit-mini-cost")
     assert "--shape" in cost.argv and cost.argv[cost.argv.index("--shape") + 1] == "qwen2.5-0.5b"
 
+
+def test_a_corrupt_history_line_is_reported_and_skipped(night):
+    """A history file that a killed run, a bad merge or a disk error left corrupt: each bad line is
+    named (file and line number) and skipped, the good ones still count, and the night's verdicts,
+    nightly.json and the history line are written all the same."""
+    hist = night["tmp"] / "history.jsonl"
+    cell = "demo--nrl-here--fn-pass"
+    good = {"run_id": "night-0", "cell": cell, "status": "passed",
+            "metrics": {"train/token_mult_prob_error": 1.0125}}
+    hist.write_bytes(b"[1, 2]\n" + b"42\n" + b'{"cell": "' + cell.encode() + b'", "metr\n'
+                     + b"\x00\x01\x02\x7f binary\n" + b'{"cell": "caf\xe9"}\n'
+                     + b'{"cell": "' + cell.encode() + b'", "run_id": "night-x", "metrics": [1, 2]}\n'
+                     + json.dumps(good).encode() + b"\n" + b'{"cell": "torn last line, no newline')
+    res = nightly(night, night["tmp"] / "c", "--run-id", "night-c", "--tests", "fn-pass", "--no-bisect", check=0)
+    for n, what in [(1, "not a JSON object"), (2, "not a JSON object"), (3, "not valid JSON"), (4, "not valid JSON"),
+                    (5, "not UTF-8"), (6, "metrics"), (8, "not valid JSON")]:
+        assert f"warning: {hist}:{n}: " in res.stderr and what in res.stderr.split(f"{hist}:{n}: ")[1].splitlines()[0], \
+            (n, res.stderr)
+    doc = read_json(night["tmp"] / "c" / "nightly.json")
+    run = doc["runs"][0]
+    assert run["status"] == "passed", run
+    assert len(doc["history_warnings"]) == 7 and f"{hist.name}:1" in (night["tmp"] / "c" / "summary.md").read_text()
+    # The good line still counts: tonight's value repeats night-0's bit for bit.
+    assert any("night-0" in f for f in run["flags"]), run["flags"]
+    # Tonight's record is a line of its own, not glued to the torn one.
+    last = hist.read_bytes().splitlines()[-1]
+    assert json.loads(last)["run_id"] == "night-c"

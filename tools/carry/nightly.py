@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -127,8 +128,13 @@ def depends_on_trees(cell: Cell) -> str | None:
 
 
 # -- the whole night -----------------------------------------------------------------------------
-def run_nightly(cfg: NightlyConfig, opts: Options, load_series) -> list[dict]:
-    history = reports.read_history(opts.history)
+def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[str] | None = None) -> list[dict]:
+    """Run every selected cell; ``warnings`` (when given) collects what was wrong with the history."""
+    history, bad = reports.read_history(opts.history)
+    for w in bad:
+        print(f"warning: {w}", file=sys.stderr, flush=True)
+    if warnings is not None:
+        warnings.extend(bad)
     runs: list[dict] = []
     for sname in opts.series or list(cfg.series):
         series = load_series(sname, cfg)
@@ -196,11 +202,12 @@ def _bisect(cell: Cell, v: Verdict, prefix: PrefixTrees, out: Path, opts: Option
     return bisect(order, v.signature(), probe)
 
 
-def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig) -> None:
+def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig, warnings: list[str] = ()) -> None:
     ok = not any(r["status"] in ("failed", "vacuous") for r in runs)
     write_json(opts.out / "nightly.json", {"ok": ok, "run_id": opts.run_id, "seed": opts.seed,
-                                           "config": str(cfg.path), "runs": runs})
+                                           "config": str(cfg.path), "runs": runs,
+                                           "history_warnings": list(warnings)})
     (opts.out / "junit.xml").write_text(reports.junit(runs))
     (opts.out / "summary.md").write_text(reports.summary(runs, opts.run_id, {
-        "seed": opts.seed, "history": opts.history.name, "cells": len(runs)}))
+        "seed": opts.seed, "history": opts.history.name, "cells": len(runs)}, warnings))
     reports.append_history(opts.history, [reports.history_record(r) for r in runs])

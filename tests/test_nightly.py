@@ -40,15 +40,20 @@ rm -rf $EXP_DIR
 mkdir -p $EXP_DIR
 mode=${FAKE_MODE:?}
 {
-  echo "[gtp] enabling GTP weight rematerialization (gtp_remat_size=2 expert_gtp_remat_size=1)"
-  if [[ $mode != vacuous ]]; then
+  if [[ $mode == quoted ]]; then
+    echo "ERROR: never saw '[gtp] enabling GTP weight rematerialization (gtp_remat_size=2)'"
+    echo "ERROR: never saw '[colocated-reshard] building dedicated inference model'"
+  else
+    echo "[gtp] enabling GTP weight rematerialization (gtp_remat_size=2 expert_gtp_remat_size=1)"
+  fi
+  if [[ $mode != vacuous && $mode != quoted ]]; then
     echo "[colocated-reshard] building dedicated inference model (inference TP=1 PP=1 EP=1 CP=1 impl=None)"
   fi
   echo "step 1/2 done"
 } 2>&1 | tee $RUN_LOG
-if [[ $mode == bug ]]; then
+if [[ $mode == bug || $mode == bug0 ]]; then
   echo "BUG_HIT: mlm-tied-weight-guard: supplied weight's shape is (256, 128), not (512, 128)" | tee -a $RUN_LOG
-  exit 1
+  if [[ $mode == bug ]]; then exit 1; fi
 fi
 if [[ $mode == hang ]]; then
   echo "waiting on a collective that never completes"
@@ -56,6 +61,7 @@ if [[ $mode == hang ]]; then
 fi
 err=1.0125
 if [[ $mode == gate ]]; then err=1.2; fi
+if [[ $mode == nan ]]; then err=nan; fi
 python3 - "$EXP_DIR/metrics.json" "$err" <<'PY'
 import json, sys
 data = {"train/token_mult_prob_error": {"1": 1.003, "2": float(sys.argv[2])},
@@ -159,6 +165,9 @@ timeout_s = 120
         + functional_test("fn-gate", "gate", stand_in)
         + functional_test("fn-bug", "bug", stand_in)
         + functional_test("fn-hang", "hang", stand_in, timeout=4)
+        + functional_test("fn-nan", "nan", stand_in)
+        + functional_test("fn-quoted", "quoted", stand_in)
+        + functional_test("fn-bug0", "bug0", stand_in)
         + functional_test("fn-probe-broken", "pass", "false"))
     return dict(demo, config=config, nrl=nrl)
 
@@ -461,3 +470,23 @@ def test_a_corrupt_history_line_is_reported_and_skipped(night):
     # Tonight's record is a line of its own, not glued to the torn one.
     last = hist.read_bytes().splitlines()[-1]
     assert json.loads(last)["run_id"] == "night-c"
+
+
+def test_hostile_runs_fail_through_the_nightly_with_their_reason_in_the_summary(night):
+    """Section 2's hostile functional runs, really run by tools/nightly.py: each exits 0 and each
+    must not pass; the summary row says why."""
+    out = night["tmp"] / "h"
+    nightly(night, out, "--run-id", "night-h", "--tests", "fn-nan,fn-quoted,fn-bug0", "--no-bisect", check=1)
+    runs = by_test(out)
+    md = (out / "summary.md").read_text()
+    nan = runs["fn-nan"]
+    assert nan["status"] == "failed", nan
+    why = 'gate max(data["train/token_mult_prob_error"]) < 1.05: train/token_mult_prob_error is NaN at step 2'
+    assert nan["reason"] == why
+    assert why.replace("|", "\\|") in md
+    quoted = runs["fn-quoted"]
+    assert quoted["status"] == "vacuous" and not any(quoted["markers"].values()), quoted
+    assert "| fn-quoted | VACUOUS |" in md and "passed without its marker(s)" in md
+    bug0 = runs["fn-bug0"]
+    assert (bug0["status"], bug0["bug"], bug0["returncode"]) == ("failed", "mlm-tied-weight-guard", 0), bug0
+    assert "BUG_HIT mlm-tied-weight-guard: supplied weight's shape is (256, 128), not (512, 128) (it exited 0)" in md

@@ -253,6 +253,16 @@ def test_a_step_whose_check_line_does_not_match_fails_naming_the_step():
     assert "step 2" not in v.reason.split("at step")[1]
 
 
+def test_a_stale_refit_fails_at_every_step_after_the_first():
+    """What the learning case's stale-refit switch leaves: step 1 equal, later steps not."""
+    v = _learn(four_steps(), refit_log({1: "170 of 170", 2: "0 of 170", 3: "0 of 170", 4: "0 of 170"}))
+    assert v.status == "failed" and "at steps 2, 3, 4" in v.reason, v.reason
+    # Counts that only look alike do not match: the backreference wants the same number twice.
+    for almost in ("17 of 170", "170 of 1700", "1700 of 170"):
+        v = _learn(four_steps(), refit_log({1: "170 of 170", 2: almost, 3: "170 of 170", 4: "170 of 170"}))
+        assert v.status == "failed" and "at step 2" in v.reason, (almost, v.reason)
+
+
 def test_a_missing_step_line_fails_and_a_quoted_one_does_not_count():
     log = refit_log({1: "170 of 170", 2: "170 of 170"}) + "ERROR: wanted '[refit-check] step 3: 170 of 170 tensors equal'\n"
     v = _learn(four_steps(), log)

@@ -383,3 +383,12 @@ def test_the_committed_green_grpo_runs_still_pass_and_a_nan_in_them_fails():
         bad = {**metrics, "train/grad_norm": {**metrics["train/grad_norm"], last: float("nan")}}
         v = verdict(bad)
         assert v.status == "failed" and f"train/grad_norm is NaN at step {last}" in v.reason, (stem, v.reason)
+
+
+def test_a_gate_failed_on_a_non_finite_value_reports_that_value():
+    """GateResult.value is the offending value (what case summaries show), not a misleading max."""
+    from carry.judge import evaluate_gate
+    r = evaluate_gate(parse_gate(GRAD), good(train__grad_norm={2: "Infinity"}))
+    assert (r.ok, r.value, r.detail) == (False, float("inf"), "train/grad_norm is inf at step 2")
+    r = evaluate_gate(parse_gate(GRAD), good(train__grad_norm={2: "null"}))
+    assert (r.ok, r.value) == (False, None) and "null at step 2" in r.detail

@@ -117,7 +117,12 @@ def parse_step_marker(text: str) -> StepMarker:
 
 # -- metric values -----------------------------------------------------------------------------
 class MetricError(ValueError):
-    """A metric value a gate cannot read: the message names the metric, the step and the value."""
+    """A metric value a gate cannot read: the message names the metric, the step and the value;
+    ``value`` is that value when it is a (non-finite) number."""
+
+    def __init__(self, message: str, value: float | None = None):
+        super().__init__(message)
+        self.value = value
 
 
 def _step_key(step: Any):
@@ -173,7 +178,7 @@ def read_values(key: str, value: Any, *, numbers: bool = True) -> list[tuple[str
             out.append((step, v))
             continue
         if not math.isfinite(v):
-            raise MetricError(f"{key} is {_fmt(float(v))}{at}")
+            raise MetricError(f"{key} is {_fmt(float(v))}{at}", float(v))
         out.append((step, float(v)))
     return out
 
@@ -208,7 +213,7 @@ def evaluate_gate(gate: Gate, metrics: dict[str, Any]) -> GateResult:
     try:
         value = aggregate(gate.agg, metrics[gate.key], gate.key)
     except MetricError as exc:
-        return GateResult(gate.text, None, False, str(exc))
+        return GateResult(gate.text, exc.value, False, str(exc))
     ok = _OPS[gate.op](value, gate.threshold)
     return GateResult(gate.text, value, ok, "" if ok else f"{gate.agg}({gate.key}) = {value:.10g}, "
                       f"wanted {gate.op} {gate.threshold:g}")

@@ -392,3 +392,19 @@ def test_a_gate_failed_on_a_non_finite_value_reports_that_value():
     assert (r.ok, r.value, r.detail) == (False, float("inf"), "train/grad_norm is inf at step 2")
     r = evaluate_gate(parse_gate(GRAD), good(train__grad_norm={2: "null"}))
     assert (r.ok, r.value) == (False, None) and "null at step 2" in r.detail
+
+
+def test_values_past_float_range_and_overflowing_means_fail_named():
+    big = "1" + "0" * 400  # a JSON integer literal: Python reads it as an int that no float holds
+    v = fn(metrics_json(**{"train/token_mult_prob_error": {1: "1.01"}, "train/grad_norm": {1: "0.1", 2: big}}))
+    assert v.status == "failed" and "train/grad_norm is an integer of 401 digits at step 2, past float range" in v.reason
+    v = fn(metrics_json(**{"train/token_mult_prob_error": {1: "1.01"}, "x": {1: "1e308", 2: "1e308"}}),
+           gates=(TMPE, 'mean(data["x"]) > 0'))
+    assert v.status == "failed" and "mean(x) of finite values overflows" in v.reason, v.reason
+
+
+def test_a_history_value_past_float_range_is_no_repeat_and_no_crash():
+    from carry.judge import deterministic_flags
+    prev = {"run_id": "n0", "metrics": {"x": json.loads("1" + "0" * 400), "y": True, "z": 0.5}}
+    assert deterministic_flags({"x": 1.0, "y": 1.0, "z": 0.5}, prev, ["x", "y", "z"]) == [
+        "deterministic: z = 0.5 repeats bit-identically (run n0)"]

@@ -177,14 +177,14 @@ def read_values(key: str, value: Any, *, numbers: bool = True) -> list[tuple[str
                 raise MetricError(f"{key} is {_what(v)}{at}, not a number")
             out.append((step, v))
             continue
-        if not math.isfinite(v):
-            raise MetricError(f"{key} is {_fmt(float(v))}{at}", float(v))
-        out.append((step, float(v)))
+        try:
+            f = float(v)
+        except OverflowError:  # a JSON integer literal past float range
+            raise MetricError(f"{key} is an integer of {len(str(abs(v)))} digits{at}, past float range") from None
+        if not math.isfinite(f):
+            raise MetricError(f"{key} is {_fmt(f)}{at}", f)
+        out.append((step, f))
     return out
-
-
-def _series(value: Any) -> list[float]:
-    return [v for _, v in read_values("metric", value)]
 
 
 def aggregate(agg: str, value: Any, key: str = "metric") -> float:
@@ -195,8 +195,15 @@ def aggregate(agg: str, value: Any, key: str = "metric") -> float:
     vals = [v for _, v in read_values(key, value)]
     if not vals:
         raise MetricError(f"{key} has no values")
-    return {"max": max, "min": min, "mean": statistics.fmean, "median": statistics.median,
-            "last": lambda v: v[-1], "first": lambda v: v[0]}[agg](vals)
+    fn = {"max": max, "min": min, "mean": statistics.fmean, "median": statistics.median,
+          "last": lambda v: v[-1], "first": lambda v: v[0]}[agg]
+    try:
+        out = fn(vals)
+    except OverflowError:
+        out = math.inf
+    if not math.isfinite(out):  # finite values whose mean (or median) overflows
+        raise MetricError(f"{agg}({key}) of finite values overflows", out)
+    return out
 
 
 @dataclass
@@ -319,7 +326,12 @@ def summary_value(value: Any) -> float | None:
     if not pts:
         return None
     v = pts[-1][1]
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return None
 
 
 def markers_found(text: str, markers: Iterable[str]) -> dict[str, bool]:
@@ -460,9 +472,13 @@ def deterministic_flags(metrics: dict[str, float], previous: dict | None, keys: 
     for key in sorted(set(keys)):
         value = metrics.get(key)
         prev = old.get(key)
-        if not isinstance(prev, (int, float)) or not isinstance(value, (int, float)):
+        if not isinstance(prev, (int, float)) or isinstance(prev, bool) or not isinstance(value, (int, float)):
             continue
-        if math.isfinite(value) and float(prev).hex() == float(value).hex():
+        try:
+            same = math.isfinite(value) and float(prev).hex() == float(value).hex()
+        except OverflowError:  # a history line's integer past float range: not a repeat
+            continue
+        if same:
             flags.append(f"deterministic: {key} = {value!r} repeats bit-identically "
                          f"(run {previous.get('run_id', '?')})")
     return flags

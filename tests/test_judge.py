@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from carry.errors import ConfigError
-from carry.judge import judge, markers_found, parse_gate, parse_step_marker, result_line
+from carry.judge import judge, parse_gate, parse_step_marker
 from carry.nightly_config import load as load_matrix
+from carry.runlog import markers_found, result_line
 from helpers import ROOT, tool
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization"

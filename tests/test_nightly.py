@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from carry.judge import judge, parse_gate, result_line, numeric_metrics
+from carry.judge import judge, numeric_metrics, parse_gate
+from carry.runlog import result_line
 from helpers import ROOT, SERIES, read_json, tool
 from fakeup import add_proofs
 from fakeup import GOOD, GPU, VACUOUS

@@ -29,24 +29,7 @@ step. The gated {step: value} series must cover the same steps: a gated metric t
 step another gated metric has fails (``X has no value at step 3``); scalars and lists have
 no step keys and are not compared.
 
-Lines. Markers, step markers, ``BUG_HIT`` lines and tracebacks count only as whole lines
-printed by the run. A log line is read after removing ANSI colour codes, then at most one
-Ray worker prefix, ``(NAME pid=N) `` or ``(pid=N) ``, where NAME may carry a ``[...]``
-suffix (``MegatronPolicyWorker[rank=0]``) and the pid an ``, ip=ADDR``; then Ray's
-de-duplication suffix (`` [repeated 2x across cluster] ...``) is dropped. A marker counts
-when the line then *starts* with it (the details after it are free); a step marker is a
-regex that must match at the start of such a line. Nothing else may come first: no
-indentation, no logging prefix (``INFO:name:`` could as well be ``ERROR:name:``; the
-markers are ``print()``-ed), no quote: ``ERROR: never saw '[gtp] enabling ...'`` does
-not count as the marker. Any one matching line satisfies a step marker's step: Ray folds
-lines of different workers that differ only in numbers, so a per-rank check must be printed
-once for all ranks (integration/README.md, "Verdicts").
-
-Tracebacks (``Traceback (most recent call last):`` as a whole line) fail a
-``metrics = "result-line"`` run even with exit 0, after the result line or before it: that
-run is one program (the mini test) that prints a traceback only when a rank raised, so a
-result line beside one cannot be trusted. Other cells are judged by their exit status,
-gates and markers: NeMo-RL's logs carry Ray's and libraries' handled tracebacks.
+Which log lines count (markers, step markers, ``BUG_HIT``, tracebacks): carry.runlog.
 """
 
 from __future__ import annotations
@@ -59,16 +42,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from .errors import ConfigError
+from .runlog import (
+    bug_hits,
+    last_line,
+    markers_found,
+    run_lines,
+    skip_reason,
+    tail,
+    tracebacks,
+)
 
 STATUSES = ("passed", "failed", "skipped", "vacuous")
-TAIL_LINES = 40
 
-SKIP_RE = re.compile(r"^SKIP: (?P<reason>.+?)\s*$", re.M)
-BUG_RE = re.compile(r"BUG_HIT: (?P<id>[a-z0-9][a-z0-9-]*): (?P<message>.*?)\s*$")
-TRACEBACK = "Traceback (most recent call last):"
-_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_RAY_PREFIX_RE = re.compile(r"\((?:[A-Za-z_][\w.]*(?:\[[^\]\s]*\])? )?pid=\d+(?:, ip=[0-9A-Za-z.:-]+)?\) ")
-_RAY_DEDUP_RE = re.compile(r"\s*\[repeated \d+x across cluster\].*$")
 _GATE_RE = re.compile(
     r"""^\s*(?P<agg>max|min|mean|median|last|first|len)\(\s*data\[\s*(?P<q>["'])(?P<key>.+?)(?P=q)\s*\]\s*\)"""
     r"""\s*(?P<op><=|>=|==|!=|<|>)\s*(?P<num>[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?)\s*$""")
@@ -245,67 +230,6 @@ def _steps(steps: list[str]) -> str:
     return ("step " if len(steps) == 1 else "steps ") + ", ".join(steps)
 
 
-# -- reading evidence ----------------------------------------------------------------------
-def tail(text: str, n: int = TAIL_LINES) -> list[str]:
-    return text.rstrip("\n").splitlines()[-n:] if text.strip() else []
-
-
-def run_line(line: str) -> str:
-    """A log line as the run printed it: colours, one Ray worker prefix and Ray's dedup suffix off."""
-    line = _ANSI_RE.sub("", line)
-    m = _RAY_PREFIX_RE.match(line)
-    if m:
-        line = line[m.end():]
-    return _RAY_DEDUP_RE.sub("", line).rstrip()
-
-
-def run_lines(text: str) -> list[str]:
-    return [run_line(ln) for ln in text.splitlines()]
-
-
-def skip_reason(text: str) -> str | None:
-    m = SKIP_RE.search(text)
-    return m["reason"] if m else None
-
-
-def bug_hits(text: str) -> list[tuple[str, str]]:
-    return [(m["id"], m["message"]) for m in (BUG_RE.match(ln) for ln in run_lines(text)) if m]
-
-
-def _result_line_at(text: str) -> tuple[int | None, dict | None]:
-    lines = text.splitlines()
-    for i in range(len(lines) - 1, -1, -1):
-        line = lines[i].strip()
-        if line.startswith("{") and line.endswith("}"):
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(doc, dict):
-                return i, doc
-    return None, None
-
-
-def result_line(text: str) -> dict | None:
-    """The last line that is a JSON object (the mini test's final line)."""
-    return _result_line_at(text)[1]
-
-
-def tracebacks(text: str) -> list[str]:
-    """One problem per Python traceback in the log, placed against the result line, with its
-    exception line (the first unindented line after the frames)."""
-    at, _ = _result_line_at(text)
-    lines = run_lines(text)
-    out = []
-    for i, line in enumerate(lines):
-        if line != TRACEBACK:
-            continue
-        exc = next((ln for ln in lines[i + 1:i + 400] if ln and not ln[0].isspace()), "")
-        where = "(no result line)" if at is None else ("after the result line" if i > at else "before the result line")
-        out.append(f"a Python traceback {where} (log line {i + 1}): {exc[:200] or '?'}")
-    return out
-
-
 def numeric_metrics(doc: dict | None) -> dict[str, Any]:
     """Metric-shaped entries of a document: numbers, and {step: number} maps."""
     out: dict[str, Any] = {}
@@ -334,17 +258,6 @@ def summary_value(value: Any) -> float | None:
         return None
 
 
-def markers_found(text: str, markers: Iterable[str]) -> dict[str, bool]:
-    """Whether each marker begins a whole line of the run (module docstring, "Lines")."""
-    markers = list(markers)
-    found = dict.fromkeys(markers, False)
-    for line in run_lines(text):
-        for m in markers:
-            if not found[m] and m and line.startswith(m):
-                found[m] = True
-    return found
-
-
 def step_markers_missing(text: str, step_markers: Iterable[StepMarker], steps: list[str]) -> list[str]:
     """For each step marker, the steps no whole line of the run matches it for."""
     out = []
@@ -359,11 +272,6 @@ def step_markers_missing(text: str, step_markers: Iterable[StepMarker], steps: l
         if lack:
             out.append(f"no log line matches step marker {sm.text!r} at {_steps(lack)}")
     return out
-
-
-def _last_line(lines: list[str]) -> str:
-    """The run's own last words: not blank, not what the launcher added ("[carry] ...")."""
-    return next((ln for ln in reversed(lines) if ln.strip() and not ln.startswith("[carry]")), "")
 
 
 # -- the verdict ---------------------------------------------------------------------------
@@ -417,7 +325,7 @@ def judge(*, rc: int | None, timed_out: bool, text: str, metrics: dict[str, Any]
         return v
     if timed_out:
         v.reason = f"timed out after {timeout_s:g}s" if timeout_s else "timed out"
-        last = _last_line(v.tail)
+        last = last_line(v.tail)
         if last:
             v.reason += f"; last line: {last[:200]}"
         return v
@@ -431,7 +339,7 @@ def judge(*, rc: int | None, timed_out: bool, text: str, metrics: dict[str, Any]
         v.reason = f"BUG_HIT {hits[0][0]}: {hits[0][1]}" + (" (it exited 0)" if rc == 0 else "")
         return v
     if rc != 0:
-        last = _last_line(v.tail)
+        last = last_line(v.tail)
         v.reason = f"exited {rc}" + (f"; last line: {last[:200]}" if last else "")
         return v
     problems = [f"gate {g.gate}: {g.detail}" for g in v.gates if not g.ok]

@@ -33,7 +33,8 @@ from .apply import apply_series
 from .bisect import BisectResult, PrefixTrees, bisect
 from .errors import CarryError
 from .files import write_json
-from .judge import Verdict, deterministic_flags, judge, result_line
+from .judge import Verdict, deterministic_flags, judge
+from .runlog import result_line
 from .launch import docker_killer, run_logged
 from .nightly_config import NightlyConfig
 from .nightly_plan import Cell, Options, cells, plan, timeout_for

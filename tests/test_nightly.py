@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from carry.judge import judge, parse_gate, result_line, numeric_metrics
+from carry.judge import judge, numeric_metrics, parse_gate
+from carry.runlog import result_line
 from helpers import ROOT, SERIES, read_json, tool
 from fakeup import add_proofs
 from fakeup import GOOD, GPU, VACUOUS
@@ -40,15 +41,20 @@ rm -rf $EXP_DIR
 mkdir -p $EXP_DIR
 mode=${FAKE_MODE:?}
 {
-  echo "[gtp] enabling GTP weight rematerialization (gtp_remat_size=2 expert_gtp_remat_size=1)"
-  if [[ $mode != vacuous ]]; then
+  if [[ $mode == quoted ]]; then
+    echo "ERROR: never saw '[gtp] enabling GTP weight rematerialization (gtp_remat_size=2)'"
+    echo "ERROR: never saw '[colocated-reshard] building dedicated inference model'"
+  else
+    echo "[gtp] enabling GTP weight rematerialization (gtp_remat_size=2 expert_gtp_remat_size=1)"
+  fi
+  if [[ $mode != vacuous && $mode != quoted ]]; then
     echo "[colocated-reshard] building dedicated inference model (inference TP=1 PP=1 EP=1 CP=1 impl=None)"
   fi
   echo "step 1/2 done"
 } 2>&1 | tee $RUN_LOG
-if [[ $mode == bug ]]; then
+if [[ $mode == bug || $mode == bug0 ]]; then
   echo "BUG_HIT: mlm-tied-weight-guard: supplied weight's shape is (256, 128), not (512, 128)" | tee -a $RUN_LOG
-  exit 1
+  if [[ $mode == bug ]]; then exit 1; fi
 fi
 if [[ $mode == hang ]]; then
   echo "waiting on a collective that never completes"
@@ -56,6 +62,7 @@ if [[ $mode == hang ]]; then
 fi
 err=1.0125
 if [[ $mode == gate ]]; then err=1.2; fi
+if [[ $mode == nan ]]; then err=nan; fi
 python3 - "$EXP_DIR/metrics.json" "$err" <<'PY'
 import json, sys
 data = {"train/token_mult_prob_error": {"1": 1.003, "2": float(sys.argv[2])},
@@ -70,7 +77,8 @@ PY
 HAVE_GTP_TRUE = 'echo "megatron.core from (stand-in: no TransformerEngine here)"; echo "HAVE_GTP True"\n'
 
 # A command whose result depends on the trees: the 'threeway' patch changes beta.value_10.
-CMD_BETA = ["{python}", "-c", "import megatron.core.beta as b; assert b.value_10 == 10, b.value_10; print('ok')"]
+BETA_OK = "import megatron.core.beta as b; assert b.value_10 == 10, b.value_10; print('beta.value_10 is 10')"
+CMD_BETA = ["{python}", "-c", BETA_OK]
 # A proof that the first patch ('clean') breaks: fails on the patched trees, passes pristine.
 REGRESS = '''
 import megatron.core.alpha as alpha
@@ -140,6 +148,7 @@ kind = "command"
 images = ["host"]
 argv = {_toml_list(CMD_BETA)}
 env = {{ PYTHONPATH = "{{tree:megatron-lm}}" }}
+markers = ["beta.value_10 is 10"]
 timeout_s = 120
 
 [[tests]]
@@ -157,6 +166,9 @@ timeout_s = 120
         + functional_test("fn-gate", "gate", stand_in)
         + functional_test("fn-bug", "bug", stand_in)
         + functional_test("fn-hang", "hang", stand_in, timeout=4)
+        + functional_test("fn-nan", "nan", stand_in)
+        + functional_test("fn-quoted", "quoted", stand_in)
+        + functional_test("fn-bug0", "bug0", stand_in)
         + functional_test("fn-probe-broken", "pass", "false"))
     return dict(demo, config=config, nrl=nrl)
 
@@ -326,6 +338,7 @@ images = ["host"]
 argv = {_toml_list(["{python}", str(MINI), "--dry-check"])}
 env = {{ PYTHONPATH = "{{tree:megatron-lm}}" }}
 metrics = "result-line"
+gates = ['len(data["problems"]) == 0']
 timeout_s = 300
 ''')
     out = tmp_path / "out"
@@ -384,8 +397,8 @@ def test_judge_on_committed_gpu_logs_of_the_mini_test():
         spec = cells[run["cell"]]
         gates = [parse_gate(g) for g in run["gates"]] if "gates" in run else spec.gates
         text = (GPU_LOGS / run["file"]).read_text()
-        v = judge(rc=run["exit_status"], timed_out=False, text=text, metrics=numeric_metrics(result_line(text)),
-                  gates=gates, markers=spec.markers)
+        v = judge(rc=run["exit_status"], timed_out=False, text=text, metrics=result_line(text),
+                  gates=gates, markers=spec.markers, step_markers=spec.step_markers, metrics_source=spec.metrics)
         applied = set(run["patches"])
         expect = run["expect"]
         if expect == "passed":
@@ -419,8 +432,12 @@ def test_mini_shape_names_the_target_and_flags_still_win():
         spec.loader.exec_module(mini)  # puts its folder on sys.path, imports its sibling modules
     finally:
         sys.path[:] = saved_path
+        # Forget only the mini test's own modules: a C extension it pulled in (numpy under
+        # torch) cannot be loaded twice in one process, so later tests must find it still there.
         for name in set(sys.modules) - saved_modules:
-            del sys.modules[name]
+            where = getattr(sys.modules[name], "__file__", None) or ""
+            if name == spec.name or Path(where).resolve().parent == MINI.parent:
+                del sys.modules[name]
     s, _ = mini.parse_args(["--nproc", "2", "--shape", "qwen2.5-0.5b"])
     assert (s.vocab, s.hidden, s.layers, s.heads, s.query_groups, s.ffn) == (151936, 896, 24, 14, 2, 4864)
     s, _ = mini.parse_args(["--shape", "qwen2.5-0.5b", "--layers", "2"])
@@ -430,3 +447,51 @@ def test_mini_shape_names_the_target_and_flags_still_win():
 
     cost = next(t for t in load_matrix(ROOT / "integration" / "nightly.toml").tests if t.name == "gtp-refit-mini-cost")
     assert "--shape" in cost.argv and cost.argv[cost.argv.index("--shape") + 1] == "qwen2.5-0.5b"
+
+
+def test_a_corrupt_history_line_is_reported_and_skipped(night):
+    """A history file that a killed run, a bad merge or a disk error left corrupt: each bad line is
+    named (file and line number) and skipped, the good ones still count, and the night's verdicts,
+    nightly.json and the history line are written all the same."""
+    hist = night["tmp"] / "history.jsonl"
+    cell = "demo--nrl-here--fn-pass"
+    good = {"run_id": "night-0", "cell": cell, "status": "passed",
+            "metrics": {"train/token_mult_prob_error": 1.0125}}
+    hist.write_bytes(b"[1, 2]\n" + b"42\n" + b'{"cell": "' + cell.encode() + b'", "metr\n'
+                     + b"\x00\x01\x02\x7f binary\n" + b'{"cell": "caf\xe9"}\n'
+                     + b'{"cell": "' + cell.encode() + b'", "run_id": "night-x", "metrics": [1, 2]}\n'
+                     + json.dumps(good).encode() + b"\n" + b'{"cell": "torn last line, no newline')
+    res = nightly(night, night["tmp"] / "c", "--run-id", "night-c", "--tests", "fn-pass", "--no-bisect", check=0)
+    for n, what in [(1, "not a JSON object"), (2, "not a JSON object"), (3, "not valid JSON"), (4, "not valid JSON"),
+                    (5, "not UTF-8"), (6, "metrics"), (8, "not valid JSON")]:
+        assert f"warning: {hist}:{n}: " in res.stderr and what in res.stderr.split(f"{hist}:{n}: ")[1].splitlines()[0], \
+            (n, res.stderr)
+    doc = read_json(night["tmp"] / "c" / "nightly.json")
+    run = doc["runs"][0]
+    assert run["status"] == "passed", run
+    assert len(doc["history_warnings"]) == 7 and f"{hist.name}:1" in (night["tmp"] / "c" / "summary.md").read_text()
+    # The good line still counts: tonight's value repeats night-0's bit for bit.
+    assert any("night-0" in f for f in run["flags"]), run["flags"]
+    # Tonight's record is a line of its own, not glued to the torn one.
+    last = hist.read_bytes().splitlines()[-1]
+    assert json.loads(last)["run_id"] == "night-c"
+
+
+def test_hostile_runs_fail_through_the_nightly_with_their_reason_in_the_summary(night):
+    """Section 2's hostile functional runs, really run by tools/nightly.py: each exits 0 and each
+    must not pass; the summary row says why."""
+    out = night["tmp"] / "h"
+    nightly(night, out, "--run-id", "night-h", "--tests", "fn-nan,fn-quoted,fn-bug0", "--no-bisect", check=1)
+    runs = by_test(out)
+    md = (out / "summary.md").read_text()
+    nan = runs["fn-nan"]
+    assert nan["status"] == "failed", nan
+    why = 'gate max(data["train/token_mult_prob_error"]) < 1.05: train/token_mult_prob_error is NaN at step 2'
+    assert nan["reason"] == why
+    assert why.replace("|", "\\|") in md
+    quoted = runs["fn-quoted"]
+    assert quoted["status"] == "vacuous" and not any(quoted["markers"].values()), quoted
+    assert "| fn-quoted | VACUOUS |" in md and "passed without its marker(s)" in md
+    bug0 = runs["fn-bug0"]
+    assert (bug0["status"], bug0["bug"], bug0["returncode"]) == ("failed", "mlm-tied-weight-guard", 0), bug0
+    assert "BUG_HIT mlm-tied-weight-guard: supplied weight's shape is (256, 128), not (512, 128) (it exited 0)" in md

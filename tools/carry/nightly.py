@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,7 +33,8 @@ from .apply import apply_series
 from .bisect import BisectResult, PrefixTrees, bisect
 from .errors import CarryError
 from .files import write_json
-from .judge import Verdict, deterministic_flags, judge, numeric_metrics, result_line
+from .judge import Verdict, deterministic_flags, judge
+from .runlog import result_line
 from .launch import docker_killer, run_logged
 from .nightly_config import NightlyConfig
 from .nightly_plan import Cell, Options, cells, plan, timeout_for
@@ -74,23 +76,30 @@ def run_check(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, time
     killer = docker_killer(p.container) if p.container else None
     fin = run_logged(p, log, timeout=timeout, on_timeout=killer)
     text = log.read_text(errors="replace")
+    # The document as read: the judge names a value that is not a number rather than lose it.
     metrics: dict = {}
     src = cell.spec.metrics
     if src == "result-line":
-        metrics = numeric_metrics(result_line(text))
+        metrics = result_line(text) or {}
     elif src.startswith("file:"):
         f = out / src[5:]
         if f.exists():
             try:
-                metrics = numeric_metrics(json.loads(f.read_text()))
+                doc = json.loads(f.read_text())
             except ValueError as exc:
                 text += f"\n[carry] {f.name} is not valid JSON: {exc}\n"
+            else:
+                if isinstance(doc, dict):
+                    metrics = doc
+                else:
+                    text += f"\n[carry] {f.name} is not a JSON object (a {type(doc).__name__})\n"
     marker_text = text
     run_log = out / "run.log"
     if run_log.exists():
         marker_text = run_log.read_text(errors="replace")
     v = judge(rc=fin.returncode, timed_out=fin.timed_out, text=text, metrics=metrics, gates=cell.spec.gates,
-              markers=cell.spec.markers, timeout_s=timeout, launch_error=fin.error, marker_text=marker_text)
+              markers=cell.spec.markers, timeout_s=timeout, launch_error=fin.error, marker_text=marker_text,
+              step_markers=cell.spec.step_markers, metrics_source=src)
     info = {"seconds": round(fin.seconds, 1), "command": p.shell(), "log": str(log), "returncode": fin.returncode,
             "timed_out": fin.timed_out,
             "artifacts": sorted(str(x.relative_to(out)) for x in out.rglob("*") if x.is_file())}
@@ -120,8 +129,13 @@ def depends_on_trees(cell: Cell) -> str | None:
 
 
 # -- the whole night -----------------------------------------------------------------------------
-def run_nightly(cfg: NightlyConfig, opts: Options, load_series) -> list[dict]:
-    history = reports.read_history(opts.history)
+def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[str] | None = None) -> list[dict]:
+    """Run every selected cell; ``warnings`` (when given) collects what was wrong with the history."""
+    history, bad = reports.read_history(opts.history)
+    for w in bad:
+        print(f"warning: {w}", file=sys.stderr, flush=True)
+    if warnings is not None:
+        warnings.extend(bad)
     runs: list[dict] = []
     for sname in opts.series or list(cfg.series):
         series = load_series(sname, cfg)
@@ -189,11 +203,12 @@ def _bisect(cell: Cell, v: Verdict, prefix: PrefixTrees, out: Path, opts: Option
     return bisect(order, v.signature(), probe)
 
 
-def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig) -> None:
+def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig, warnings: list[str] = ()) -> None:
     ok = not any(r["status"] in ("failed", "vacuous") for r in runs)
     write_json(opts.out / "nightly.json", {"ok": ok, "run_id": opts.run_id, "seed": opts.seed,
-                                           "config": str(cfg.path), "runs": runs})
+                                           "config": str(cfg.path), "runs": runs,
+                                           "history_warnings": list(warnings)})
     (opts.out / "junit.xml").write_text(reports.junit(runs))
     (opts.out / "summary.md").write_text(reports.summary(runs, opts.run_id, {
-        "seed": opts.seed, "history": opts.history.name, "cells": len(runs)}))
+        "seed": opts.seed, "history": opts.history.name, "cells": len(runs)}, warnings))
     reports.append_history(opts.history, [reports.history_record(r) for r in runs])

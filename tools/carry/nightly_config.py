@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import ConfigError
-from .judge import Gate, parse_gate
+from .judge import Gate, StepMarker, parse_gate, parse_step_marker
 from .launch import LAUNCHERS
 from .manifest import _suggest, _Table
 
@@ -68,6 +68,7 @@ class Spec:
     env: tuple[tuple[str, str], ...] = ()
     gates: tuple[Gate, ...] = ()
     markers: tuple[str, ...] = ()
+    step_markers: tuple[StepMarker, ...] = ()
     watch: tuple[str, ...] = ()
     metrics: str = "none"
     timeout_s: float | None = None
@@ -149,7 +150,7 @@ def _image(t: _Table, name: str) -> Image:
 
 def _test(t: _Table, images: dict[str, Image]) -> Spec:
     t.check_keys(["name", "kind", "images", "description", "argv", "script", "env", "gates", "markers",
-                  "watch", "metrics", "timeout_s", "gpus", "bisect", "patches"])
+                  "step_markers", "watch", "metrics", "timeout_s", "gpus", "bisect", "patches"])
     name = t.get("name", str, required=True)
     t.where = f"{t.where} ({name})"
     kind = t.get("kind", str, required=True)
@@ -169,10 +170,11 @@ def _test(t: _Table, images: dict[str, Image]) -> Spec:
     metrics = t.get("metrics", str, "none")
     if metrics not in METRIC_SOURCES and not metrics.startswith("file:"):
         raise ConfigError(f"{t.path}: [{t.where}] metrics must be result-line, none or file:PATH")
+    gates, markers, step_markers = _checks(t, kind)
     spec = Spec(
         name=name, kind=kind, images=on, description=t.get("description", str, ""),
         argv=t.strings("argv"), script=t.get("script", str, None), env=tuple(sorted(env.items())),
-        gates=tuple(parse_gate(g) for g in t.strings("gates")), markers=t.strings("markers"),
+        gates=gates, markers=markers, step_markers=step_markers,
         watch=t.strings("watch"), metrics=metrics, timeout_s=t.get("timeout_s", (int, float), None),
         gpus=t.get("gpus", int, 0), bisect=t.get("bisect", bool, True), patches=t.strings("patches"))
     if kind == "command" and not spec.argv:
@@ -186,6 +188,28 @@ def _test(t: _Table, images: dict[str, Image]) -> Spec:
             if images[img].launcher != "local":
                 raise ConfigError(f"{t.path}: [{t.where}] proofs run on this machine: image {img!r} is not local")
     return spec
+
+
+def _checks(t: _Table, kind: str) -> tuple[tuple[Gate, ...], tuple[str, ...], tuple[StepMarker, ...]]:
+    """Gates, markers and step markers, each able to fail: a command or functional test with
+    none would pass on its exit status alone (a proof is judged red/green instead)."""
+    try:
+        gates = tuple(parse_gate(g) for g in t.strings("gates"))
+        step_markers = tuple(parse_step_marker(s) for s in t.strings("step_markers"))
+    except ConfigError as exc:
+        raise ConfigError(f"{t.path}: [{t.where}] {exc.message}", hint=exc.hint) from None
+    markers = t.strings("markers")
+    if any(not m.strip() for m in markers):
+        raise ConfigError(f"{t.path}: [{t.where}] has an empty marker: it would match every line",
+                          hint="a marker is the start of a line the run prints only when it did the work")
+    if step_markers and not gates:
+        raise ConfigError(f"{t.path}: [{t.where}] step_markers need gates: the steps to check are those "
+                          f"the gated metrics show", hint='add gates = [\'max(data["NAME"]) < N\'] on a per-step metric')
+    if kind != "proof" and not gates and not markers:
+        raise ConfigError(f"{t.path}: [{t.where}] has neither gates nor markers: it would pass on exit 0 alone",
+                          hint='add gates = [\'max(data["NAME"]) < N\'] on its metrics and/or markers = ["the start '
+                               'of a line the run prints only when it did the work"]')
+    return gates, markers, step_markers
 
 
 # -- expansion -------------------------------------------------------------------------------

@@ -19,19 +19,43 @@ ICONS = {"passed": "passed", "failed": "FAILED", "skipped": "skipped", "vacuous"
 
 
 # -- history ---------------------------------------------------------------------------------
-def read_history(path: Path) -> list[dict]:
+def read_history(path: Path) -> tuple[list[dict], list[str]]:
+    """The history's records, and a warning (``FILE:LINE: what``) for each line skipped.
+
+    A line that is not valid UTF-8, not valid JSON, not a JSON object, or whose ``metrics`` is
+    not an object is skipped, never fatal: a torn last line (a killed run), a bad merge or a
+    disk error must not stop every later night, nor lose the night that reads it.
+    """
     if not path.exists():
-        return []
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
+        return [], []
+    out, warnings = [], []
+    for n, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        if not raw.strip():
             continue
+        problem = None
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            # A torn last line (a killed run) must not stop every later night.
-            continue
-    return out
+            rec = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            problem = f"not UTF-8 ({exc.reason} at byte {exc.start})"
+        except ValueError as exc:
+            problem = f"not valid JSON ({exc})"
+        else:
+            if not isinstance(rec, dict):
+                problem = f"not a JSON object ({_json_kind(rec)})"
+            elif not isinstance(rec.get("metrics") or {}, dict):
+                problem = f"its metrics are not a JSON object ({_json_kind(rec['metrics'])})"
+        if problem:
+            warnings.append(f"{path}:{n}: {problem}; line skipped")
+        else:
+            out.append(rec)
+    return out, warnings
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
+            dict: "an object"}.get(type(value), type(value).__name__)
 
 
 def previous_run(history: list[dict], cell: str, run_id: str) -> dict | None:
@@ -44,7 +68,14 @@ def previous_run(history: list[dict], cell: str, run_id: str) -> dict | None:
 
 def append_history(path: Path, records: Iterable[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    torn = False
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            torn = f.read(1) != b"\n"
     with open(path, "a", encoding="utf-8") as f:
+        if torn:
+            f.write("\n")  # end the torn line, so that tonight's first record is a line of its own
         for rec in records:
             f.write(json.dumps(rec, sort_keys=True) + "\n")
         f.flush()
@@ -99,7 +130,7 @@ def _metrics(r: dict, keys: Iterable[str]) -> str:
     return ", ".join(shown)
 
 
-def summary(runs: list[dict], run_id: str, header: dict[str, Any]) -> str:
+def summary(runs: list[dict], run_id: str, header: dict[str, Any], warnings: Iterable[str] = ()) -> str:
     counts = {s: sum(r["status"] == s for r in runs) for s in STATUSES}
     verdict = "FAILED" if counts["failed"] or counts["vacuous"] else "ok"
     lines = [f"# Nightly {run_id}: {verdict}", ""]
@@ -110,6 +141,10 @@ def summary(runs: list[dict], run_id: str, header: dict[str, Any]) -> str:
     for r in runs:
         lines.append(f"| {r['series']} | {r['image']} | {r['test']} | {ICONS[r['status']]} | "
                      f"{_cell(_metrics(r, r.get('watched') or []) or '-')} | {_cell(r.get('reason') or '')} |")
+    warnings = list(warnings)
+    if warnings:
+        lines += ["", "## History warnings", ""]
+        lines += [f"- {_cell(w, 300)}" for w in warnings]
     flagged = [(r, f) for r in runs for f in r.get("flags") or []]
     if flagged:
         lines += ["", "## Flags", ""]

@@ -87,10 +87,11 @@ def main(argv: list[str], prog: str) -> int:
     if a.print_commands:
         print_plans(cfg, opts)
         return 0
-    runs = run_nightly(cfg, opts, _load_series)
+    warnings: list[str] = []
+    runs = run_nightly(cfg, opts, _load_series, warnings)
     if not runs:
         raise ConfigError("the selection matched no cell", hint="check --series, --images and --tests")
-    write_outputs(runs, opts, cfg)
+    write_outputs(runs, opts, cfg, warnings)
     rows = [[r["series"], r["image"], r["test"], r["status"], (r.get("reason") or "")[:90]] for r in runs]
     print(table(rows, ["series", "image", "test", "status", "reason"]))
     for r in runs:

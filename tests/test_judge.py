@@ -1,0 +1,411 @@
+"""The judge against hostile runs (issue 20, section 2): each case below passed before the judge
+was hardened; each must now fail, with a reason that names what was wrong.
+
+Metrics are parsed from JSON text the way the nightly reads them (NeMo-RL's metrics.json,
+json_dump_tb_logs.py's ``{name: {step: value}}``, or the mini test's result line), so JSON's own
+``NaN``/``Infinity`` tokens and overflowing literals reach the judge as they would in a real run.
+Logs are the shapes the committed H200 logs show (Ray's actor prefixes, ANSI colours).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from carry.errors import ConfigError
+from carry.judge import judge, parse_gate, parse_step_marker
+from carry.nightly_config import load as load_matrix
+from carry.runlog import markers_found, result_line
+from helpers import ROOT, tool
+
+MARK_GTP = "[gtp] enabling GTP weight rematerialization"
+MARK_RESHARD = "[colocated-reshard] building dedicated inference model"
+MARKERS = (MARK_GTP, MARK_RESHARD)
+GOOD_LOG = (f"{MARK_GTP} (gtp_remat_size=2 expert_gtp_remat_size=1)\n"
+            f"{MARK_RESHARD} (inference TP=1 PP=1 EP=1 CP=1 impl=None)\n")
+TMPE = 'max(data["train/token_mult_prob_error"]) < 1.05'
+GRAD = 'max(data["train/grad_norm"]) < 1e30'
+# Ray's prefix on a worker's line, as the committed logs show it (colour codes included).
+RAY = "\x1b[36m(MegatronPolicyWorker pid=6368)\x1b[0m "
+RAY_RANK = "\x1b[36m(MegatronPolicyWorker[rank=0] pid=6376)\x1b[0m "
+REFIT = r"\[refit-check\] step (?P<step>\d+): (?P<n>\d+) of (?P=n) tensors equal"
+
+
+def metrics_json(**series: dict) -> dict:
+    """What the nightly reads from a metrics file: JSON text, parsed (NaN tokens and all)."""
+    text = "{" + ", ".join(f'"{k}": {{{", ".join(f"{json.dumps(str(s))}: {v}" for s, v in d.items())}}}'
+                           for k, d in series.items()) + "}"
+    return json.loads(text)
+
+
+def fn(metrics: dict, *, log: str = GOOD_LOG, rc: int = 0, gates=(TMPE, GRAD), markers=MARKERS, **kw):
+    return judge(rc=rc, timed_out=False, text=log, metrics=metrics, gates=[parse_gate(g) for g in gates],
+                 markers=markers, **kw)
+
+
+def good(**over) -> dict:
+    base = {"train/token_mult_prob_error": {1: "1.01", 2: "1.02", 3: "1.015"},
+            "train/grad_norm": {1: "0.1", 2: "0.2", 3: "0.15"}}
+    for key, steps in over.items():
+        base[key.replace("__", "/")] = {**base.get(key.replace("__", "/"), {}), **steps}
+    return metrics_json(**base)
+
+
+def test_a_good_run_still_passes_with_the_same_reason():
+    v = fn(good())
+    assert v.status == "passed", v
+    assert v.reason == (f'{TMPE} (value 1.02); {GRAD} (value 0.2)')
+
+
+# -- 1. non-finite values fail every gate that reads them ---------------------------------------
+@pytest.mark.parametrize("token,shown", [("NaN", "NaN"), ("Infinity", "inf"), ("-Infinity", "-inf"),
+                                         ("-1e400", "-inf"), ("1e400", "inf")])
+@pytest.mark.parametrize("step", [1, 2, 3])
+@pytest.mark.parametrize("agg", ["max", "min", "mean", "median", "first", "last"])
+def test_a_non_finite_value_at_any_step_fails_any_gate_on_it(token, shown, step, agg):
+    gate = f'{agg}(data["train/grad_norm"]) < 1e30'
+    v = fn(good(train__grad_norm={step: token}), gates=(TMPE, gate))
+    assert v.status == "failed", (token, step, agg, v)
+    assert f"gate {gate}: train/grad_norm is {shown} at step {step}" in v.reason, v.reason
+
+
+def test_nan_after_the_first_step_of_token_mult_prob_error_fails():
+    """max() skips a NaN that is not first: the hostile run of section 2."""
+    v = fn(good(train__token_mult_prob_error={2: "NaN"}))
+    assert v.status == "failed"
+    assert f"gate {TMPE}: train/token_mult_prob_error is NaN at step 2" in v.reason
+
+
+def test_a_non_finite_scalar_of_a_result_line_fails():
+    text = GOOD_LOG + '{"token_mult_prob_error": 1.0001, "grad_norm": -1e400}\n'
+    v = fn(result_line(text), log=text, gates=('max(data["grad_norm"]) < 1e30',), metrics_source="result-line")
+    assert v.status == "failed" and 'gate max(data["grad_norm"]) < 1e30: grad_norm is -inf' in v.reason, v
+
+
+@pytest.mark.parametrize("value,named", [('"0.2"', "a string ('0.2')"), ("null", "null"), ("true", "a bool (true)"),
+                                         ("[0.2]", "a list"), ('{"a": 1}', "an object")])
+def test_a_value_that_is_not_a_number_is_a_named_failure(value, named):
+    v = fn(metrics_json(**{"train/token_mult_prob_error": {1: "1.01", 2: "1.02"},
+                           "train/grad_norm": {1: "0.1", 2: value}}))
+    assert v.status == "failed", v
+    assert f"gate {GRAD}: train/grad_norm is {named} at step 2, not a number" in v.reason, v.reason
+    if value.startswith(("[", "{")):
+        return  # as a whole entry, a list or an object is a series, judged step by step
+    # A scalar too (a result line's entry).
+    v = fn(json.loads(f'{{"grad_norm": {value}}}'), gates=('max(data["grad_norm"]) < 1e30',))
+    assert v.status == "failed" and f"grad_norm is {named}, not a number" in v.reason, v.reason
+
+
+def test_an_empty_series_is_a_named_failure():
+    v = fn({"train/token_mult_prob_error": {}, "train/grad_norm": {"1": 0.1}})
+    assert v.status == "failed" and "train/token_mult_prob_error has no values" in v.reason, v
+
+
+def test_a_gate_whose_threshold_is_not_finite_is_refused():
+    with pytest.raises(ConfigError, match="not a finite number"):
+        parse_gate('max(data["grad_norm"]) < 1e400')
+
+
+# -- 2. a marker is a whole line of the run --------------------------------------------------
+def test_a_marker_quoted_in_an_error_message_does_not_count():
+    quoted = (f"ERROR: never saw '{MARK_GTP} (gtp_remat_size=2)'\n"
+              f"ERROR: never saw '{MARK_RESHARD}'\n")
+    v = fn(good(), log=quoted)
+    assert v.status == "vacuous", v
+    assert MARK_GTP in v.reason and MARK_RESHARD in v.reason
+    # ... nor behind Ray's prefix, nor the functional script's own complaint about it.
+    v = fn(good(), log=f"{RAY}ERROR: never saw '{MARK_GTP}'\nFAIL: '{MARK_RESHARD}' is not in run.log: no refit\n")
+    assert v.status == "vacuous" and not any(v.markers.values()), v
+
+
+@pytest.mark.parametrize("line,counts", [
+    (f"{MARK_GTP} (gtp_remat_size=2)", True),
+    (f"{RAY}{MARK_GTP} (gtp_remat_size=2)", True),
+    (f"{RAY_RANK}{MARK_GTP}", True),
+    (f"(MegatronPolicyWorker pid=12, ip=10.0.0.2) {MARK_GTP}", True),
+    (f"(pid=12) {MARK_GTP}", True),
+    (f"{RAY}{MARK_GTP}\x1b[32m [repeated 2x across cluster]\x1b[0m", True),
+    (f"  {MARK_GTP}", False),                       # indented: a quoted source line, not the print
+    (f"INFO:root:{MARK_GTP}", False),               # a logging prefix is not the run's print
+    (f"(raylet) {MARK_GTP}", False),                # no pid: not a worker's print
+    (f"(Worker pid=1) (Worker pid=2) {MARK_GTP}", False),
+    (f"echo '{MARK_GTP}'", False),
+    (f"{MARK_GTP[:-1]}", False),
+])
+def test_which_prefixes_a_whole_line_may_carry(line, counts):
+    assert markers_found(f"noise\n{line}\nmore noise\n", [MARK_GTP]) == {MARK_GTP: counts}
+
+
+def _green_logs() -> list[tuple[Path, tuple[str, ...]]]:
+    """Every committed green log and the markers of the nightly cell that judges it."""
+    cells = {t.name: t for t in load_matrix(ROOT / "integration" / "nightly.toml").tests}
+    out = []
+    mini = ROOT / "integration" / "gtp_refit_mini" / "h200"
+    for run in json.loads((mini / "runs.json").read_text())["runs"]:
+        if run["expect"] == "passed":
+            out.append((mini / run["file"], cells[run["cell"]].markers))
+    nrl = ROOT / "integration" / "nemo_rl_gtp" / "h200"
+    grpo = cells["grpo-megatron-generation-gtp"].markers
+    for case in sorted(nrl.glob("*.case.json")):
+        doc = json.loads(case.read_text())
+        if doc.get("observed") == "green" and doc.get("case") != "gtp-off":
+            out.append((case.with_name(case.name.replace(".case.json", ".run.log")), grpo))
+    return out
+
+
+def test_every_marker_of_the_committed_green_logs_is_still_found():
+    logs = _green_logs()
+    assert len(logs) >= 10 and any("nemo_rl_gtp" in str(p) for p, _ in logs), logs
+    for path, markers in logs:
+        found = markers_found(path.read_text(errors="replace"), markers)
+        assert all(found.values()), (path.name, found)
+
+
+def test_the_committed_green_logs_quoted_in_an_error_lose_their_markers():
+    """The same logs, each marker line rewritten into an error message that quotes it: none found."""
+    for path, markers in _green_logs():
+        text = path.read_text(errors="replace")
+        for m in markers:
+            text = text.replace(m, f"ERROR: never saw '{m}")
+        found = markers_found(text, markers)
+        assert not any(found.values()), (path.name, found)
+
+
+# -- 3. BUG_HIT and tracebacks ---------------------------------------------------------------
+def test_bug_hit_fails_a_run_that_exited_0():
+    v = fn(good(), log=GOOD_LOG + "BUG_HIT: mlm-tied-weight-guard: shape is (256, 128), not (512, 128)\n")
+    assert v.status == "failed" and v.bug == "mlm-tied-weight-guard", v
+    assert v.reason.startswith("BUG_HIT mlm-tied-weight-guard: shape is (256, 128)") and "exited 0" in v.reason
+    v = fn(good(), log=GOOD_LOG + f"{RAY}BUG_HIT: mlm-te-bias-sizing: bias has 128 entries\n")
+    assert (v.status, v.bug) == ("failed", "mlm-te-bias-sizing"), v
+    # Quoting a bug line is not hitting it.
+    v = fn(good(), log=GOOD_LOG + "grep found no 'BUG_HIT: mlm-te-bias-sizing: x'\n")
+    assert v.status == "passed", v
+
+
+TB = ('Traceback (most recent call last):\n  File "run.py", line 410, in <module>\n    main()\n'
+      'RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970\n')
+RESULT = '{"token_mult_prob_error": 1.0001, "grad_norm": 1.9}\n'
+
+
+def _mini(text: str, rc: int = 0, source: str = "result-line"):
+    return fn(result_line(text), log=text, rc=rc, gates=('max(data["token_mult_prob_error"]) < 1.05',),
+              metrics_source=source)
+
+
+def test_a_traceback_after_the_result_line_fails():
+    assert _mini(GOOD_LOG + RESULT).status == "passed"
+    v = _mini(GOOD_LOG + RESULT + TB)
+    assert v.status == "failed", v
+    assert "a Python traceback after the result line (log line 4): RuntimeError: NCCL error" in v.reason, v.reason
+    v = _mini(GOOD_LOG + RESULT + TB.replace("Traceback", RAY + "Traceback", 1))
+    assert v.status == "failed" and "after the result line" in v.reason, v
+
+
+def test_a_traceback_before_the_result_line_fails_too():
+    v = _mini(GOOD_LOG + TB + RESULT)
+    assert v.status == "failed", v
+    assert "a Python traceback before the result line (log line 3): RuntimeError: NCCL error" in v.reason, v.reason
+
+
+def test_a_traceback_quoted_inside_the_result_line_is_not_one():
+    doc = {"token_mult_prob_error": 1.0001, "note": "Traceback (most recent call last):\n  nothing"}
+    assert _mini(GOOD_LOG + json.dumps(doc) + "\n").status == "passed"
+
+
+# -- 6. per-step markers and gates at every step ------------------------------------------------
+PCT = 'min(data["train/baseline_reward/pct_mixed"]) > 0'
+
+
+def learning(steps: dict[int, dict[str, str]]) -> dict:
+    per = {}
+    for step, values in steps.items():
+        for key, value in values.items():
+            per.setdefault(key, {})[step] = value
+    return metrics_json(**per)
+
+
+def four_steps(**over) -> dict:
+    steps = {s: {"train/baseline_reward/pct_mixed": "50", "train/token_mult_prob_error": "1.01"} for s in (1, 2, 3, 4)}
+    for s, values in over.items():
+        steps[int(s[1:])].update(values)
+    return learning(steps)
+
+
+def refit_log(counts: dict[int, str], prefix: str = RAY_RANK) -> str:
+    return GOOD_LOG + "".join(f"{prefix}[refit-check] step {s}: {c} tensors equal\n" for s, c in counts.items())
+
+
+def _learn(metrics, log, gates=(PCT, 'max(data["train/token_mult_prob_error"]) < 1.05'), step_markers=(REFIT,)):
+    return fn(metrics, log=log, gates=gates, step_markers=[parse_step_marker(s) for s in step_markers])
+
+
+def test_step_markers_pass_when_every_step_has_its_line():
+    v = _learn(four_steps(), refit_log({s: "170 of 170" for s in (1, 2, 3, 4)}))
+    assert v.status == "passed", v
+
+
+def test_a_step_whose_check_line_does_not_match_fails_naming_the_step():
+    v = _learn(four_steps(), refit_log({1: "170 of 170", 2: "170 of 170", 3: "169 of 170", 4: "170 of 170"}))
+    assert v.status == "failed", v
+    assert "no log line matches step marker" in v.reason and "at step 3" in v.reason, v.reason
+    assert "step 2" not in v.reason.split("at step")[1]
+
+
+def test_a_stale_refit_fails_at_every_step_after_the_first():
+    """What the learning case's stale-refit switch leaves: step 1 equal, later steps not."""
+    v = _learn(four_steps(), refit_log({1: "170 of 170", 2: "0 of 170", 3: "0 of 170", 4: "0 of 170"}))
+    assert v.status == "failed" and "at steps 2, 3, 4" in v.reason, v.reason
+    # Counts that only look alike do not match: the backreference wants the same number twice.
+    for almost in ("17 of 170", "170 of 1700", "1700 of 170"):
+        v = _learn(four_steps(), refit_log({1: "170 of 170", 2: almost, 3: "170 of 170", 4: "170 of 170"}))
+        assert v.status == "failed" and "at step 2" in v.reason, (almost, v.reason)
+
+
+def test_a_missing_step_line_fails_and_a_quoted_one_does_not_count():
+    log = refit_log({1: "170 of 170", 2: "170 of 170"}) + "ERROR: wanted '[refit-check] step 3: 170 of 170 tensors equal'\n"
+    v = _learn(four_steps(), log)
+    assert v.status == "failed" and "at steps 3, 4" in v.reason, v.reason
+
+
+def test_step_markers_need_steps_in_the_gated_metrics():
+    v = _learn({"x": 1.0}, refit_log({1: "170 of 170"}), gates=('max(data["x"]) < 2',))
+    assert v.status == "failed" and "no gated metric has steps" in v.reason, v
+
+
+def test_gates_hold_at_every_step_not_on_the_average():
+    v = _learn(four_steps(s3={"train/baseline_reward/pct_mixed": "0"}), refit_log({s: "170 of 170" for s in (1, 2, 3, 4)}))
+    assert v.status == "failed" and f"gate {PCT}: min(train/baseline_reward/pct_mixed) = 0, wanted > 0" in v.reason, v
+    v = _learn(four_steps(s2={"train/token_mult_prob_error": "1.06"}), refit_log({s: "170 of 170" for s in (1, 2, 3, 4)}))
+    assert v.status == "failed" and "max(train/token_mult_prob_error) = 1.06" in v.reason, v
+
+
+def test_a_gated_metric_missing_at_a_step_the_others_have_fails():
+    m = four_steps()
+    del m["train/token_mult_prob_error"]["3"]
+    v = _learn(m, refit_log({s: "170 of 170" for s in (1, 2, 3, 4)}))
+    assert v.status == "failed", v
+    assert "train/token_mult_prob_error has no value at step 3" in v.reason, v.reason
+
+
+def test_len_counts_the_steps():
+    v = fn(four_steps(), log=GOOD_LOG, gates=('len(data["train/token_mult_prob_error"]) >= 4',))
+    assert v.status == "passed", v
+    v = fn(four_steps(), log=GOOD_LOG, gates=('len(data["train/token_mult_prob_error"]) >= 5',))
+    assert v.status == "failed" and "len(train/token_mult_prob_error) = 4, wanted >= 5" in v.reason, v
+
+
+@pytest.mark.parametrize("regex,why", [(r"\[refit-check\] step (\d+) ok", "named group 'step'"),
+                                       (r"\[refit-check\] step (?P<step>\d+", "not a valid regex"),
+                                       ("", "named group 'step'")])
+def test_a_bad_step_marker_is_refused(regex, why):
+    with pytest.raises(ConfigError, match=why):
+        parse_step_marker(regex)
+
+
+# -- 4. the matrix refuses a test that could only pass on its exit status ------------------------
+BASE = '''
+[nightly]
+series = ["gtp"]
+
+[images.host]
+launcher = "local"
+
+[[tests]]
+name = "proofs"
+kind = "proof"
+images = ["host"]
+'''
+
+
+def _matrix(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "nightly.toml"
+    p.write_text(BASE + body)
+    return p
+
+
+def test_a_test_with_neither_gates_nor_markers_is_refused(tmp_path):
+    cfg = _matrix(tmp_path, '\n[[tests]]\nname = "exit-only"\nkind = "command"\nimages = ["host"]\n'
+                            'argv = ["{python}", "-c", "pass"]\n')
+    res = tool("nightly", "--config", cfg, "--out", tmp_path / "o", "--print-commands", check=2)
+    assert "exit-only" in res.stderr and "neither gates nor markers" in res.stderr, res.stderr
+    assert "next:" in res.stderr and "markers = [" in res.stderr
+    # The proof entry alone (judged red/green) loads.
+    assert [t.name for t in load_matrix(_matrix(tmp_path, "")).tests] == ["proofs"]
+
+
+@pytest.mark.parametrize("body,msg", [
+    ('markers = [""]', "empty marker"),
+    (f'markers = ["x"]\nstep_markers = [{json.dumps(REFIT)}]', "step_markers need gates"),
+    ('gates = [\'max(data["x"]) < 1\']\nstep_markers = ["no step group"]', "named group 'step'"),
+    ('gates = [\'max(data["x"]) < 1e999\']', "not a finite number"),
+])
+def test_the_matrix_refuses_markers_and_gates_that_cannot_fail(tmp_path, body, msg):
+    cfg = _matrix(tmp_path, f'\n[[tests]]\nname = "t1"\nkind = "command"\nimages = ["host"]\nargv = ["x"]\n{body}\n')
+    with pytest.raises(ConfigError, match=msg) as exc:
+        load_matrix(cfg)
+    assert "t1" in exc.value.message
+
+
+def test_the_shipped_matrix_loads_and_every_check_can_fail():
+    cfg = load_matrix(ROOT / "integration" / "nightly.toml")
+    for t in cfg.tests:
+        assert t.kind == "proof" or t.gates or t.markers, t.name
+
+
+def _green_functional_runs() -> list[tuple[str, str, dict]]:
+    nrl = ROOT / "integration" / "nemo_rl_gtp" / "h200"
+    out = []
+    for case in sorted(nrl.glob("*.case.json")):
+        doc = json.loads(case.read_text())
+        stem = case.name.replace(".case.json", "")
+        m = nrl / f"{stem}.metrics.json"
+        if doc.get("observed") == "green" and doc.get("case") != "gtp-off" and m.exists():
+            out.append((stem, (nrl / f"{stem}.run.log").read_text(errors="replace"), json.loads(m.read_text())))
+    return out
+
+
+def test_the_committed_green_grpo_runs_still_pass_and_a_nan_in_them_fails():
+    """NeMo-RL's own green runs on the H200 (run.log and metrics.json as the nightly reads them),
+    judged by the grpo cell: passed. The same metrics with step 2's grad_norm NaN: failed, named."""
+    spec = next(t for t in load_matrix(ROOT / "integration" / "nightly.toml").tests
+                if t.name == "grpo-megatron-generation-gtp")
+    runs = _green_functional_runs()
+    assert len(runs) >= 3, [r[0] for r in runs]
+    for stem, log, metrics in runs:
+        def verdict(m):
+            return judge(rc=0, timed_out=False, text=log, metrics=m, gates=spec.gates, markers=spec.markers,
+                         step_markers=spec.step_markers, metrics_source=spec.metrics)
+        v = verdict(metrics)
+        assert v.status == "passed", (stem, v.reason)
+        last = max(metrics["train/grad_norm"], key=int)
+        bad = {**metrics, "train/grad_norm": {**metrics["train/grad_norm"], last: float("nan")}}
+        v = verdict(bad)
+        assert v.status == "failed" and f"train/grad_norm is NaN at step {last}" in v.reason, (stem, v.reason)
+
+
+def test_a_gate_failed_on_a_non_finite_value_reports_that_value():
+    """GateResult.value is the offending value (what case summaries show), not a misleading max."""
+    from carry.judge import evaluate_gate
+    r = evaluate_gate(parse_gate(GRAD), good(train__grad_norm={2: "Infinity"}))
+    assert (r.ok, r.value, r.detail) == (False, float("inf"), "train/grad_norm is inf at step 2")
+    r = evaluate_gate(parse_gate(GRAD), good(train__grad_norm={2: "null"}))
+    assert (r.ok, r.value) == (False, None) and "null at step 2" in r.detail
+
+
+def test_values_past_float_range_and_overflowing_means_fail_named():
+    big = "1" + "0" * 400  # a JSON integer literal: Python reads it as an int that no float holds
+    v = fn(metrics_json(**{"train/token_mult_prob_error": {1: "1.01"}, "train/grad_norm": {1: "0.1", 2: big}}))
+    assert v.status == "failed" and "train/grad_norm is an integer of 401 digits at step 2, past float range" in v.reason
+    v = fn(metrics_json(**{"train/token_mult_prob_error": {1: "1.01"}, "x": {1: "1e308", 2: "1e308"}}),
+           gates=(TMPE, 'mean(data["x"]) > 0'))
+    assert v.status == "failed" and "mean(x) of finite values overflows" in v.reason, v.reason
+
+
+def test_a_history_value_past_float_range_is_no_repeat_and_no_crash():
+    from carry.judge import deterministic_flags
+    prev = {"run_id": "n0", "metrics": {"x": json.loads("1" + "0" * 400), "y": True, "z": 0.5}}
+    assert deterministic_flags({"x": 1.0, "y": 1.0, "z": 0.5}, prev, ["x", "y", "z"]) == [
+        "deterministic: z = 0.5 repeats bit-identically (run n0)"]

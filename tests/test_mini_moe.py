@@ -13,7 +13,6 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
 from carry.judge import judge, numeric_metrics, parse_gate
 from helpers import ROOT
 

@@ -3,10 +3,13 @@
 The planner bug of test_gtp_refit_plan.py on the expert axis: with ``expert_gtp_remat_size``
 > 1 every routed expert's weights are GTP shards, dim-0 slices of the expert-TP-local weight,
 and the planner (``resharding/planner.py``) takes their shape for the whole TP-local one.
-Measured on pristine 0.19.2 with TE on one H200 (TEGroupedMLP): "Cannot build TP descriptor
-for decoder.layers.0.mlp.experts.linear_fc1.weight0 dim0: src_world*src_local=1*128 != 1*256".
-The local spec's SequentialMLP meets the same check with
-``decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight``.
+Issue 23's first look, pristine 0.19.2 with TE on one H200 (TEGroupedMLP, expert GTP only):
+"Cannot build TP descriptor for decoder.layers.0.mlp.experts.linear_fc1.weight0 dim0:
+src_world*src_local=1*128 != 1*256". Measured here on the CPU, the series without this patch
+(0001-0007), expert GTP only: the local spec's SequentialMLP meets the same check, "Cannot build
+TP descriptor for decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight dim0:
+src_world*src_local=1*64 != 1*128", both directions. On the pristine base the whole-weight model
+comes out GTP-sharded first (mlm-pg-collection, mlm-inference-pg), as in test_gtp_refit_plan.py.
 
 How (``_layouts.run_refit`` with ``expert_gtp``): two gloo ranks on CPU, the local spec, a small
 untied MoE GPT (4 routed experts, top-2, SwiGLU experts, QKV bias), values moved off their

@@ -5,8 +5,9 @@ local spec's SequentialMLP; what MoE models train with is TE's grouped GEMM, TEG
 fc1 is one ``linear_fc1.weight<i>`` per local expert. Only TE builds it, so these run where a
 CUDA GPU and TransformerEngine >= 2.19 are (two gloo ranks on cuda:0) and skip elsewhere.
 
-Measured on one H200 (4 experts, top-2, SwiGLU experts, QKV bias, untied), GTP on the expert axis
-only, pristine 0.19.2:
+Issue 23's first look on one H200 (a TE MoE GPT: 4 experts, top-2, SwiGLU experts, QKV bias),
+GTP on the expert axis only, pristine 0.19.2 (this file has not run on a GPU yet; it is meant to
+show the same):
 
 - ``test_grouped_expert_checkpoint_layouts`` (mlm-gtp-swiglu-ckpt): a GTP-off checkpoint loaded
   into the expert-GTP model leaves the 8 tensors ``experts.linear_fc1.weight0..3`` of both layers

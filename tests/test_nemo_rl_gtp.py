@@ -404,7 +404,7 @@ def test_logger_stand_ins_import_and_refuse_any_use():
 
 
 def test_every_case_appends_to_the_functional_scripts_own_config():
-    assert set(casing.CASES) == {"patched", "resume", "pristine-nemo-rl", "pristine-mcore", "gtp-off"}
+    assert set(casing.CASES) == {"patched", "resume", "pristine-nemo-rl", "pristine-mcore", "gtp-off", "moe"}
     for case in casing.CASES.values():
         args = casing.script_args(case, "/m", "/d.jsonl", "/ck")
         assert args[:5] == ["policy.model_name=/m", "data.train.dataset_name=ResponseDataset",

@@ -9,6 +9,7 @@ fused SwiGLU fc1 mislabelled, patch mlm-gtp-swiglu-ckpt) shows as fc1 alone diff
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 from bugs import CheckFailed, KnownBug
@@ -31,14 +32,20 @@ def load(model, path: str) -> None:
     model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), path))
 
 
-def check_loaded(model, expected: dict, s, what: str) -> None:
-    """Every parameter of ``model`` (GTP shards gathered) equals ``expected``, bit for bit."""
-    bad = tensor_mismatches(expected, whole_weights(model, s.backend))
+# The fused SwiGLU fc1 of a dense MLP or of the routed experts (TEGroupedMLP's weight<i>).
+_FC1 = re.compile(r"\.mlp\.(experts\.)?linear_fc1\.weight\d*:")
+
+
+def check_loaded(model, expected: dict, s, what: str) -> int:
+    """Every parameter of ``model`` (GTP shards gathered) equals ``expected``, bit for bit; returns
+    how many tensors were compared."""
+    got = whole_weights(model, s.backend)
+    bad = tensor_mismatches(expected, got)
     if not bad:
-        return
-    if all(".mlp.linear_fc1.weight" in b for b in bad):
+        return len(expected)
+    if all(_FC1.search(b) for b in bad):
         raise KnownBug("mlm-gtp-swiglu-ckpt",
-                       f"{what}: every tensor exact but the fused SwiGLU fc1 ({len(bad)} layer(s); {bad[0]}): "
+                       f"{what}: every tensor exact but the fused SwiGLU fc1 ({len(bad)} tensor(s); {bad[0]}): "
                        "the GTP shard's rows are recorded as this rank's [W; V] halves")
     raise CheckFailed(f"{what}: {len(bad)} tensor(s) differ: {'; '.join(bad[:4])}")
 

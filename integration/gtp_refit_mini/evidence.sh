@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Gather the GPU evidence of the megatron-lm series on a GPU host (one or two GPUs, offline).
 #
-#   evidence.sh OUT [proofs] [mini] [cost]
+#   evidence.sh OUT [proofs] [mini] [cost] [experts] [experts-without]
 #
 # Needs: the pin artifacts in $CARRY_CACHE (a copy of ~/.cache/gtp-carry/artifacts under
 # $CARRY_CACHE/artifacts: apply then needs no network) and TransformerEngine >= 2.19 importable
@@ -17,9 +17,15 @@
 #   (the tiny model's dummy buffer may happen to hold zeros); one OUT/<variant>.<form>.stdout per
 #   run, exit statuses in OUT/runs.tsv.
 # - cost:   the --compare-gtp-off run on the Qwen2.5-0.5B shape (nightly cell gtp-refit-mini-cost).
+# - experts (not in the default set): the expert axis of issue 23. The TE grouped-expert proofs
+#   (patches/gtp/proofs/megatron_lm/test_te_grouped_experts.py, by pytest: their CPU siblings are
+#   proven on the CPU) on the pristine and the patched tree, OUT/experts-proofs.<tree>.txt; then
+#   --shape moe-tiny over gloo (one GPU) on both trees, and over NCCL bf16 where two GPUs are.
+# - experts-without: the same proofs on the series without mlm-gtp-swiglu-ckpt and without
+#   mlm-gtp-refit-plan (each must fail only its own test).
 # Nothing stops at a failed run: every outcome is recorded.
 set -uo pipefail
-out=${1:?usage: evidence.sh OUT [proofs] [mini] [cost]}
+out=${1:?usage: evidence.sh OUT [proofs] [mini] [cost] [experts] [experts-without]}
 shift
 what=${*:-proofs mini cost}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -92,6 +98,30 @@ case " $what " in *" mini "*)
     id=mlm-gtp-tied-dummy-wgrad
     mini "without-$id" "$(tree "without-$id" "$(ids_without "$id")")" nccl-bf16.qwen2.5-0.5b "${qwen[@]}"
   fi
+;; esac
+
+experts_proofs() {  # experts_proofs LABEL TREE: the TE grouped-expert proofs on one tree
+  local proofs=$repo/patches/gtp/proofs t0=$SECONDS rc
+  (cd "$proofs" && PYTHONPATH="$proofs:$2:${PYTHONPATH:-}" timeout 900 $py -m pytest -q -c pytest.ini --rootdir . -rA \
+    megatron_lm/test_te_grouped_experts.py) > "$out/experts-proofs.$1.txt" 2>&1
+  rc=$?
+  echo "[evidence] experts proofs $1: exit $rc in $((SECONDS - t0))s: $(tail -n 1 "$out/experts-proofs.$1.txt")"
+}
+
+case " $what " in *" experts "*)
+  experts_proofs pristine "$(pristine)"
+  experts_proofs patched "$(tree patched)"
+  mini patched "$(tree patched)" moe-gloo --nproc 2 --backend gloo --shape moe-tiny
+  mini pristine "$(pristine)" moe-gloo --nproc 2 --backend gloo --shape moe-tiny
+  if [ "$gpus" -ge 2 ]; then
+    mini patched "$(tree patched)" moe-nccl-bf16 --nproc 2 --backend nccl --dtype bf16 --steps 3 --shape moe-tiny
+  fi
+;; esac
+
+case " $what " in *" experts-without "*)
+  for id in mlm-gtp-swiglu-ckpt mlm-gtp-refit-plan; do
+    experts_proofs "without-$id" "$(tree "without-$id" "$(ids_without "$id")")"
+  done
 ;; esac
 
 case " $what " in *" cost "*)

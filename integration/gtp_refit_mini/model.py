@@ -2,7 +2,10 @@
 
 The shape is Qwen2.5's in small: TE layer spec, RMSNorm, SwiGLU, rotary positions, QKV biases,
 grouped-query attention, tied embeddings. ``gtp`` is the number of weight shards per TP rank
-(``tensor_parallel_num_weight_shards`` with TP 1); 1 builds the whole-weight model.
+(``tensor_parallel_num_weight_shards`` with TP 1); 1 builds the whole-weight model. With
+``s.experts`` every MLP is a mixture of experts instead (Qwen3-MoE's layout in small: routed
+SwiGLU experts, top-``s.topk``, TE's grouped GEMM, usually untied), whose weights GTP shards over
+``expert_gtp`` (``expert_tensor_parallel_num_weight_shards`` with expert TP 1).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import torch
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def model_config(s, gtp: int):
+def model_config(s, gtp: int, expert_gtp: int = 1):
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -35,7 +38,21 @@ def model_config(s, gtp: int):
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         tensor_parallel_num_weight_shards=gtp,
+        **_moe_config(s, expert_gtp),
     )
+
+
+def _moe_config(s, expert_gtp: int) -> dict:
+    if not s.experts:
+        return {}
+    return {
+        "num_moe_experts": s.experts,
+        "moe_router_topk": s.topk,
+        "moe_ffn_hidden_size": s.moe_ffn or s.ffn,
+        "moe_grouped_gemm": True,
+        "moe_token_dispatcher_type": "alltoall",
+        "expert_tensor_parallel_num_weight_shards": expert_gtp,
+    }
 
 
 def build_gpt(s, config, pg_collection=None):
@@ -43,12 +60,14 @@ def build_gpt(s, config, pg_collection=None):
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     kwargs = {} if pg_collection is None else {"pg_collection": pg_collection}
+    spec = (get_gpt_layer_with_transformer_engine_spec(num_experts=s.experts, moe_grouped_gemm=True)
+            if s.experts else get_gpt_layer_with_transformer_engine_spec())
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_with_transformer_engine_spec(),
+        transformer_layer_spec=spec,
         vocab_size=s.vocab,
         max_sequence_length=s.seq,
-        share_embeddings_and_output_weights=True,
+        share_embeddings_and_output_weights=s.tied,
         position_embedding_type="rope",
         rotary_base=1000000,
         **kwargs,
@@ -60,6 +79,11 @@ def gtp_sharded(model) -> list[str]:
     from megatron.core.tensor_parallel.gtp_api import is_gtp_param
 
     return [n for n, p in model.named_parameters() if is_gtp_param(p)]
+
+
+def expert_gtp_sharded(model) -> list[str]:
+    """The routed experts' GTP-sharded weights (TEGroupedMLP's ``experts.linear_fc*.weight<i>``)."""
+    return [n for n in gtp_sharded(model) if ".mlp.experts." in n]
 
 
 def plain_copy(param) -> torch.Tensor:

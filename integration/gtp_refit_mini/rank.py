@@ -15,6 +15,14 @@
    exactly the refitted weights, and its log-probs of the last samples must match the training
    model's (``ckpt_token_mult_prob_error``).
 
+With experts (``--shape moe-tiny``) the expert axis is GTP-sharded too
+(``expert_gtp_remat_size``), and the ``[gtp] expert weights GTP-sharded`` marker says so. GTP
+gathers and reduce-scatters grouped expert weights with coalesced collectives, which gloo does
+not have: on gloo the training model's forward and backward are then skipped, by name
+(``train_step: skipped: gloo has no coalesced collectives``), and a seeded update of the training
+weights stands in for each optimiser step, so that the refits and the GTP checkpoint still carry
+weights that moved. Over NCCL the MoE model trains like the dense one.
+
 With ``--compare-gtp-off`` the same training (from the same checkpoint, same samples) then runs
 with GTP off, and both arms report what they cost per rank: memory for parameters, gradients
 and optimiser state, the peak, step time, refit time and bytes.
@@ -30,11 +38,13 @@ import torch
 from bugs import KnownBug, check
 from ckpt import check_loaded, load, logprobs_of, save
 from grpo import Trainer, advantages, generate, grpo_loss, mult_prob_error, positions, token_logprobs
-from model import build_gpt, gtp_sharded, model_config, whole_weights
+from model import build_gpt, expert_gtp_sharded, gtp_sharded, model_config, whole_weights
 from refit import new_model_pair, refit
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization"
 MARK_RESHARD = "[colocated-reshard] building dedicated inference model"
+MARK_EXPERT = "[gtp] expert weights GTP-sharded"
+GLOO_EXPERT_SKIP = "skipped: gloo has no coalesced collectives"
 MIB = 1024 * 1024
 
 
@@ -43,12 +53,32 @@ def log0(rank: int, message: str) -> None:
         print(message, flush=True)
 
 
+def train_step_skip(s, expert_gtp: int) -> str | None:
+    """Why the training model cannot run forward and backward here, or None."""
+    if s.backend == "gloo" and s.experts and expert_gtp > 1:
+        return GLOO_EXPERT_SKIP
+    return None
+
+
+@torch.no_grad()
+def stand_in_update(model, seed: int, scale: float = 1e-2) -> None:
+    """Move every weight by seeded noise where no optimiser step can run; replicated tensors move
+    alike on every rank, GTP padding rows stay zero as GTP keeps them."""
+    from megatron.core.tensor_parallel.gtp_api import is_gtp_param
+
+    gen = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.add_((torch.randn(p.shape, generator=gen) * scale).to(p.device, p.dtype))
+        if is_gtp_param(p) and p.pad_length and p.group.rank() == p.group.size() - 1:
+            p[p.shape[0] - p.pad_length:] = 0
+
+
 def _inference_model(s, world: int):
     from megatron.core.inference.shards import build_inference_pg_collection
 
     pgc = build_inference_pg_collection(world_size=world, tp_size=1, pp_size=1, cp_size=1, ep_size=1,
                                         expt_tp_size=1)
-    model = build_gpt(s, model_config(s, gtp=1), pg_collection=pgc)
+    model = build_gpt(s, model_config(s, gtp=1, expert_gtp=1), pg_collection=pgc)
     still = gtp_sharded(model)
     if still:
         where = ", ".join(still[:3]) + (" ..." if len(still) > 3 else "")
@@ -73,7 +103,8 @@ def _release_gtp_buffers() -> None:
     torch.cuda.empty_cache()
 
 
-def train_arm(rank: int, world: int, s, gtp: int, ckpt_dir: str, source: dict, markers: list[str] | None) -> dict:
+def train_arm(rank: int, world: int, s, gtp: int, ckpt_dir: str, source: dict, markers: list[str] | None,
+              expert_gtp: int = 1) -> dict:
     """Build, load the GTP-off checkpoint (checked against ``source``, its writer's weights),
     train ``s.steps`` GRPO steps; return the metrics and the models."""
     new_model_pair()
@@ -86,23 +117,36 @@ def train_arm(rank: int, world: int, s, gtp: int, ckpt_dir: str, source: dict, m
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
 
-    config = model_config(s, gtp=gtp)
+    config = model_config(s, gtp=gtp, expert_gtp=expert_gtp)
     train = build_gpt(s, config)
     sharded = gtp_sharded(train)
-    check(bool(sharded) == (gtp > 1), f"gtp={gtp} training model has {len(sharded)} GTP-sharded parameter(s)")
+    experts = expert_gtp_sharded(train)
+    check(bool(sharded) == (gtp > 1 or expert_gtp > 1),
+          f"gtp={gtp} expert_gtp={expert_gtp} training model has {len(sharded)} GTP-sharded parameter(s)")
+    check(bool(experts) == (bool(s.experts) and expert_gtp > 1),
+          f"expert_gtp={expert_gtp} training model has {len(experts)} GTP-sharded expert parameter(s)")
     if markers is not None:
-        line = f"{MARK_GTP} (gtp_remat_size={gtp} expert_gtp_remat_size=1)"
+        line = f"{MARK_GTP} (gtp_remat_size={gtp} expert_gtp_remat_size={expert_gtp})"
         log0(rank, line)
         markers.append(line)
+        if experts:
+            line = f"{MARK_EXPERT}: {len(experts)} of {len(sharded)} GTP shards (expert_gtp_remat_size={expert_gtp})"
+            log0(rank, line)
+            markers.append(line)
     load(train, os.path.join(ckpt_dir, "off"))
-    check_loaded(train, source, s, f"the GTP-off checkpoint loaded into the gtp={gtp} training model")
+    checked = check_loaded(train, source, s, f"the GTP-off checkpoint loaded into the gtp={gtp} training model")
     trainer = Trainer(train, config, s, gtp)
     setup_mib = (torch.cuda.memory_allocated() - base) / MIB
 
     gen = torch.Generator(device="cuda").manual_seed(s.seed * 1009 + rank)
     cpu_gen = torch.Generator().manual_seed(s.seed * 7919 + rank)
     per_step, err_sum, err_count, max_diff = [], 0.0, 0.0, 0.0
+    sample_lp_sum = sample_lp_count = 0.0
     state_mib = None
+    skip = train_step_skip(s, expert_gtp)
+    if skip:
+        log0(rank, f"train_step: {skip} (GTP all-gathers and reduce-scatters the grouped expert weights "
+                   "coalesced; a seeded update stands in for each optimiser step; the nccl form trains)")
     for step in range(s.steps):
         trainer.for_inference()
         refit_stats = refit(train, infer, s, gtp)
@@ -110,6 +154,11 @@ def train_arm(rank: int, world: int, s, gtp: int, ckpt_dir: str, source: dict, m
         prompts = prompts.repeat_interleave(s.generations, dim=0).cuda()
         tokens, gen_lp = generate(infer, prompts, s, gen)
         mask = torch.ones_like(gen_lp)
+        sample_lp_sum, sample_lp_count = sample_lp_sum + float(gen_lp.sum()), sample_lp_count + gen_lp.numel()
+        if skip:
+            stand_in_update(train, s.seed * 31 + step)
+            per_step.append({"step": step, "train_step": skip, "refit_seconds": refit_stats["refit_seconds"]})
+            continue
 
         trainer.for_training()
         train.train()
@@ -134,18 +183,19 @@ def train_arm(rank: int, world: int, s, gtp: int, ckpt_dir: str, source: dict, m
     final_refit = refit(train, infer, s, gtp)
     timed = per_step[1:] or per_step
     return {
-        "train": train, "infer": infer, "tokens": tokens, "sharded": sharded,
+        "train": train, "infer": infer, "tokens": tokens, "sharded": sharded, "trained": skip is None,
         "metrics": {
-            "steps": per_step,
+            "steps": per_step, "train_step": skip or "ran", "expert_gtp_sharded_params": len(experts),
+            "ckpt_tensors_checked": checked, "sample_logprob_sum": sample_lp_sum, "samples": sample_lp_count,
             "token_mult_prob_error_sum": err_sum, "tokens_compared": err_count, "max_abs_logprob_diff": max_diff,
             "setup_mib": setup_mib, "train_state_mib": state_mib,
             "peak_mib": (torch.cuda.max_memory_allocated() - base) / MIB,
-            "step_seconds": sum(x["seconds"] for x in timed) / len(timed),
+            "step_seconds": sum(x.get("seconds", 0.0) for x in timed) / len(timed),
             "refit_seconds": sum(x["refit_seconds"] for x in timed) / len(timed),
             "refit_bytes_received": final_refit["refit_bytes_received"],
             "refit_tensors": final_refit["refit_tensors"], "refit_gathered": final_refit["refit_gathered"],
-            "refit_padded": final_refit["refit_padded"],
-            "grad_norm": per_step[-1]["grad_norm"], "loss": per_step[-1]["loss"],
+            "refit_padded": final_refit["refit_padded"], "refit_expert_gathered": final_refit["refit_expert_gathered"],
+            "grad_norm": per_step[-1].get("grad_norm"), "loss": per_step[-1].get("loss"),
         },
     }
 
@@ -177,10 +227,11 @@ def run_rank(rank: int, world: int, port: int, s, ckpt_dir: str) -> dict:
         parallel_state.destroy_model_parallel()
 
     # 2-4. GTP training from that checkpoint, with refit and sampling
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=s.gtp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=s.gtp,
+                                             expert_gtp_remat_size=s.expert_gtp)
     try:
         model_parallel_cuda_manual_seed(s.seed)
-        arm = train_arm(rank, world, s, s.gtp, ckpt_dir, source_weights, markers)
+        arm = train_arm(rank, world, s, s.gtp, ckpt_dir, source_weights, markers, s.expert_gtp)
         metrics = arm["metrics"]
         # 5. the GTP checkpoint, read by a whole-weight model; the inference model holds the
         # trained weights from the last refit.
@@ -188,12 +239,14 @@ def run_rank(rank: int, world: int, port: int, s, ckpt_dir: str) -> dict:
         save(train, os.path.join(ckpt_dir, "gtp"))
         reader = _inference_model(s, world)
         load(reader, os.path.join(ckpt_dir, "gtp"))
-        check_loaded(reader, {n: p.detach().clone() for n, p in infer.named_parameters()}, s,
-                     "the GTP checkpoint loaded into a whole-weight model")
-        lp_train = logprobs_of(train, tokens, s)
-        lp_reader = logprobs_of(reader, tokens, s)
-        c_sum, c_count, c_max = mult_prob_error(lp_reader, lp_train, torch.ones_like(lp_train))
-        metrics.update(ckpt_err_sum=c_sum, ckpt_count=c_count, ckpt_max_abs_logprob_diff=c_max)
+        checked = check_loaded(reader, {n: p.detach().clone() for n, p in infer.named_parameters()}, s,
+                               "the GTP checkpoint loaded into a whole-weight model")
+        metrics["ckpt_tensors_checked"] = min(metrics["ckpt_tensors_checked"], checked)
+        if arm["trained"]:  # the training model's forward is what a skipped train step cannot run
+            lp_train = logprobs_of(train, tokens, s)
+            lp_reader = logprobs_of(reader, tokens, s)
+            c_sum, c_count, c_max = mult_prob_error(lp_reader, lp_train, torch.ones_like(lp_train))
+            metrics.update(ckpt_err_sum=c_sum, ckpt_count=c_count, ckpt_max_abs_logprob_diff=c_max)
         sharded = arm["sharded"]
         del arm, train, infer, reader
         _release_gtp_buffers()

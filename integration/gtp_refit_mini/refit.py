@@ -66,7 +66,7 @@ def _gathered(train, infer, s, gtp: int) -> tuple[dict, dict]:
     dst = dict(infer.named_parameters())
     check(src.keys() == dst.keys(),
           f"training and inference models name different parameters: {sorted(set(src) ^ set(dst))[:6]}")
-    gathered = padded = received = 0
+    gathered = padded = received = experts = 0
     expected = {}
     for name, target in dst.items():
         param = src[name]
@@ -80,6 +80,7 @@ def _gathered(train, infer, s, gtp: int) -> tuple[dict, dict]:
                 whole = whole[: whole.shape[0] - param.pad_length]
                 padded += 1
             gathered += 1
+            experts += ".mlp.experts." in name
         else:
             whole = plain_copy(param)
             if (_is_bias(name) and whole.dim() == 1 and target.dim() == 1
@@ -92,4 +93,5 @@ def _gathered(train, infer, s, gtp: int) -> tuple[dict, dict]:
               f"refit {name}: {'gathered' if is_gtp_param(param) else 'copied'} {tuple(whole.shape)} from the "
               f"training model, the inference model holds {tuple(target.shape)}")
         expected[name] = whole.to(target.dtype)
-    return expected, {"refit_gathered": gathered, "refit_padded": padded, "refit_bytes_received": received}
+    return expected, {"refit_gathered": gathered, "refit_padded": padded, "refit_bytes_received": received,
+                      "refit_expert_gathered": experts}

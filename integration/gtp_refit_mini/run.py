@@ -10,7 +10,10 @@ optimiser step (Megatron DDP and distributed Adam over NCCL; plain SGD on gloo);
 model writes a GTP checkpoint that a whole-weight model must read back exactly
 (``ckpt_token_mult_prob_error``). GTP runs with its defaults. The model is Qwen2.5's shape in
 small: TE spec, tied embeddings, SwiGLU, QKV bias, RMSNorm, rope, GQA; ``--dtype fp32`` or
-``bf16``. ``--compare-gtp-off`` then trains the same way with GTP off and reports both arms'
+``bf16``. ``--shape moe-tiny`` makes every MLP routed experts (grouped GEMM, top-2, untied) with GTP
+on both axes; over gloo its training step is skipped by name (``train_step: skipped: gloo has
+no coalesced collectives``) and the rest still runs. ``--compare-gtp-off`` then trains the same
+way with GTP off and reports both arms'
 cost per rank (memory of parameters, gradients and optimiser state; peak; step time; refit time
 and bytes received) and their ratios.
 
@@ -49,7 +52,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bugs import CheckFailed, classify  # noqa: E402
-from rank import MARK_GTP, MARK_RESHARD, run_rank  # noqa: E402
+from rank import MARK_EXPERT, MARK_GTP, MARK_RESHARD, run_rank  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUG = 0, 1, 2, 3
 
@@ -76,6 +79,11 @@ class Settings:
     steps: int = 2
     lr: float = 1e-4
     max_error: float = 1.05
+    tied: bool = True
+    experts: int = 0
+    topk: int = 2
+    moe_ffn: int = 0
+    expert_gtp: int = 1
     compare_gtp_off: bool = False
     precision_aware_optimizer: bool = True
     seed: int = 1234
@@ -88,6 +96,9 @@ class Settings:
 SHAPES = {
     "qwen2.5-0.5b": dict(vocab=151936, hidden=896, layers=24, heads=14, query_groups=2, ffn=4864, seq=128,
                          prompt_len=32, new_tokens=16),
+    # Qwen3-MoE's layout in small: routed SwiGLU experts (TE grouped GEMM), top-2, untied, QKV bias;
+    # GTP on both axes.
+    "moe-tiny": {"experts": 4, "topk": 2, "moe_ffn": 128, "expert_gtp": 2, "tied": False},
 }
 
 
@@ -103,7 +114,8 @@ def parse_args(argv: list[str]) -> tuple[Settings, bool]:
     p.add_argument("--gtp", type=int, default=d.gtp, help="gtp_remat_size of the training layout")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default=d.dtype, help="parameter and compute dtype")
     p.add_argument("--shape", choices=sorted(SHAPES),
-                   help="a named model shape (qwen2.5-0.5b: the series' target; its sequence sizes too)")
+                   help="a named model shape (qwen2.5-0.5b: the series' target, its sequence sizes too; "
+                        "moe-tiny: routed experts with GTP on both axes)")
     p.add_argument("--vocab", type=int, default=d.vocab)
     p.add_argument("--hidden", type=int, default=d.hidden)
     p.add_argument("--layers", type=int, default=d.layers)
@@ -112,6 +124,13 @@ def parse_args(argv: list[str]) -> tuple[Settings, bool]:
     p.add_argument("--ffn", type=int, default=d.ffn,
                    help="FFN hidden size; 200 makes fc1 (400 rows) carry GTP padding rows")
     p.add_argument("--seq", type=int, default=d.seq, help="max sequence length")
+    p.add_argument("--tied", action=argparse.BooleanOptionalAction, default=d.tied,
+                   help="share the embedding and output weights")
+    p.add_argument("--experts", type=int, default=d.experts, help="routed experts per MLP (0: dense MLPs)")
+    p.add_argument("--topk", type=int, default=d.topk, help="experts per token")
+    p.add_argument("--moe-ffn", type=int, default=d.moe_ffn, help="each expert's FFN size (0: --ffn)")
+    p.add_argument("--expert-gtp", type=int, default=d.expert_gtp,
+                   help="expert_gtp_remat_size of the training layout (1: the expert axis unsharded)")
     p.add_argument("--prompts", type=int, default=d.prompts, help="prompts per rank")
     p.add_argument("--generations", type=int, default=d.generations, help="samples per prompt (GRPO group)")
     p.add_argument("--prompt-len", type=int, default=d.prompt_len)
@@ -143,6 +162,17 @@ def parse_args(argv: list[str]) -> tuple[Settings, bool]:
         problems.append("--gtp must be at least 2 (GTP off tests nothing; --compare-gtp-off adds that arm)")
     if s.nproc < s.gtp or s.nproc % s.gtp:
         problems.append(f"--nproc {s.nproc} must be a positive multiple of --gtp {s.gtp}")
+    if s.experts < 0 or s.expert_gtp < 1 or s.moe_ffn < 0:
+        problems.append("--experts, --moe-ffn must be >= 0 and --expert-gtp >= 1")
+    elif s.experts:
+        if not 1 <= s.topk <= s.experts:
+            problems.append(f"--topk {s.topk} must be between 1 and --experts {s.experts}")
+        if s.nproc < s.expert_gtp or s.nproc % s.expert_gtp:
+            problems.append(f"--nproc {s.nproc} must be a positive multiple of --expert-gtp {s.expert_gtp}")
+    elif s.expert_gtp > 1:
+        problems.append("--expert-gtp needs --experts (a dense model has no expert axis)")
+    if s.compare_gtp_off and s.backend == "gloo" and s.experts and s.expert_gtp > 1:
+        problems.append("--compare-gtp-off compares trained arms: expert GTP over gloo skips its train step")
     if s.prompt_len + s.new_tokens > s.seq:
         problems.append(f"--prompt-len + --new-tokens ({s.prompt_len + s.new_tokens}) exceeds --seq {s.seq}")
     if s.hidden % s.heads or s.heads % s.query_groups:
@@ -266,28 +296,43 @@ _ARM_KEYS = ("setup_mib", "train_state_mib", "peak_mib", "step_seconds", "refit_
 
 
 def summarize(ok: dict[int, dict], s: Settings) -> tuple[dict, list[str]]:
-    """Fold the ranks' results into the metrics and the problems that fail the run."""
+    """Fold the ranks' results into the metrics and the problems that fail the run.
+
+    A run whose train step was skipped (MoE over gloo) reports ``train_step`` with the reason and
+    no training metric at all: nothing it did not measure can pass a gate.
+    """
     ranks = [ok[r] for r in sorted(ok)]
     g = [r["gtp"] for r in ranks]
-    count = sum(x["tokens_compared"] for x in g)
+    skipped = sorted({x["train_step"] for x in g if x["train_step"] != "ran"})
     metrics = {
-        "token_mult_prob_error": sum(x["token_mult_prob_error_sum"] for x in g) / count,
-        "token_mult_prob_error_per_step": [
-            sum(x["steps"][k]["token_mult_prob_error"] for x in g) / len(g) for k in range(s.steps)],
-        "max_abs_logprob_diff": max(x["max_abs_logprob_diff"] for x in g),
-        "ckpt_token_mult_prob_error": sum(x["ckpt_err_sum"] for x in g) / sum(x["ckpt_count"] for x in g),
-        "ckpt_max_abs_logprob_diff": max(x["ckpt_max_abs_logprob_diff"] for x in g),
-        "loss_per_step": [g[0]["steps"][k]["loss"] for k in range(s.steps)],
-        "grad_norm_per_step": [g[0]["steps"][k]["grad_norm"] for k in range(s.steps)],
-        "grad_norm": g[0]["grad_norm"],
+        "train_step": skipped[0] if skipped else "ran",
         "gtp_sharded_params": ranks[0]["gtp_sharded_params"],
+        "expert_gtp_sharded_params": g[0]["expert_gtp_sharded_params"],
+        "ckpt_tensors_checked": min(x["ckpt_tensors_checked"] for x in g),
         "refit_tensors": g[0]["refit_tensors"], "refit_gathered": g[0]["refit_gathered"],
-        "refit_padded": g[0]["refit_padded"], "tokens": int(count),
+        "refit_padded": g[0]["refit_padded"], "refit_expert_gathered": g[0]["refit_expert_gathered"],
+        # The inference model's mean log-prob of what it sampled: depends on the seed (weights, samples).
+        "sample_logprob_mean": sum(x["sample_logprob_sum"] for x in g) / sum(x["samples"] for x in g),
+        "refit_seconds": max(x["refit_seconds"] for x in g),
     }
-    # Cost: the worst rank of each arm (max), and GTP's ratio to GTP off.
-    for key in _ARM_KEYS:
-        metrics[f"gtp_{key}"] = max(x[key] for x in g)
-    if all("gtp_off" in r for r in ranks):
+    if not skipped:
+        count = sum(x["tokens_compared"] for x in g)
+        metrics.update({
+            "token_mult_prob_error": sum(x["token_mult_prob_error_sum"] for x in g) / count,
+            "token_mult_prob_error_per_step": [
+                sum(x["steps"][k]["token_mult_prob_error"] for x in g) / len(g) for k in range(s.steps)],
+            "max_abs_logprob_diff": max(x["max_abs_logprob_diff"] for x in g),
+            "ckpt_token_mult_prob_error": sum(x["ckpt_err_sum"] for x in g) / sum(x["ckpt_count"] for x in g),
+            "ckpt_max_abs_logprob_diff": max(x["ckpt_max_abs_logprob_diff"] for x in g),
+            "loss_per_step": [g[0]["steps"][k]["loss"] for k in range(s.steps)],
+            "grad_norm_per_step": [g[0]["steps"][k]["grad_norm"] for k in range(s.steps)],
+            "grad_norm": g[0]["grad_norm"],
+            "tokens": int(count),
+        })
+        # Cost: the worst rank of each arm (max), and GTP's ratio to GTP off.
+        for key in _ARM_KEYS:
+            metrics[f"gtp_{key}"] = max(x[key] for x in g)
+    if not skipped and all("gtp_off" in r for r in ranks):
         for key in _ARM_KEYS:
             off = max(r["gtp_off"][key] for r in ranks)
             metrics[f"off_{key}"] = off
@@ -298,26 +343,28 @@ def summarize(ok: dict[int, dict], s: Settings) -> tuple[dict, list[str]]:
             sum(r["gtp_off"]["token_mult_prob_error_sum"] for r in ranks)
             / sum(r["gtp_off"]["tokens_compared"] for r in ranks))
     problems = []
+    marks = (MARK_GTP, MARK_RESHARD) + ((MARK_EXPERT,) if s.experts and s.expert_gtp > 1 else ())
     for rank, res in sorted(ok.items()):
-        for mark in (MARK_GTP, MARK_RESHARD):
+        for mark in marks:
             if not any(m.startswith(mark) for m in res["markers"]):
                 problems.append(f"rank {rank} never logged {mark!r}")
     for key in ("token_mult_prob_error", "ckpt_token_mult_prob_error"):
-        if not metrics[key] < s.max_error:
+        if key in metrics and not metrics[key] < s.max_error:
             problems.append(f"{key} {metrics[key]:.6f} is not below {s.max_error}")
     return metrics, problems
 
 
 def launch(s: Settings) -> int:
     base = {"test": "gtp_refit_mini", "backend": s.backend, "nproc": s.nproc, "gtp_remat_size": s.gtp,
-            "dtype": s.dtype, "steps": s.steps, "seed": s.seed}
+            "expert_gtp_remat_size": s.expert_gtp, "dtype": s.dtype, "steps": s.steps, "seed": s.seed}
     reason = skip_reason(s)
     if reason:
         print(f"SKIP: gtp_refit_mini: {reason}", flush=True)
         emit({**base, "status": "skipped", "reason": reason}, s)
         return EXIT_OK
     base.update(torch=torch.__version__, device=torch.cuda.get_device_name(0), transformer_engine=_te_version(),
-                model={k: getattr(s, k) for k in ("vocab", "hidden", "layers", "heads", "query_groups", "ffn")})
+                model={k: getattr(s, k) for k in ("vocab", "hidden", "layers", "heads", "query_groups", "ffn",
+                                                  "tied", "experts", "topk", "moe_ffn")})
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gtp-refit-mini-") as tmp:
         ok, failed = run_ranks(s, s.ckpt_dir or tmp)
@@ -364,7 +411,7 @@ def dry_check(s: Settings) -> int:
             finalize_model_grads,
         )
         from megatron.core.inference.shards import build_inference_pg_collection
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec  # noqa: F401
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
         from megatron.core.models.gpt.gpt_model import GPTModel
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # noqa: F401
         from megatron.core.process_groups_config import ProcessGroupCollection
@@ -381,14 +428,25 @@ def dry_check(s: Settings) -> int:
         problems.append(f"import failed: {type(exc).__name__}: {exc}")
         print(json.dumps(report, sort_keys=True))
         return EXIT_FAILED
-    need("gtp_remat_size" in inspect.signature(parallel_state.initialize_model_parallel).parameters,
-         "initialize_model_parallel() takes no gtp_remat_size")
+    init_params = inspect.signature(parallel_state.initialize_model_parallel).parameters
+    need("gtp_remat_size" in init_params, "initialize_model_parallel() takes no gtp_remat_size")
+    if s.experts:
+        need("expert_gtp_remat_size" in init_params, "initialize_model_parallel() takes no expert_gtp_remat_size")
+        spec_params = inspect.signature(get_gpt_layer_with_transformer_engine_spec).parameters
+        need("num_experts" in spec_params and "moe_grouped_gemm" in spec_params,
+             "get_gpt_layer_with_transformer_engine_spec() takes no num_experts / moe_grouped_gemm")
     need("pg_collection" in inspect.signature(GPTModel.__init__).parameters, "GPTModel() takes no pg_collection")
     sig = inspect.signature(build_inference_pg_collection).parameters
     need(all(k in sig for k in ("world_size", "tp_size", "pp_size", "cp_size", "ep_size", "expt_tp_size")),
          f"build_inference_pg_collection() parameters are {list(sig)}")
     fields = TransformerConfig.__dataclass_fields__
     need("tensor_parallel_num_weight_shards" in fields, "TransformerConfig has no tensor_parallel_num_weight_shards")
+    if s.experts:
+        need(all(k in fields for k in ("expert_tensor_parallel_num_weight_shards", "num_moe_experts",
+                                        "moe_router_topk", "moe_ffn_hidden_size", "moe_grouped_gemm")),
+             "TransformerConfig lacks an expert field the test sets")
+        need("expt_gtp_remat" in ProcessGroupCollection.__dataclass_fields__,
+             "ProcessGroupCollection has no expt_gtp_remat field")
     need("gtp_remat" in ProcessGroupCollection.__dataclass_fields__, "ProcessGroupCollection has no gtp_remat field")
     opt_fields = OptimizerConfig.__dataclass_fields__
     need(all(k in opt_fields for k in ("use_distributed_optimizer", "use_precision_aware_optimizer", "clip_grad")),

@@ -1,4 +1,4 @@
-"""The runs on the GPU host: one functional script, five cases.
+"""The runs on the GPU host: one functional script, six cases.
 
 Every case runs NeMo-RL's own ``tests/functional/grpo_megatron_generation_gtp.sh``
 (patch nrl 0004: megatron generation, colocated, refit over NCCL, two GPUs,
@@ -27,6 +27,8 @@ class Case:
     overrides: tuple[str, ...] = ()
     checkpoint: str = "none"  # "save", "resume" or "none"
     needs: tuple[str, ...] = field(default_factory=tuple)  # cases whose output this one reads
+    model: str = "dense"     # "dense" (fixtures.py) or "qwen3-moe" (moe_fixtures.py)
+    markers: tuple[str, ...] = ()  # log lines the case needs beyond the script's own markers
 
 
 CASES: dict[str, Case] = {c.name: c for c in (
@@ -50,6 +52,15 @@ CASES: dict[str, Case] = {c.name: c for c in (
          "so the markers are absent by design; token_mult_prob_error is reported",
          "green", "patched", "patched",
          ("policy.megatron_cfg.tensor_parallel_num_weight_shards=null",)),
+    # The expert axis (issue 23), for the two-GPU run: a Qwen3-MoE-shaped model (moe_fixtures.py).
+    Case("moe", "GTP on both axes on a tiny Qwen3-MoE-shaped model (8 routed SwiGLU experts, top-2, TE grouped "
+         "GEMM, untied, QK layernorm): the script's tensor_parallel_num_weight_shards=2 and "
+         "expert_tensor_parallel_num_weight_shards=2, both through the shim to initialize_model_parallel; a "
+         "dedicated whole-weight inference model and the NCCL refit of dense and expert GTP shards; the script's "
+         "gates and markers, and the shim's line naming expert_gtp_remat_size=2",
+         "green", "patched", "patched",
+         ("policy.megatron_cfg.expert_tensor_parallel_num_weight_shards=2",), model="qwen3-moe",
+         markers=("[gtp] enabling GTP weight rematerialization (gtp_remat_size=2 expert_gtp_remat_size=2)",)),
 )}
 
 

@@ -45,7 +45,7 @@ from carry.errors import CarryError, OperationError, UsageError
 from carry.runner import run
 
 from . import cases as casing
-from . import ferry, gpuhost, lock as locking, wheels
+from . import ferry, gpuhost, lock as locking, moe_fixtures, wheels
 
 GRPO_MODULES = (
     "nemo_rl.algorithms.grpo",
@@ -173,7 +173,7 @@ def record_script(lay: gpuhost.Layout, case: casing.Case, venv: Path, work: Path
     record = work / f"{case.name}.uv.jsonl"
     record.unlink(missing_ok=True)
     doc = lay.stage_doc()
-    args = casing.script_args(case, str(gpuhost.require_model(lay)),
+    args = casing.script_args(case, str(gpuhost.model_for(lay, case)),
                               str(lay.payload / doc["fixtures"]["data"]), str(lay.checkpoints))
     env = _env_for(venv, pythonpath + [tree, gpuhost.STUBS],
                    {"CARRY_UV_RECORD": str(record), "GIT_CONFIG_GLOBAL": str(work / "gitconfig")})
@@ -268,6 +268,14 @@ def dry_run(o: Options) -> dict:
                       + (" (kept from an earlier dry-run)" if m["reused"] else f" (built in {m['seconds']}s)"))
         _say(o, "model weights (fixtures.build_weights, as the GPU host's setup)", m is not None, detail,
              model=str(lay.model), weights=m)
+        with open(log_path, "a") as log:
+            try:
+                moe = moe_fixtures.build_on_host(lay, log, python=str(venv / "bin" / "python"))
+                detail = "not staged" if moe is None else f"{moe['parameters']} parameters, seed {moe['seed']}"
+            except CarryError as exc:
+                moe, detail = False, exc.message
+        _say(o, "MoE model weights (moe_fixtures.build_weights)", bool(moe) if moe is not None else None, detail,
+             weights=moe or None)
         # 4: image steps without GPU
         run(["git", "clone", "-q", str(lay.payload / "sources" / "nemo-rl.git"), str(lay.nemo_rl_patched)])
         for step, ok, last in run_steps(lay, venv):

@@ -269,6 +269,13 @@ def build_model(lay: Layout, log, python: str | None = None) -> dict:
     return built
 
 
+def model_for(lay: Layout, case: casing.Case) -> Path:
+    """The built model a case runs on: the dense one, or the MoE case's (moe_fixtures.py)."""
+    from . import moe_fixtures
+
+    return moe_fixtures.require_model(lay) if case.model == moe_fixtures.MODEL else require_model(lay)
+
+
 def require_model(lay: Layout) -> Path:
     """The built model, for a case (--skip-setup reuses what the setup built)."""
     from .fixtures import WEIGHTS_STAMP
@@ -299,9 +306,13 @@ def setup(lay: Layout, log_path: Path) -> dict:
         fa4 = fa4_status(lay, log)
         prepare_pristine(lay)
         model = build_model(lay, log)
+        from . import moe_fixtures
+        moe = moe_fixtures.build_on_host(lay, log)
     (log_path.parent / "model.json").write_text(json.dumps(model, indent=2, sort_keys=True) + "\n")
+    if moe is not None:
+        (log_path.parent / "moe-model.json").write_text(json.dumps(moe, indent=2, sort_keys=True) + "\n")
     return {"manifest": manifest, "libc": libc, "verify_ok": verify.get("ok"), "deps": len(deps), "fa4": fa4,
-            "model": model, "seconds": round(time.monotonic() - t0, 1)}
+            "model": model, "moe_model": moe, "seconds": round(time.monotonic() - t0, 1)}
 
 
 # -- one case ----------------------------------------------------------------------------------
@@ -433,7 +444,7 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
     t = case_trees(lay, case, trees)
     nrl = copy_tree(t.nemo_rl, out / "nemo-rl", lay.nemo_rl_patched)
     doc = lay.stage_doc()
-    model = require_model(lay)
+    model = model_for(lay, case)
     data = lay.payload / doc["fixtures"]["data"]
     ckpt = lay.checkpoints
     if case.checkpoint == "save" and ckpt.exists():
@@ -524,7 +535,7 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     gate = results[0]   # token_mult_prob_error, the one the control reports
     gates_ok = all(r.ok for r in results)
     log = (out / "run.log").read_text(errors="replace") if (out / "run.log").exists() else ""
-    marks = markers_found(log, spec.markers)
+    marks = markers_found(log, list(spec.markers) + list(case.markers))
     text = (out / "case.log").read_text(errors="replace") if (out / "case.log").exists() else ""
     errors = [ln.strip() for ln in text.splitlines()
               if ("Error" in ln or ln.startswith(("FAIL:", "BUG_HIT:"))) and "[run-on-gpu-host]" not in ln

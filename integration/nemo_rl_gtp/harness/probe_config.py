@@ -36,7 +36,8 @@ def _get(cfg: dict, dotted: str):
 SHOWN = ("policy.model_name", "policy.tokenizer.name", "policy.generation.backend",
          "policy.generation.colocated.enabled", "policy.generation.mcore_generation_config.refit_backend",
          "cluster.gpus_per_node", "policy.megatron_cfg.enabled", "policy.megatron_cfg.tensor_model_parallel_size",
-         "policy.megatron_cfg.tensor_parallel_num_weight_shards", "grpo.max_num_steps", "grpo.num_prompts_per_step",
+         "policy.megatron_cfg.tensor_parallel_num_weight_shards",
+         "policy.megatron_cfg.expert_tensor_parallel_num_weight_shards", "grpo.max_num_steps", "grpo.num_prompts_per_step",
          "grpo.num_generations_per_prompt", "checkpointing.enabled", "checkpointing.checkpoint_dir",
          "checkpointing.save_period", "data.train.dataset_name", "data.train.data_path", "logger.tensorboard_enabled",
          "logger.wandb_enabled", "logger.mlflow_enabled", "logger.swanlab_enabled")
@@ -73,7 +74,8 @@ def probe(root: str, argv: list[str], with_ray: bool, out: dict) -> dict:
         ded = dedicated_inference_megatron_cfg(master.policy)
         step("dedicated-model", built=ded is not None,
              inference=None if ded is None else {k: ded.get(k) for k in (
-                 "tensor_model_parallel_size", "tensor_parallel_num_weight_shards", "context_parallel_size")})
+                 "tensor_model_parallel_size", "tensor_parallel_num_weight_shards", "context_parallel_size",
+                 "expert_tensor_parallel_size", "expert_tensor_parallel_num_weight_shards")})
 
     from transformers import AutoConfig
 
@@ -93,9 +95,11 @@ def probe(root: str, argv: list[str], with_ray: bool, out: dict) -> dict:
         with safe_open(str(f), "pt") as st:
             shapes.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
     embed = shapes.get("model.embed_tokens.weight")
-    if embed != (hf.vocab_size, hf.hidden_size) or "lm_head.weight" in shapes:
+    # A tied model has no lm_head tensor; an untied one (the MoE case's) must have its own.
+    if embed != (hf.vocab_size, hf.hidden_size) or ("lm_head.weight" in shapes) == bool(hf.tie_word_embeddings):
         raise ValueError(f"the weights in {master.policy['model_name']} do not fit its config: embedding {embed}, "
-                         f"lm_head {'present' if 'lm_head.weight' in shapes else 'tied'}")
+                         f"lm_head {'present' if 'lm_head.weight' in shapes else 'absent'}, "
+                         f"tie_word_embeddings {hf.tie_word_embeddings}")
     step("model-weights", tensors=len(shapes), embedding=embed,
          parameters=sum(math.prod(s) for s in shapes.values()))
     tok = get_tokenizer(master.policy["tokenizer"])

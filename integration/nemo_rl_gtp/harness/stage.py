@@ -11,6 +11,8 @@ Layout of the payload (``payload.tar.xz`` inside the ``nrl`` ferry):
   fixtures/model/        the Qwen2.5-0.5B-shaped model's config and its tokenizer (chat template); no
                          weights: about 1 GB, they are built from the config and the seed on the GPU host
                          (fixtures.build_weights, run-on-gpu-host's setup)
+  fixtures/moe-model/    the MoE case's tiny Qwen3-MoE config and the same tokenizer; weights built there
+                         too (moe_fixtures.build_weights)
   fixtures/data/train.jsonl
   stage.json             what is inside and where it came from
 
@@ -38,7 +40,7 @@ from carry.runner import Git, run
 from carry.artifacts import fetch_artifact, sha256_file
 from carry.sources import mirror_path
 
-from . import ferry, fixtures, lock as locking, wheels
+from . import ferry, fixtures, lock as locking, moe_fixtures, wheels
 
 HERE = Path(__file__).resolve().parents[1]           # integration/nemo_rl_gtp
 REPO = HERE.parents[1]
@@ -149,7 +151,8 @@ def stage_sources(o: Options, dest: Path) -> dict:
 
 def stage_fixtures(o: Options, dest: Path, prompt_file: Path) -> dict:
     fixtures.build_all(dest, o.seed, prompt_file.read_text())
-    return {"seed": o.seed, "model": "fixtures/model", "data": "fixtures/data/train.jsonl",
+    moe = moe_fixtures.stage(dest)
+    return {**moe, "seed": o.seed, "model": "fixtures/model", "data": "fixtures/data/train.jsonl",
             "shape": "Qwen/Qwen2.5-0.5B", "weights": "built from config.json and the seed where the run is "
                                                   "(fixtures.build_weights)",
             "prompt_file": "examples/prompts/cot.txt", "files": _dir_files(dest),

@@ -7,7 +7,8 @@ an old TE is a failure, not a skip; ``assert_gtp_at_its_defaults`` does it, with
 (GTP off, or GTP with ``gtp_remat_size`` gtp), the CUDA RNG seeded alike for both phases, torn
 down afterwards. ``fixed_tokens`` gives every proof its inputs from one seed. ``build`` makes
 the GPTModel on the current device the way megatron.training's get_model does, and
-``build_qwen_like`` the Qwen2.5 shape in small with it; ``load_gtp_off_params`` gives each GTP
+``build_qwen_like`` the Qwen2.5 shape in small with it (``build_moe_like``: Qwen3-MoE's, grouped experts with
+expert GTP); ``load_gtp_off_params`` gives each GTP
 shard its rows of the GTP-off model's weight (the padded full weight) and every other parameter
 all of it, collecting every parameter whose size does not fit instead of stopping at the first.
 """
@@ -42,14 +43,16 @@ def assert_gtp_at_its_defaults() -> None:
 
 
 @contextlib.contextmanager
-def model_parallel(gtp: int, seed: int = 1234):
-    """In a rank: TP 1 with GTP off (gtp 1) or gtp_remat_size gtp, the CUDA RNG seeded; destroyed after."""
+def model_parallel(gtp: int, seed: int = 1234, expert_gtp: int = 1):
+    """In a rank: TP 1 with GTP off (gtp 1) or gtp_remat_size gtp (and expert_gtp_remat_size
+    expert_gtp), the CUDA RNG seeded; destroyed after."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=1, **({"gtp_remat_size": gtp} if gtp > 1 else {})
-    )
+    sizes = {"gtp_remat_size": gtp} if gtp > 1 else {}
+    if expert_gtp > 1:
+        sizes["expert_gtp_remat_size"] = expert_gtp
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, **sizes)
     try:
         model_parallel_cuda_manual_seed(seed)
         yield
@@ -65,17 +68,22 @@ def fixed_tokens(vocab: int, batch: int, seq: int, count: int = 1):
     return batches, positions
 
 
-def build(gtp: int, *, vocab: int, seq: int, tied: bool, position: str = "learned_absolute", **config):
+def build(gtp: int, *, vocab: int, seq: int, tied: bool, position: str = "learned_absolute",
+          pg_collection=None, **config):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     config.setdefault("params_dtype", torch.float32)
+    experts = config.get("num_moe_experts")
+    spec = (get_gpt_layer_with_transformer_engine_spec(num_experts=experts, moe_grouped_gemm=True)
+            if experts else get_gpt_layer_with_transformer_engine_spec())
     model = GPTModel(
         config=TransformerConfig(
             hidden_dropout=0.0, attention_dropout=0.0, tensor_parallel_num_weight_shards=gtp, **config
         ),
-        transformer_layer_spec=get_gpt_layer_with_transformer_engine_spec(),
+        transformer_layer_spec=spec,
+        **({"pg_collection": pg_collection} if pg_collection is not None else {}),
         vocab_size=vocab,
         max_sequence_length=seq,
         share_embeddings_and_output_weights=tied,
@@ -91,6 +99,17 @@ def build_qwen_like(gtp: int, *, vocab: int, seq: int, hidden: int, ffn: int, qk
                  hidden_size=hidden, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=ffn,
                  normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
                  add_bias_linear=False, add_qkv_bias=qkv_bias)
+
+
+def build_moe_like(gtp: int, expert_gtp: int, *, vocab: int, seq: int, hidden: int, ffn: int, pg_collection=None):
+    """Qwen3-MoE's layout in small: untied, rope, RMSNorm, GQA, QKV bias, every MLP 4 routed SwiGLU
+    experts (top-2) on TE's grouped GEMM (TEGroupedMLP), their weights over expert_gtp shards."""
+    return build(gtp, vocab=vocab, seq=seq, tied=False, position="rope", num_layers=2,
+                 hidden_size=hidden, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=ffn,
+                 normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
+                 add_bias_linear=False, add_qkv_bias=True, num_moe_experts=4, moe_router_topk=2,
+                 moe_ffn_hidden_size=ffn, moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall",
+                 expert_tensor_parallel_num_weight_shards=expert_gtp, pg_collection=pg_collection)
 
 
 def gtp_rows(param, full: torch.Tensor) -> torch.Tensor:

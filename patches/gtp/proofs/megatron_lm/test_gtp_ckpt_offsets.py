@@ -36,8 +36,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_gtp_checkpoint_offsets_without_te(tmp_path):
-    results = spawn(run_layouts, 2, str(tmp_path), 64, False, False)
+@pytest.mark.parametrize("expert_gtp", [None, 2], ids=["dense", "experts"])
+def test_gtp_checkpoint_offsets_without_te(tmp_path, expert_gtp):
+    """``experts``: the MoE form of the model (4 routed GELU experts, top-2, untied), both axes at 2:
+    the expert shards (SequentialMLP's expert linears) need their GTP offsets the same way."""
+    results = spawn(run_layouts, 2, str(tmp_path), 64, False, False, 2, expert_gtp)
     for rank, res in enumerate(results):
         for direction, outcome in res.items():
             assert outcome == [], f"rank {rank}, {direction}: {outcome}"

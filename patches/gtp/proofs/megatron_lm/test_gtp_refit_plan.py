@@ -25,64 +25,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
-from _cpu import allow_gtp_shards_without_cuda, allow_refit_without_cuda
-from _layouts import gpt, mismatches, perturb, whole_weights
+from _layouts import run_refit
 from _world import spawn
-
-
-def _params(model) -> dict[str, torch.Tensor]:
-    return {n: p.detach() for n, p in model.named_parameters()}
-
-
-def _refit(src, dst) -> str | None:
-    from megatron.core.resharding.refit import clear_all_caches, prepare_swap_model_weights, swap_model_weights
-
-    clear_all_caches()
-    try:
-        prepare_swap_model_weights(src_model=src, target_model=dst, group=None)
-        swap_model_weights(src, dst, refit_method="gloo", group=None)
-    except Exception as exc:  # noqa: BLE001 - reported as the outcome
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def run_refit(rank, world_size, ffn):
-    from megatron.core import parallel_state
-    from megatron.core.inference.shards import build_inference_pg_collection
-
-    allow_gtp_shards_without_cuda()
-    allow_refit_without_cuda()
-    torch.manual_seed(1234)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=2)
-    out = {}
-    try:
-        gtp = gpt(ffn, True, gtp=2)
-        out["gtp shards"] = sum(getattr(p, "is_gtp_weight_remat", False) for p in gtp.parameters())
-        out["padded"] = sorted(n for n, p in gtp.named_parameters() if getattr(p, "pad_length", 0))
-        whole = gpt(ffn, True, gtp=1, pg_collection=build_inference_pg_collection(world_size, tp_size=1))
-        out["whole shards"] = sum(getattr(p, "is_gtp_weight_remat", False) for p in whole.parameters())
-        perturb(gtp, seed=7, scale=1.0)
-        perturb(whole, seed=8, scale=1.0)
-        expected = whole_weights(gtp)
-        out["differs before"] = len(mismatches(expected, _params(whole)))
-        error = _refit(gtp, whole)
-        out["gtp->whole"] = [f"failed: {error}"] if error else mismatches(expected, _params(whole))
-
-        # Back: new whole weights into the GTP shards.
-        perturb(whole, seed=9, scale=1.0)
-        want = {n: t.clone() for n, t in _params(whole).items()}
-        error = _refit(whole, gtp)
-        out["whole->gtp"] = [f"failed: {error}"] if error else mismatches(want, whole_weights(gtp))
-        out["padding zero"] = all(
-            bool((p[p.shape[0] - p.pad_length:] == 0).all())
-            for p in gtp.parameters()
-            if getattr(p, "pad_length", 0) and p.group.rank() == p.group.size() - 1
-        )
-        dist.barrier()
-    finally:
-        parallel_state.destroy_model_parallel()
-    return out
 
 
 @pytest.mark.parametrize("ffn", [64, 200], ids=["no-padding", "alignment-padding"])

@@ -81,3 +81,31 @@ def test_expert_gtp_sharded_training_gets_a_dedicated_model():
 def test_unsharded_training_keeps_sharing_the_model(tp, shards):
     dedicated = _dedicated_inference_megatron_cfg()
     assert dedicated(_policy_config(tp=tp, shards=shards)) is None
+
+
+@pytest.mark.parametrize("etp, expert_shards", [(1, 2), (2, 4), (1, 4)])
+def test_a_differing_expert_shard_count_is_a_different_layout(etp, expert_shards):
+    """Expert GTP alone (the dense axis unsharded) is a GTP-sharded layout: the inference model is
+    dedicated, its expert shard count pinned to its expert TP degree, the dense one untouched."""
+    dedicated = _dedicated_inference_megatron_cfg()
+    inference = dedicated(_policy_config(tp=1, shards=None, etp=etp, expert_shards=expert_shards))
+    assert inference is not None, (
+        f"ETP{etp} training with expert_tensor_parallel_num_weight_shards={expert_shards} shares its "
+        "expert-GTP-sharded model with generation: no dedicated inference model, no refit")
+    assert inference["expert_tensor_parallel_size"] == etp
+    assert inference["expert_tensor_parallel_num_weight_shards"] == etp
+    assert inference["tensor_parallel_num_weight_shards"] == 1
+
+
+def test_both_axes_sharded_get_a_gtp_free_dedicated_model():
+    dedicated = _dedicated_inference_megatron_cfg()
+    inference = dedicated(_policy_config(tp=1, shards=2, etp=1, expert_shards=2))
+    assert inference is not None
+    assert (inference["tensor_parallel_num_weight_shards"], inference["expert_tensor_parallel_num_weight_shards"]) == (1, 1)
+
+
+@pytest.mark.parametrize("etp, expert_shards", [(1, _UNSET), (1, None), (1, 1), (2, None), (2, 2)])
+def test_unsharded_experts_keep_sharing_the_model(etp, expert_shards):
+    """Null and an explicit shard count equal to the expert TP degree are the same unsharded layout."""
+    dedicated = _dedicated_inference_megatron_cfg()
+    assert dedicated(_policy_config(tp=1, shards=None, etp=etp, expert_shards=expert_shards)) is None

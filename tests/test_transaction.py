@@ -7,12 +7,17 @@ users run it") with real git, real tmpfs mounts, real signals and real kills.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from helpers import apply_demo, git, read_json
+from helpers import TOOLS, apply_demo, git, kill_at, read_json
 
 
 def _demo_args(d, work=None):
@@ -62,3 +67,127 @@ def test_source_checkout_on_another_file_system_cold_cache(demo, tmpfs):
     res = apply_demo(dict(demo, up=up), check=None)
     assert res.returncode == 0, res.stderr
     assert _consistent(demo["work"])
+
+
+# -- 4: interrupted or failing after the swap journal was written ---------------------------
+def _spawn(args, env_extra=None, verb="apply"):
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.Popen([sys.executable, str(TOOLS / f"{verb}.py"), *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path: Path, proc, timeout=120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended before {path.name} appeared: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.005)
+
+
+def test_sigint_when_the_journal_appears_ends_old_or_new(demo):
+    apply_demo(demo, check=0)
+    old = _consistent(demo["work"])
+    demo["write_series"](demo["v0"], ids=("clean", "threeway"))
+    journal = demo["work"] / ".carry" / "journal.json"
+    # The run waits right after writing the journal (GTP_CARRY_STOP_AT): SIGINT lands exactly then.
+    proc = _spawn(_demo_args(demo), {"GTP_CARRY_STOP_AT": "journalled"})
+    _wait_for(journal, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    res = apply_demo(demo, "--json", demo["tmp"] / "r.json", check=None)
+    assert res.returncode == 0, res.stderr
+    head = _consistent(demo["work"])
+    assert head in {old, read_json(demo["tmp"] / "r.json")["upstreams"][0]["head"]}
+    assert len(git(demo["work"] / "megatron-lm", "log", "--format=%H").splitlines()) == 3
+    assert sorted(p.name for p in (demo["work"] / ".carry").iterdir()) == ["state.json"]
+
+
+def test_a_failing_swap_changes_nothing_and_the_next_run_recovers(demo):
+    """chattr +i on the work directory: the renames of the swap fail after the journal was written."""
+    apply_demo(demo, check=0)
+    old = _consistent(demo["work"])
+    demo["write_series"](demo["v0"], ids=("clean",))
+    locked = subprocess.run(["chattr", "+i", str(demo["work"])], capture_output=True, text=True, check=False)
+    if locked.returncode != 0:
+        pytest.skip(f"chattr +i is not available here: {locked.stderr.strip()}")
+    try:
+        res = apply_demo(demo, check=None)
+    finally:
+        subprocess.run(["chattr", "-i", str(demo["work"])], check=True)
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr and "error: " in res.stderr and "nothing was changed" in res.stderr
+    assert _consistent(demo["work"]) == old
+    assert not (demo["work"] / ".carry" / "journal.json").exists()
+    res = apply_demo(demo, check=None)
+    assert res.returncode == 0, res.stderr
+    assert _consistent(demo["work"]) != old
+
+
+def test_a_workspace_that_is_a_mount_point(demo, tmpfs):
+    apply_demo(demo, check=0)
+    ws = demo["work"] / "megatron-lm"
+    old = _consistent(demo["work"])
+    shutil.copytree(ws, tmpfs / "ws", symlinks=True)
+    subprocess.run(["mount", "--bind", str(tmpfs / "ws"), str(ws)], check=True)
+    try:
+        demo["write_series"](demo["v0"], ids=("clean",))
+        res = apply_demo(demo, check=None)
+        assert res.returncode == 2, res.stderr
+        assert "mount point" in res.stderr and "next: " in res.stderr and "Traceback" not in res.stderr
+        assert _consistent(demo["work"]) == old
+        assert sorted(p.name for p in (demo["work"] / ".carry").iterdir()) == ["state.json"]
+        again = apply_demo(demo, check=None)  # the same answer, not a broken work directory
+        assert again.returncode == 2 and "mount point" in again.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(ws)], check=False)
+    assert apply_demo(demo, check=None).returncode == 0
+
+
+def test_a_journal_left_by_an_older_run_over_deleted_staging_is_undone(demo):
+    """What the old bug left: a journal whose staging trees were deleted. The next run goes back to the old state."""
+    apply_demo(demo, check=0)
+    old = _consistent(demo["work"])
+    demo["write_series"](demo["v0"], ids=("clean",))
+    kill_at("journalled", *_demo_args(demo))
+    for staging in (demo["work"] / ".carry").glob("staging-*"):
+        shutil.rmtree(staging)
+    res = apply_demo(demo, check=None)  # undoes the half swap (the old state), then applies the series
+    assert res.returncode == 0, res.stderr
+    assert _consistent(demo["work"]) != old
+    assert len(git(demo["work"] / "megatron-lm", "log", "--format=%H").splitlines()) == 2
+    assert sorted(p.name for p in (demo["work"] / ".carry").iterdir()) == ["state.json"]
+
+
+# -- 7: the journal's staging path is trusted only inside the work directory ------------------
+def test_a_copied_work_directory_does_not_take_the_original_trees(demo):
+    apply_demo(demo, check=0)
+    demo["write_series"](demo["v0"], ids=("clean",))
+    kill_at("journalled", *_demo_args(demo))
+    w, w2 = demo["work"], demo["tmp"] / "w2"
+    subprocess.run(["cp", "-a", str(w), str(w2)], check=True)
+    staged = sorted(p.name for p in (w / ".carry").glob("staging-*/*"))
+    assert staged == ["megatron-lm"]
+    res = apply_demo(dict(demo, work=w2), check=None)
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in (w / ".carry").glob("staging-*/*")) == staged, "w's staged tree was taken"
+    assert _consistent(w2)
+    res = apply_demo(demo, check=None)  # and w still finishes its own swap
+    assert res.returncode == 0, res.stderr
+    assert _consistent(w) == _consistent(w2)
+
+
+def test_a_journal_naming_a_folder_outside_is_refused(demo):
+    apply_demo(demo, check=0)
+    old = _consistent(demo["work"])
+    outside = demo["tmp"] / "outside"
+    (outside / "megatron-lm").mkdir(parents=True)
+    (outside / "megatron-lm" / "keep.txt").write_text("not the tool's\n")
+    state = read_json(demo["work"] / ".carry" / "state.json")
+    (demo["work"] / ".carry" / "journal.json").write_text(
+        json.dumps({"staging": str(outside), "names": ["megatron-lm"], "state": state}))
+    res = apply_demo(demo, check=None)
+    assert (outside / "megatron-lm" / "keep.txt").exists(), "a folder outside the work directory was moved in"
+    assert res.returncode == 1 and "outside" in res.stderr and "next: " in res.stderr, res.stderr
+    assert _consistent(demo["work"]) == old

@@ -91,6 +91,7 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
                         ur.patches = [PatchResult(p.id, p.file, "already-applied", "workspace is up to date")
                                       for p in mine]
                     else:
+                        wd.check_swappable([name])
                         if staging is None:
                             staging = wd.new_staging()
                         progress.say(f"{name}: applying {len(mine)} patch(es) on {base.describe}")
@@ -115,8 +116,10 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
                 return report
             if rebuilt:
                 assert staging is not None
-                wd.commit(staging, rebuilt, state.with_upstreams(series, new_records))
-                staging = None
+                # From the journal on, the staged trees are the swap's: an interruption is finished
+                # (or undone) by the next run, so this run must not delete them on its way out.
+                swapping, staging = staging, None
+                wd.commit(swapping, rebuilt, state.with_upstreams(series, new_records))
             for u in report.upstreams:
                 u.head = built.get(u.name, u.head)
             _finish_into(into_done)

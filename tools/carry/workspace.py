@@ -15,8 +15,10 @@ workspaces stay exactly as they were.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import progress
-from .errors import DirtyTreeError, UsageError
+from .errors import DirtyTreeError, OperationError, UsageError
 from .files import fsync_dir, write_json
 from .lock import LOCK_TIMEOUT, DirLock
 from .manifest import PatchMeta, Series
@@ -33,6 +35,20 @@ from .repo import command
 from .runner import Git
 
 STATE_VERSION = 2
+_STAGING_NAME = re.compile(r"staging-[A-Za-z0-9_]+")
+_SIMPLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+class SwapError(OperationError):
+    """The new trees could not be renamed into place; the previous ones were put back."""
+
+
+def _swap_hint(exc: OSError, root: Path) -> str:
+    if exc.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
+        return f"make {root} writable (`lsattr -d {root}` shows an immutable flag), then run the command again"
+    if exc.errno in (errno.EBUSY, errno.EXDEV):
+        return f"a workspace in {root} is a mount point or on another file system: unmount it, or choose another --workdir"
+    return "fix the cause above, then run the command again"
 
 
 @dataclass(frozen=True)
@@ -171,28 +187,88 @@ class WorkDir:
         return Path(tempfile.mkdtemp(dir=self.meta, prefix="staging-"))
 
     def recover(self) -> list[str]:
-        """Finish a swap a killed run started; remove what killed runs left. Under the lock."""
-        done = []
+        """Finish or undo a swap a killed run started; remove what killed runs left. Under the lock.
+
+        The swap is rolled forward when every new tree is still staged or already in place;
+        otherwise (its staging was lost) it is undone: the previous trees go back. Either
+        way the work directory ends in the old state or the new one, never between.
+        """
+        done: list[str] = []
         if self.journal_file.exists():
-            try:
-                journal = json.loads(self.journal_file.read_text())
-                staging, names = Path(journal["staging"]), list(journal["names"])
-                state = State.from_dict(journal["state"])
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise DirtyTreeError(
-                    f"{self.journal_file} is unreadable ({exc!r}): a swap of workspaces may be half done",
-                    hint=f"`rm -rf {self.root}`, then apply the series again") from None
-            self._swap(staging, names, state)
-            done = names
+            staging, names, state = self._read_journal()
+            if all((staging / n).is_dir() or self._holds(n, state) for n in names):
+                self._finish(staging, names, state)
+                done = names
+            else:
+                self._undo(staging, names, state)
         if self.meta.exists():
             for stale in [*self.meta.glob("staging-*"), *self.meta.glob("trash-*")]:
                 shutil.rmtree(stale, ignore_errors=True)
         return done
 
+    def _read_journal(self) -> tuple[Path, list[str], State]:
+        try:
+            journal = json.loads(self.journal_file.read_text())
+            recorded, names = journal["staging"], list(journal["names"])
+            state = State.from_dict(journal["state"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise DirtyTreeError(
+                f"{self.journal_file} is unreadable ({exc!r}): a swap of workspaces may be half done",
+                hint=f"`rm -rf {self.root}`, then apply the series again") from None
+        # Only a staging folder of this work directory is ever moved in. A journal copied with
+        # its work directory (`cp -a`) names the original's folder by an absolute path: its
+        # name is the copy's own folder. Anything else was not written by a swap of ours.
+        name = Path(str(recorded)).name
+        bad = [n for n in names if not isinstance(n, str) or not _SIMPLE_NAME.fullmatch(n)]
+        if not _STAGING_NAME.fullmatch(name) or bad:
+            what = f"names {', '.join(map(repr, bad))}" if bad else f"names the folder {recorded}"
+            raise DirtyTreeError(
+                f"{self.journal_file} {what}, which is not a staging folder of {self.meta}: not trusted, "
+                "nothing was moved",
+                hint=f"`rm {self.journal_file}`, then run the command again")
+        return self.meta / name, names, state
+
+    def _holds(self, name: str, state: State) -> bool:
+        """DIR/name is the tree the journal's record says it will be (moved in already)."""
+        rec = state.record(name)
+        ws = self.workspace(name)
+        return rec is not None and (ws / ".git").exists() and Git(ws).head() == rec.head
+
+    def check_swappable(self, names: list[str]) -> None:
+        """The swap renames DIR/name; a workspace on another mount than DIR/.carry cannot be renamed."""
+        for name in names:
+            ws = self.workspace(name)
+            if not ws.exists() or ws.is_symlink():
+                continue
+            if os.path.ismount(ws) or ws.stat().st_dev != self.root.stat().st_dev:
+                raise UsageError(
+                    f"{name}: workspace {ws} is a mount point; apply replaces a workspace by renaming a new "
+                    "tree into its place, which a mount point does not allow",
+                    hint=f"unmount it (`umount {ws}`) and mount the work directory itself, or choose "
+                         "another --workdir")
+
     def commit(self, staging: Path, names: list[str], state: State) -> None:
-        write_json(self.journal_file, {"staging": str(staging), "names": names, "state": state.to_dict()})
+        """Swap the staged trees in. From here on the staging folder is the journal's: only a
+        finished swap or an undone one removes it (a run interrupted here is finished by the next)."""
+        try:
+            write_json(self.journal_file, {"staging": staging.name, "names": names, "state": state.to_dict()})
+        except BaseException:
+            self.journal_file.unlink(missing_ok=True)
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         progress.checkpoint("journalled")
-        self._swap(staging, names, state)
+        self._finish(staging, names, state)
+
+    def _finish(self, staging: Path, names: list[str], state: State) -> None:
+        try:
+            self._swap(staging, names, state)
+        except OSError as exc:
+            # The same error would stop every later run: undo, so that the next run starts clean.
+            self._undo(staging, names, state)
+            raise SwapError(
+                f"could not swap the new workspaces into {self.root} ({exc.strerror or exc}: "
+                f"{exc.filename}); nothing was changed",
+                hint=_swap_hint(exc, self.root)) from None
 
     def _swap(self, staging: Path, names: list[str], state: State) -> None:
         trash = self.meta / f"trash-{staging.name}"
@@ -202,11 +278,29 @@ class WorkDir:
             if not new.exists():
                 continue  # already moved in by the interrupted run
             ws = self.workspace(name)
-            if ws.exists() or ws.is_symlink():
+            if (ws.exists() or ws.is_symlink()) and not (trash / name).exists():
                 os.rename(ws, trash / name)
             os.rename(new, ws)
             progress.checkpoint("swapping")
         self.save_state(state)
+        self.journal_file.unlink(missing_ok=True)
+        fsync_dir(self.meta)
+        shutil.rmtree(trash, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def _undo(self, staging: Path, names: list[str], state: State) -> None:
+        """Put the previous trees back (the record was never replaced); drop the journal."""
+        trash = self.meta / f"trash-{staging.name}"
+        for name in reversed(names):
+            ws, old = self.workspace(name), trash / name
+            if old.exists() or old.is_symlink():
+                if ws.exists():
+                    shutil.rmtree(ws)  # the new tree, moved in already
+                os.rename(old, ws)
+            elif self._holds(name, state):
+                before = self.load_state().record(name)
+                if before is None or before.head != state.upstreams[name].head:
+                    shutil.rmtree(ws)  # a new tree where there was none before
         self.journal_file.unlink(missing_ok=True)
         fsync_dir(self.meta)
         shutil.rmtree(trash, ignore_errors=True)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TOOLS, apply_demo, git, kill_at, read_json
+from helpers import TOOLS, apply_demo, git, kill_at, read_json, tool
 
 
 def _demo_args(d, work=None):
@@ -158,6 +158,27 @@ def test_a_journal_left_by_an_older_run_over_deleted_staging_is_undone(demo):
     assert _consistent(demo["work"]) != old
     assert len(git(demo["work"] / "megatron-lm", "log", "--format=%H").splitlines()) == 2
     assert sorted(p.name for p in (demo["work"] / ".carry").iterdir()) == ["state.json"]
+
+
+# -- 5: an export killed between the patch files and the record -------------------------------
+def test_killed_export_between_files_and_record(demo):
+    apply_demo(demo, check=0)
+    ws = demo["work"] / "megatron-lm"
+    f = ws / "megatron/core/delta.py"
+    f.write_text(f.read_text().replace("value_15 = 'ours'", "value_15 = 'ours, amended'"))
+    git(ws, "commit", "-q", "-a", "--amend", "--no-edit")
+    proc = _spawn(["--series", demo["series"], "--workdir", demo["work"]], {"GTP_CARRY_STOP_AT": "exported-files"},
+                  verb="export")
+    for line in proc.stderr:
+        if "stopped at exported-files" in line:
+            break
+    proc.kill()
+    proc.communicate()
+    assert "amended" in (demo["series"] / "megatron-lm/0004-conflict.patch").read_text()  # the files were written
+    res = tool("export", "--series", demo["series"], "--workdir", demo["work"], check=0)
+    res = apply_demo(demo, check=None)
+    assert res.returncode == 0, res.stderr
+    assert "already-applied" in res.stdout and _consistent(demo["work"]) == git(ws, "rev-parse", "HEAD")
 
 
 # -- 7: the journal's staging path is trusted only inside the work directory ------------------

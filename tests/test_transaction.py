@@ -181,6 +181,52 @@ def test_killed_export_between_files_and_record(demo):
     assert "already-applied" in res.stdout and _consistent(demo["work"]) == git(ws, "rev-parse", "HEAD")
 
 
+# -- 6: commits the series does not know are kept under a named ref ---------------------------
+def _saved_ref(stdout: str) -> str:
+    refs = [w.strip("`'\",.;:()") for w in stdout.split() if "refs/carry/saved/" in w]
+    assert refs, f"no saved ref named in:\n{stdout}"
+    return refs[0]
+
+
+def test_an_exported_then_discarded_fixup_is_kept(demo):
+    apply_demo(demo, check=0)
+    ws = demo["work"] / "megatron-lm"
+    patch = demo["series"] / "megatron-lm/0004-conflict.patch"
+    original = patch.read_text()
+    f = ws / "megatron/core/delta.py"
+    f.write_text(f.read_text().replace("value_15 = 'ours'", "value_15 = 'fixup'"))
+    git(ws, "commit", "-q", "-a", "--amend", "--no-edit")
+    fixup = git(ws, "rev-parse", "HEAD")
+    tool("export", "--series", demo["series"], "--workdir", demo["work"], check=0)
+    patch.write_text(original)  # the export is discarded (git checkout patches/)
+    res = apply_demo(demo, check=0)
+    ref = _saved_ref(res.stdout)
+    assert git(ws, "rev-parse", ref) == fixup
+    assert "fixup" not in f.read_text()  # the workspace is the series again
+    assert f"git -C {ws}" in res.stdout  # and says how to get the commit back
+
+
+def test_a_commit_on_another_branch_is_kept(demo):
+    apply_demo(demo, check=0)
+    ws = demo["work"] / "megatron-lm"
+    git(ws, "checkout", "-q", "-b", "idea")
+    (ws / "idea.txt").write_text("an idea\n")
+    git(ws, "add", "idea.txt")
+    git(ws, "commit", "-q", "-m", "an idea")
+    idea = git(ws, "rev-parse", "HEAD")
+    git(ws, "checkout", "-q", "main")
+    keep = demo["tmp"] / "patches-before"
+    shutil.copytree(demo["series"], keep)
+    demo["write_series"](demo["v0"], ids=("clean",))
+    res = apply_demo(demo, check=0)
+    assert git(ws, "rev-parse", _saved_ref(res.stdout)) == idea
+    # A plain rebuild of the series' own commits keeps nothing (no noise), and the saved ref survives it.
+    shutil.copytree(keep, demo["series"], dirs_exist_ok=True)
+    res = apply_demo(demo, check=0)
+    assert "refs/carry/saved/" not in res.stdout
+    assert git(ws, "for-each-ref", "--format=%(objectname)", "refs/carry/saved/") == idea
+
+
 # -- 7: the journal's staging path is trusted only inside the work directory ------------------
 def test_a_copied_work_directory_does_not_take_the_original_trees(demo):
     apply_demo(demo, check=0)

@@ -97,6 +97,8 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
                         progress.say(f"{name}: applying {len(mine)} patch(es) on {base.describe}")
                         ws = clone_base(base, staging / name).path
                         ur.patches = am_patches(ws, series, mine, older_bases(base))
+                        if ours and recorded:
+                            ur.saved = wd.keep_unknown_commits(name, recorded, ws)
                         rebuilt.append(name)
                         new_records[name] = _record(base, digest, ws, mine, ur)
                         built[name] = new_records[name].head
@@ -110,6 +112,8 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
             failed = [u for u in report.upstreams if u.failed]
             if failed or opts.check:
                 report.ok = not failed
+                for u in report.upstreams:
+                    u.saved = []  # the workspaces stay as they are: nothing was set aside
                 _rollback_into(into_done)
                 if failed:
                     report.error, report.next = _conflict_message(series, failed, opts)

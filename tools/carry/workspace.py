@@ -21,12 +21,14 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from . import progress
+from .am import BASE_TAG
 from .errors import DirtyTreeError, OperationError, UsageError
 from .files import fsync_dir, write_json
 from .lock import LOCK_TIMEOUT, DirLock
@@ -35,6 +37,7 @@ from .repo import command
 from .runner import Git
 
 STATE_VERSION = 2
+SAVED_PREFIX = "refs/carry/saved/"
 _STAGING_NAME = re.compile(r"staging-[A-Za-z0-9_]+")
 _SIMPLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -333,6 +336,42 @@ class WorkDir:
                      f"for the last one) and run `{export_cmd}`, or discard them with "
                      f"`git -C {ws} reset -q --hard && git -C {ws} clean -fdq`")
         return True
+
+    def keep_unknown_commits(self, name: str, recorded: UpstreamRecord, new: Path) -> list[dict[str, str]]:
+        """Fetch the commits of DIR/name that apply did not make into the rebuilt tree ``new``.
+
+        A rebuild replaces the whole repository; a commit of the user's (an exported fixup whose
+        patch file was then discarded, a branch, a stash) would become unreachable. Each such tip
+        is kept as refs/carry/saved/<UTC time>[-N] in the new workspace, and refs saved by earlier
+        rebuilds move along. Returns {"ref", "from", "commits"} per tip kept.
+        """
+        old = Git(self.workspace(name))
+        made = {recorded.base_commit, *(p.commit for p in recorded.patches)}
+        known = [c for c in made if c and old.has_commit(c)]
+        refs = old("for-each-ref", "--format=%(refname)").stdout.split()
+        g = Git(new)
+        if any(r.startswith(SAVED_PREFIX) for r in refs):
+            g("fetch", "-q", "--no-tags", str(old.path), f"+{SAVED_PREFIX}*:{SAVED_PREFIX}*")
+        taken = set(g("for-each-ref", "--format=%(refname)", SAVED_PREFIX).stdout.split())
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        kept: list[dict[str, str]] = []
+        seen: set[str] = set()
+        for ref in ["HEAD", *(r for r in refs if not r.startswith(SAVED_PREFIX) and r != f"refs/tags/{BASE_TAG}")]:
+            tip = old.rev_parse(ref)
+            if not tip or tip in seen:
+                continue
+            seen.add(tip)
+            count = int(old("rev-list", "--count", tip, "--not", *known).stdout.strip() or 0)
+            if not count:
+                continue
+            n, saved = 1, SAVED_PREFIX + stamp
+            while saved in taken:
+                n += 1
+                saved = f"{SAVED_PREFIX}{stamp}-{n}"
+            taken.add(saved)
+            g("fetch", "-q", "--no-tags", str(old.path), f"+{tip}:{saved}")
+            kept.append({"ref": saved, "from": ref, "commits": str(count)})
+        return kept
 
     def require(self, series: Series) -> State:
         """The record of a work directory that must exist (export, prove, bisect)."""

@@ -7,16 +7,19 @@ users run it") with real git, real tmpfs mounts, real signals and real kills.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 import pytest
+from carry.runner import Git
 from helpers import TOOLS, apply_demo, git, kill_at, read_json, tool
 
 
@@ -258,3 +261,52 @@ def test_a_journal_naming_a_folder_outside_is_refused(demo):
     assert (outside / "megatron-lm" / "keep.txt").exists(), "a folder outside the work directory was moved in"
     assert res.returncode == 1 and "outside" in res.stderr and "next: " in res.stderr, res.stderr
     assert _consistent(demo["work"]) == old
+
+
+# -- 8: cached bases are checked before they are used --------------------------------------------
+def _tamper(base: Path, tmp: Path) -> None:
+    clone = tmp / "tamper"
+    subprocess.run(["git", "clone", "-q", str(base), str(clone)], check=True)
+    (clone / "README.md").write_text("# TAMPERED\n")
+    Git(clone).commit_all("tampered")
+    Git(clone)("push", "-q", "origin", "HEAD:main")
+    shutil.rmtree(clone)
+
+
+def test_a_commit_added_to_a_cached_base_is_not_used(demo):
+    apply_demo(demo, check=0)
+    (base,) = (demo["cache"] / "bases" / "megatron-lm").glob("*.git")
+    _tamper(base, demo["tmp"])
+    work = demo["tmp"] / "w2"
+    res = apply_demo(dict(demo, work=work), check=None)
+    assert "# TAMPERED" not in (work / "megatron-lm/README.md").read_text()
+    assert res.returncode == 0, res.stderr
+    assert git(work / "megatron-lm", "rev-parse", "carry-base") == demo["v0"]
+
+
+def test_a_cached_tree_base_with_an_added_commit_is_not_used(demo):
+    tree = demo["tmp"] / "tree"
+    tree.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(Git(demo["up"]).archive(demo["v0"]))) as tf:
+        tf.extractall(tree, filter="data")  # the pinned v0 as an unpacked tree
+    d = dict(demo, up=tree)
+    apply_demo(d, check=0)
+    (base,) = (demo["cache"] / "bases" / "megatron-lm").glob("dir-*.git")
+    _tamper(base, demo["tmp"])
+    work = demo["tmp"] / "w2"
+    res = apply_demo(dict(d, work=work), check=None)
+    assert res.returncode == 0, res.stderr
+    assert "# TAMPERED" not in (work / "megatron-lm/README.md").read_text()
+    assert git(work / "megatron-lm", "rev-list", "--count", "carry-base") == "1"
+
+
+def test_a_cached_base_whose_main_moved_is_not_used(demo):
+    demo["write_series"](demo["v1"], ids=("clean",))
+    apply_demo(demo, check=0)
+    (base,) = (demo["cache"] / "bases" / "megatron-lm").glob("*.git")
+    Git(base)("update-ref", "refs/heads/main", demo["v0"])  # the pin's parent, as in `7ea279abf~1`
+    work = demo["tmp"] / "w2"
+    res = apply_demo(dict(demo, work=work), "--json", demo["tmp"] / "r.json", check=None)
+    assert res.returncode == 0, res.stderr
+    assert git(work / "megatron-lm", "rev-parse", "carry-base") == demo["v1"]
+    assert read_json(demo["tmp"] / "r.json")["upstreams"][0]["base_commit"] == demo["v1"]

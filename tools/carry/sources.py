@@ -18,6 +18,7 @@ import hashlib
 import io
 import os
 import shutil
+import sys
 import tarfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -84,24 +85,51 @@ def _fetch_git(upstream: Upstream, cache: Path) -> Path:
 
 
 # -- bases ------------------------------------------------------------------------
-def _cached_base(cache: Path, upstream: str, key: str, describe: str, make) -> Base:
-    """The base ``key`` from the cache, made by ``make(scratch) -> bare repo`` when absent."""
+def _cached_base(cache: Path, upstream: str, key: str, describe: str, make, pinned: str | None = None) -> Base:
+    """The base ``key`` from the cache, made by ``make(scratch) -> bare repo`` when absent.
+
+    A cached base is used only when its main is what it was built as: the pinned commit
+    (``pinned``), or the one root commit that names ``key``. Anything else (a commit added
+    to main, main moved) is rebuilt, and said so.
+    """
     dest = cache / "bases" / upstream / f"{key}.git"
     repo = Git(dest)
-    commit = repo.rev_parse("refs/heads/main") if dest.exists() else None
+    commit, problem = _check_base(repo, key, pinned)
     if commit is None:
         with building(dest.parent) as tmp:
-            commit = repo.rev_parse("refs/heads/main") if dest.exists() else None
+            commit, problem = _check_base(repo, key, pinned)
             if commit is None:
                 if dest.exists():
-                    shutil.rmtree(dest)  # half written by a run from before builds were locked
+                    if problem:
+                        print(f"note: {upstream}: the cached base {dest} is not the pinned tree ({problem}); "
+                              "building it again", file=sys.stderr)
+                    shutil.rmtree(dest)  # tampered, or half written by a run from before builds were locked
                 progress.say(f"{upstream}: preparing pristine base ({describe})")
                 staged = make(tmp)
                 progress.checkpoint("base-built")
                 os.rename(staged, dest)
-                commit = repo.rev_parse("refs/heads/main")
-    assert commit
+                commit, problem = _check_base(repo, key, pinned)
+                if commit is None:
+                    raise SourceError(f"{upstream}: the base just built in {dest} does not check: {problem}")
     return Base(upstream, key, describe, dest, commit)
+
+
+def _check_base(repo: Git, key: str, pinned: str | None) -> tuple[str | None, str | None]:
+    """(main, None) when the cached base is usable; (None, why not) otherwise; (None, None) if absent."""
+    if not repo.path.exists():
+        return None, None
+    main = repo.rev_parse("refs/heads/main")
+    if main is None:
+        return None, "it has no main"
+    if pinned is not None:
+        return (main, None) if main == pinned else (None, f"its main is {main[:12]}, not the pinned {pinned[:12]}")
+    raw = repo("cat-file", "commit", main, check=False).stdout
+    header, _, message = raw.partition("\n\n")
+    if any(line.startswith("parent ") for line in header.splitlines()):
+        return None, f"its main {main[:12]} has a parent: commits were added on top of the pristine tree"
+    if f"Carry-Base-Key: {key}" not in message.splitlines():
+        return None, f"its main {main[:12]} is not the base built for {key}"
+    return main, None
 
 
 def _tree_base(cache: Path, upstream: str, key: str, describe: str, populate) -> Base:
@@ -143,7 +171,8 @@ def _commit_base(cache: Path, upstream: str, source: Path, commit: str, describe
                 staged("update-ref", "-d", ref)
         staged("remote", "remove", "origin", check=False)
         return staged.path
-    return _cached_base(cache, upstream, key, describe + (" (shallow: no history)" if shallow else ""), make)
+    return _cached_base(cache, upstream, key, describe + (" (shallow: no history)" if shallow else ""), make,
+                        pinned=commit)
 
 
 def _dir_key(path: Path) -> str:

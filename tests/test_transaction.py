@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from carry.runner import Git
-from helpers import TOOLS, apply_demo, git, kill_at, read_json, tool
+from helpers import SERIES, TOOLS, apply_demo, git, kill_at, read_json, tool
 
 
 def _demo_args(d, work=None):
@@ -310,3 +310,26 @@ def test_a_cached_base_whose_main_moved_is_not_used(demo):
     assert res.returncode == 0, res.stderr
     assert git(work / "megatron-lm", "rev-parse", "carry-base") == demo["v1"]
     assert read_json(demo["tmp"] / "r.json")["upstreams"][0]["base_commit"] == demo["v1"]
+
+
+# -- 11: a pin's version must be its file's ---------------------------------------------------------
+def _bridge_pin_series(tmp_path: Path, version: str) -> Path:
+    text = (SERIES / "series.toml").read_text().split("\n[[patches]]")[0].replace('name = "gtp"', 'name = "pins"')
+    start = text.index("[upstreams.megatron-bridge.pypi]")
+    block = text[start:].replace('version = "0.6.2"', f'version = "{version}"', 1)
+    sdir = tmp_path / "patches" / "pins"
+    sdir.mkdir(parents=True)
+    (sdir / "series.toml").write_text(text[:start] + block)
+    return sdir
+
+
+@pytest.mark.network
+def test_a_pin_version_that_is_not_its_files_is_refused_warm_and_cold(tmp_path, pin_cache):
+    sdir = _bridge_pin_series(tmp_path, "0.6.1")
+    for cache in (pin_cache, tmp_path / "cold"):
+        res = tool("apply", "--series", sdir, "--workdir", tmp_path / "w", "--cache", cache,
+                   "--only", "megatron-bridge", timeout=300)
+        assert res.returncode == 2, (cache, res.stderr)
+        assert "0.6.1" in res.stderr and "megatron_bridge-0.6.2-py3-none-any.whl" in res.stderr
+        assert not (tmp_path / "w").exists()
+    assert not (tmp_path / "cold" / "artifacts").exists()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import progress, sources, wheels
 from .am import am_patches, clone_base, older_bases
+from .artifacts import check_pin
 from .errors import DirtyTreeError, PatchFormatError, UsageError
 from .files import write_json
 from .lock import LOCK_TIMEOUT
@@ -60,6 +61,10 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
             raise PatchFormatError(f"{p.upstream}: patch {p.id} ({p.file}) is unsafe: {'; '.join(unsafe)}",
                                    hint="a patch may only edit regular files inside its upstream's tree")
     targets = _targets(series, selected, opts)
+    for name in targets:  # a bad pin is bad input, before any work (warm cache or cold)
+        up = series.upstream(name)
+        if up.pypi is not None and "pypi" in up.sources and name not in opts.sources and name not in opts.into:
+            check_pin(name, up.pypi)
     report = ApplyReport(series=series.name, check=opts.check, digest=series.digest(selected)[:12])
     wd = WorkDir(opts.workdir)
     with wd.lock(opts.lock_timeout):

@@ -24,7 +24,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import progress
-from .artifacts import download_version, fetch_artifact, sha256_file, unpack_wheel
+from .artifacts import (
+    check_pin,
+    download_version,
+    fetch_artifact,
+    sha256_file,
+    unpack_wheel,
+)
 from .errors import IntegrityError, SourceError, UsageError
 from .lock import building
 from .manifest import Artifact, Upstream
@@ -210,6 +216,7 @@ def resolve(upstream: Upstream, cache: Path, override: Path | None = None) -> Ba
 def _resolve_pypi(upstream: Upstream, cache: Path) -> Base:
     pypi = upstream.pypi
     assert pypi is not None
+    check_pin(upstream.name, pypi)
     art = pypi.tree_artifact
     key = "pypi-" + hashlib.sha256(repr((art.sha256, pypi.map, pypi.exclude)).encode()).hexdigest()[:20]
     describe = f"{pypi.name}=={pypi.version} ({art.file})"

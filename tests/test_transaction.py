@@ -333,3 +333,26 @@ def test_a_pin_version_that_is_not_its_files_is_refused_warm_and_cold(tmp_path, 
         assert "0.6.1" in res.stderr and "megatron_bridge-0.6.2-py3-none-any.whl" in res.stderr
         assert not (tmp_path / "w").exists()
     assert not (tmp_path / "cold" / "artifacts").exists()
+
+
+# -- 13: outputs and --source paths are checked before any work ------------------------------------
+def test_outputs_are_checked_before_any_work(demo):
+    (demo["tmp"] / "a-dir").mkdir()
+    res = apply_demo(demo, "--json", demo["tmp"] / "a-dir", check=2)
+    assert "--json" in res.stderr and "Traceback" not in res.stderr
+    assert not demo["work"].exists() and not demo["cache"].exists()
+    (demo["tmp"] / "a-file").write_text("x")
+    res = apply_demo(demo, "--wheels", demo["tmp"] / "a-file", check=2)
+    assert "--wheels" in res.stderr and "Traceback" not in res.stderr
+    assert not demo["work"].exists() and not demo["cache"].exists()
+
+
+def test_the_readme_placeholder_source_fails_first_with_a_next(tmp_path):
+    cache = tmp_path / "cache"
+    t0 = time.monotonic()
+    res = tool("apply", "--series", "gtp", "--workdir", tmp_path / "w", "--cache", cache,
+               "--source", "nemo-rl=PATH/TO/NeMo-RL", check=2, timeout=120)
+    assert "PATH/TO/NeMo-RL" in res.stderr and "no such file or directory" in res.stderr
+    assert "next: " in res.stderr and "git clone" in res.stderr
+    assert not cache.exists() and not (tmp_path / "w").exists()
+    assert time.monotonic() - t0 < 30

@@ -245,10 +245,26 @@ def _git_base(upstream: Upstream, cache: Path, repo: Path, commit: str, describe
                       lambda tree: _archive_into(repo, commit, paths, tree))
 
 
+def check_override(upstream: Upstream, path: Path) -> None:
+    """``--source NAME=PATH`` names something that exists: checked before any download or build."""
+    if path.expanduser().exists():
+        return
+    name = upstream.name
+    if upstream.git and upstream.git.commit and upstream.sources[0] == "git":
+        g = upstream.git
+        hint = (f"PATH is a checkout of {name} that has the pinned commit: `git clone {g.url} DIR && "
+                f"git -C DIR checkout -q {g.commit}` makes one; or leave --source {name}=... out to fetch the pin")
+    elif upstream.pypi:
+        hint = (f"PATH is a wheel, a checkout or an unpacked tree of {upstream.pypi.name} {upstream.pypi.version}; "
+                f"or leave --source {name}=... out to download the pinned wheel")
+    else:
+        hint = f"PATH is a checkout or an unpacked tree of {name}"
+    raise UsageError(f"--source {name}={path}: no such file or directory", hint=hint)
+
+
 def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
+    check_override(upstream, path)
     path = path.expanduser().resolve()
-    if not path.exists():
-        raise UsageError(f"--source {upstream.name}={path}: no such file or directory")
     if path.is_file():
         if upstream.pypi is None or path.suffix != ".whl":
             raise UsageError(f"--source {upstream.name}={path}: a file source must be a wheel of a PyPI-pinned upstream")

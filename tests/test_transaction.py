@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from carry.lock import DirLock
 from carry.runner import Git
 from helpers import SERIES, TOOLS, apply_demo, git, kill_at, read_json, tool
 
@@ -356,3 +357,24 @@ def test_the_readme_placeholder_source_fails_first_with_a_next(tmp_path):
     assert "next: " in res.stderr and "git clone" in res.stderr
     assert not cache.exists() and not (tmp_path / "w").exists()
     assert time.monotonic() - t0 < 30
+
+
+# -- 14: locks ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["nan", "-1", "inf"])
+def test_a_lock_timeout_that_is_no_time_is_bad_usage(demo, value):
+    res = apply_demo(demo, "--lock-timeout", value, check=2)
+    assert "--lock-timeout" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_cache_lock_obeys_lock_timeout(demo):
+    bases = demo["cache"] / "bases" / "megatron-lm"
+    with DirLock(bases / ".lock"):
+        t0 = time.monotonic()
+        try:
+            res = tool("apply", *_demo_args(demo), "--lock-timeout", "1", timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the cache lock ignored --lock-timeout 1 (still waiting after 30 s)")
+        took = time.monotonic() - t0
+    assert res.returncode == 1 and "locked by another run" in res.stderr, res.stderr
+    assert took < 20
+    assert not demo["work"].exists()

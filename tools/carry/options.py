@@ -8,6 +8,7 @@ checkout, a mirror or an unpacked tree) in every command; ``--series``,
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -82,8 +83,19 @@ def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=output_path("file"), metavar="FILE", help="also write the report as JSON to FILE")
 
 
+def seconds(value: str) -> float:
+    """A number of seconds to wait: finite and not negative (nan would wait forever)."""
+    try:
+        out = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not math.isfinite(out) or out < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds (finite, 0 or more)")
+    return out
+
+
 def add_lock_timeout(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lock-timeout", type=float, default=LOCK_TIMEOUT, metavar="SECONDS",
+    p.add_argument("--lock-timeout", type=seconds, default=LOCK_TIMEOUT, metavar="SECONDS",
                    help=f"how long to wait for another run on the same work directory ({LOCK_TIMEOUT:g})")
 
 

@@ -378,3 +378,22 @@ def test_the_cache_lock_obeys_lock_timeout(demo):
     assert res.returncode == 1 and "locked by another run" in res.stderr, res.stderr
     assert took < 20
     assert not demo["work"].exists()
+
+
+# -- 15: a rebase killed between its clone and its marker ----------------------------------------------
+def test_a_rebase_killed_after_its_clone_starts_again(demo):
+    demo["write_series"](demo["v0"], ids=("clean", "threeway"))
+    rw = demo["tmp"] / "rw"
+    args = ["--series", demo["series"], "--onto", f"megatron-lm={demo['v1']}", "--source",
+            f"megatron-lm={demo['up']}", "--cache", demo["cache"], "--workdir", rw]
+    proc = _spawn(args, {"GTP_CARRY_STOP_AT": "rebase-cloned"}, verb="rebase")
+    for line in proc.stderr:
+        if "stopped at rebase-cloned" in line:
+            break
+    proc.kill()
+    proc.communicate()
+    assert rw.exists()
+    res = tool("rebase", *args)
+    assert res.returncode == 0, res.stderr
+    assert "not a rebase workspace" not in res.stderr
+    assert sorted(p.name for p in rw.iterdir()) == ["megatron-lm"]  # the killed run's scratch clone is gone

@@ -267,7 +267,14 @@ class WorkDir:
             self._swap(staging, names, state)
         except OSError as exc:
             # The same error would stop every later run: undo, so that the next run starts clean.
-            self._undo(staging, names, state)
+            try:
+                self._undo(staging, names, state)
+            except OSError as again:
+                raise DirtyTreeError(
+                    f"could not swap the new workspaces into {self.root} ({exc.strerror or exc}: {exc.filename}), "
+                    f"nor put the previous ones back ({again.strerror or again}: {again.filename}); "
+                    f"the journal {self.journal_file} is kept",
+                    hint=f"{_swap_hint(exc, self.root)}; the next run finishes or undoes the swap") from None
             raise SwapError(
                 f"could not swap the new workspaces into {self.root} ({exc.strerror or exc}: "
                 f"{exc.filename}); nothing was changed",

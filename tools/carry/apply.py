@@ -19,7 +19,7 @@ from .am import am_patches, clone_base, older_bases
 from .artifacts import check_pin
 from .errors import DirtyTreeError, PatchFormatError, UsageError
 from .files import write_json
-from .lock import LOCK_TIMEOUT, patience
+from .lock import LOCK_TIMEOUT
 from .manifest import PatchMeta, Series
 from .patchfile import parse_file, safety_problems
 from .repo import command
@@ -67,7 +67,7 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
             check_pin(name, up.pypi)
     report = ApplyReport(series=series.name, check=opts.check, digest=series.digest(selected)[:12])
     wd = WorkDir(opts.workdir)
-    with wd.lock(opts.lock_timeout), patience(opts.lock_timeout):
+    with wd.lock(opts.lock_timeout):  # which bounds the cache's locks too
         wd.recover()
         state = wd.load_state()
         staging = None

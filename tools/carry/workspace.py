@@ -31,7 +31,7 @@ from . import progress
 from .am import BASE_TAG
 from .errors import DirtyTreeError, OperationError, UsageError
 from .files import fsync_dir, write_json
-from .lock import LOCK_TIMEOUT, DirLock
+from .lock import LOCK_TIMEOUT, DirLock, patience
 from .manifest import PatchMeta, Series
 from .repo import command
 from .runner import Git
@@ -44,6 +44,17 @@ _SIMPLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 class SwapError(OperationError):
     """The new trees could not be renamed into place; the previous ones were put back."""
+
+
+def _mount_points() -> set[str]:
+    """Where something is mounted (Linux); a bind mount from the same file system has the same st_dev."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return set()
+    # field 5 is the mount point, with space, tab, newline and backslash written as octal escapes
+    unescape = re.compile(r"\\([0-7]{3})")
+    return {unescape.sub(lambda m: chr(int(m[1], 8)), f[4]) for f in (line.split() for line in lines) if len(f) > 4}
 
 
 def _swap_hint(exc: OSError, root: Path) -> str:
@@ -159,7 +170,8 @@ class WorkDir:
         """Hold DIR's lock; a DIR made only to hold the lock is removed again afterwards."""
         made = not self.root.exists()
         try:
-            with DirLock(self.meta / "lock", timeout, what=self.root):
+            # The cache's locks taken meanwhile (bases, downloads) wait no longer than this one.
+            with DirLock(self.meta / "lock", timeout, what=self.root), patience(timeout):
                 progress.checkpoint("locked")
                 yield
         finally:
@@ -243,7 +255,7 @@ class WorkDir:
             ws = self.workspace(name)
             if not ws.exists() or ws.is_symlink():
                 continue
-            if os.path.ismount(ws) or ws.stat().st_dev != self.root.stat().st_dev:
+            if os.path.ismount(ws) or ws.stat().st_dev != self.root.stat().st_dev or str(ws) in _mount_points():
                 raise UsageError(
                     f"{name}: workspace {ws} is a mount point; apply replaces a workspace by renaming a new "
                     "tree into its place, which a mount point does not allow",

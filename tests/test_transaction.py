@@ -168,6 +168,23 @@ def test_a_journal_left_by_an_older_run_over_deleted_staging_is_undone(demo):
     assert sorted(p.name for p in (demo["work"] / ".carry").iterdir()) == ["state.json"]
 
 
+def test_a_record_naming_a_head_the_workspace_lacks_hints_what_works(demo):
+    """What the old bug's next run left: state.json naming heads whose trees were deleted."""
+    apply_demo(demo, check=0)
+    state_file = demo["work"] / ".carry" / "state.json"
+    state = read_json(state_file)
+    state["upstreams"]["megatron-lm"]["head"] = "e" * 40
+    state_file.write_text(json.dumps(state))
+    res = apply_demo(demo, check=1)
+    assert "does not have" in res.stderr and "reset" not in res.stderr, res.stderr
+    ws = demo["work"] / "megatron-lm"
+    hint = res.stderr.split("next: ", 1)[1]
+    assert f"`mv {ws} {ws}.old`" in hint
+    os.rename(ws, f"{ws}.old")  # as the hint says
+    apply_demo(demo, check=0)
+    assert _consistent(demo["work"])
+
+
 # -- 5: an export killed between the patch files and the record -------------------------------
 def test_killed_export_between_files_and_record(demo):
     apply_demo(demo, check=0)

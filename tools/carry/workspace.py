@@ -340,6 +340,13 @@ class WorkDir:
             raise DirtyTreeError(f"{ws} exists but was not made by tools/apply.py",
                                  hint="move it away or choose another --workdir")
         head = g.head()
+        if head != recorded.head and not g.has_commit(recorded.head):
+            # A `git reset --hard` to the recorded head cannot work: the record is not this tree's.
+            raise DirtyTreeError(
+                f"{name}: the record {self.state_file} names HEAD {recorded.head[:12]}, which workspace {ws} "
+                f"does not have (its HEAD is {str(head)[:12]})",
+                hint=f"move the workspace aside (`mv {ws} {ws}.old`; its commits stay there), then "
+                     f"`{command('apply', series, '--workdir', self.root)}` rebuilds it")
         if head != recorded.head:
             raise DirtyTreeError(
                 f"{name}: workspace {ws} has commits the series does not know "

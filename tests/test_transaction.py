@@ -88,13 +88,15 @@ def _wait_for(path: Path, proc, timeout=120.0) -> None:
         time.sleep(0.005)
 
 
-def test_sigint_when_the_journal_appears_ends_old_or_new(demo):
+@pytest.mark.parametrize("stop", ["journalled", "swapping"])
+def test_sigint_when_the_journal_appears_ends_old_or_new(demo, stop):
     apply_demo(demo, check=0)
     old = _consistent(demo["work"])
     demo["write_series"](demo["v0"], ids=("clean", "threeway"))
     journal = demo["work"] / ".carry" / "journal.json"
-    # The run waits right after writing the journal (GTP_CARRY_STOP_AT): SIGINT lands exactly then.
-    proc = _spawn(_demo_args(demo), {"GTP_CARRY_STOP_AT": "journalled"})
+    # The run waits right after writing the journal, or after the first rename (GTP_CARRY_STOP_AT):
+    # SIGINT lands exactly then.
+    proc = _spawn(_demo_args(demo), {"GTP_CARRY_STOP_AT": stop})
     _wait_for(journal, proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)

@@ -372,8 +372,9 @@ class WorkDir:
         rebuilds move along. Returns {"ref", "from", "commits"} per tip kept.
         """
         old = Git(self.workspace(name))
-        made = {recorded.base_commit, *(p.commit for p in recorded.patches)}
-        known = [c for c in made if c and old.has_commit(c)]
+        made = sorted(c for c in {recorded.base_commit, *(p.commit for p in recorded.patches)} if c)
+        present = old("cat-file", "--batch-check", input="".join(f"{c}\n" for c in made)).stdout.splitlines()
+        known = [line.split()[0] for line in present if line.split()[1:2] == ["commit"]]
         refs = old("for-each-ref", "--format=%(refname)").stdout.split()
         g = Git(new)
         if any(r.startswith(SAVED_PREFIX) for r in refs):

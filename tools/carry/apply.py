@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import progress, sources, wheels
 from .am import am_patches, clone_base, older_bases
+from .artifacts import check_pin
 from .errors import DirtyTreeError, PatchFormatError, UsageError
 from .files import write_json
 from .lock import LOCK_TIMEOUT
@@ -60,9 +61,13 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
             raise PatchFormatError(f"{p.upstream}: patch {p.id} ({p.file}) is unsafe: {'; '.join(unsafe)}",
                                    hint="a patch may only edit regular files inside its upstream's tree")
     targets = _targets(series, selected, opts)
+    for name in targets:  # a bad pin is bad input, before any work (warm cache or cold)
+        up = series.upstream(name)
+        if up.pypi is not None and "pypi" in up.sources and name not in opts.sources and name not in opts.into:
+            check_pin(name, up.pypi)
     report = ApplyReport(series=series.name, check=opts.check, digest=series.digest(selected)[:12])
     wd = WorkDir(opts.workdir)
-    with wd.lock(opts.lock_timeout):
+    with wd.lock(opts.lock_timeout):  # which bounds the cache's locks too
         wd.recover()
         state = wd.load_state()
         staging = None
@@ -91,11 +96,14 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
                         ur.patches = [PatchResult(p.id, p.file, "already-applied", "workspace is up to date")
                                       for p in mine]
                     else:
+                        wd.check_swappable([name])
                         if staging is None:
                             staging = wd.new_staging()
                         progress.say(f"{name}: applying {len(mine)} patch(es) on {base.describe}")
                         ws = clone_base(base, staging / name).path
                         ur.patches = am_patches(ws, series, mine, older_bases(base))
+                        if ours and recorded:
+                            ur.saved = wd.keep_unknown_commits(name, recorded, ws)
                         rebuilt.append(name)
                         new_records[name] = _record(base, digest, ws, mine, ur)
                         built[name] = new_records[name].head
@@ -109,14 +117,18 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
             failed = [u for u in report.upstreams if u.failed]
             if failed or opts.check:
                 report.ok = not failed
+                for u in report.upstreams:
+                    u.saved = []  # the workspaces stay as they are: nothing was set aside
                 _rollback_into(into_done)
                 if failed:
                     report.error, report.next = _conflict_message(series, failed, opts)
                 return report
             if rebuilt:
                 assert staging is not None
-                wd.commit(staging, rebuilt, state.with_upstreams(series, new_records))
-                staging = None
+                # From the journal on, the staged trees are the swap's: an interruption is finished
+                # (or undone) by the next run, so this run must not delete them on its way out.
+                swapping, staging = staging, None
+                wd.commit(swapping, rebuilt, state.with_upstreams(series, new_records))
             for u in report.upstreams:
                 u.head = built.get(u.name, u.head)
             _finish_into(into_done)

@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 from . import progress
-from .errors import IntegrityError, SourceError
+from .errors import ConfigError, IntegrityError, SourceError
 from .lock import building
 from .manifest import Artifact, PyPISource
 from .runner import run
@@ -30,6 +30,40 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def artifact_version(file: str) -> str | None:
+    """The version a wheel or sdist file name says (``name-1.2.3-py3-none-any.whl``, ``name-1.2.3.tar.gz``)."""
+    if file.endswith(".whl"):
+        parts = file[:-4].split("-")
+        return parts[1] if len(parts) in (5, 6) else None
+    for ext in (".tar.gz", ".tar.bz2", ".tgz", ".zip"):
+        if file.endswith(ext):
+            name, sep, version = file[:-len(ext)].rpartition("-")
+            return version if sep and name else None
+    return None
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        return a == b
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def check_pin(upstream: str, pypi: PyPISource) -> None:
+    """A pin's version must be its files' own: else a warm cache would use the files' tree and a cold
+    one would ask the index for a version with another version's hash (rc 0 or 1 by chance)."""
+    wrong = [(a.file, v) for a in pypi.artifacts if (v := artifact_version(a.file)) and not _same_version(v, pypi.version)]
+    if wrong:
+        shown = ", ".join(f"{f} is version {v}" for f, v in wrong)
+        raise ConfigError(f"{upstream}: the pin says {pypi.name} version {pypi.version}, but its artifact {shown}",
+                          hint=f"make [upstreams.{upstream}.pypi] agree: either version = \"{wrong[0][1]}\", or the "
+                               f"files of {pypi.version} with their sha256")
 
 
 def _pip_download_args(art: Artifact) -> list[str]:

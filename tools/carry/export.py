@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import progress
 from .errors import DirtyTreeError, DriftError, UsageError
 from .files import write_atomic
 from .lock import LOCK_TIMEOUT
@@ -48,6 +49,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
         wd.recover()
         state = wd.load_state()
         pending: list[tuple[Path, str]] = []
+        added = False
         for name, rec in state.records():
             ws = wd.workspace(name)
             g = Git(ws)
@@ -59,6 +61,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
             commits = g.rev_list(f"{rec.base_commit}..HEAD")
             new = _new_entries(series, name, rec, len(commits) - len(rec.patches))
             if new:
+                added = True
                 # Commits made for entries added to series.toml since apply: they become those patches.
                 state.add_new_patches(series, name, [PatchRecord(meta.id, meta.file, commit)
                                                      for meta, commit in zip(new, commits[len(rec.patches):])])
@@ -87,13 +90,17 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
             return result
         for path, text in pending:
             write_atomic(path, text)
-        if pending:
-            # The workspace now matches the files: record that, so apply sees it as up to date.
-            fresh = load(series.root)
-            for name, rec in state.records():
-                chosen = [fresh.patch(pid) for pid in rec.selected]
-                state.mark_exported(name, fresh.upstream_digest(name, chosen, rec.base_key),
-                                    Git(wd.workspace(name)).head() or rec.head)
+        progress.checkpoint("exported-files")
+        # The workspace now matches the files: record that, so apply sees it as up to date. Also
+        # when nothing was written: a run killed after the files but before the record left them
+        # equal and the record behind, and apply would send the user back here forever.
+        fresh = load(series.root)
+        before = state.to_dict()
+        for name, rec in state.records():
+            chosen = [fresh.patch(pid) for pid in rec.selected]
+            state.mark_exported(name, fresh.upstream_digest(name, chosen, rec.base_key),
+                                Git(wd.workspace(name)).head() or rec.head)
+        if pending or state.to_dict() != before or added:
             wd.save_state(state)
     return result
 

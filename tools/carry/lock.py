@@ -9,6 +9,7 @@ already unlocked: the next run takes it and removes it.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import fcntl
 import os
@@ -23,6 +24,19 @@ from . import progress
 from .errors import LockError
 
 LOCK_TIMEOUT = 600.0  # seconds a run waits for another one before giving up (--lock-timeout)
+
+# How long the cache's locks (``building``) wait: a command's --lock-timeout, set with ``patience``.
+_patience: contextvars.ContextVar[float] = contextvars.ContextVar("carry_lock_patience", default=LOCK_TIMEOUT)
+
+
+@contextmanager
+def patience(timeout: float) -> Iterator[None]:
+    """Every lock taken inside waits at most ``timeout`` seconds unless told otherwise."""
+    token = _patience.set(timeout)
+    try:
+        yield
+    finally:
+        _patience.reset(token)
 
 
 class DirLock:
@@ -97,14 +111,15 @@ BUILD_PREFIX = ".build-"
 
 
 @contextmanager
-def building(parent: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[Path]:
-    """A fresh scratch folder under ``parent``, with ``parent`` locked.
+def building(parent: Path, timeout: float | None = None) -> Iterator[Path]:
+    """A fresh scratch folder under ``parent``, with ``parent`` locked (waiting ``timeout``, or the
+    run's --lock-timeout).
 
     Scratch folders a killed run left in ``parent`` are removed first: under
     the lock, no live run can be using one.
     """
     parent.mkdir(parents=True, exist_ok=True)
-    with DirLock(parent / ".lock", timeout, what=parent):
+    with DirLock(parent / ".lock", _patience.get() if timeout is None else timeout, what=parent):
         for stale in parent.glob(BUILD_PREFIX + "*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(dir=parent, prefix=BUILD_PREFIX))

@@ -8,6 +8,8 @@ checkout, a mirror or an unpacked tree) in every command; ``--series``,
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from .errors import UsageError
 from .files import write_json
 from .lock import LOCK_TIMEOUT
 from .manifest import RequiresError, Series
-from .sources import default_cache
+from .sources import check_override, default_cache
 
 EPILOG = ("exit codes: 0 success; 1 the operation failed and nothing was changed; "
           "2 bad usage, input or configuration")
@@ -78,11 +80,22 @@ def add_cache(p: argparse.ArgumentParser) -> None:
 
 
 def add_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON to FILE")
+    p.add_argument("--json", type=output_path("file"), metavar="FILE", help="also write the report as JSON to FILE")
+
+
+def seconds(value: str) -> float:
+    """A number of seconds to wait: finite and not negative (nan would wait forever)."""
+    try:
+        out = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not math.isfinite(out) or out < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds (finite, 0 or more)")
+    return out
 
 
 def add_lock_timeout(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lock-timeout", type=float, default=LOCK_TIMEOUT, metavar="SECONDS",
+    p.add_argument("--lock-timeout", type=seconds, default=LOCK_TIMEOUT, metavar="SECONDS",
                    help=f"how long to wait for another run on the same work directory ({LOCK_TIMEOUT:g})")
 
 
@@ -111,9 +124,28 @@ def name_paths(values: list[str] | None, flag: str) -> dict[str, Path]:
 
 def sources(a: argparse.Namespace, series: Series) -> dict[str, Path]:
     found = name_paths(a.source, "--source")
-    for name in found:
-        series.upstream(name)  # an unknown name is a usage error, with a suggestion
+    for name, path in found.items():
+        # an unknown name, or a path that is not there, is a usage error before any work
+        check_override(series.upstream(name), path)
     return found
+
+
+def output_path(kind: str):
+    """An argparse type for an output FILE or DIR: refused at once when it cannot be written,
+    so that a run does not fail only after its work is done."""
+    def check(value: str) -> Path:
+        path = Path(value)
+        if kind == "file" and path.is_dir():
+            raise argparse.ArgumentTypeError(f"{value} is a directory; give a file name")
+        if kind == "dir" and path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{value} exists and is not a directory")
+        above = path.absolute().parent
+        while not above.exists():
+            above = above.parent
+        if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"{value} cannot be written ({above} is not a writable directory)")
+        return path
+    return check
 
 
 def comma_list(value: str | None, flag: str = "--only") -> list[str] | None:

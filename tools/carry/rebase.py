@@ -12,11 +12,12 @@ upstream), conflicting.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import seriesedit, sources
+from . import progress, seriesedit, sources
 from .am import am_patches, clone_base, older_bases
 from .errors import ConflictError, DirtyTreeError, UsageError
 from .export import format_patch
@@ -89,7 +90,7 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
             if not (ws / ".git").exists() or not (g.git_dir() / MARKER).exists():
                 raise DirtyTreeError(f"{ws} exists and is not a rebase workspace", hint="choose another --workdir")
             shutil.rmtree(ws)
-        clone_base(base, ws)
+        _new_workspace(base, ws, onto)
         older = older_bases(base)
         statuses = {}
         stop = None
@@ -151,6 +152,18 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
     return rep
 
 
+def _new_workspace(base: sources.Base, ws: Path, onto: str) -> None:
+    """Clone beside ``ws``, mark the clone ours, then rename it into place: a run killed at any
+    point leaves no ``ws`` (the next run clears the scratch clone) or a marked one it may replace."""
+    scratch = ws.parent / f".{ws.name}.rebase-new"
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    g = clone_base(base, scratch)
+    progress.checkpoint("rebase-cloned")
+    write_json(g.git_dir() / MARKER, {"base_commit": base.commit, "onto": onto, "statuses": {}, "building": True})
+    os.rename(scratch, ws)
+
+
 def _pre(status: str) -> str:
     return {"applied": "refreshed", "already-applied": "dropped"}.get(status, status)
 
@@ -177,4 +190,7 @@ def _marker(g: Git, ws: Path, series: Series, name: str, onto: str, again: list)
         marker["base_commit"], marker["onto"], marker["statuses"]
     except (ValueError, KeyError, TypeError) as exc:
         raise DirtyTreeError(f"{g.git_dir() / MARKER} is unreadable ({exc!r})", hint=f"start again: {start}") from None
+    if marker.get("building"):
+        raise UsageError(f"the rebase in {ws} was interrupted before it had applied the patches",
+                         hint=f"start it again: {start}")
     return marker

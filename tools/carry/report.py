@@ -24,6 +24,7 @@ class UpstreamResult:
     patches: list[PatchResult] = field(default_factory=list)
     wheels: list[str] = field(default_factory=list)
     wheels_skipped: list[dict[str, str]] = field(default_factory=list)  # {"file", "reason"}
+    saved: list[dict[str, str]] = field(default_factory=list)  # {"ref", "from", "commits"}: set aside by a rebuild
 
     @property
     def failed(self) -> bool:
@@ -67,6 +68,12 @@ def render_apply(rep: ApplyReport) -> str:
             out.append(f"{u.name}: {u.workspace} at {u.head[:12]}{unchanged} (base {u.base})")
         elif unchanged:
             out.append(f"{u.name}: {u.workspace} not created (base {u.base})")
+        for kept in u.saved:
+            ref, ws = kept["ref"], u.workspace
+            out.append(f"{u.name}: kept {kept['commits']} commit(s) the series does not know (the old {kept['from']}) "
+                       f"as {ref}: `git -C {ws} log --oneline carry-base..{ref}` shows that history; "
+                       f"`git -C {ws} reset -q --hard {ref}` takes them back (then export), "
+                       f"or cherry-pick the ones you want")
         for w in u.wheels:
             out.append(f"{u.name}: wheel {w}")
         for skip in u.wheels_skipped:

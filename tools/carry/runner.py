@@ -7,6 +7,7 @@ depend on the user's configuration (pager, signing, identity, diff style).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,14 +165,26 @@ class Git:
     @classmethod
     def clone(cls, source: Path | str, dest: Path, *, bare: bool = False, branch: str | None = None,
               local: bool = True) -> "Git":
-        """Clone ``source`` into ``dest``; ``local`` shares (hardlinks) the objects when it can."""
+        """Clone ``source`` into ``dest``; ``local`` shares (hardlinks) the objects when it can.
+
+        git 2.39 treats a hard link that fails in an explicit ``--local`` clone as fatal
+        (another file system or mount, or protected hard links); then the objects are copied.
+        """
         dest.parent.mkdir(parents=True, exist_ok=True)
         args = ["clone", "-q", "--local" if local else "--no-local"]
         if bare:
             args.append("--bare")
         if branch:
             args += ["--branch", branch]
-        cls(dest.parent)(*args, str(source), str(dest))
+        parent = cls(dest.parent)
+        if not local:
+            parent(*args, str(source), str(dest))
+            return cls(dest)
+        first = parent(*args, str(source), str(dest), check=False)
+        if not first.ok:
+            if dest.exists():
+                shutil.rmtree(dest)  # what the failed clone left (git clone refuses a non-empty folder)
+            parent(*args, "--no-hardlinks", str(source), str(dest))
         return cls(dest)
 
     # -- reading -------------------------------------------------------------

@@ -18,12 +18,19 @@ import hashlib
 import io
 import os
 import shutil
+import sys
 import tarfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import progress
-from .artifacts import download_version, fetch_artifact, sha256_file, unpack_wheel
+from .artifacts import (
+    check_pin,
+    download_version,
+    fetch_artifact,
+    sha256_file,
+    unpack_wheel,
+)
 from .errors import IntegrityError, SourceError, UsageError
 from .lock import building
 from .manifest import Artifact, Upstream
@@ -84,24 +91,51 @@ def _fetch_git(upstream: Upstream, cache: Path) -> Path:
 
 
 # -- bases ------------------------------------------------------------------------
-def _cached_base(cache: Path, upstream: str, key: str, describe: str, make) -> Base:
-    """The base ``key`` from the cache, made by ``make(scratch) -> bare repo`` when absent."""
+def _cached_base(cache: Path, upstream: str, key: str, describe: str, make, pinned: str | None = None) -> Base:
+    """The base ``key`` from the cache, made by ``make(scratch) -> bare repo`` when absent.
+
+    A cached base is used only when its main is what it was built as: the pinned commit
+    (``pinned``), or the one root commit that names ``key``. Anything else (a commit added
+    to main, main moved) is rebuilt, and said so.
+    """
     dest = cache / "bases" / upstream / f"{key}.git"
     repo = Git(dest)
-    commit = repo.rev_parse("refs/heads/main") if dest.exists() else None
+    commit, problem = _check_base(repo, key, pinned)
     if commit is None:
         with building(dest.parent) as tmp:
-            commit = repo.rev_parse("refs/heads/main") if dest.exists() else None
+            commit, problem = _check_base(repo, key, pinned)
             if commit is None:
                 if dest.exists():
-                    shutil.rmtree(dest)  # half written by a run from before builds were locked
+                    if problem:
+                        print(f"note: {upstream}: the cached base {dest} is not the pinned tree ({problem}); "
+                              "building it again", file=sys.stderr)
+                    shutil.rmtree(dest)  # tampered, or half written by a run from before builds were locked
                 progress.say(f"{upstream}: preparing pristine base ({describe})")
                 staged = make(tmp)
                 progress.checkpoint("base-built")
                 os.rename(staged, dest)
-                commit = repo.rev_parse("refs/heads/main")
-    assert commit
+                commit, problem = _check_base(repo, key, pinned)
+                if commit is None:
+                    raise SourceError(f"{upstream}: the base just built in {dest} does not check: {problem}")
     return Base(upstream, key, describe, dest, commit)
+
+
+def _check_base(repo: Git, key: str, pinned: str | None) -> tuple[str | None, str | None]:
+    """(main, None) when the cached base is usable; (None, why not) otherwise; (None, None) if absent."""
+    if not repo.path.exists():
+        return None, None
+    main = repo.rev_parse("refs/heads/main")
+    if main is None:
+        return None, "it has no main"
+    if pinned is not None:
+        return (main, None) if main == pinned else (None, f"its main is {main[:12]}, not the pinned {pinned[:12]}")
+    raw = repo("cat-file", "commit", main, check=False).stdout
+    header, _, message = raw.partition("\n\n")
+    if any(line.startswith("parent ") for line in header.splitlines()):
+        return None, f"its main {main[:12]} has a parent: commits were added on top of the pristine tree"
+    if f"Carry-Base-Key: {key}" not in message.splitlines():
+        return None, f"its main {main[:12]} is not the base built for {key}"
+    return main, None
 
 
 def _tree_base(cache: Path, upstream: str, key: str, describe: str, populate) -> Base:
@@ -143,7 +177,8 @@ def _commit_base(cache: Path, upstream: str, source: Path, commit: str, describe
                 staged("update-ref", "-d", ref)
         staged("remote", "remove", "origin", check=False)
         return staged.path
-    return _cached_base(cache, upstream, key, describe + (" (shallow: no history)" if shallow else ""), make)
+    return _cached_base(cache, upstream, key, describe + (" (shallow: no history)" if shallow else ""), make,
+                        pinned=commit)
 
 
 def _dir_key(path: Path) -> str:
@@ -181,6 +216,7 @@ def resolve(upstream: Upstream, cache: Path, override: Path | None = None) -> Ba
 def _resolve_pypi(upstream: Upstream, cache: Path) -> Base:
     pypi = upstream.pypi
     assert pypi is not None
+    check_pin(upstream.name, pypi)
     art = pypi.tree_artifact
     key = "pypi-" + hashlib.sha256(repr((art.sha256, pypi.map, pypi.exclude)).encode()).hexdigest()[:20]
     describe = f"{pypi.name}=={pypi.version} ({art.file})"
@@ -209,10 +245,26 @@ def _git_base(upstream: Upstream, cache: Path, repo: Path, commit: str, describe
                       lambda tree: _archive_into(repo, commit, paths, tree))
 
 
+def check_override(upstream: Upstream, path: Path) -> None:
+    """``--source NAME=PATH`` names something that exists: checked before any download or build."""
+    if path.expanduser().exists():
+        return
+    name = upstream.name
+    if upstream.git and upstream.git.commit and upstream.sources[0] == "git":
+        g = upstream.git
+        hint = (f"PATH is a checkout of {name} that has the pinned commit: `git clone {g.url} DIR && "
+                f"git -C DIR checkout -q {g.commit}` makes one; or leave --source {name}=... out to fetch the pin")
+    elif upstream.pypi:
+        hint = (f"PATH is a wheel, a checkout or an unpacked tree of {upstream.pypi.name} {upstream.pypi.version}; "
+                f"or leave --source {name}=... out to download the pinned wheel")
+    else:
+        hint = f"PATH is a checkout or an unpacked tree of {name}"
+    raise UsageError(f"--source {name}={path}: no such file or directory", hint=hint)
+
+
 def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
+    check_override(upstream, path)
     path = path.expanduser().resolve()
-    if not path.exists():
-        raise UsageError(f"--source {upstream.name}={path}: no such file or directory")
     if path.is_file():
         if upstream.pypi is None or path.suffix != ".whl":
             raise UsageError(f"--source {upstream.name}={path}: a file source must be a wheel of a PyPI-pinned upstream")

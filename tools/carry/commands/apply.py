@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 from .. import options, report
 from ..apply import Options, apply_series
@@ -28,7 +27,7 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--into", action="append", metavar="NAME=PATH",
                    help="apply NAME's patches onto an existing clean git checkout instead of DIR/NAME")
     p.add_argument("--check", action="store_true", help="dry run: report what would happen, write nothing")
-    p.add_argument("--wheels", type=Path, metavar="DIR",
+    p.add_argument("--wheels", type=options.output_path("dir"), metavar="DIR",
                    help="also write patched wheels of PyPI-pinned upstreams (those pip accepts: see the report)")
     options.add_json(p)
     options.add_cache(p)

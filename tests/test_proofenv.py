@@ -147,3 +147,8 @@ def test_the_bridge_folder_pins_what_the_test_extra_holds():
     for name, version in pins.items():
         if name in held:
             assert held[name] == version, (name, version, held[name])
+    # The wheels staged for an offline GPU host (integration/README.md) carry the same pins.
+    listed = (SERIES.parents[1] / "integration" / "proofs" / "megatron-bridge-py312-wheels.txt").read_text()
+    staged = dict(line.split("==") for line in listed.splitlines() if line and not line.startswith("#"))
+    for name, version in pins.items():
+        assert staged.get(name) == version, (name, version, staged.get(name))

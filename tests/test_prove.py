@@ -190,6 +190,21 @@ def test_never():
     pass
 '''
 
+NEEDS_A_TOOL = '''
+import subprocess
+
+import pytest
+
+
+@pytest.fixture
+def built():
+    subprocess.run(["carry-test-no-such-tool", "--version"], check=True)
+
+
+def test_with_the_tool(built):
+    pass
+'''
+
 
 def test_a_proof_that_cannot_run_here_is_an_error_not_a_red_proof(with_world, tmp_path):
     add_proofs(with_world["series"], {"dep": MISSING_DEPENDENCY, "rank": MISSING_IN_A_RANK,
@@ -204,6 +219,10 @@ def test_a_proof_that_cannot_run_here_is_an_error_not_a_red_proof(with_world, tm
         assert f"no module {module!r}" in by[pid]["pristine_detail"], by[pid]
     assert by["conflict"]["patched"] == "error" and "no test body ran" in by["conflict"]["patched_detail"]
     assert "ERROR" in res.stdout and "clean" in res.stderr and "next:" in res.stderr
+    # A program the host lacks (a proof's compiler, say) is the host's too.
+    (with_world["series"] / "proofs" / "megatron_lm" / "test_dies.py").write_text(NEEDS_A_TOOL)
+    _, by = _prove(with_world, tmp_path, "--only", "conflict", check=2)
+    assert by["conflict"]["pristine"] == "error" and "carry-test-no-such-tool" in by["conflict"]["pristine_detail"], by
     # A module of the tree's own package that is missing stays a red proof (exit 1).
     _, by = _prove(with_world, tmp_path, "--only", "upstreamed", check=1)
     assert (by["upstreamed"]["pristine"], by["upstreamed"]["ok"]) == ("fail", False), by

@@ -97,7 +97,15 @@ PAIR_CORES = 8  # a proof run is a pytest and (often) two ranks: two runs side b
 def pairs_fit() -> bool:
     """Whether two proof runs go side by side here (``CARRY_PROOF_SIDE_BY_SIDE=1|0`` decides instead)."""
     forced = os.environ.get("CARRY_PROOF_SIDE_BY_SIDE", "")
-    return forced == "1" if forced in ("0", "1") else (os.cpu_count() or 1) >= PAIR_CORES
+    return forced == "1" if forced in ("0", "1") else usable_cores() >= PAIR_CORES
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (os.cpu_count counts the machine's, also where a few are lent)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def side_by_side(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:

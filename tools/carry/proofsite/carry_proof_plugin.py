@@ -11,7 +11,8 @@ It appends one JSON line per event to the file ``$CARRY_PROOF_EVENTS``:
 Environment errors: an import of a module that no tree under test provides (the top-level
 package is in none of ``$CARRY_PROOF_TREES``; e.g. ``omegaconf``, ``torch``), and torch's
 "Cannot re-initialize CUDA in forked subprocess" (a rank started by fork on a GPU host), also
-when raised inside a rank (``_world.RankFailed.cause``). A missing module that a tree does
+when raised inside a rank (``_world.RankFailed.cause``), and a program that is not on PATH (the
+``FileNotFoundError`` subprocess raises for a bare command name such as ``g++``). A missing module that a tree does
 provide a package for (``megatron.core.new_module`` on the pristine base) is the tree's
 behaviour: the pristine base lacks what the patch adds.
 
@@ -71,6 +72,10 @@ def classify(exc: BaseException) -> tuple[str, str]:
                                "initialised (start its ranks with spawn)")
     if module and not _from_trees(module):
         return "environment", f"{kind_}: the proof's interpreter has no module {module!r} (no tree under test provides it)"
+    tool = exc.filename if isinstance(exc, FileNotFoundError) else None
+    if isinstance(tool, str) and tool and os.sep not in tool:
+        # What subprocess raises for a program that is not on PATH (a path would be the proof's own file).
+        return "environment", f"{kind_}: this host has no program {tool!r} on PATH"
     return "behaviour", f"{kind_}: {message.splitlines()[0] if message else ''}"[:300]
 
 

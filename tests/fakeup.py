@@ -158,3 +158,29 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(True, reason="needs a CUDA GPU
 def test_on_gpu():
     assert False
 '''
+# The TransformerEngine site (carry.tesite) on the path after the tree, and red/green.
+SITE_PROOF = '''
+import os
+import sys
+
+import megatron.core.alpha as alpha
+
+
+def test_the_site_is_on_the_path_after_the_tree():
+    site, tree = {site!r}, os.path.dirname(os.path.dirname(os.path.dirname(alpha.__file__)))
+    assert site in sys.path, sys.path
+    assert sys.path.index(site) > sys.path.index(tree), sys.path
+
+
+def test_value_5_is_patched():
+    assert alpha.value_5 == "patched"
+'''
+# A dependency this interpreter lacks and no tree provides: an environment error.
+MISSING_DEPENDENCY = '''
+import carry_test_no_such_dependency  # noqa: F401
+import megatron.core.alpha as alpha
+
+
+def test_value_5_is_patched():
+    assert alpha.value_5 == "patched"
+'''

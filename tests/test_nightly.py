@@ -20,7 +20,7 @@ from carry.judge import judge, numeric_metrics, parse_gate
 from carry.runlog import result_line
 from helpers import ROOT, SERIES, read_json, tool
 from fakeup import add_proofs
-from fakeup import GOOD, GPU, VACUOUS
+from fakeup import GOOD, GPU, MISSING_DEPENDENCY, SITE_PROOF, VACUOUS
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization"
 MARK_RESHARD = "[colocated-reshard] building dedicated inference model"
@@ -495,3 +495,51 @@ def test_hostile_runs_fail_through_the_nightly_with_their_reason_in_the_summary(
     bug0 = runs["fn-bug0"]
     assert (bug0["status"], bug0["bug"], bug0["returncode"]) == ("failed", "mlm-tied-weight-guard", 0), bug0
     assert "BUG_HIT mlm-tied-weight-guard: supplied weight's shape is (256, 128), not (512, 128) (it exited 0)" in md
+
+
+def test_proof_cells_with_the_te_site_and_an_environment_error(demo, tmp_path):
+    """--te-site reaches the proofs cell and the command cells; a proof that cannot import its
+    dependency is an ``error`` of the environment: named so, never bisected, and not green."""
+    site = tmp_path / "te-site"
+    site.mkdir()
+    add_proofs(demo["series"], {"site": SITE_PROOF.format(site=str(site.resolve())), "dep": MISSING_DEPENDENCY},
+               {"clean": "site", "threeway": "dep"}, SERIES / "proofs" / "pytest.ini")
+    check = ["{python}", "-c", f"import sys; assert {str(site.resolve())!r} in sys.path, sys.path"]
+    config = tmp_path / "nightly.toml"
+    config.write_text(f'''
+[nightly]
+series = [{json.dumps(str(demo["series"]))}]
+timeout_s = 300
+
+[images.host]
+launcher = "local"
+
+[[tests]]
+name = "proofs"
+kind = "proof"
+images = ["host"]
+patches = ["clean", "threeway"]
+
+[[tests]]
+name = "site-on-path"
+kind = "command"
+images = ["host"]
+argv = {_toml_list(check)}
+env = {{ PYTHONPATH = "{{tree:megatron-lm}}:${{CARRY_TE_SITE:-}}" }}
+''')
+    d = dict(demo, config=config)
+    out = tmp_path / "n"
+    res = nightly(d, out, "--te-site", site, check=1)
+    runs = by_test(out)
+    assert runs["proofs[clean]"]["status"] == "passed", runs["proofs[clean]"]
+    assert runs["site-on-path"]["status"] == "passed", runs["site-on-path"]
+    dep = runs["proofs[threeway]"]
+    assert dep["status"] == "error" and "carry_test_no_such_dependency" in dep["reason"], dep
+    assert "bisect" not in dep, "an environment error is not bisected"
+    suite = ET.parse(out / "junit.xml").getroot()
+    assert suite.get("errors") == "1"
+    assert "| demo | host | proofs[threeway] | ERROR |" in (out / "summary.md").read_text()
+    assert "ERROR" not in res.stdout.split("proofs[clean]")[1].splitlines()[0]
+    # Without it, the command cell does not see the site.
+    nightly(d, tmp_path / "n2", "--tests", "site-on-path", "--no-bisect", check=1)
+    assert by_test(tmp_path / "n2")["site-on-path"]["status"] == "failed"

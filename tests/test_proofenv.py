@@ -8,13 +8,14 @@ can only pass where that package is importable: in the environment, not in this 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
 from fakeup import add_proofs
 from helpers import SERIES, apply_demo, read_json, tool
 
-pytestmark = pytest.mark.network
+network = pytest.mark.network
 
 NEEDS_PACKAGE = '''
 import inflection
@@ -44,6 +45,7 @@ def prove(d, *extra, check=0):
     return res, read_json(out) if out.exists() else None
 
 
+@network
 def test_built_once_then_reused(envs):
     res, doc = prove(envs)
     (r,) = doc["proofs"]
@@ -61,13 +63,19 @@ def test_built_once_then_reused(envs):
     assert "building the proof environment" in res.stderr and len(list((envs["cache"] / "proof-envs").iterdir())) == 2
 
 
+@network
 def test_a_build_that_cannot_install_is_a_clear_failure(envs):
     (envs["series"] / "proofs" / "megatron_lm" / "requirements.txt").write_text("inflection==0.0.0.999\n")
-    res, _ = prove(envs, check=1)
-    assert "could not build the proof environment" in res.stderr and "inflection" in res.stderr
+    # An environment error of the proof (exit 2), not a red proof and not a crash of the command.
+    res, doc = prove(envs, check=2)
+    (r,) = doc["proofs"]
+    assert (r["pristine"], r["patched"], r["ok"]) == ("error", "error", None), r
+    assert "could not build the proof environment" in r["pristine_detail"] and "inflection" in r["pristine_detail"]
+    assert "ERROR" in res.stdout
     assert not [p for p in (envs["cache"] / "proof-envs").glob("*") if not p.name.startswith(".")]
 
 
+@network
 def test_an_environment_half_built_by_a_killed_run_is_rebuilt(envs):
     env_dir = envs["cache"] / "proof-envs"
     res, doc = prove(envs)
@@ -88,3 +96,59 @@ def test_the_nemo_rl_folder_pins_its_environment():
     transformers = next(line for line in pins if line.startswith("transformers=="))
     major, minor = map(int, transformers.split("==")[1].split(".")[:2])
     assert (5, 5) <= (major, minor) < (5, 9), "NeMo-RL at the pin needs transformers >=5.5,<5.9"
+
+
+ONLY_IN_THE_RUNNING_VENV = '''
+import carry_test_only_in_the_running_venv as here
+import megatron.core.alpha as alpha
+
+
+def test_value_5_is_patched_and_the_running_interpreters_package_is_there():
+    assert here.WHERE == "the venv that runs prove"
+    assert alpha.value_5 == "patched"
+'''
+
+
+def test_the_environment_sees_the_running_interpreters_site_not_its_base(demo, tmp_path):
+    """22.3: run from a venv, the proof environment saw the *base* interpreter's site
+    (--system-site-packages), which lacked the venv's torch. Here a module only the running venv
+    has stands for torch; the requirement (pytest) is already met, so nothing is downloaded."""
+    import subprocess
+    import sys
+
+    from helpers import TOOLS
+
+    venv = tmp_path / "user-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    purelib = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    (Path(purelib) / "carry_test_only_in_the_running_venv.py").write_text('WHERE = "the venv that runs prove"\n')
+    add_proofs(demo["series"], {"venv": ONLY_IN_THE_RUNNING_VENV}, {"clean": "venv"}, SERIES / "proofs" / "pytest.ini")
+    (demo["series"] / "proofs" / "megatron_lm" / "requirements.txt").write_text("pytest\n")
+    apply_demo(demo, check=0)
+    out = tmp_path / "prove.json"
+    res = subprocess.run([str(venv / "bin" / "python"), str(TOOLS / "prove.py"), "--series", str(demo["series"]),
+                          "--workdir", str(demo["work"]), "--cache", str(tmp_path / "cache"), "--only", "clean",
+                          "--json", str(out)], capture_output=True, text=True, timeout=900)
+    (r,) = read_json(out)["proofs"]
+    assert (r["pristine"], r["patched"], r["ok"]) == ("fail", "pass", True), (r, res.stderr)
+    assert res.returncode == 0, res.stderr
+
+
+def test_the_bridge_folder_pins_what_the_test_extra_holds():
+    """The Bridge proof's environment pins its import dependencies at the test extra's versions."""
+    import tomllib
+
+    req = (SERIES / "proofs" / "megatron_bridge" / "requirements.txt").read_text()
+    pins = dict(line.split("==") for line in req.splitlines() if line and not line.startswith("#"))
+    assert "omegaconf" in pins and "datasets" in pins, pins
+    extra = tomllib.loads((SERIES.parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    held = dict(x.split("==") for x in extra if "==" in x)
+    for name, version in pins.items():
+        if name in held:
+            assert held[name] == version, (name, version, held[name])
+    # The wheels staged for an offline GPU host (integration/README.md) carry the same pins.
+    listed = (SERIES.parents[1] / "integration" / "proofs" / "megatron-bridge-py312-wheels.txt").read_text()
+    staged = dict(line.split("==") for line in listed.splitlines() if line and not line.startswith("#"))
+    for name, version in pins.items():
+        assert staged.get(name) == version, (name, version, staged.get(name))

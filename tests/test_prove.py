@@ -1,12 +1,17 @@
 """prove.py on the demo upstream: red/green, a proof that proves nothing,
-a crashing proof, a skipped (GPU-only) proof."""
+a crashing proof, a skipped (GPU-only) proof; the TransformerEngine site on the proofs' path;
+ranks started safely where CUDA may be initialised; a proof that cannot run here (its
+environment) told from a red one; a swap an interrupted apply left finished first."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 
-from fakeup import CRASH, GOOD, GPU, VACUOUS, add_proofs, set_proof
-from helpers import SERIES, apply_demo as apply, read_json, tool
+from fakeup import CRASH, GOOD, GPU, MISSING_DEPENDENCY, SITE_PROOF, VACUOUS, add_proofs, set_proof
+from helpers import SERIES, apply_demo as apply, kill_at, read_json, tool
 
 @pytest.fixture
 def proved(demo):
@@ -26,7 +31,9 @@ def test_red_green_and_the_ways_a_proof_can_be_wrong(proved, tmp_path):
     assert (by["clean"]["pristine"], by["clean"]["patched"], by["clean"]["ok"]) == ("fail", "pass", True)
     assert "value_5" in by["clean"]["pristine_detail"] or "assert" in by["clean"]["pristine_detail"]
     assert (by["threeway"]["pristine"], by["threeway"]["ok"]) == ("pass", False)  # proves nothing
-    assert by["upstreamed"]["pristine"] == "error" and by["upstreamed"]["ok"] is False
+    # It died in its test body: a red run of that body (behaviour), not an environment error.
+    assert by["upstreamed"]["pristine"] == "fail" and by["upstreamed"]["ok"] is False
+    assert "exited 7" in by["upstreamed"]["pristine_detail"] and "test_crash" in by["upstreamed"]["pristine_detail"]
     assert (by["conflict"]["pristine"], by["conflict"]["patched"], by["conflict"]["ok"]) == ("skipped", "skipped", None)
     assert "needs a CUDA GPU" in by["conflict"]["patched_detail"]
     assert doc["ok"] is False
@@ -37,6 +44,13 @@ def test_red_green_and_the_ways_a_proof_can_be_wrong(proved, tmp_path):
     # The skipped one alone is not a failure, and is never reported as passed.
     res = tool("prove", "--series", proved["series"], "--workdir", proved["work"], "--only", "conflict", check=0)
     assert "not run here" in res.stdout and "pass" not in res.stdout.split("verdict")[1]
+
+
+def test_pristine_and_patched_side_by_side(proved, tmp_path):
+    """Where the cores allow (forced here), both runs of a proof go at once: the same verdicts."""
+    _, by = _prove(proved, tmp_path, "--only", "clean,threeway", env={"CARRY_PROOF_SIDE_BY_SIDE": "1"}, check=1)
+    assert (by["clean"]["pristine"], by["clean"]["patched"], by["clean"]["ok"]) == ("fail", "pass", True), by
+    assert (by["threeway"]["pristine"], by["threeway"]["ok"]) == ("pass", False), by
 
 
 def test_prove_needs_a_workspace(demo, tmp_path):
@@ -56,3 +70,190 @@ def test_prove_and_export_wait_as_long_as_told(proved):
             res = tool(verb, "--series", proved["series"], "--workdir", proved["work"], "--lock-timeout", "0.3",
                        check=1)
             assert "is locked by another run" in res.stderr, verb
+
+
+def _prove(d, tmp_path, *extra, env=None, check=None):
+    out = tmp_path / "prove.json"
+    out.unlink(missing_ok=True)
+    res = tool("prove", "--series", d["series"], "--workdir", d["work"], "--json", out, *extra, env=env, check=check)
+    return res, {r["id"]: r for r in read_json(out)["proofs"]} if out.exists() else {}
+
+
+# -- the TransformerEngine site ------------------------------------------------------------------
+
+
+def test_the_te_site_is_on_the_proof_interpreters_path_after_the_tree(demo, tmp_path):
+    site = tmp_path / "te-site"
+    site.mkdir()
+    add_proofs(demo["series"], {"site": SITE_PROOF.format(site=str(site.resolve()))}, {"clean": "site"},
+               SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    # Unset: the proof's interpreter lacks the site, red on both trees.
+    _, by = _prove(demo, tmp_path, env={"CARRY_TE_SITE": ""}, check=1)
+    assert (by["clean"]["pristine"], by["clean"]["patched"]) == ("fail", "fail"), by
+    # The variable, and the flag, each put it there, after the tree under test: red/green.
+    _, by = _prove(demo, tmp_path, env={"CARRY_TE_SITE": str(site)}, check=0)
+    assert (by["clean"]["pristine"], by["clean"]["patched"], by["clean"]["ok"]) == ("fail", "pass", True), by
+    _, by = _prove(demo, tmp_path, "--te-site", site, env={"CARRY_TE_SITE": ""}, check=0)
+    assert by["clean"]["ok"] is True, by
+    # A site that is not a folder is a bad configuration, not a run of GPU proofs that all skip.
+    res, _ = _prove(demo, tmp_path, env={"CARRY_TE_SITE": str(tmp_path / "no-such-site")}, check=2)
+    assert "CARRY_TE_SITE" in res.stderr and "not a folder" in res.stderr
+
+
+# -- how ranks start -----------------------------------------------------------------------------
+# A GPU host, simulated on a CPU: torch sees a device, and the parent's CUDA state poisons every
+# forked child, as torch's lazy CUDA initialisation does with its at-fork handler (a forked
+# child's first CUDA call raises this very error). The rank launcher is the series' own.
+RANKS_ON_A_GPU_HOST = '''
+import os
+
+import torch
+from _world import spawn
+
+import megatron.core.alpha as alpha
+
+torch.cuda.device_count = lambda: 1
+POISONED = []
+os.register_at_fork(after_in_child=lambda: POISONED.append(True))
+
+
+def _rank(rank, world_size):
+    if POISONED:
+        raise RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
+                           "multiprocessing, you must use the 'spawn' start method")
+    return rank
+
+
+def test_ranks_start():
+    assert spawn(_rank, 2) == [0, 1]
+
+
+def test_value_5_is_patched():
+    assert alpha.value_5 == "patched"
+'''
+
+
+@pytest.fixture
+def with_world(demo):
+    proofs = demo["series"] / "proofs"
+    proofs.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SERIES / "proofs" / "_world.py", proofs / "_world.py")
+    return demo
+
+
+def test_ranks_are_spawned_where_cuda_may_be_initialised(with_world, tmp_path):
+    add_proofs(with_world["series"], {"ranks": RANKS_ON_A_GPU_HOST}, {"clean": "ranks"},
+               SERIES / "proofs" / "pytest.ini")
+    apply(with_world, check=0)
+    assert "CARRY_PROOF_START_METHOD" not in os.environ, "the launcher's own choice is under test"
+    _, by = _prove(with_world, tmp_path, check=0)
+    assert (by["clean"]["pristine"], by["clean"]["patched"], by["clean"]["ok"]) == ("fail", "pass", True), by
+    assert "5 == 'patched'" in by["clean"]["pristine_detail"], by  # the ranks ran: only the value is red
+    # Forced to fork, the ranks meet the poisoned CUDA state: an environment error, not a red proof.
+    res, by = _prove(with_world, tmp_path, env={"CARRY_PROOF_START_METHOD": "fork"}, check=2)
+    assert (by["clean"]["pristine"], by["clean"]["patched"], by["clean"]["ok"]) == ("error", "error", None), by
+    assert "Cannot re-initialize CUDA in forked subprocess" in by["clean"]["patched_detail"]
+    assert "ERROR" in res.stdout and "could not run here" in res.stderr
+
+
+# -- what the environment lacks is not a red proof -----------------------------------------------
+MISSING_IN_A_RANK = '''
+from _world import spawn
+
+import megatron.core.alpha as alpha
+
+
+def _rank(rank, world_size):
+    import carry_test_no_such_dependency_in_a_rank  # noqa: F401
+
+
+def test_ranks():
+    spawn(_rank, 2)
+    assert alpha.value_5 == "patched"
+'''
+# The pristine tree lacks a module of the tree's own package: that is the tree's behaviour.
+MISSING_TREE_MODULE = '''
+import megatron.core.zeta  # noqa: F401
+
+
+def test_zeta():
+    pass
+'''
+DIES_AT_IMPORT = '''
+import os
+
+os._exit(3)
+
+
+def test_never():
+    pass
+'''
+
+NEEDS_A_TOOL = '''
+import subprocess
+
+import pytest
+
+
+@pytest.fixture
+def built():
+    subprocess.run(["carry-test-no-such-tool", "--version"], check=True)
+
+
+def test_with_the_tool(built):
+    pass
+'''
+
+
+def test_a_proof_that_cannot_run_here_is_an_error_not_a_red_proof(with_world, tmp_path):
+    add_proofs(with_world["series"], {"dep": MISSING_DEPENDENCY, "rank": MISSING_IN_A_RANK,
+                                      "tree": MISSING_TREE_MODULE, "dies": DIES_AT_IMPORT},
+               {"clean": "dep", "threeway": "rank", "upstreamed": "tree", "conflict": "dies"},
+               SERIES / "proofs" / "pytest.ini")
+    apply(with_world, check=0)
+    res, by = _prove(with_world, tmp_path, "--only", "clean,threeway,conflict", check=2)
+    for pid, module in (("clean", "carry_test_no_such_dependency"),
+                        ("threeway", "carry_test_no_such_dependency_in_a_rank")):
+        assert (by[pid]["pristine"], by[pid]["patched"], by[pid]["ok"]) == ("error", "error", None), by[pid]
+        assert f"no module {module!r}" in by[pid]["pristine_detail"], by[pid]
+    assert by["conflict"]["patched"] == "error" and "no test body ran" in by["conflict"]["patched_detail"]
+    assert "ERROR" in res.stdout and "clean" in res.stderr and "next:" in res.stderr
+    # A program the host lacks (a proof's compiler, say) is the host's too.
+    (with_world["series"] / "proofs" / "megatron_lm" / "test_dies.py").write_text(NEEDS_A_TOOL)
+    _, by = _prove(with_world, tmp_path, "--only", "conflict", check=2)
+    assert by["conflict"]["pristine"] == "error" and "carry-test-no-such-tool" in by["conflict"]["pristine_detail"], by
+    # A module of the tree's own package that is missing stays a red proof (exit 1).
+    _, by = _prove(with_world, tmp_path, "--only", "upstreamed", check=1)
+    assert (by["upstreamed"]["pristine"], by["upstreamed"]["ok"]) == ("fail", False), by
+
+
+# -- the work directory's record is read under its lock -------------------------------------------
+ON_V1 = '''
+import megatron.core.alpha as alpha
+import megatron.core.beta as beta
+
+
+def test_value_5_is_patched_on_v1():
+    assert beta.value_8 == "upstream v1", "these are not the trees of the series' pin (v1)"
+    assert alpha.value_5 == "patched"
+'''
+
+
+def test_prove_finishes_a_swap_an_interrupted_apply_left(demo, tmp_path):
+    add_proofs(demo["series"], {"v1": ON_V1}, {"clean": "v1"}, SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    # The series moves to v1; apply is killed after its workspace moved in, before the record:
+    # the record still names v0's commits. Read outside the lock, prove proved those (or failed
+    # with git's "not a tree object" where the new workspace lacks them).
+    demo["write_series"](demo["v1"], ids=("clean", "threeway"))
+    add_proofs(demo["series"], {"v1": ON_V1}, {"clean": "v1"}, SERIES / "proofs" / "pytest.ini")
+    kill_at("swapping", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+            "--source", f"megatron-lm={demo['up']}")
+    assert (demo["work"] / ".carry" / "journal.json").exists()
+    res, by = _prove(demo, tmp_path, "--only", "clean", check=0)
+    assert (by["clean"]["pristine"], by["clean"]["patched"], by["clean"]["ok"]) == ("fail", "pass", True), res.stderr
+    assert not (demo["work"] / ".carry" / "journal.json").exists()
+    from carry.workspace import WorkDir
+
+    assert WorkDir(demo["work"]).load_state().record("megatron-lm").base_commit == demo["v1"]

@@ -129,17 +129,36 @@ def test_interrupted_write_leaves_series_unchanged(history):
 
 
 def test_crashing_proof_and_unreachable_base(history):
+    # A proof that dies in its test body is a red run of that body: the patch stays needed.
     (history["series"] / "proofs/megatron_lm/test_plain.py").write_text("import os\n\ndef test_x():\n    os._exit(3)\n")
     out = history["tmp"] / "c.json"
     retire(history, history["v2"], "--json", out, check=0)
     v = {p["id"]: p for p in read_json(out)["patches"]}
-    assert v["plain"]["behaviour"] == "error" and v["plain"]["verdict"] == "unknown"
-    assert "crashed" in " ".join(v["plain"]["disagreements"])
+    assert v["plain"]["behaviour"] == "fail" and v["plain"]["verdict"] == "needed"
+    assert "exited 3" in " ".join(v["plain"]["evidence"])
     res = retire(history, "0" * 40, check=1)
     assert "has no commit" in res.stderr
     res = tool("retire", "--series", history["series"], "--against", f"megatron-lm={history['v2']}",
                "--cache", history["cache"], check=1)
     assert "--source" in res.stderr
+
+
+def test_a_proof_that_cannot_import_its_dependency_is_no_evidence(history):
+    """22.3: a proof whose interpreter lacks a module no tree provides (there: torch) is an error
+    of the environment; retire must not take it for the bug still being there ('needed')."""
+    (history["series"] / "proofs/megatron_lm/test_plain.py").write_text(
+        "import carry_test_no_such_dependency  # noqa: F401\n\ndef test_x():\n    pass\n")
+    (history["series"] / "proofs/megatron_lm/test_verbatim.py").write_text(
+        "import os\n\nos._exit(3)\n\ndef test_x():\n    pass\n")  # dies before any test body
+    out = history["tmp"] / "e.json"
+    retire(history, history["v2"], "--json", out, check=0)
+    v = {p["id"]: p for p in read_json(out)["patches"]}
+    for pid in ("plain", "verbatim"):
+        assert v[pid]["behaviour"] == "error", v[pid]
+        assert "no behaviour evidence" in " ".join(v[pid]["disagreements"]), v[pid]
+    assert v["plain"]["verdict"] == "unknown" and "carry_test_no_such_dependency" in " ".join(v["plain"]["evidence"])
+    # The text alone still speaks where it can: 'verbatim' reverse-applies on the new base.
+    assert (v["verbatim"]["text"], v["verbatim"]["verdict"]) == ("landed", "unknown"), v["verbatim"]
 
 
 def test_rebase_summary_and_conflict_continue(history, tmp_path):

@@ -14,7 +14,11 @@ Test kinds:
   metrics.json collected);
 - ``command``: any command line (e.g. integration/gtp_refit_mini/run.py);
 - ``proof``: the series' proofs via carry.prove.run_proof, on the patched
-  trees (must pass) and the pristine base (must fail, else ``vacuous``).
+  trees (must pass) and the pristine base (must fail, else ``vacuous``); a proof
+  that cannot run on this host (carry.prove's environment errors) is ``error``,
+  counts as not green and is not bisected.
+
+Statuses: those of carry.judge, plus ``error``.
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ from .runlog import result_line
 from .launch import docker_killer, run_logged
 from .nightly_config import NightlyConfig
 from .nightly_plan import Cell, Options, cells, plan, timeout_for
-from .prove import run_proof
+from .prove import pairs_fit, run_proof, side_by_side
 from .runner import run
+
+NOT_GREEN = ("failed", "vacuous", "error")
 
 
 def visible_gpus() -> int:
@@ -62,8 +68,10 @@ def run_check(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, time
             return Verdict(status="skipped", reason=f"{cell.patch.upstream} was not applied in this run "
                                                     f"(--only): its proof has no tree"), {}
         o = run_proof(cell.series, cell.patch, trees, timeout, out, "patched", proof=cell.proof, cache=opts.cache)
-        v = Verdict(status={"pass": "passed", "skipped": "skipped"}.get(o.result, "failed"),
-                    reason=o.detail if o.result != "error" else f"error: {o.detail}")
+        # An environment error (carry.prove) is named as such and never bisected: no prefix of the
+        # series changes what the host lacks.
+        v = Verdict(status={"pass": "passed", "skipped": "skipped", "error": "error"}.get(o.result, "failed"),
+                    reason=o.detail)
         return v, {"seconds": round(o.seconds, 1), "proof": cell.proof,
                    "log": str(out / f"{cell.patch.id}.patched.log")}
     need = cell.spec.gpus or (cell.image.gpus if cell.launcher == "local" else 0)
@@ -114,6 +122,8 @@ def _proof_pristine(cell: Cell, trees: dict[str, Path], prefix: PrefixTrees, out
     o = run_proof(cell.series, cell.patch, base, timeout, out, "pristine", proof=cell.proof, cache=cache)
     if o.result == "fail":
         return None
+    if o.result == "error":
+        return Verdict(status="error", reason=f"on the pristine base: {o.detail}")
     return Verdict(status="vacuous",
                    reason=f"the proof does not fail on the pristine base ({o.result}: {o.detail[:200]})")
 
@@ -163,9 +173,17 @@ def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[s
                 cell_out.mkdir(parents=True, exist_ok=True)
             else:
                 try:
-                    v, info = run_check(cell, trees, cell_out / "artifacts", opts, timeout)
-                    if cell.spec.kind == "proof" and v.status == "passed":
-                        v = _proof_pristine(cell, trees, prefix, cell_out / "pristine", timeout, opts.cache) or v
+                    if cell.spec.kind == "proof" and cell.patch.upstream in trees and pairs_fit():
+                        # Both runs at once where the cores allow; the pristine one decides only a pass.
+                        (v, info), pv = side_by_side(
+                            lambda: run_check(cell, trees, cell_out / "artifacts", opts, timeout),
+                            lambda: _proof_pristine(cell, trees, prefix, cell_out / "pristine", timeout, opts.cache))
+                        if v.status == "passed":
+                            v = pv or v
+                    else:
+                        v, info = run_check(cell, trees, cell_out / "artifacts", opts, timeout)
+                        if cell.spec.kind == "proof" and v.status == "passed":
+                            v = _proof_pristine(cell, trees, prefix, cell_out / "pristine", timeout, opts.cache) or v
                 except CarryError as exc:
                     v, info = Verdict(status="failed", reason=f"could not run: {exc.message}"), {}
             record = {
@@ -204,7 +222,7 @@ def _bisect(cell: Cell, v: Verdict, prefix: PrefixTrees, out: Path, opts: Option
 
 
 def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig, warnings: list[str] = ()) -> None:
-    ok = not any(r["status"] in ("failed", "vacuous") for r in runs)
+    ok = not any(r["status"] in NOT_GREEN for r in runs)
     write_json(opts.out / "nightly.json", {"ok": ok, "run_id": opts.run_id, "seed": opts.seed,
                                            "config": str(cfg.path), "runs": runs,
                                            "history_warnings": list(warnings)})

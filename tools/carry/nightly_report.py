@@ -13,9 +13,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Iterable
 
-from .judge import STATUSES
+from .judge import STATUSES as JUDGED
 
-ICONS = {"passed": "passed", "failed": "FAILED", "skipped": "skipped", "vacuous": "VACUOUS"}
+# carry.nightly adds "error": a proof that could not run on this host (its environment).
+STATUSES = tuple(dict.fromkeys((*JUDGED, "error")))
+ICONS = {"passed": "passed", "failed": "FAILED", "skipped": "skipped", "vacuous": "VACUOUS", "error": "ERROR"}
 
 
 # -- history ---------------------------------------------------------------------------------
@@ -95,7 +97,8 @@ def history_record(run: dict) -> dict:
 def junit(runs: list[dict], name: str = "gtp-carry-nightly") -> str:
     suite = ET.Element("testsuite", name=name, tests=str(len(runs)),
                        failures=str(sum(r["status"] in ("failed", "vacuous") for r in runs)),
-                       skipped=str(sum(r["status"] == "skipped" for r in runs)), errors="0",
+                       skipped=str(sum(r["status"] == "skipped" for r in runs)),
+                       errors=str(sum(r["status"] == "error" for r in runs)),
                        time=f"{sum(r.get('seconds') or 0 for r in runs):.1f}")
     for r in runs:
         case = ET.SubElement(suite, "testcase", classname=f"{r['series']}.{r['image']}", name=r["test"],
@@ -113,6 +116,8 @@ def junit(runs: list[dict], name: str = "gtp-carry-nightly") -> str:
             if r.get("bisect"):
                 body.append(f"bisect: {r['bisect'].get('note')}")
             el.text = "\n".join(body)
+        elif r["status"] == "error":
+            ET.SubElement(case, "error", type="environment", message=(r.get("reason") or "error")[:500])
     ET.indent(suite)
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
@@ -132,7 +137,7 @@ def _metrics(r: dict, keys: Iterable[str]) -> str:
 
 def summary(runs: list[dict], run_id: str, header: dict[str, Any], warnings: Iterable[str] = ()) -> str:
     counts = {s: sum(r["status"] == s for r in runs) for s in STATUSES}
-    verdict = "FAILED" if counts["failed"] or counts["vacuous"] else "ok"
+    verdict = "FAILED" if counts["failed"] or counts["vacuous"] or counts["error"] else "ok"
     lines = [f"# Nightly {run_id}: {verdict}", ""]
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
     for key, value in header.items():

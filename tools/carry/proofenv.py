@@ -5,9 +5,16 @@ holds what they import. A proof folder with a ``requirements.txt``
 (``proofs/nemo_rl/``: NeMo-RL's import dependencies, with a transformers the
 test extra cannot hold) runs in a virtual environment built from that file,
 once, and cached under ``CACHE/proof-envs/<key>``; the key covers the file's
-bytes and the interpreter, so a changed file or another Python builds a new
-one. The environment also sees this interpreter's packages
-(``--system-site-packages``: torch, pytest), and its own pins shadow them.
+bytes, the interpreter and its site folders, so a changed file or another Python
+builds a new one.
+
+The environment sees exactly what this interpreter sees, after its own pins: a
+``.pth`` file adds this interpreter's site folders (``site.getsitepackages()``
+and the user site where enabled: torch, pytest) behind the environment's own
+site-packages. It does not take them from the base interpreter
+(``--system-site-packages``): run from a virtual environment, that is the base
+Python under it, which may have no torch at all, and every proof would fail to
+import it.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import site
 import sys
 import time
 from pathlib import Path
@@ -42,7 +50,9 @@ def python_for(series: Series, proof: str, cache: Path) -> str | None:
 def ensure(req: Path, cache: Path) -> Path:
     """The python of the environment built from ``req``; built (under a lock) when absent."""
     base = Path(sys.executable).resolve()
-    key = hashlib.sha256(req.read_bytes() + b"\0" + str(base).encode() + b"\0" + sys.version.encode()).hexdigest()[:16]
+    parents = parent_sites()
+    key = hashlib.sha256(req.read_bytes() + b"\0" + str(base).encode() + b"\0" + sys.version.encode()
+                         + b"\0" + "\0".join(parents).encode()).hexdigest()[:16]
     dest = cache / "proof-envs" / key
     python = dest / "bin" / "python"
     if (dest / COMPLETE).exists():
@@ -55,7 +65,8 @@ def ensure(req: Path, cache: Path) -> Path:
         t0 = time.monotonic()
         progress.say(f"building the proof environment {dest.name} from {req.name} (once; later runs reuse it)")
         # A venv records its own path, so it is built where it stays; COMPLETE marks it usable.
-        run([sys.executable, "-m", "venv", "--system-site-packages", str(dest)])
+        run([sys.executable, "-m", "venv", str(dest)])
+        _see_parent_sites(dest, python, parents)
         res = run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
                    "--progress-bar", "off", "-r", str(req)], check=False, env={**os.environ, "PIP_REQUIRE_VIRTUALENV": "1"})
         if not res.ok:
@@ -66,3 +77,18 @@ def ensure(req: Path, cache: Path) -> Path:
                                    "install), then run the command again")
         (dest / COMPLETE).write_text(f"built from {req} in {time.monotonic() - t0:.0f}s\n")
     return python
+
+
+def parent_sites() -> list[str]:
+    """This interpreter's site folders, in its order (a venv's own first, then any it exposes)."""
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return [d for d in dict.fromkeys(dirs) if Path(d).is_dir()]
+
+
+def _see_parent_sites(dest: Path, python: Path, parents: list[str]) -> None:
+    """A .pth in the environment's site-packages that adds ``parents`` after it (their .pth files too)."""
+    own = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    line = "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in parents)
+    (Path(own) / "carry-parent-site.pth").write_text(line + "\n")

@@ -6,11 +6,24 @@ or at that patch's commit, the others at their patched heads. Outcomes come
 from pytest's JUnit XML, not from guessing at its output. A proof that passes
 on the pristine base proves nothing and fails the run; one that needs a GPU
 reports ``skipped`` where there is none, never ``pass``.
+
+Four outcomes per run: ``pass``, ``fail`` (the proof ran and is red), ``skipped``, and
+``error``: the proof could not run here, so it says nothing about the tree. It is an error of
+the environment when the proof's interpreter cannot import a module that no tree under test
+provides (Megatron-Bridge's ``omegaconf`` on a host without it), when a rank was forked after
+CUDA was initialised, when its environment cannot be built, or when the interpreter or pytest
+stops before any test body started (no pytest, a crash at start-up, pytest's own usage or
+internal errors). The plugin ``proofsite/carry_proof_plugin.py`` records, from inside the proof's
+pytest, when each test body starts and what each exception was; a crash or a timeout after a
+body started is a ``fail`` of that body. ``error`` is never evidence: prove exits 2 for it (the
+host is not configured for the proof) unless a proof is also not red/green (exit 1), the nightly
+reports it as ``error`` and does not bisect it, and retire takes no behaviour evidence from it.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import sys
@@ -18,21 +31,26 @@ import tarfile
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, TypeVar
 
-from . import progress, proofenv
-from .errors import CommandError, UsageError
+from . import progress, proofenv, tesite
+from .errors import CommandError, SourceError, UsageError
 from .lock import LOCK_TIMEOUT
 from .manifest import PatchMeta, Series
 from .repo import command
 from .runner import Git, run
 from .workspace import WorkDir
 
+T = TypeVar("T")
+U = TypeVar("U")
+
 
 @dataclass
 class Outcome:
-    result: str          # pass | fail | skipped | error
+    result: str          # pass | fail | skipped | error (the environment: see the module's docstring)
     detail: str = ""
     seconds: float = 0.0
 
@@ -43,7 +61,7 @@ class ProofResult:
     proof: str
     pristine: str
     patched: str
-    ok: bool | None       # None: not decided here (skipped)
+    ok: bool | None       # None: not decided here (skipped, or an environment error)
     pristine_detail: str = ""
     patched_detail: str = ""
     seconds: float = 0.0
@@ -54,6 +72,7 @@ class ProveReport:
     series: str
     ok: bool = True
     proofs: list[ProofResult] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # patches whose proof could not run here
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,46 +90,100 @@ def extract(repo: Path, commit: str, dest: Path) -> Path:
     return dest
 
 
+PLUGIN_DIR = Path(__file__).resolve().parent / "proofsite"
+PAIR_CORES = 8  # a proof run is a pytest and (often) two ranks: two runs side by side want this many cores
+
+
+def pairs_fit() -> bool:
+    """Whether two proof runs go side by side here (``CARRY_PROOF_SIDE_BY_SIDE=1|0`` decides instead)."""
+    forced = os.environ.get("CARRY_PROOF_SIDE_BY_SIDE", "")
+    return forced == "1" if forced in ("0", "1") else usable_cores() >= PAIR_CORES
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (os.cpu_count counts the machine's, also where a few are lent)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def side_by_side(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
+    """Both results; run at once where the machine has the cores (a GPU host), else one after the other.
+
+    A proof's pristine and patched runs are independent (their own trees, interpreters, ports
+    and scratch), and on a GPU host the TE proofs take about a minute each.
+    """
+    if not pairs_fit():
+        return first(), second()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        later = pool.submit(first)
+        b = second()
+        return later.result(), b
+
+
 def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout: float,
               log_dir: Path | None = None, label: str = "", proof: str | None = None,
               cache: Path | None = None) -> Outcome:
     """Run one proof (by default the patch's first) against the given trees; classify from JUnit XML.
 
     With ``cache``, a proof whose folder pins its own requirements runs in the environment
-    carry.proofenv builds from them (else in this interpreter).
+    carry.proofenv builds from them (else in this interpreter). The path is: the proofs folder,
+    the trees, the TransformerEngine site (carry.tesite), the plugin, then the caller's PYTHONPATH.
     """
     proof = proof or patch.proof
     assert proof
-    python = proofenv.python_for(series, proof, cache) if cache is not None else None
+    try:
+        python = proofenv.python_for(series, proof, cache) if cache is not None else None
+    except SourceError as exc:
+        return Outcome("error", f"environment: {exc.message}")
     proofs_dir = series.root / "proofs"
     target = series.root / proof.split("::")[0]
-    paths = [str(proofs_dir)]
+    tree_paths = []
     env = {k: v for k, v in os.environ.items() if not k.startswith("CARRY_TREE_")}
     for up in series.upstreams:
         if up.name in trees:
             root = trees[up.name]
-            paths.append(str((root / up.python_path).resolve()))
+            tree_paths.append(str((root / up.python_path).resolve()))
             env[env_name(up.name)] = str(root.resolve())
+    te = tesite.site()
     # The trees go first; whatever the caller had (e.g. a TransformerEngine install) stays after them.
+    paths = [str(proofs_dir), *tree_paths, *([str(te)] if te else []), str(PLUGIN_DIR)]
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["CARRY_PROOF_TREES"] = os.pathsep.join(tree_paths)
     with tempfile.TemporaryDirectory(prefix="carry-proof-") as tmp:
         xml = Path(tmp) / "junit.xml"
+        events = Path(tmp) / "events.jsonl"
+        env["CARRY_PROOF_EVENTS"] = str(events)
         argv = [python or sys.executable, "-m", "pytest", "-q", "-c", str(proofs_dir / "pytest.ini"),
-                "--rootdir", str(proofs_dir), f"--junitxml={xml}", "-o", "junit_family=xunit1",
+                "--rootdir", str(proofs_dir), "-p", "carry_proof_plugin", f"--junitxml={xml}",
+                "-o", "junit_family=xunit1",
                 str(target) + ("::" + proof.split("::", 1)[1] if "::" in proof else "")]
         t0 = time.monotonic()
         try:
             res = run(argv, env=env, cwd=series.root.parents[1], check=False, timeout=timeout)
             rc, output = res.returncode, res.stdout + res.stderr
         except CommandError as exc:  # a timeout, or no interpreter: an outcome, not a crash of ours
-            return Outcome("error", f"did not finish: {exc.message}", time.monotonic() - t0)
+            rc, output = None, f"did not finish: {exc.message}"
         secs = time.monotonic() - t0
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
             stem = Path(proof.split("::")[0]).stem
             (log_dir / f"{patch.id}.{stem}.{label}.log").write_text(output)
-        return _classify(rc, xml, output, secs)
+        return _classify(rc, xml, output, secs, _events(events))
+
+
+def _events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line torn by a killed interpreter
+    return out
 
 
 _ERROR_LINE = re.compile(r"^\s*(?:E\s+)?([A-Za-z_.]*(?:Error|Exception|Failed|Interrupted)\b.*)$")
@@ -126,29 +199,41 @@ def _headline(text: str) -> str:
     return lines[0][:300] if lines else ""
 
 
-def _classify(rc: int, xml: Path, output: str, secs: float) -> Outcome:
+def _classify(rc: int | None, xml: Path, output: str, secs: float, events: list[dict] = ()) -> Outcome:
+    """``rc`` None: the run did not finish (``output`` says why)."""
+    environment = [e for e in events if e.get("event") == "error" and e.get("kind") == "environment"]
+    if environment:
+        e = environment[0]
+        return Outcome("error", f"environment ({e.get('phase')} of {e.get('nodeid') or 'the proof'}): "
+                                f"{e.get('reason')}", secs)
+    bodies = [e["nodeid"] for e in events if e.get("event") == "body"]
+    tail = " | ".join(output.strip().splitlines()[-3:])[-400:]
+    if rc is None or not xml.exists():
+        what = output if rc is None else f"the interpreter exited {rc} without a report: {tail}"
+        if bodies:  # it died or hung in a test body: that body's result
+            return Outcome("fail", f"{what} (in {bodies[-1]})", secs)
+        return Outcome("error", f"environment: no test body ran: {what}", secs)
     tests = failed = skipped = 0
     first_failure = skip_note = ""
-    if xml.exists():
-        for case in ET.parse(xml).getroot().iter("testcase"):
-            tests += 1
-            for child in case:
-                line = _headline((child.get("message") or "") + "\n" + (child.text or "")) or child.tag
-                if child.tag in ("failure", "error"):
-                    failed += 1
-                    first_failure = first_failure or line
-                elif child.tag == "skipped":
-                    skipped += 1
-                    skip_note = skip_note or line
-    tail = " | ".join(output.strip().splitlines()[-3:])[-400:]
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        tests += 1
+        for child in case:
+            line = _headline((child.get("message") or "") + "\n" + (child.text or "")) or child.tag
+            if child.tag in ("failure", "error"):
+                failed += 1
+                first_failure = first_failure or line
+            elif child.tag == "skipped":
+                skipped += 1
+                skip_note = skip_note or line
     if rc == 0 and tests and skipped == tests:
         return Outcome("skipped", skip_note or "all tests skipped", secs)
     if rc == 0 and tests > skipped:
         return Outcome("pass", f"{tests - skipped} passed" + (f", {skipped} skipped" if skipped else ""), secs)
     if rc in (1, 2) and failed:
-        # rc 2 with a recorded error is a collection error: the tree lacks what the proof imports.
+        # rc 2 with a recorded error is a collection error: the tree lacks what the proof imports
+        # (an import the trees cannot provide was an environment error above).
         return Outcome("fail", first_failure, secs)
-    return Outcome("error", f"pytest exited {rc}: {tail}", secs)
+    return Outcome("error", f"environment: pytest exited {rc}: {tail}", secs)
 
 
 def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float, cache: Path,
@@ -161,10 +246,16 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
     with_proof = [p for p in chosen if p.proofs]
     if not with_proof:
         raise UsageError("no selected patch has a proof", hint="check --only and the proof keys in series.toml")
-    state = wd.require(series)
+    wd.require(series)
     report = ProveReport(series=series.name)
-    # Hold the work directory's lock: an apply must not swap trees under a running proof.
+    # Hold the work directory's lock: an apply must not swap trees under a running proof. The
+    # record is read under it, after finishing a swap a killed apply left journalled: read before,
+    # it could name commits the workspaces no longer have.
     with wd.lock(lock_timeout), tempfile.TemporaryDirectory(prefix="carry-prove-") as tmp:
+        finished = wd.recover()
+        if finished:
+            progress.say(f"finished the swap of {', '.join(finished)} that an interrupted apply left")
+        state = wd.require(series)
         tmpd = Path(tmp)
         for p in with_proof:
             rec = state.record(p.upstream)
@@ -182,15 +273,20 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
                 extract(repo, rec.base_commit, pristine_tree)
             patched_tree = extract(repo, commit, tmpd / f"{p.upstream}-{p.id}")
             for proof in p.proofs:
-                progress.say(f"{p.id}: {proof} on the pristine base")
-                a = run_proof(series, p, {**others, p.upstream: pristine_tree}, timeout, log_dir, "pristine", proof, cache)
-                progress.say(f"{p.id}: {proof} on the patched tree")
-                b = run_proof(series, p, {**others, p.upstream: patched_tree}, timeout, log_dir, "patched", proof, cache)
-                if a.result == "skipped" and b.result == "skipped":
+                progress.say(f"{p.id}: {proof} on the pristine base and on the patched tree")
+                a, b = side_by_side(
+                    lambda: run_proof(series, p, {**others, p.upstream: pristine_tree}, timeout, log_dir, "pristine",
+                                      proof, cache),
+                    lambda: run_proof(series, p, {**others, p.upstream: patched_tree}, timeout, log_dir, "patched",
+                                      proof, cache))
+                if "error" in (a.result, b.result):
+                    ok = None  # it could not run here: no evidence either way (an environment error)
+                    report.errors.append(p.id)
+                elif a.result == "skipped" and b.result == "skipped":
                     ok = None
                 else:
                     ok = a.result == "fail" and b.result == "pass"
                 report.proofs.append(ProofResult(p.id, proof, a.result, b.result, ok, a.detail, b.detail,
                                                  round(a.seconds + b.seconds, 1)))
-    report.ok = all(r.ok is not False for r in report.proofs)
+    report.ok = all(r.ok is not False for r in report.proofs) and not report.errors
     return report

@@ -5,7 +5,9 @@ Three kinds of evidence per patch, reported side by side:
              it already there, or (git) an upstream commit in the new range
              has the same `git patch-id --stable`;
   behaviour  the patch's proof passes on the pristine new base: the bug is
-             gone upstream even if upstream fixed it differently;
+             gone upstream even if upstream fixed it differently (a proof
+             that could not run there, carry.prove's ``error``, is no
+             evidence either way);
   link       (git) the recorded upstream merge commit is an ancestor of the
              new base.
 Disagreements are reported, not hidden. ``--write`` retires the landed
@@ -100,7 +102,9 @@ def _range_patch_ids(old_commit: str | None, new_commit: str, history: list[Path
 def _decide(text: str, behaviour: str, link: str) -> tuple[str, bool, list[str]]:
     dis = []
     if behaviour == "error":
-        return "unknown", False, ["the proof crashed on the new base: no behaviour evidence"]
+        # carry.prove's environment errors: the proof could not run, so it says nothing either way.
+        return "unknown", False, ["the proof could not run on the new base (an error of its environment, "
+                                  "not a red proof): no behaviour evidence"]
     if behaviour == "pass":
         if text == "applies" and link != "landed":
             dis.append("the proof passes upstream but the patch still applies: upstream fixed it some other way "

@@ -5,6 +5,18 @@
 and re-raises the first rank failure in the caller with that rank's
 traceback, so pytest shows why a proof went red. ``fn`` must be a module
 level function (it is pickled by name).
+
+How ranks start (``start_method``): forked where torch sees no CUDA device, spawned where it
+sees one. The CUDA driver does not survive a fork once the parent has touched it, and on a GPU
+host the parent always may have: importing megatron-core or TransformerEngine, or a proof's own
+``have_gtp()`` check, reaches CUDA before any rank starts, and a proof cannot keep imports it
+does not own from doing so. A spawned rank is a fresh interpreter, so it is right everywhere;
+where there is no device to poison, a fork is as safe and lets each rank inherit the parent's
+imports instead of paying for them again (Megatron-Bridge's take ~20 s).
+``CARRY_PROOF_START_METHOD`` overrides the choice.
+
+A rank's failure carries its exception's type and, for an import error, the module it could
+not import (``RankFailed.cause``): carry.prove tells a missing dependency from a red proof by it.
 """
 
 from __future__ import annotations
@@ -20,7 +32,27 @@ RANK_TIMEOUT_S = float(os.environ.get("CARRY_PROOF_RANK_TIMEOUT", "600"))
 
 
 class RankFailed(AssertionError):
-    pass
+    def __init__(self, message: str, cause: dict | None = None):
+        super().__init__(message)
+        self.cause = cause or {}
+
+
+def start_method() -> str:
+    """fork, or spawn where a CUDA device is visible (see the module's docstring)."""
+    chosen = os.environ.get("CARRY_PROOF_START_METHOD")
+    if chosen:
+        return chosen
+    import torch
+
+    # device_count() asks NVML first and never creates a CUDA context; on a CPU build it is 0.
+    return "spawn" if torch.cuda.is_initialized() or torch.cuda.device_count() > 0 else "fork"
+
+
+def _cause(exc: BaseException) -> dict:
+    cause = {"type": type(exc).__name__, "message": str(exc)[:500]}
+    if isinstance(exc, ImportError) and exc.name:
+        cause["module"] = exc.name
+    return cause
 
 
 def _free_port() -> int:
@@ -37,7 +69,7 @@ def _entry(rank, world_size, port, fn, args, queue):
         result = fn(rank, world_size, *args)
         queue.put((rank, "ok", result))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent verbatim
-        queue.put((rank, "error", "".join(traceback.format_exception(exc))))
+        queue.put((rank, "error", ("".join(traceback.format_exception(exc)), _cause(exc))))
     finally:
         if dist.is_initialized():
             try:
@@ -48,7 +80,7 @@ def _entry(rank, world_size, port, fn, args, queue):
 
 def spawn(fn, world_size: int = 2, *args, method: str | None = None):
     """Run fn on every rank; return the list of per-rank return values."""
-    method = method or os.environ.get("CARRY_PROOF_START_METHOD", "fork")
+    method = method or start_method()
     ctx = mp.get_context(method)
     queue = ctx.Queue()
     port = _free_port()
@@ -57,7 +89,7 @@ def spawn(fn, world_size: int = 2, *args, method: str | None = None):
     for p in procs:
         p.start()
     results: dict[int, object] = {}
-    errors: dict[int, str] = {}
+    errors: dict[int, tuple[str, dict]] = {}
     import queue as _q
     try:
         for _ in range(world_size):
@@ -79,5 +111,6 @@ def spawn(fn, world_size: int = 2, *args, method: str | None = None):
                 p.join()
     if errors:
         rank = min(errors)
-        raise RankFailed(f"rank {rank} failed:\n{errors[rank]}")
+        text, cause = errors[rank]
+        raise RankFailed(f"rank {rank} failed:\n{text}", cause)
     return [results[r] for r in range(world_size)]

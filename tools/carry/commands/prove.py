@@ -5,14 +5,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import options, report
+from .. import options, report, tesite
 from ..prove import prove
 
 DESCRIPTION = """\
 Run each patch's proof on the pristine base (must fail) and on the patched tree (must pass),
 each in a fresh interpreter. Needs the workspaces from tools/apply.py. A proof that needs a GPU
 reports 'skipped' without one, never 'pass'. Proofs whose folder has a requirements.txt
-(proofs/nemo_rl/) run in an environment built once from it and cached (--cache)."""
+(proofs/nemo_rl/) run in an environment built once from it and cached (--cache).
+
+A proof that cannot run here (a module no tree provides is missing, a rank forked after CUDA
+was initialised, no test body started) is an 'error' of the environment, not a red proof:
+exit 2 when that is all that went wrong; exit 1 when a proof is not red/green."""
 
 
 def main(argv: list[str], prog: str) -> int:
@@ -25,16 +29,32 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--logs", type=Path, metavar="DIR", help="keep each proof run's output here")
     options.add_cache(p)
     options.add_lock_timeout(p)
+    tesite.add_option(p)
     a = p.parse_args(argv)
     series = options.load_series(a)
+    tesite.use(a.te_site)
     rep = prove(series, a.workdir, options.comma_list(a.only), a.timeout, options.cache(a), a.logs, a.lock_timeout)
     options.write_report(a.json, rep.to_dict())
-    rows = [[r.id, r.pristine, r.patched, {True: "ok", False: "FAILED", None: "not run here"}[r.ok],
-             r.patched_detail if r.ok is None else (r.pristine_detail if r.pristine != "fail" else r.patched_detail)]
-            for r in rep.proofs]
+    rows = [[r.id, r.pristine, r.patched, _verdict(r), _detail(r)] for r in rep.proofs]
     print(report.table(rows, ["patch", "pristine", "patched", "verdict", "detail"]))
     bad = [r.id for r in rep.proofs if r.ok is False]
     if bad:
         print(f"error: proof not red/green for: {', '.join(bad)}", file=sys.stderr)
-        return 1
-    return 0
+    if rep.errors:
+        print(f"error: proof could not run here (the environment, not the tree) for: {', '.join(rep.errors)}",
+              file=sys.stderr)
+        print("next: give the proof what it imports (see the detail column), then run the command again",
+              file=sys.stderr)
+    return 1 if bad else 2 if rep.errors else 0
+
+
+def _verdict(r) -> str:
+    if "error" in (r.pristine, r.patched):
+        return "ERROR"
+    return {True: "ok", False: "FAILED", None: "not run here"}[r.ok]
+
+
+def _detail(r) -> str:
+    if r.pristine == "error" or (r.patched != "error" and r.ok is not None and r.pristine != "fail"):
+        return r.pristine_detail
+    return r.patched_detail

@@ -84,7 +84,7 @@ def _init_under_shim(rank, world_size, sizes, explicit):
 
 
 def test_shim_injects_gtp_sizes_into_initialize_model_parallel(gtp):
-    results = spawn(_init_under_shim, 2, (2, 2), {}, method="fork")
+    results = spawn(_init_under_shim, 2, (2, 2), {})
     for rank, (gtp_size, expert_gtp_size, replicate_dp, printed) in enumerate(results):
         assert (gtp_size, expert_gtp_size) == (2, 2), (
             f"rank {rank}: initialize_model_parallel built GTP groups of {gtp_size}/{expert_gtp_size}, "
@@ -96,7 +96,7 @@ def test_shim_injects_gtp_sizes_into_initialize_model_parallel(gtp):
 
 def test_shim_leaves_sizes_the_caller_passes(gtp):
     explicit = {"gtp_remat_size": 1, "expert_gtp_remat_size": 1}
-    results = spawn(_init_under_shim, 2, (2, 2), explicit, method="fork")
+    results = spawn(_init_under_shim, 2, (2, 2), explicit)
     for rank, (gtp_size, expert_gtp_size, replicate_dp, printed) in enumerate(results):
         assert (gtp_size, expert_gtp_size) == (1, 1), f"rank {rank}: the shim overrode explicit sizes"
         assert replicate_dp == 2

@@ -504,7 +504,7 @@ def test_proof_cells_with_the_te_site_and_an_environment_error(demo, tmp_path):
     site.mkdir()
     add_proofs(demo["series"], {"site": SITE_PROOF.format(site=str(site.resolve())), "dep": MISSING_DEPENDENCY},
                {"clean": "site", "threeway": "dep"}, SERIES / "proofs" / "pytest.ini")
-    check = ["{python}", "-c", f"import sys; assert {str(site.resolve())!r} in sys.path, sys.path"]
+    check = ["{python}", "-c", f"import sys; assert {str(site.resolve())!r} in sys.path, sys.path; print('site on path')"]
     config = tmp_path / "nightly.toml"
     config.write_text(f'''
 [nightly]
@@ -526,6 +526,7 @@ kind = "command"
 images = ["host"]
 argv = {_toml_list(check)}
 env = {{ PYTHONPATH = "{{tree:megatron-lm}}:${{CARRY_TE_SITE:-}}" }}
+markers = ["site on path"]
 ''')
     d = dict(demo, config=config)
     out = tmp_path / "n"

@@ -1,9 +1,11 @@
 """The series manifest (``patches/<series>/series.toml``) as frozen dataclasses.
 
 Unknown keys are errors with a suggestion, so a typo never silently drops a
-pin or a proof. ``requires`` is checked on every load (unknown ids, cycles,
-a patch needing a later one of its own upstream): every command that reads a
-series refuses a broken one the same way. The digest covers everything that
+pin or a proof. The patch entries are checked on every load (``problems``:
+ids, files inside the series folder and listed once, and ``requires``:
+unknown ids, cycles, a patch needing a later one of its own upstream): every
+command that reads a series refuses a broken one the same way, and lint
+reports the same problems among its others. The digest covers everything that
 determines a patched tree: the pins and the bytes of the selected patch files.
 """
 
@@ -23,7 +25,8 @@ from .errors import ConfigError, UsageError
 STATUSES = ("pending", "submitted", "backport", "merged", "rejected", "inappropriate")
 UPSTREAM_NAMES = ("megatron-lm", "megatron-bridge", "nemo-rl")
 SOURCE_KINDS = ("pypi", "git")
-ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*[a-z0-9]$")
+ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*[a-z0-9]$", re.ASCII)
+_FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.patch$", re.ASCII)
 NO_PROOF = "none:"  # proof = "none: <why>": a patch that has no proof, and says why
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -146,6 +149,34 @@ class Series:
             if p.upstream == upstream:
                 h.update(p.id.encode() + b"\0" + file_sha256(self.patch_path(p)).encode() + b"\0")
         return h.hexdigest()
+
+    def entry_problems(self) -> list[tuple[str, str]]:
+        """(where, message) for each bad patch entry: its id, or a file outside its upstream's
+        folder of the series, or listed twice. apply would otherwise apply what lint refuses."""
+        probs = []
+        upstream_names = {u.name for u in self.upstreams}
+        listed: dict[str, str] = {}
+        root = self.root.resolve()
+        for p in self.patches:
+            where = f"patch {p.id}"
+            if not ID_RE.match(p.id):
+                probs.append((where, "id must be lowercase kebab-case (a-z, 0-9 and '-', ASCII)"))
+            if p.id in upstream_names:
+                probs.append((where, "a patch id equals an upstream name (--only would be ambiguous)"))
+            folder, _, name = p.file.partition("/")
+            if folder != p.upstream or not _FILE_NAME_RE.match(name):
+                probs.append((where, f"file {p.file!r} must be {p.upstream}/<name>.patch (a file in the "
+                                     f"series folder's {p.upstream}/, not outside the series folder)"))
+            elif not (self.root / p.file).resolve().is_relative_to(root):
+                probs.append((where, f"file {p.file} is a link to outside the series folder"))
+            if p.file in listed:
+                probs.append((where, f"file {p.file} is also listed by {listed[p.file]}"))
+            listed.setdefault(p.file, p.id)
+        return probs
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Everything every command refuses in the entries (lint reports these and more)."""
+        return self.entry_problems() + self.requires_problems()
 
     def requires_problems(self) -> list[tuple[str, str]]:
         """(where, message) for each broken ``requires``: unknown, itself, later in its upstream, a cycle."""
@@ -282,15 +313,20 @@ def _load_git(t: _Table) -> GitSource:
     return GitSource(t.get("url", str, required=True), commit, ref, t.strings("paths"))
 
 
-def load(series_dir: Path, *, check_requires: bool = True) -> Series:
-    """The series in ``series_dir``; RequiresError when its ``requires`` are broken (lint reads
-    them with check_requires=False and reports them among its other problems)."""
+def load(series_dir: Path, *, check: bool = True) -> Series:
+    """The series in ``series_dir``; EntryError when a patch entry is bad, RequiresError when
+    only the ``requires`` are (lint reads with check=False and reports them among its other problems)."""
     path = series_dir / "series.toml"
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"no series manifest at {path}",
                           hint="pass --series NAME for a folder patches/NAME/ that has series.toml") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a directory, not the series manifest (a TOML file)") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})",
+                          hint="TOML files are UTF-8: re-save it so") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     top = _Table(raw, "<top>", path)
@@ -345,7 +381,12 @@ def load(series_dir: Path, *, check_requires: bool = True) -> Series:
     if dupes:
         raise ConfigError(f"{path}: duplicate patch id(s): {', '.join(dupes)}")
     series = Series(name, s.get("description", str, ""), series_dir, tuple(upstreams), tuple(patches))
-    if check_requires:
+    if check:
+        probs = series.entry_problems()
+        if probs:
+            raise EntryError(f"{path}: the patch entries are invalid:\n    "
+                             + "\n    ".join(f"{w}: {m}" for w, m in probs),
+                             hint=f"fix them in {path}")
         probs = series.requires_problems()
         if probs:
             raise RequiresError(f"{path}: the patches' requires are broken:\n    "
@@ -354,7 +395,11 @@ def load(series_dir: Path, *, check_requires: bool = True) -> Series:
     return series
 
 
-class RequiresError(ConfigError):
+class EntryError(ConfigError):
+    """A patch entry's id or file is one no command may use (Series.entry_problems)."""
+
+
+class RequiresError(EntryError):
     """A patch requires an unknown patch, itself, a later patch of its upstream, or a cycle."""
 
 

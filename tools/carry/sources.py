@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import progress
 from .artifacts import download_version, fetch_artifact, sha256_file, unpack_wheel
-from .errors import IntegrityError, SourceError, UsageError
+from .errors import IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
 from .lock import building
 from .manifest import Artifact, Upstream
 from .runner import Git
@@ -75,6 +75,9 @@ def _fetch_git(upstream: Upstream, cache: Path) -> Path:
     progress.say(f"{upstream.name}: fetching {want} from {g.url}")
     # A ref per fetched pin, so that no later fetch or gc loses it (FETCH_HEAD is overwritten).
     res = repo("fetch", "-q", "--depth=1", g.url, f"+{want}:refs/carry/fetched/{want}", check=False)
+    if not res.ok and says_no_space(res.stderr):
+        raise NoSpaceError(f"{upstream.name}: no space left on the device holding {mirror} to fetch {want}",
+                           hint="free some space there (or point --cache at another disk) and run the command again")
     if not res.ok:
         raise SourceError(f"{upstream.name}: cannot fetch {want} from {g.url}: "
                           + " ".join(res.stderr.strip().splitlines()[-2:]),

@@ -216,3 +216,52 @@ def test_permission_denied_is_named(demo, tmp_path):
                           "--workdir", str(theirs / "w"), "--cache", str(demo["cache"]),
                           "--source", f"megatron-lm={demo['up']}"], capture_output=True, text=True, timeout=300)
     _refused(res, "permission denied", str(theirs / "w"))
+
+
+# -- item 10: a patch to a file the upstream lacks ------------------------------------------------
+def _ghost_patches(demo):
+    """'adds' creates megatron/core/epsilon.py (a copy of alpha.py); 'ghost' then edits it."""
+    from carry.export import format_patch
+    from carry.runner import Git
+    from fakeup import edit, patch_entry, series_toml
+
+    up, g = demo["up"], Git(demo["up"])
+    g("checkout", "-q", "--detach", demo["v0"])
+    (up / "megatron/core/epsilon.py").write_text((up / "megatron/core/alpha.py").read_text())
+    adds = g.commit_all("demo: add epsilon")
+    edit(up, "megatron/core/epsilon.py", 5, "value_5 = 'ghost'\n")
+    ghost = g.commit_all("demo: edit epsilon")
+    g("checkout", "-q", "main")
+    for name, commit in (("0005-adds.patch", adds), ("0006-ghost.patch", ghost)):
+        (demo["series"] / "megatron-lm" / name).write_text(format_patch(up, commit))
+
+    def write(ids):
+        files = {"clean": "0001-clean.patch", "adds": "0005-adds.patch", "ghost": "0006-ghost.patch"}
+        entries = [patch_entry(i, f"megatron-lm/{files[i]}") for i in ids]
+        (demo["series"] / "series.toml").write_text(series_toml(demo["v0"], "https://example.invalid/x.git", entries))
+        for name in ("0002-threeway.patch", "0003-upstreamed.patch", "0004-conflict.patch"):
+            (demo["series"] / "megatron-lm" / name).unlink(missing_ok=True)
+        for name in set(files.values()) - {files[i] for i in ids}:
+            (demo["series"] / "megatron-lm" / name).rename(demo["tmp"] / name)
+    return write
+
+
+def test_a_patch_to_a_file_the_base_lacks_is_refused(demo):
+    write = _ghost_patches(demo)
+    write(["clean", "ghost"])
+    res = apply(demo, "--json", demo["tmp"] / "r.json")
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "patch ghost (megatron-lm/0006-ghost.patch) does not apply" in res.stderr, out
+    assert "megatron/core/epsilon.py, which the tree it applies to does not have" in res.stderr, out
+    assert "applied with a 3-way merge" not in res.stdout
+    assert not demo["work"].exists(), "a refused first run leaves no work/"
+
+
+def test_a_patch_may_edit_a_file_an_earlier_patch_creates(demo):
+    write = _ghost_patches(demo)
+    write(["clean", "adds", "ghost"])
+    apply(demo, check=0)
+    ws = demo["work"] / "megatron-lm"
+    assert "value_5 = 'ghost'" in (ws / "megatron/core/epsilon.py").read_text()
+    assert "ghost" not in (ws / "megatron/core/alpha.py").read_text()

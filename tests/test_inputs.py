@@ -265,3 +265,25 @@ def test_a_patch_may_edit_a_file_an_earlier_patch_creates(demo):
     ws = demo["work"] / "megatron-lm"
     assert "value_5 = 'ghost'" in (ws / "megatron/core/epsilon.py").read_text()
     assert "ghost" not in (ws / "megatron/core/alpha.py").read_text()
+
+
+# -- item 15: a checkout owned by another user -------------------------------------------------------
+def test_a_checkout_owned_by_another_user_is_named_with_the_fix(demo, tmp_path):
+    """git refuses it ("dubious ownership"): that is said, with the fix, not "lacks the pinned commit"."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the checkout to another user")
+    theirs = tmp_path / "theirs"
+    shutil.copytree(demo["up"], theirs)
+    for root, dirs, files in os.walk(theirs):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), 65534, 65534)
+    os.chown(theirs, 65534, 65534)
+    res = tool("apply", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+               "--source", f"megatron-lm={theirs}")
+    _refused(res, str(theirs), "owned by another user", "safe.directory")
+    assert "does not contain the pinned commit" not in res.stderr
+    # The fix it names works: the user's own safe.directory is honoured.
+    cfg = tmp_path / "gitconfig"
+    cfg.write_text(f"[safe]\n\tdirectory = {theirs}\n")
+    res = tool("apply", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+               "--source", f"megatron-lm={theirs}", env={"GIT_CONFIG_GLOBAL": str(cfg)}, check=0)

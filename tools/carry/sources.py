@@ -226,6 +226,13 @@ def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
         return _tree_base(cache, upstream.name, key, f"{path.name}{note}", lambda tree: unpack_wheel(path, tree, pypi))
     g = Git(path)
     is_git = (path / ".git").exists() or (path / "HEAD").is_file() and (path / "objects").is_dir()
+    if is_git and g.untrusted():
+        raise UsageError(f"--source {upstream.name}={path}: git refuses this checkout: it is owned by another "
+                         f"user ({_owner(path)}) and git works only in repositories you own or trust "
+                         "(\"dubious ownership\")",
+                         hint=f"if you trust it, `git config --global --add safe.directory {path}` (gtp-carry "
+                              "honours safe.directory from your git config, nothing else of it), or clone it "
+                              "and give --source your clone")
     if is_git:
         pinned = upstream.git.commit if upstream.git else None
         if pinned and g.has_commit(pinned):
@@ -243,6 +250,16 @@ def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
     return _tree_base(cache, upstream.name, key, "an unpacked tree given with --source",
                       lambda tree: shutil.copytree(path, tree, dirs_exist_ok=True,
                                                    ignore=shutil.ignore_patterns(".git")))
+
+
+def _owner(path: Path) -> str:
+    import pwd
+
+    uid = path.stat().st_uid
+    try:
+        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
+    except KeyError:
+        return f"uid {uid}"
 
 
 # -- moving a pin -----------------------------------------------------------------

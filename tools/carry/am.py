@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from . import progress
 from .errors import PatchFormatError
 from .manifest import PatchMeta, Series
 from .patchfile import parse_file
@@ -40,6 +41,19 @@ def am_patches(repo: Path, series: Series, patches: list[PatchMeta],
                older: list[Path] | None = None) -> list[PatchResult]:
     """git am each patch (3-way fallback). Stops at the first failure, leaving no am in progress.
 
+    A progress line per patch says how each went (carry.progress).
+    """
+    results = _am_patches(repo, series, patches, older)
+    ups = {p.id: p.upstream for p in patches}
+    for r in results:
+        progress.say(f"{ups[r.id]}: {r.id}: {r.status}" + (f" ({r.detail})" if r.detail != r.status else ""))
+    return results
+
+
+def _am_patches(repo: Path, series: Series, patches: list[PatchMeta],
+                older: list[Path] | None = None) -> list[PatchResult]:
+    """am_patches without its progress lines.
+
     A 3-way merge needs the blobs a patch was written against. When the base
     moved, those live in older cached bases of the same upstream: they are
     fetched into the workspace the first time a patch asks for them.
@@ -49,7 +63,7 @@ def am_patches(repo: Path, series: Series, patches: list[PatchMeta],
     if absent is not None:
         k, missing = absent
         p = patches[k]
-        results = am_patches(repo, series, patches[:k], older) if k else []
+        results = _am_patches(repo, series, patches[:k], older) if k else []
         if any(r.status == "failed" for r in results):
             return results + [PatchResult(q.id, q.file, "not-attempted", "an earlier patch failed")
                               for q in patches[k:]]

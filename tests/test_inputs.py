@@ -287,3 +287,25 @@ def test_a_checkout_owned_by_another_user_is_named_with_the_fix(demo, tmp_path):
     cfg.write_text(f"[safe]\n\tdirectory = {theirs}\n")
     res = tool("apply", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
                "--source", f"megatron-lm={theirs}", env={"GIT_CONFIG_GLOBAL": str(cfg)}, check=0)
+
+
+def test_a_rebase_onto_a_base_that_moved_the_file_stops_for_a_person(demo, tmp_path):
+    """The new base renamed the patch's file: no silent 3-way rename; the hint's way through works."""
+    from carry.runner import Git
+    from fakeup import edit
+
+    g = Git(demo["up"])
+    g("mv", "megatron/core/alpha.py", "megatron/core/alpha2.py")
+    moved = g.commit_all("upstream renames alpha")
+    demo["write_series"](demo["v0"], ids=("clean",))
+    args = ["--series", demo["series"], "--onto", f"megatron-lm={moved}", "--source", f"megatron-lm={demo['up']}",
+            "--cache", demo["cache"], "--workdir", tmp_path / "rw"]
+    res = tool("rebase", *args, check=1)
+    assert "megatron/core/alpha.py, which the tree it applies to does not have" in res.stdout, res.stdout
+    ws = tmp_path / "rw" / "megatron-lm"
+    assert Git(ws).head() == moved, "the patch was applied to another file"
+    assert "make clean's change by hand" in res.stderr and "commit -a -m SUBJECT" in res.stderr
+    edit(ws, "megatron/core/alpha2.py", 5, "value_5 = 'patched'\n")
+    Git(ws)("commit", "-q", "-a", "-m", "demo: clean change")
+    tool("rebase", *args, "--continue", check=0)
+    assert "+++ b/megatron/core/alpha2.py" in (demo["series"] / "megatron-lm/0001-clean.patch").read_text()

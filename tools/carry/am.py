@@ -18,6 +18,7 @@ from .runner import Git
 from .sources import Base
 
 ALREADY = "the base already has this change; see tools/retire.py"
+ABSENT = "which the tree it applies to does not have"  # in the detail of a patch refused so
 
 
 BASE_TAG = "carry-base"  # in every workspace: what `git rebase -i --autosquash` and `git log BASE..` need
@@ -67,7 +68,7 @@ def _am_patches(repo: Path, series: Series, patches: list[PatchMeta],
         if any(r.status == "failed" for r in results):
             return results + [PatchResult(q.id, q.file, "not-attempted", "an earlier patch failed")
                               for q in patches[k:]]
-        detail = (f"it changes {', '.join(missing)}, which the tree it applies to does not have "
+        detail = (f"it changes {', '.join(missing)}, {ABSENT} "
                   "(git's 3-way merge would put the change into another file)")
         return results + [PatchResult(p.id, p.file, "failed", detail)] + [
             PatchResult(q.id, q.file, "not-attempted", "an earlier patch failed") for q in patches[k + 1:]]

@@ -11,7 +11,6 @@ determines a patched tree: the pins and the bytes of the selected patch files.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import re
@@ -20,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import entries
+from .entries import ID_RE, suggest as _suggest  # noqa: F401  (names other modules import from here)
 from .errors import ConfigError, UsageError
 
 STATUSES = ("pending", "submitted", "backport", "merged", "rejected", "inappropriate")
 UPSTREAM_NAMES = ("megatron-lm", "megatron-bridge", "nemo-rl")
 SOURCE_KINDS = ("pypi", "git")
-ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*[a-z0-9]$", re.ASCII)
-_FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.patch$", re.ASCII)
 NO_PROOF = "none:"  # proof = "none: <why>": a patch that has no proof, and says why
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -151,51 +150,16 @@ class Series:
         return h.hexdigest()
 
     def entry_problems(self) -> list[tuple[str, str]]:
-        """(where, message) for each bad patch entry: its id, or a file outside its upstream's
-        folder of the series, or listed twice. apply would otherwise apply what lint refuses."""
-        probs = []
-        upstream_names = {u.name for u in self.upstreams}
-        listed: dict[str, str] = {}
-        root = self.root.resolve()
-        for p in self.patches:
-            where = f"patch {p.id}"
-            if not ID_RE.match(p.id):
-                probs.append((where, "id must be lowercase kebab-case (a-z, 0-9 and '-', ASCII)"))
-            if p.id in upstream_names:
-                probs.append((where, "a patch id equals an upstream name (--only would be ambiguous)"))
-            folder, _, name = p.file.partition("/")
-            if folder != p.upstream or not _FILE_NAME_RE.match(name):
-                probs.append((where, f"file {p.file!r} must be {p.upstream}/<name>.patch (a file in the "
-                                     f"series folder's {p.upstream}/, not outside the series folder)"))
-            elif not (self.root / p.file).resolve().is_relative_to(root):
-                probs.append((where, f"file {p.file} is a link to outside the series folder"))
-            if p.file in listed:
-                probs.append((where, f"file {p.file} is also listed by {listed[p.file]}"))
-            listed.setdefault(p.file, p.id)
-        return probs
+        """(where, message) for each bad patch entry (carry.entries)."""
+        return entries.entry_problems(self)
 
     def problems(self) -> list[tuple[str, str]]:
         """Everything every command refuses in the entries (lint reports these and more)."""
         return self.entry_problems() + self.requires_problems()
 
     def requires_problems(self) -> list[tuple[str, str]]:
-        """(where, message) for each broken ``requires``: unknown, itself, later in its upstream, a cycle."""
-        probs = []
-        ids = {p.id for p in self.patches}
-        order = {p.id: i for i, p in enumerate(self.patches)}
-        by_id = {p.id: p for p in self.patches}
-        for p in self.patches:
-            for dep in p.requires:
-                if dep not in ids:
-                    hint = _suggest(dep, ids)
-                    probs.append((f"patch {p.id}", f"requires unknown patch {dep!r}" + (f" ({hint})" if hint else "")))
-                elif dep == p.id:
-                    probs.append((f"patch {p.id}", "requires itself"))
-                elif by_id[dep].upstream == p.upstream and order[dep] > order[p.id]:
-                    probs.append((f"patch {p.id}", f"requires {dep}, which comes later in the same upstream's series"))
-        for cycle in _cycles(self):
-            probs.append(("requires", "cycle: " + " -> ".join(cycle)))
-        return probs
+        """(where, message) for each broken ``requires`` (carry.entries)."""
+        return entries.requires_problems(self)
 
     def digest(self, selected: Iterable[PatchMeta]) -> str:
         """Digest of the pins plus the selected patches (used in wheel version labels)."""
@@ -204,28 +168,6 @@ class Series:
         for u in self.upstreams:
             h.update(self.upstream_digest(u.name, sel, _pin_key(u)).encode())
         return h.hexdigest()
-
-
-def _cycles(series: Series) -> list[list[str]]:
-    graph = {p.id: [d for d in p.requires if d != p.id] for p in series.patches}
-    state: dict[str, int] = {}
-    found: list[list[str]] = []
-
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = 1
-        for nxt in graph.get(node, []):
-            if nxt not in graph:
-                continue
-            if state.get(nxt) == 1:
-                found.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
-            elif state.get(nxt) is None:
-                visit(nxt, path + [nxt])
-        state[node] = 2
-
-    for n in graph:
-        if n not in state:
-            visit(n, [n])
-    return found
 
 
 def _pin_key(u: Upstream) -> str:
@@ -242,11 +184,6 @@ def file_sha256(path: Path) -> str:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except FileNotFoundError:
         return "missing"
-
-
-def _suggest(word: str, choices: Iterable[str]) -> str | None:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}?" if close else None
 
 
 class _Table:

@@ -125,7 +125,7 @@ def test_cached_artifact_path_that_is_a_folder(tmp_path):
 
 
 # -- item 16: an unknown flag is named ---------------------------------------------------------
-@pytest.mark.parametrize("verb", ["apply", "prove", "export", "retire", "rebase", "lint"])
+@pytest.mark.parametrize("verb", ["apply", "prove", "export", "retire", "rebase", "lint", "build_image", "nightly"])
 def test_an_unknown_flag_is_named_before_missing_ones(verb):
     res = tool(verb, "--bogus")
     _refused(res, "unrecognized arguments: --bogus")

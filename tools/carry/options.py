@@ -33,7 +33,7 @@ class Parser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
         # argparse reports missing required options before unknown ones, so `apply --bogus`
         # would say "--workdir is required". Look for unknown flags first, with nothing required.
-        required = [a for a in self._actions if a.option_strings and a.required]
+        required = [a for a in self._actions if a.required]
         for a in required:
             a.required = False
         self._quiet = True

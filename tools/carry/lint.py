@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import CarryError
-from .manifest import ID_RE, NO_PROOF, Series
+from .manifest import NO_PROOF, Series
 from .patchfile import parse_file, safety_problems
 
 _LINK_RE = re.compile(r"^https://[A-Za-z0-9.-]+/\S+$")
@@ -35,20 +35,12 @@ def lint(series: Series) -> list[Problem]:
     probs: list[Problem] = []
     add = lambda where, msg: probs.append(Problem(where, msg))  # noqa: E731
     upstream_names = {u.name for u in series.upstreams}
-    ids = {p.id for p in series.patches}
-    for clash in sorted(ids & upstream_names):
-        add(clash, "a patch id equals an upstream name (--only would be ambiguous)")
+    for where, message in series.entry_problems():  # the same check every command loads with
+        add(where, message)
 
-    listed: dict[str, str] = {}
+    listed = {p.file for p in series.patches}
     for p in series.patches:
         where = f"patch {p.id}"
-        if not ID_RE.match(p.id):
-            add(where, "id must be lowercase kebab-case")
-        if not p.file.startswith(f"{p.upstream}/") or not p.file.endswith(".patch"):
-            add(where, f"file {p.file!r} must be {p.upstream}/<name>.patch")
-        if p.file in listed:
-            add(where, f"file {p.file} is also listed by {listed[p.file]}")
-        listed[p.file] = p.id
         for key in ("title", "owner", "why", "retire_when"):
             if not getattr(p, key).strip():
                 add(where, f"{key} is empty")
@@ -68,7 +60,9 @@ def lint(series: Series) -> list[Problem]:
             elif not (series.root / proof.split("::")[0]).is_file():
                 add(where, f"proof file {proof.split('::')[0]} does not exist")
         path = series.patch_path(p)
-        if not path.is_file():
+        if path.is_dir():
+            add(where, f"patch file {p.file} is a directory")
+        elif not path.is_file():
             add(where, f"patch file {p.file} does not exist")
         else:
             try:

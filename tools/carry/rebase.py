@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import progress, seriesedit, sources
-from .am import am_patches, clone_base, older_bases
+from .am import ABSENT, am_patches, clone_base, older_bases
 from .errors import ConflictError, DirtyTreeError, UsageError
 from .export import format_patch
 from .files import write_atomic, write_json
@@ -103,16 +103,23 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
         write_json(g.git_dir() / MARKER, {"base_commit": base.commit, "onto": onto, "statuses": statuses})
         if stop:
             p, detail = stop
-            # Leave the merge for a person: run the conflicting patch again without aborting.
-            g("am", "--3way", str(series.patch_path(p)), check=False)
+            absent = ABSENT in detail
+            if not absent:
+                # Leave the merge for a person: run the conflicting patch again without aborting.
+                g("am", "--3way", str(series.patch_path(p)), check=False)
             rest = [str(series.patch_path(q)) for q in mine[mine.index(p) + 1:]]
             for q in mine:
                 rep.patches.append(Entry(q.id, q.file, "conflicting" if q.id == p.id else
                                          ("pending" if q.id not in statuses else _pre(statuses[q.id])),
                                          detail if q.id == p.id else ""))
             rep.ok = False
-            rep.next = (f"resolve the conflict in {ws} (`git -C {ws} status`), `git -C {ws} add FILES`, "
-                        f"`git -C {ws} am --continue`"
+            # A file the new base lacks (moved or removed upstream): git am would follow a rename
+            # silently; a person makes the change where it now belongs and commits it.
+            first = (f"make {p.id}'s change by hand where it belongs in {ws} (its file is not in the new base: "
+                     f"moved or removed upstream?), `git -C {ws} commit -a -m SUBJECT`" if absent else
+                     f"resolve the conflict in {ws} (`git -C {ws} status`), `git -C {ws} add FILES`, "
+                     f"`git -C {ws} am --continue`")
+            rep.next = (first
                         + (f", then `git -C {ws} am --3way {' '.join(rest)}`" if rest else "")
                         + f"; then `{command('rebase', series, '--onto', f'{name}={onto}', *again, '--continue')}`")
             return rep

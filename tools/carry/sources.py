@@ -31,7 +31,7 @@ from .artifacts import (
     sha256_file,
     unpack_wheel,
 )
-from .errors import IntegrityError, SourceError, UsageError
+from .errors import IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
 from .lock import building
 from .manifest import Artifact, Upstream
 from .runner import Git
@@ -82,6 +82,9 @@ def _fetch_git(upstream: Upstream, cache: Path) -> Path:
     progress.say(f"{upstream.name}: fetching {want} from {g.url}")
     # A ref per fetched pin, so that no later fetch or gc loses it (FETCH_HEAD is overwritten).
     res = repo("fetch", "-q", "--depth=1", g.url, f"+{want}:refs/carry/fetched/{want}", check=False)
+    if not res.ok and says_no_space(res.stderr):
+        raise NoSpaceError(f"{upstream.name}: no space left on the device holding {mirror} to fetch {want}",
+                           hint="free some space there (or point --cache at another disk) and run the command again")
     if not res.ok:
         raise SourceError(f"{upstream.name}: cannot fetch {want} from {g.url}: "
                           + " ".join(res.stderr.strip().splitlines()[-2:]),
@@ -275,6 +278,13 @@ def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
         return _tree_base(cache, upstream.name, key, f"{path.name}{note}", lambda tree: unpack_wheel(path, tree, pypi))
     g = Git(path)
     is_git = (path / ".git").exists() or (path / "HEAD").is_file() and (path / "objects").is_dir()
+    if is_git and g.untrusted():
+        raise UsageError(f"--source {upstream.name}={path}: git refuses this checkout: it is owned by another "
+                         f"user ({_owner(path)}) and git works only in repositories you own or trust "
+                         "(\"dubious ownership\")",
+                         hint=f"if you trust it, `git config --global --add safe.directory {path}` (gtp-carry "
+                              "honours safe.directory from your git config, nothing else of it), or clone it "
+                              "and give --source your clone")
     if is_git:
         pinned = upstream.git.commit if upstream.git else None
         if pinned and g.has_commit(pinned):
@@ -292,6 +302,16 @@ def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
     return _tree_base(cache, upstream.name, key, "an unpacked tree given with --source",
                       lambda tree: shutil.copytree(path, tree, dirs_exist_ok=True,
                                                    ignore=shutil.ignore_patterns(".git")))
+
+
+def _owner(path: Path) -> str:
+    import pwd
+
+    uid = path.stat().st_uid
+    try:
+        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
+    except KeyError:
+        return f"uid {uid}"
 
 
 # -- moving a pin -----------------------------------------------------------------

@@ -168,27 +168,41 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def compress(src: Path, out: Path) -> Path:
-    """src/ as a tar.xz; the xz binary (multi-threaded) when present, else Python's lzma."""
+def compress(src: Path, out: Path, every: float = progress.TICK) -> Path:
+    """src/ as a tar.xz; the xz binary (multi-threaded) when present, else Python's lzma.
+
+    xz -9 of the payload runs minutes: a line every ``every`` seconds says how far it is.
+    """
     members = sorted(p for p in src.rglob("*"))
     tmp = out.with_suffix(".tmp")
     xz = shutil.which("xz")
-    progress.say(f"compressing {sum(p.stat().st_size for p in members if p.is_file()) / 1e6:.0f} MB "
-                 f"with {'xz -9' if xz else 'lzma preset 9'} (minutes)")
-    if xz:
-        with open(tmp, "wb") as f:
-            proc = subprocess.Popen([xz, "-9", "-T0", "-c"], stdin=subprocess.PIPE, stdout=f)
-            assert proc.stdin is not None
-            with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.GNU_FORMAT) as tf:
-                for p in members:
-                    tf.add(p, p.relative_to(src).as_posix(), recursive=False)
-            proc.stdin.close()
-            if proc.wait() != 0:
-                raise SourceError(f"xz failed with exit status {proc.returncode}")
-    else:
-        with lzma.open(tmp, "wb", preset=9) as f, tarfile.open(fileobj=f, mode="w|", format=tarfile.GNU_FORMAT) as tf:
-            for p in members:
-                tf.add(p, p.relative_to(src).as_posix(), recursive=False)
+    total = sum(p.stat().st_size for p in members if p.is_file())
+    progress.say(f"compressing {total / 1e6:.0f} MB with {'xz -9' if xz else 'lzma preset 9'} (minutes)")
+    done = [0]  # bytes of the members handed to the compressor so far
+
+    def status() -> str:
+        written = tmp.stat().st_size if tmp.exists() else 0
+        return f"{done[0] / 1e6:.0f} of {total / 1e6:.0f} MB read, {written / 1e6:.0f} MB written"
+
+    def add_all(tf: tarfile.TarFile) -> None:
+        for p in members:
+            tf.add(p, p.relative_to(src).as_posix(), recursive=False)
+            if p.is_file():
+                done[0] += p.stat().st_size
+
+    with progress.ticking(f"compressing {out.name}", status, every):
+        if xz:
+            with open(tmp, "wb") as f:
+                proc = subprocess.Popen([xz, "-9", "-T0", "-c"], stdin=subprocess.PIPE, stdout=f)
+                assert proc.stdin is not None
+                with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.GNU_FORMAT) as tf:
+                    add_all(tf)
+                proc.stdin.close()
+                if proc.wait() != 0:
+                    raise SourceError(f"xz failed with exit status {proc.returncode}")
+        else:
+            with lzma.open(tmp, "wb", preset=9) as f, tarfile.open(fileobj=f, mode="w|", format=tarfile.GNU_FORMAT) as tf:
+                add_all(tf)
     os.replace(tmp, out)
     return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from carry.files import write_json
 from carry.sources import default_cache
 
 from . import cases as casing
+from . import learning
 
 HERE = Path(__file__).resolve().parents[1]
 REPO = HERE.parents[1]
@@ -91,8 +93,12 @@ def gpuhost_main(argv: list[str]) -> int:
                            "ray stop (always). Each case leaves run.log, metrics.json, exit_status, case.json and\n"
                            "case.log in OUT (OUT/<case>/ when several run). --dry-run does everything that can be\n"
                            "done on this CPU machine instead and prints the commands.\n\ncases:\n"
-                           + "\n".join(f"  {c.name:17s} expected {c.expect}: {c.shows}" for c in casing.CASES.values()))
-    p.add_argument("--cases", default="patched", help="comma-separated cases (default patched)")
+                           + "\n".join(f"  {c.name:31s} expected {c.expect}: {c.shows}" for c in casing.CASES.values()))
+    p.add_argument("--cases", default=os.environ.get("CARRY_NRL_CASES") or "patched",
+                   help="comma-separated cases (default $CARRY_NRL_CASES, else patched)")
+    p.add_argument("--model", choices=learning.MODEL_FORMS, default="default",
+                   help="default: each case's own (the seed's weights, or after the pretrain step for the learning "
+                        "cases); released: Qwen/Qwen2.5-0.5B from Hugging Face for every case (a host that reaches it)")
     p.add_argument("--out", type=Path, help="where the results go (default ROOT/out)")
     p.add_argument("--parts", type=Path, default=Path("/tmp/nrl"), help="where recv.sh unpacked the nrl ferry")
     p.add_argument("--te", type=Path, default=Path("/tmp/te/te"), help="the unpacked te ferry's te/ folder")
@@ -140,7 +146,7 @@ def gpuhost_main(argv: list[str]) -> int:
     failed = []
     for case in selected:
         where = out if len(selected) == 1 else out / case.name
-        res = gpuhost.run_case(lay, case, where, trees=trees, timeout=a.timeout, gpus=a.gpus)
+        res = gpuhost.run_case(lay, case, where, trees=trees, timeout=a.timeout, gpus=a.gpus, model_form=a.model)
         report["cases"].append(res)
         print(f"[run-on-gpu-host] {case.name}: exit {res['exit_status']} in {res['seconds']:.0f}s "
               f"(expected {case.expect}); results in {where}", flush=True)

@@ -148,8 +148,14 @@ def stage_sources(o: Options, dest: Path) -> dict:
 
 
 def stage_fixtures(o: Options, dest: Path, prompt_file: Path) -> dict:
-    fixtures.build_all(dest, o.seed, prompt_file.read_text())
+    prompt = prompt_file.read_text(encoding="utf-8")
+    if prompt != fixtures.COT_PROMPT:
+        # The pretrain step can run without a NeMo-RL tree from fixtures.COT_PROMPT: it must be this file.
+        raise SourceError(f"{prompt_file} differs from fixtures.COT_PROMPT, the copy the pretrain step uses",
+                          hint="update COT_PROMPT in integration/nemo_rl_gtp/harness/fixtures.py")
+    fixtures.build_all(dest, o.seed, prompt)
     return {"seed": o.seed, "model": "fixtures/model", "data": "fixtures/data/train.jsonl",
+            "prompt": f"fixtures/{fixtures.PROMPT_FILE}",
             "shape": "Qwen/Qwen2.5-0.5B", "weights": "built from config.json and the seed where the run is "
                                                   "(fixtures.build_weights)",
             "prompt_file": "examples/prompts/cot.txt", "files": _dir_files(dest),

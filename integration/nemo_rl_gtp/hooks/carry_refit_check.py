@@ -90,7 +90,7 @@ class Report:
 
 
 def compare(step: int, rank: int, train_named, infer_named: dict, all_gather=dist_all_gather,
-            drift: "Drift | None" = None) -> Report:
+            drift: Drift | None = None) -> Report:
     """Every training tensor (sorted by name: every rank gathers in the same order) against the inference one."""
     import torch
 
@@ -240,6 +240,7 @@ def patch(module) -> None:
     fn = getattr(module, WRAPPED)
     if not getattr(fn, "carry_refit_check", False):
         setattr(module, WRAPPED, wrap(fn))
+        module.CARRY_REFIT_CHECK_WRAPPED = True   # for the dry-run's probe (probe_imports.py --flag)
         _say(f"[refit-check] wrapping {module.__name__}.{WRAPPED} (megatron.core.resharding.refit) in pid "
              f"{os.getpid()}" + (f", mutation {mutation()}" if mutation() else ""))
 

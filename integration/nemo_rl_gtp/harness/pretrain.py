@@ -126,8 +126,18 @@ def cached(out: Path, digest: str) -> dict | None:
 
 
 # -- the task, in NeMo-RL's form ----------------------------------------------------------------
+_RENDERED: dict[tuple[int, str, str], list[int]] = {}
+
+
 def render(tok, prompt: str, problem: str) -> list[int]:
-    """The prompt's token ids exactly as math_hf_data_processor makes them."""
+    """The prompt's token ids exactly as math_hf_data_processor makes them (kept: ~29k distinct problems)."""
+    key = (id(tok), prompt, problem)
+    if key not in _RENDERED:
+        _RENDERED[key] = _render(tok, prompt, problem)
+    return _RENDERED[key]
+
+
+def _render(tok, prompt: str, problem: str) -> list[int]:
     text = tok.apply_chat_template([{"role": "user", "content": fixtures.prompt_text(prompt, problem)}],
                                    tokenize=False, add_generation_prompt=True, add_special_tokens=False)
     return tok(text, add_special_tokens=False)["input_ids"]

@@ -65,6 +65,10 @@ def full_tensor(param, all_gather=dist_all_gather):
     import torch
 
     local = param.detach()
+    if type(local) is not torch.Tensor:
+        # GTPShardedParam keeps its class through detach (its __torch_function__): collectives and the
+        # comparison see the plain tensor of this rank's rows.
+        local = local.as_subclass(torch.Tensor)
     info = gtp_of(param)
     if info is None:
         return local

@@ -9,10 +9,10 @@ import shutil
 from pathlib import Path
 
 from carry import progress
-from carry.options import EPILOG, Parser, name_paths
-from carry.repo import load_series
 from carry.errors import UsageError
 from carry.files import write_json
+from carry.options import EPILOG, Parser, name_paths
+from carry.repo import load_series
 from carry.sources import default_cache
 
 from . import cases as casing
@@ -106,6 +106,9 @@ def gpuhost_main(argv: list[str]) -> int:
     p.add_argument("--timeout", type=float, default=480.0, help="seconds per case before it is killed (default 480)")
     p.add_argument("--gpus", type=int, default=2, help="GPUs given to ray start (default 2)")
     p.add_argument("--skip-setup", action="store_true", help="use the environment an earlier call built")
+    p.add_argument("--pretrain-only", action="store_true",
+                   help="after the setup (or with --skip-setup), only the learning cases' pretrain step on GPU 0 "
+                        "(cached by its inputs' sha256): OUT/pretrain.log and OUT/pretrain.json; exit 1 if not accepted")
     p.add_argument("--nemo-rl-tree", type=Path, help="run on this NeMo-RL tree instead (the nightly's)")
     p.add_argument("--front", action="append", type=Path, default=[], metavar="DIR",
                    help="put DIR first on PYTHONPATH (the nightly's megatron trees); repeatable")
@@ -138,6 +141,11 @@ def gpuhost_main(argv: list[str]) -> int:
                 shutil.copy2(lay.root / "verify.json", out / "verify.json")
     elif not lay.vpython.exists():
         raise UsageError(f"--skip-setup, but there is no environment in {lay.root}", hint="run once without it")
+    if a.pretrain_only:
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "pretrain.log", "w") as log:   # trained_model leaves pretrain.json beside it
+            learning.trained_model(lay, log, gpuhost._stream)
+        return 0
     trees = None
     if a.nemo_rl_tree is not None:
         trees = gpuhost.Trees(a.nemo_rl_tree.absolute(), [f.absolute() for f in a.front])

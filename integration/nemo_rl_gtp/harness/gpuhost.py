@@ -459,12 +459,10 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
         rc = None
         try:
             try:
-                model, more_env, pre = learning.model_for(lay, case, log, _stream, model_form)
+                model, more_env, _ = learning.model_for(lay, case, log, _stream, model_form)
             except OperationError as exc:
                 log.write(f"[run-on-gpu-host] FAIL: {exc.message}\n")
                 raise _NoRun(1) from None
-            if pre is not None:
-                (out / "pretrain.json").write_text(json.dumps(pre, indent=2, sort_keys=True) + "\n")
             env.update(more_env)
             args = casing.script_args(case, model, str(data), str(ckpt))
             rc_ray = ray_start(env, log, gpus)

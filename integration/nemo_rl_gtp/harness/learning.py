@@ -65,6 +65,8 @@ def trained_model(lay, log, stream, *, python: str | None = None, gpu: str = "0"
     from .gpuhost import _child_env
     rc = stream(argv, log, env=_child_env(env), timeout=timeout)
     result = out / "pretrain.json"
+    if result.exists():   # beside the log (OUT), accepted or not: the figures come back either way
+        shutil.copy2(result, Path(log.name).with_name("pretrain.json"))
     if rc != 0 or not result.exists():
         raise OperationError(f"the pretrain step failed (exit {rc}; {result if result.exists() else 'no result'}): "
                              f"see {log.name}")

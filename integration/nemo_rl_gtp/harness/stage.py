@@ -12,6 +12,8 @@ Layout of the payload (``payload.tar.xz`` inside the ``nrl`` ferry):
                          weights: about 1 GB, they are built from the config and the seed on the GPU host
                          (fixtures.build_weights, run-on-gpu-host's setup)
   fixtures/data/train.jsonl
+  fixtures/prompt.txt    NeMo-RL's examples/prompts/cot.txt (the pretrain step's prompt; checked against
+                         fixtures.COT_PROMPT)
   stage.json             what is inside and where it came from
 
 TransformerEngine travels separately (shared/gpu/stage-te.sh, the "te" ferry).

@@ -21,6 +21,7 @@ from pathlib import Path
 from carry.errors import OperationError
 
 from . import cases as casing
+from . import fixtures
 
 PRETRAIN_PY = Path(__file__).with_name("pretrain.py")
 RELEASED = "Qwen/Qwen2.5-0.5B"   # the functional script's own policy.model_name
@@ -42,7 +43,11 @@ def pretrain_fixtures(lay) -> Path:
         link.unlink() if link.is_symlink() else shutil.rmtree(link)
     link.symlink_to(lay.model, target_is_directory=True)
     shutil.copy2(lay.payload / doc["data"], fx / "data" / "train.jsonl")
-    shutil.copy2(lay.payload / doc.get("prompt", "fixtures/prompt.txt"), fx / "prompt.txt")
+    staged = lay.payload / doc.get("prompt", "fixtures/prompt.txt")
+    if staged.exists():
+        shutil.copy2(staged, fx / "prompt.txt")
+    else:   # a payload staged before prompt.txt was: the same bytes (stage checks them against cot.txt)
+        (fx / "prompt.txt").write_text(fixtures.COT_PROMPT, encoding="utf-8")
     return fx
 
 

@@ -52,10 +52,12 @@ except ImportError:   # run as a script: the harness folder is sys.path[0]
     import fixtures  # type: ignore[no-redef]
 
 # The chosen defaults, in this one place. UPSTREAM.md measured a random Qwen2.5-0.5B-shaped model on
-# 2-digit addition alone (character ids, AdamW 3e-4, batch 256, bf16): 300 steps 26%, 400 steps 83%.
-# Here the prompt is NeMo-RL's longer chat prompt and a third of the problems are products, which
-# 400 steps do not learn: the sums and differences carry the accuracy.
-DEFAULT_STEPS = 400
+# 2-digit addition alone (character ids, AdamW 3e-4, batch 256, bf16): 300 steps 26%, 400 steps 83%,
+# 600 steps 98%, a sharp rise. Here only a third of the problems are sums (a third differences, a
+# third products of two numbers up to 99) under NeMo-RL's longer chat prompt, so the rise comes later
+# than for addition alone; 600 steps stay clear of the low edge, and the products, which so few
+# steps do not learn, keep the accuracy near 2/3 at most, below the 80% edge.
+DEFAULT_STEPS = 600
 DEFAULT_LR = 3e-4
 DEFAULT_BATCH = 256
 ACCEPT_MIN, ACCEPT_MAX = 0.20, 0.80

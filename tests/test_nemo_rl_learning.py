@@ -214,3 +214,17 @@ def test_the_nightly_judges_recorded_learning_runs_with_the_learning_gates(demo,
     assert got["green"]["status"] == "passed", got["green"]["reason"]
     for name in ("stale", "corrupt"):
         assert got[name]["status"] == "failed" and "unverified_tensors" in got[name]["reason"], got[name]["reason"]
+
+
+def test_the_stage_refuses_a_cot_prompt_the_pretrain_copy_does_not_match(tmp_path):
+    from types import SimpleNamespace
+
+    from carry.errors import SourceError
+    from harness import stage
+    cot = tmp_path / "cot.txt"
+    cot.write_text(fixtures.COT_PROMPT + " ")
+    with pytest.raises(SourceError, match="differs from fixtures.COT_PROMPT"):
+        stage.stage_fixtures(SimpleNamespace(seed=7), tmp_path / "a", cot)
+    cot.write_text(fixtures.COT_PROMPT)
+    doc = stage.stage_fixtures(SimpleNamespace(seed=7), tmp_path / "b", cot)
+    assert doc["prompt"] == "fixtures/prompt.txt" and (tmp_path / "b" / "prompt.txt").read_text() == fixtures.COT_PROMPT

@@ -27,6 +27,10 @@
    generation config, the dedicated-model decision), and with Ray started here
    (``ray start --head --num-gpus=0``), NeMo-RL's init_ray, a trivial actor, the data and the
    math environment actors are set up;
+   (the learning cases load their config on the seed's model: the trained one has the same shape and
+   is made on the GPU host; here the pretrain step runs end to end at --tiny, its acceptance
+   failing as a model that learnt nothing must, and the refit check's hook is shown wrapping
+   swap_model_weights in NeMo-RL's real worker module);
 7. the commands the GPU host will run.
 """
 

@@ -152,7 +152,7 @@ def test_the_moe_case_asks_for_both_axes_on_its_own_model(built, tmp_path):
     assert not [a for a in args if "tensor_parallel_num_weight_shards=" in a and "expert" not in a], \
         "the dense axis stays the script's own (2)"
     assert case.markers == ("[gtp] enabling GTP weight rematerialization (gtp_remat_size=2 expert_gtp_remat_size=2)",)
-    assert all(c.model == "dense" for n, c in casing.CASES.items() if n != "moe")
+    assert all(c.shape == "dense" for n, c in casing.CASES.items() if n != "moe")
     # The model a case runs on: the MoE case's beside the dense one, and only once it is built.
     lay = gpuhost.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te",
                          model_dir=built.parent / "model")

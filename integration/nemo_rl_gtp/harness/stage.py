@@ -14,6 +14,8 @@ Layout of the payload (``payload.tar.xz`` inside the ``nrl`` ferry):
   fixtures/moe-model/    the MoE case's tiny Qwen3-MoE config and the same tokenizer; weights built there
                          too (moe_fixtures.build_weights)
   fixtures/data/train.jsonl
+  fixtures/prompt.txt    NeMo-RL's examples/prompts/cot.txt (the pretrain step's prompt; checked against
+                         fixtures.COT_PROMPT)
   stage.json             what is inside and where it came from
 
 TransformerEngine travels separately (shared/gpu/stage-te.sh, the "te" ferry).
@@ -150,9 +152,15 @@ def stage_sources(o: Options, dest: Path) -> dict:
 
 
 def stage_fixtures(o: Options, dest: Path, prompt_file: Path) -> dict:
-    fixtures.build_all(dest, o.seed, prompt_file.read_text())
+    prompt = prompt_file.read_text(encoding="utf-8")
+    if prompt != fixtures.COT_PROMPT:
+        # The pretrain step can run without a NeMo-RL tree from fixtures.COT_PROMPT: it must be this file.
+        raise SourceError(f"{prompt_file} differs from fixtures.COT_PROMPT, the copy the pretrain step uses",
+                          hint="update COT_PROMPT in integration/nemo_rl_gtp/harness/fixtures.py")
+    fixtures.build_all(dest, o.seed, prompt)
     moe = moe_fixtures.stage(dest)
     return {**moe, "seed": o.seed, "model": "fixtures/model", "data": "fixtures/data/train.jsonl",
+            "prompt": f"fixtures/{fixtures.PROMPT_FILE}",
             "shape": "Qwen/Qwen2.5-0.5B", "weights": "built from config.json and the seed where the run is "
                                                   "(fixtures.build_weights)",
             "prompt_file": "examples/prompts/cot.txt", "files": _dir_files(dest),

@@ -38,8 +38,8 @@ def test_apply_and_prove_say_each_phase_in_a_log(demo, tmp_path):
     rc, out, err = _to_a_file(demo, tmp_path, "prove", "--series", demo["series"], "--workdir", demo["work"],
                               "--only", "clean")
     assert rc == 0, out + err
-    assert "clean: proofs/megatron_lm/test_good.py on the pristine base" in err
-    assert "clean: proofs/megatron_lm/test_good.py on the patched tree" in err
+    said = [ln for ln in err.splitlines() if "clean: proofs/megatron_lm/test_good.py on the" in ln]
+    assert any("pristine base" in ln for ln in said) and any("patched tree" in ln for ln in said), err
 
 
 def test_quiet_silences_them(demo, tmp_path):

@@ -268,3 +268,51 @@ def test_patch_id_finds_a_merged_patch_that_upstream_later_changed(history):
     v = {p["id"]: p for p in read_json(out)["patches"]}["verbatim"]
     assert v["text"] == "landed" and f"upstream commit {merged[:12]} has the same patch-id" in " ".join(v["evidence"])
     assert (v["behaviour"], v["verdict"]) == ("fail", "needed") and v["disagreements"]
+
+
+def _pypi_first(h, git_table: bool = True) -> None:
+    """The history series pinned like megatron-lm is in gtp: PyPI first, a git table with a ref only
+    (or no git table at all, like megatron-bridge)."""
+    toml = h["series"] / "series.toml"
+    text = toml.read_text()
+    _, rest = text.split("[[patches]]", 1)
+    pins = ('[series]\nname = "demo"\ndescription = "test series"\n\n'
+            '[upstreams.megatron-lm]\npython_path = "."\nsources = ["pypi"' + (', "git"' if git_table else "") + ']\n\n'
+            '[upstreams.megatron-lm.pypi]\nname = "megatron-core"\nversion = "0.0.1"\n'
+            'map = { "megatron/" = "megatron/" }\n'
+            f'artifacts = [\n  {{ file = "demo-0.0.1-py3-none-any.whl", sha256 = "{"0" * 64}", tree = true }},\n]\n\n'
+            + ('[upstreams.megatron-lm.git]\nurl = "https://example.invalid/up.git"\nref = "v0"\n'
+               'paths = ["megatron/core"]\n\n' if git_table else ""))
+    toml.write_text(pins + "[[patches]]" + rest)
+
+
+def test_a_checkout_moves_a_pypi_pin_to_git_with_link_evidence(history):
+    """A release night rehearsed on an upstream's main: --source is a checkout of a PyPI-pinned
+    upstream. Before the fix the checkout's commit was no pin: no link evidence (merged_in never
+    checked) and --write kept the PyPI pin while claiming to have moved it."""
+    _pypi_first(history)
+    tool("lint", "--series", history["series"], check=0)
+    out = history["tmp"] / "l.json"
+    retire(history, history["v1"], "--json", out, check=0)
+    v = {p["id"]: p for p in read_json(out)["patches"]}
+    assert v["reverted"]["link"] == "landed", v["reverted"]
+    assert any("is an ancestor of the new base" in e for e in v["reverted"]["evidence"])
+    res = retire(history, history["v2"], "--write", check=0)
+    assert "retired: verbatim, different" in res.stdout
+    text = (history["series"] / "series.toml").read_text()
+    assert 'sources = ["git"]' in text and f'commit = "{history["v2"]}"' in text, text[:900]
+    tool("lint", "--series", history["series"], check=0)
+    tool("apply", "--series", history["series"], "--workdir", history["tmp"] / "w", "--cache", history["cache"],
+         "--source", f"megatron-lm={history['up']}", check=0)
+
+
+def test_write_refuses_a_checkout_for_an_upstream_without_git_pin(history, tmp_path):
+    _pypi_first(history, git_table=False)
+    before = {p: p.read_bytes() for p in history["series"].rglob("*") if p.is_file()}
+    res = retire(history, history["v2"], "--write", check=2)
+    assert "cannot become its pin" in res.stderr and "nothing was written" in res.stderr
+    res = tool("rebase", "--series", history["series"], "--onto", f"megatron-lm={history['v2']}", "--source",
+               f"megatron-lm={history['up']}", "--cache", history["cache"], "--workdir", tmp_path / "rw", check=2)
+    assert "cannot become its pin" in res.stderr
+    assert {p: p.read_bytes() for p in history["series"].rglob("*") if p.is_file()} == before
+    retire(history, history["v2"], check=0)  # the verdicts alone still work

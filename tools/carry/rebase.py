@@ -69,6 +69,11 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
     mine = series.patches_for(name)
     if not mine:
         raise UsageError(f"{name} has no patch in series {series.name}")
+    stuck = sources.pin_can_move(up, source)
+    if stuck:
+        raise UsageError(f"{stuck}: the rebased series would still name the old pin; nothing was changed",
+                         hint=f"rebase onto a release (`--onto {name}=VERSION`, or its wheel with "
+                              f"`--source {name}=WHEEL`)")
     new_up, base = sources.retarget(up, onto, cache, source)
     ws = workdir / name
     rep = RebaseReport(series.name, name, onto, base.describe, str(ws))

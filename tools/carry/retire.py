@@ -62,7 +62,7 @@ class RetireReport:
 
 
 def _text_signal(series: Series, p: PatchMeta, base_repo: Path, scratch: Path,
-                 seq_status: str, range_ids: dict[str, str]) -> tuple[str, list[str]]:
+                 seq_status: str, range_ids: dict[str, str], seq_detail: str = "") -> tuple[str, list[str]]:
     ev = []
     tree = scratch / "probe"
     g = Git(tree) if tree.exists() else Git.clone(base_repo, tree, branch="main")
@@ -80,7 +80,7 @@ def _text_signal(series: Series, p: PatchMeta, base_repo: Path, scratch: Path,
     if seq_status == "applied":
         ev.append("text: the patch still applies on the new base")
         return "applies", ev
-    ev.append("text: the patch conflicts with the new base")
+    ev.append("text: the patch conflicts with the new base" + (f" ({seq_detail})" if seq_detail else ""))
     return "conflicts", ev
 
 
@@ -133,13 +133,17 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
     if not mine:
         raise UsageError(f"{name} has no patch in series {series.name}")
     source = source_paths.get(name)
+    stuck = sources.pin_can_move(up, source) if write else None
+    if stuck:
+        raise UsageError(f"--write: {stuck}; nothing was written",
+                         hint=f"retire against a release (`--against {name}=VERSION`, or its wheel with "
+                              f"`--source {name}=WHEEL`), or drop --write for the verdicts alone")
     new_up, base = sources.retarget(up, target, cache, source)
     rep = RetireReport(series.name, name, target, base.describe)
     with tempfile.TemporaryDirectory(prefix="carry-retire-") as tmp:
         tmpd = Path(tmp)
-        seq = tmpd / "seq"
-        Git.clone(base.repo, seq, branch="main")
-        seq_results = {r.id: r.status for r in am_each(seq, series, mine, older_bases(base))}
+        Git.clone(base.repo, tmpd / "seq", branch="main")
+        seq = {r.id: r for r in am_each(tmpd / "seq", series, mine, older_bases(base))}
         history = [base.repo]
         if up.git:
             history.append(sources.mirror_path(up, cache))
@@ -151,8 +155,9 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
         trees = _other_trees(series, name, workdir, cache, tmpd, source_paths)
         pristine = extract(base.repo, base.commit, tmpd / "pristine")
         for p in mine:
-            text, ev = _text_signal(series, p, base.repo, tmpd, seq_results.get(p.id, "failed"),
-                                    range_ids)
+            applied = seq.get(p.id)
+            text, ev = _text_signal(series, p, base.repo, tmpd, applied.status if applied else "failed",
+                                    range_ids, applied.detail if applied and applied.status == "failed" else "")
             behaviour = _behaviour(series, p, {**trees, name: pristine}, timeout, ev, cache)
             link = "n/a"
             holder = next((Git(h) for h in history if new_commit and p.merged_in and Git(h).has_commit(new_commit)

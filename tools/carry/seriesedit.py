@@ -57,6 +57,10 @@ def repin(text: str, up: Upstream, kind: str) -> str:
     """Rewrite the [upstreams.NAME.<kind>] table (pypi or git) from a new pin."""
     out = []
     for header, block in _blocks(text):
+        if header == f"[upstreams.{up.name}]":
+            # the pin's kind may change (a PyPI-pinned upstream moved to a git commit)
+            block = re.sub(r"(?m)^sources\s*=\s*\[[^\]]*\]",
+                           "sources = [" + ", ".join(toml_str(s) for s in up.sources) + "]", block, count=1)
         if kind == "pypi" and header == f"[upstreams.{up.name}.pypi]" and up.pypi:
             p = up.pypi
             lines = [header, f"name = {toml_str(p.name)}", f"version = {toml_str(p.version)}",

@@ -209,6 +209,24 @@ def _git_base(upstream: Upstream, cache: Path, repo: Path, commit: str, describe
                       lambda tree: _archive_into(repo, commit, paths, tree))
 
 
+def _is_git(path: Path) -> bool:
+    """A checkout or a bare repository (not an unpacked tree)."""
+    return (path / ".git").exists() or (path / "HEAD").is_file() and (path / "objects").is_dir()
+
+
+def pin_can_move(upstream: Upstream, override: Path | None) -> str | None:
+    """Why retire --write / rebase cannot move this upstream's pin to ``override``, or None."""
+    if override is None:
+        return None
+    override = override.expanduser().resolve()
+    if override.is_dir() and _is_git(override) and upstream.git is None:
+        return (f"{upstream.name} has no [upstreams.{upstream.name}.git] pin, so a checkout's commit "
+                f"({override}) cannot become its pin")
+    if override.is_dir() and not _is_git(override):
+        return f"{override} is an unpacked tree: it names no version or commit to pin {upstream.name} at"
+    return None
+
+
 def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
     path = path.expanduser().resolve()
     if not path.exists():
@@ -222,8 +240,7 @@ def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
         key = "pypi-" + hashlib.sha256(repr((sha, pypi.map, pypi.exclude)).encode()).hexdigest()[:20]
         return _tree_base(cache, upstream.name, key, f"{path.name}{note}", lambda tree: unpack_wheel(path, tree, pypi))
     g = Git(path)
-    is_git = (path / ".git").exists() or (path / "HEAD").is_file() and (path / "objects").is_dir()
-    if is_git:
+    if _is_git(path):
         pinned = upstream.git.commit if upstream.git else None
         if pinned and g.has_commit(pinned):
             commit, note = pinned, "the pinned commit"
@@ -255,11 +272,14 @@ def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None
             art = Artifact(override.name, sha256_file(override), tree=True)
             new = replace(upstream, pypi=replace(upstream.pypi, version=target, artifacts=(art,)))
             return new, _resolve_override(new, cache, override)
-        if upstream.git and override.is_dir() and upstream.sources[0] == "git":
+        if upstream.git and override.is_dir() and _is_git(override):
             commit = Git(override).rev_parse(target)
             if not commit:
                 raise SourceError(f"{upstream.name}: {override} has no commit {target}")
-            new = replace(upstream, git=replace(upstream.git, commit=commit, ref=None))
+            # A checkout's commit is a git pin, also for an upstream pinned on PyPI so far (an
+            # upstream's main head): its wheels are another tree, so git becomes its only source.
+            sources = upstream.sources if upstream.sources[0] == "git" else ("git",)
+            new = replace(upstream, sources=sources, git=replace(upstream.git, commit=commit, ref=None))
             return new, _resolve_override(new, cache, override)
         return upstream, _resolve_override(upstream, cache, override)
     if upstream.sources[0] == "pypi":

@@ -316,3 +316,35 @@ def test_write_refuses_a_checkout_for_an_upstream_without_git_pin(history, tmp_p
     assert "cannot become its pin" in res.stderr
     assert {p: p.read_bytes() for p in history["series"].rglob("*") if p.is_file()} == before
     retire(history, history["v2"], check=0)  # the verdicts alone still work
+
+
+def test_rebase_retires_a_patch_upstream_merged_in_its_own_words(history, tmp_path):
+    """Upstream fixed 'different' and 'plain' in its own words and merged_in records those commits:
+    their text conflicts with the new base, so rebase used to stop for a person, who then had to
+    skip them and edit series.toml by hand (retire --write could not: the rest did not apply yet).
+    Now rebase retires them with that evidence and finishes unattended."""
+    up, sdir = history["up"], history["series"]
+    fixed_beta = git(up, "rev-parse", f"{history['v1']}~1")
+    edit(up, "megatron/core/delta.py", 15, 'value_15 = "patched"  # upstream, in its own words\n')
+    v3 = Git(up).commit_all("upstream: fix delta its own way")
+    toml = sdir / "series.toml"
+    text = toml.read_text()
+    for pid, commit in (("different", fixed_beta), ("plain", v3)):
+        text = text.replace(f'id = "{pid}"\n', f'id = "{pid}"\nmerged_in = "{commit}"\n', 1)
+    toml.write_text(text)
+    out = tmp_path / "rb.json"
+    tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", f"megatron-lm={up}", "--cache",
+         history["cache"], "--workdir", tmp_path / "rw", "--json", out, check=0)
+    e = {x["id"]: x for x in read_json(out)["patches"]}
+    assert {k: v["outcome"] for k, v in e.items()} == {
+        "verbatim": "dropped", "different": "dropped", "reverted": "unchanged", "plain": "dropped"}
+    assert "retired" in e["plain"]["detail"] and "ancestor" in e["plain"]["detail"]
+    text = toml.read_text()
+    assert 'id = "different"' not in text and 'id = "plain"' not in text and 'id = "reverted"' in text
+    assert v3 in text
+    rec = (sdir / "retired" / "plain" / "record.toml").read_text()
+    assert "is an ancestor of the new base" in rec and "conflicts" in rec
+    assert not (sdir / "megatron-lm/0004-plain.patch").exists()
+    tool("lint", "--series", sdir, check=0)
+    tool("apply", "--series", sdir, "--workdir", tmp_path / "w", "--cache", history["cache"],
+         "--source", f"megatron-lm={up}", check=0)

@@ -348,3 +348,21 @@ def test_rebase_retires_a_patch_upstream_merged_in_its_own_words(history, tmp_pa
     tool("lint", "--series", sdir, check=0)
     tool("apply", "--series", sdir, "--workdir", tmp_path / "w", "--cache", history["cache"],
          "--source", f"megatron-lm={up}", check=0)
+
+
+def test_a_checkout_of_a_pypi_only_upstream_gives_the_wheel_tree(history):
+    """megatron-bridge is pinned on PyPI only; its main checkout (a snapshot) lacks the blobs of its
+    large documentation files. Before, the base was the whole commit and cloning it failed
+    ("unable to read sha1 file"); now a checkout of such an upstream is narrowed to what its wheel
+    maps (pypi.map), the tree a release would give."""
+    _pypi_first(history, git_table=False)
+    up = history["up"]
+    (up / "docs").mkdir()
+    (up / "docs" / "big.gif").write_bytes(b"GIF89a" + bytes(range(256)) * 64)
+    v3 = Git(up).commit_all("upstream: a large picture in the docs")
+    blob = git(up, "rev-parse", f"{v3}:docs/big.gif")
+    (up / ".git" / "objects" / blob[:2] / blob[2:]).unlink()  # as the snapshot has it: listed, absent
+    out = history["tmp"] / "b.json"
+    retire(history, v3, "--json", out, check=0)
+    v = {p["id"]: p for p in read_json(out)["patches"]}
+    assert v["verbatim"]["verdict"] == "landed" and v["plain"]["verdict"] == "needed", v

@@ -200,8 +200,15 @@ def _resolve_git(upstream: Upstream, cache: Path) -> Base:
 
 
 def _git_base(upstream: Upstream, cache: Path, repo: Path, commit: str, describe: str) -> Base:
-    """The pinned commit itself; a tree of its ``paths`` when the pin narrows it to the PyPI layout."""
+    """The pinned commit itself; a tree of its ``paths`` when the pin narrows it to the PyPI layout.
+
+    A checkout of an upstream pinned only on PyPI (no git table) is narrowed to what its wheel
+    maps into the repository (``pypi.map``): the same tree a release gives, and no need for the
+    checkout's other files (a snapshot may lack its large documentation blobs).
+    """
     paths = upstream.git.paths if upstream.git else ()
+    if upstream.git is None and upstream.pypi is not None:
+        paths = tuple(sorted({dst.rstrip("/") for _, dst in upstream.pypi.map}))
     if not paths:
         return _commit_base(cache, upstream.name, repo, commit, describe)
     key = "git-" + hashlib.sha256(repr((commit, paths)).encode()).hexdigest()[:20]

@@ -366,3 +366,21 @@ def test_a_checkout_of_a_pypi_only_upstream_gives_the_wheel_tree(history):
     retire(history, v3, "--json", out, check=0)
     v = {p["id"]: p for p in read_json(out)["patches"]}
     assert v["verbatim"]["verdict"] == "landed" and v["plain"]["verdict"] == "needed", v
+
+
+def test_three_way_finds_the_old_blobs_on_a_one_commit_base(history):
+    """A new base of one commit (a tree: a release, or a pin narrowed to paths) has none of the
+    blobs a patch was written against; git 2.39 says "Repository lacks necessary blobs to fall back
+    on 3-way merge", which the fallback did not recognise, so a patch whose context merely moved
+    was reported as a conflict (mlm-gtp-ckpt-without-te on Megatron-LM main)."""
+    _pypi_first(history)
+    up = history["up"]
+    retire(history, history["v0"], check=0)  # the old base is now cached, as after a night at the old pin
+    edit(up, "megatron/core/delta.py", 13, "value_13 = 'context moved'\n")
+    # and no other file of the new base keeps delta.py's old content (gamma.py did, after the revert)
+    edit(up, "megatron/core/gamma.py", 38, "value_38 = 'elsewhere'\n")
+    v3 = Git(up).commit_all("upstream: touch context near plain")
+    out = history["tmp"] / "t.json"
+    retire(history, v3, "--json", out, check=0)
+    v = {p["id"]: p for p in read_json(out)["patches"]}
+    assert v["plain"]["text"] == "applies" and v["plain"]["verdict"] == "needed", v["plain"]

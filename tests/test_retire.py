@@ -384,3 +384,21 @@ def test_three_way_finds_the_old_blobs_on_a_one_commit_base(history):
     retire(history, v3, "--json", out, check=0)
     v = {p["id"]: p for p in read_json(out)["patches"]}
     assert v["plain"]["text"] == "applies" and v["plain"]["verdict"] == "needed", v["plain"]
+
+
+def test_repin_keeps_the_comment_that_introduces_the_next_section():
+    """The rehearsal's retire --write on nemo-rl dropped series.toml's "# -- patches, ..." banner:
+    the last pin table's block ran to the next header, and repin rewrote it whole."""
+    from dataclasses import replace
+
+    from carry import seriesedit
+    from carry.manifest import load
+
+    series = load(SERIES)
+    text = (SERIES / "series.toml").read_text()
+    banner = "# -- patches, in application order per upstream"
+    assert banner in text
+    up = series.upstream("nemo-rl")
+    out = seriesedit.repin(text, replace(up, git=replace(up.git, commit="a" * 40)), "git")
+    assert banner in out and 'commit = "' + "a" * 40 + '"' in out
+    assert out.replace("a" * 40, up.git.commit) == text

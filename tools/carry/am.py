@@ -21,6 +21,10 @@ ALREADY = "the base already has this change; see tools/retire.py"
 ABSENT = "which the tree it applies to does not have"  # in the detail of a patch refused so
 
 
+# What git am --3way says when the pre-image blobs are not in the repository, by git version
+# ("lacks necessary blobs" since git 2.3x): then the older bases are fetched and it is tried again.
+_NO_BLOBS = ("fake ancestor", "lacking or useless", "lacks necessary blobs")
+
 BASE_TAG = "carry-base"  # in every workspace: what `git rebase -i --autosquash` and `git log BASE..` need
 
 
@@ -86,7 +90,7 @@ def _am_patches(repo: Path, series: Series, patches: list[PatchMeta],
         before = g.head()
         res = g("am", "--3way", "--keep-cr", str(path), check=False)
         out = res.stdout + res.stderr
-        if not res.ok and pending_bases and ("fake ancestor" in out or "lacking or useless" in out):
+        if not res.ok and pending_bases and any(m in out for m in _NO_BLOBS):
             g("am", "--abort", check=False)
             for old in pending_bases:
                 g("fetch", "-q", "--no-tags", str(old), "+refs/heads/main:refs/carry/older", check=False)

@@ -145,7 +145,7 @@ def test_bridge_converts_it_as_qwen3_moe_with_every_tensor_mapped(built, pin_cac
 
 def test_the_moe_case_asks_for_both_axes_on_its_own_model(built, tmp_path):
     case = casing.CASES["moe"]
-    assert (case.expect, case.nemo_rl, case.megatron_core, case.model) == ("green", "patched", "patched", "qwen3-moe")
+    assert (case.expect, case.nemo_rl, case.megatron_core, case.shape) == ("green", "patched", "patched", "qwen3-moe")
     args = casing.script_args(case, "/m", "/d.jsonl", "/ck")
     assert args[0] == "policy.model_name=/m"
     assert args[-1] == "policy.megatron_cfg.expert_tensor_parallel_num_weight_shards=2"

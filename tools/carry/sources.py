@@ -33,8 +33,11 @@ from .artifacts import (
 )
 from .errors import IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
 from .lock import building
-from .manifest import Artifact, Upstream
+from .manifest import SOURCE_KINDS, Artifact, Upstream
 from .runner import Git
+
+# A pin with git as its only source (a sources tuple, not a git command line).
+GIT_ONLY = tuple(k for k in SOURCE_KINDS if k == "git")
 
 
 def default_cache() -> Path:
@@ -358,7 +361,7 @@ def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None
                 raise SourceError(f"{upstream.name}: {override} has no commit {target}")
             # A checkout's commit is a git pin, also for an upstream pinned on PyPI so far (an
             # upstream's main head): its wheels are another tree, so git becomes its only source.
-            sources = upstream.sources if upstream.sources[0] == "git" else ("git",)
+            sources = upstream.sources if upstream.sources[0] == "git" else GIT_ONLY
             new = replace(upstream, sources=sources, git=replace(upstream.git, commit=commit, ref=None))
             return new, _resolve_override(new, cache, override)
         return upstream, _resolve_override(upstream, cache, override)

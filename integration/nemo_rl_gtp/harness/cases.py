@@ -88,8 +88,6 @@ REFIT_CHECK_LINE = (RAY_PREFIX + r"\[refit-check\] step (?P<step>\d+): (?P<n>\d+
                     r"on rank (?P<rank>\d+)")
 WEIGHT_CHANGE_LINE = (RAY_PREFIX + r"\[weight-change\] step (?P<step>\d+): rel_l2 (?P<rel>\S+), changed "
                       r"(?P<frac>\S+) of (?P<n>\d+) elements on rank (?P<rank>\d+)")
-# Every rank's line, for every step (the judge's step_markers form; 2 GPUs, so ranks 0 and 1).
-STEP_MARKERS = tuple(REFIT_CHECK_LINE.replace("(?P<rank>\\d+)", str(r)) for r in (0, 1))
 
 
 def learning_cases() -> tuple[Case, ...]:

@@ -554,7 +554,7 @@ PER_STEP = ("train/token_mult_prob_error", "train/baseline_reward/pct_mixed", "t
 
 def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     """What the case showed, for the lead's table (the nightly judges the patched case itself)."""
-    from carry.judge import evaluate_gate, markers_found, numeric_metrics
+    from carry.judge import evaluate_gate, markers_found, numeric_metrics, step_markers_missing
 
     metrics = {}
     if (out / "metrics.json").exists():
@@ -573,10 +573,10 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
               if ("Error" in ln or ln.startswith(("FAIL:", "BUG_HIT:"))) and "[run-on-gpu-host]" not in ln
               and not any(n in ln for n in NOISE)]
     steps_run = sorted({int(m.group(1)) for m in STEP_LINE.finditer(log)})
-    # Every rank's refit-check line for every step the metrics name (the judge's step_markers).
-    step_marks = getattr(spec, "step_markers", ()) or (casing.STEP_MARKERS if case.test == casing.LEARNING_TEST else ())
+    # Every rank's refit-check line for every step the metrics name: the entry's step_markers, read
+    # by the judge's own rule (whole lines, Ray's prefix allowed).
     steps = sorted(metrics.get(learning.STEPS_FROM) or {}, key=lambda x: int(x) if str(x).isdigit() else 0)
-    unmarked = learning.step_markers_missing(log, step_marks, steps) if step_marks else []
+    unmarked = step_markers_missing(log, spec.step_markers, steps) if spec.step_markers else []
     errors += [f"FAIL: {u}" for u in unmarked]
     # Why it is red, named: each gate that failed, each marker or step marker missing, the exit status.
     reasons = ([f"gate {r.gate}: {r.detail}" for r in results if not r.ok]
@@ -598,7 +598,7 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
             "token_mult_prob_error_per_step": per_step if isinstance(per_step, dict) else None,
             "gate_detail": gate.detail,
             "gates": {r.gate: {"value": r.value, "ok": r.ok, "detail": r.detail} for r in results},
-            "markers": marks, "step_markers": {"missing": unmarked, "patterns": list(step_marks)},
+            "markers": marks, "step_markers": {"missing": unmarked, "patterns": [m.text for m in spec.step_markers]},
             "steps_run": steps_run,
             "per_step": {k: metrics[k] for k in PER_STEP if isinstance(metrics.get(k), dict)},
             "reasons": reasons if observed == "red" else [], "first_error": errors[0][:300] if errors else None,

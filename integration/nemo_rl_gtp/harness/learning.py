@@ -141,14 +141,3 @@ def merge_metrics(out: Path, ranks: int) -> dict:
     return extra
 
 
-def step_markers_missing(log: str, patterns, steps) -> list[str]:
-    """Each pattern must match a whole line of the log for every step (the judge's step_markers rule)."""
-    lines = [ln.rstrip("\r") for ln in log.splitlines()]
-    missing = []
-    for pat in patterns:
-        rx = re.compile(pat)
-        have = {m["step"] for m in (rx.fullmatch(ln) for ln in lines) if m}
-        gone = [s for s in steps if str(s) not in have]
-        if gone or not steps:
-            missing.append(f"no whole line matching {pat!r} for step(s) {gone or 'any'}")
-    return missing

@@ -34,7 +34,6 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, TypeVar
 
 from . import progress, proofenv, tesite
 from .errors import CommandError, SourceError, UsageError
@@ -43,9 +42,6 @@ from .manifest import PatchMeta, Series
 from .repo import command
 from .runner import Git, run
 from .workspace import WorkDir
-
-T = TypeVar("T")
-U = TypeVar("U")
 
 
 @dataclass
@@ -91,13 +87,6 @@ def extract(repo: Path, commit: str, dest: Path) -> Path:
 
 
 PLUGIN_DIR = Path(__file__).resolve().parent / "proofsite"
-PAIR_CORES = 8  # a proof run is a pytest and (often) two ranks: two runs side by side want this many cores
-
-
-def pairs_fit() -> bool:
-    """Whether two proof runs go side by side here (``CARRY_PROOF_SIDE_BY_SIDE=1|0`` decides instead)."""
-    forced = os.environ.get("CARRY_PROOF_SIDE_BY_SIDE", "")
-    return forced == "1" if forced in ("0", "1") else usable_cores() >= PAIR_CORES
 
 
 def usable_cores() -> int:
@@ -119,20 +108,6 @@ def jobs() -> int:
             raise UsageError(f"CARRY_PROOF_JOBS={forced!r} is not a number of runs",
                              hint="set it to a whole number such as 2, or unset it") from None
     return max(1, usable_cores() // 2)
-
-
-def side_by_side(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
-    """Both results; run at once where the machine has the cores (a GPU host), else one after the other.
-
-    A proof's pristine and patched runs are independent (their own trees, interpreters, ports
-    and scratch), and on a GPU host the TE proofs take about a minute each.
-    """
-    if not pairs_fit():
-        return first(), second()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        later = pool.submit(first)
-        b = second()
-        return later.result(), b
 
 
 def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout: float,

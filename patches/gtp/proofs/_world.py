@@ -21,8 +21,9 @@ take ~20 s). ``CARRY_PROOF_START_METHOD=fork|forkserver|spawn`` overrides the ch
 
 A rank gets the caller's environment as it was at ``spawn`` (a forkserver's children would
 otherwise see the server's, from when it started), and joins the group through a TCP store
-the caller holds on a port the kernel picked: no free port is guessed, so proofs running side
-by side cannot race for one.
+rank 0 serves on a port the kernel picked and hands to the others: no free port is guessed, so
+proofs running side by side cannot race for one. (Not served from the caller: a store's server
+is a thread, and a rank forked while it runs may inherit a lock it held.)
 
 A rank's failure carries its exception's type and, for an import error, the module it could
 not import (``RankFailed.cause``): carry.prove tells a missing dependency from a red proof by it.
@@ -75,13 +76,19 @@ def _cause(exc: BaseException) -> dict:
     return cause
 
 
-def _entry(rank, world_size, port, fn, args, queue, environ):
+def _entry(rank, world_size, ports, fn, args, queue, environ):
     os.environ.clear()
     os.environ.update(environ)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     try:
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)
+        # Rank 0 serves the group's store on a port the kernel picks and tells the others.
+        if rank == 0:
+            store = dist.TCPStore("127.0.0.1", 0, world_size, True, wait_for_workers=False)
+            for _ in range(world_size - 1):
+                ports.put(store.port)
+        else:
+            store = dist.TCPStore("127.0.0.1", ports.get(timeout=RANK_TIMEOUT_S), world_size, False)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK=str(rank),
+                          WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
         queue.put((rank, "ok", result))
@@ -98,12 +105,9 @@ def _entry(rank, world_size, port, fn, args, queue, environ):
 def spawn(fn, world_size: int = 2, *args, method: str | None = None):
     """Run fn on every rank; return the list of per-rank return values."""
     ctx = context(method or start_method())
-    queue = ctx.Queue()
-    # The store's server lives here, for as long as the ranks run; its port is the kernel's pick.
-    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    port = store.port
+    queue, ports = ctx.Queue(), ctx.Queue()
     environ = dict(os.environ)
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, queue, environ), daemon=False)
+    procs = [ctx.Process(target=_entry, args=(r, world_size, ports, fn, args, queue, environ), daemon=False)
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -13,7 +13,9 @@ megatron.core (median of --runs), times the number of torch-importing interprete
 started: what the proofs would cost if each interpreter did nothing but its imports.
 
 Prints the medians, min and max of cold and warm, the floor and the ratios warm/floor and
-cold/floor. Checks every proof's verdict in each run and fails if one is not red/green.
+cold/floor, and the machine's load average around each run (the machine may be shared: rely on
+the ratio, whose floor is measured in the same run). Checks every proof's verdict in each run
+and fails if one is not red/green. CARRY_PROOF_JOBS in the environment reaches prove.
 
     python3 tests/bench_prove.py [--runs 3] [--cache DIR]
 """
@@ -74,11 +76,13 @@ def main() -> int:
             log = tmp / f"interpreters-{tag}.txt"
             env = dict(base_env, CARRY_BENCH_INTERPRETERS=str(log))
             rep = tmp / f"prove-{tag}.json"
+            loads.append(f"{tag}: {os.getloadavg()[0]:.1f}")
             t0 = time.perf_counter()
             res = subprocess.run([sys.executable, str(ROOT / "tools/prove.py"), "--series", "gtp", "--workdir",
                                   str(workdir), "--only", a.only, "--cache", str(env_cache), "--json", str(rep)],
                                  check=False, env=env, capture_output=True, text=True)
             secs = time.perf_counter() - t0
+            loads[-1] += f"->{os.getloadavg()[0]:.1f}"
             if res.returncode != 0:
                 sys.stderr.write(res.stdout + res.stderr)
                 raise SystemExit(f"prove exited {res.returncode} in run {tag}: a proof is not red/green")
@@ -95,6 +99,7 @@ def main() -> int:
 
         apply(tmp / "w-warm")
         cold, warm, counts, floors = [], [], [], []
+        loads: list[str] = []
         verdicts: list[dict] = []
         warm_cache = tmp / "envs-warm"
         prove(tmp / "w-warm", warm_cache, "prime")  # builds the warm cache's proof environments
@@ -115,7 +120,9 @@ def main() -> int:
         floor = one * n
         ran = [p for p in verdicts if p["ok"] is not None]
         print(f"proofs: {len(verdicts)} selected by --only {a.only}, {len(ran)} decided here "
-              f"(red/green: {sum(1 for p in ran if p['ok'])}), runs: {a.runs}, cores: {os.cpu_count()}")
+              f"(red/green: {sum(1 for p in ran if p['ok'])}), runs: {a.runs}, cores: {os.cpu_count()}, "
+              f"CARRY_PROOF_JOBS: {os.environ.get('CARRY_PROOF_JOBS', 'unset')}")
+        print(f"load (1 min, before->after each prove) {', '.join(loads)}")
         print(f"cold prove     median {med(cold):.1f}s  (min {min(cold):.1f}, max {max(cold):.1f})")
         print(f"warm prove     median {med(warm):.1f}s  (min {min(warm):.1f}, max {max(warm):.1f})")
         print(f"interpreters   {n} importing torch per warm prove (min {min(counts)}, max {max(counts)})")

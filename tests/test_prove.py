@@ -46,11 +46,69 @@ def test_red_green_and_the_ways_a_proof_can_be_wrong(proved, tmp_path):
     assert "not run here" in res.stdout and "pass" not in res.stdout.split("verdict")[1]
 
 
-def test_pristine_and_patched_side_by_side(proved, tmp_path):
-    """Where the cores allow (forced here), both runs of a proof go at once: the same verdicts."""
-    _, by = _prove(proved, tmp_path, "--only", "clean,threeway", env={"CARRY_PROOF_SIDE_BY_SIDE": "1"}, check=1)
+def test_several_runs_at_once_report_in_series_order(proved, tmp_path):
+    """Runs go several at a time where the cores allow (forced here): the same verdicts, reported in
+    the series' order whichever run finished first."""
+    res, by = _prove(proved, tmp_path, env={"CARRY_PROOF_JOBS": "4", "GTP_CARRY_VERBOSE": "1"}, check=1)
+    assert list(by) == ["clean", "threeway", "upstreamed", "conflict"], by
     assert (by["clean"]["pristine"], by["clean"]["patched"], by["clean"]["ok"]) == ("fail", "pass", True), by
     assert (by["threeway"]["pristine"], by["threeway"]["ok"]) == ("pass", False), by
+    assert (by["upstreamed"]["pristine"], by["upstreamed"]["ok"]) == ("fail", False), by
+    assert (by["conflict"]["pristine"], by["conflict"]["patched"]) == ("skipped", "skipped"), by
+    assert "8 runs, 4 at a time" in res.stderr, res.stderr
+    said = [line.split("] ", 1)[1].split(":")[0] for line in res.stderr.splitlines() if ": pristine " in line]
+    assert said == ["clean", "threeway", "upstreamed", "conflict"], res.stderr
+    res = tool("prove", "--series", proved["series"], "--workdir", proved["work"], env={"CARRY_PROOF_JOBS": "x"},
+               check=2)
+    assert "CARRY_PROOF_JOBS" in res.stderr
+
+
+# A proof that outlives its timeout, with a rank that would outlive the proof's pytest.
+HANGS_IN_A_RANK = '''
+import os
+import time
+
+from _world import spawn
+
+
+def _rank(rank, world_size, pids):
+    with open(pids, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    time.sleep(600)
+
+
+def test_hangs():
+    spawn(_rank, 2, os.environ["CARRY_TEST_RANK_PIDS"])
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_a_timed_out_proof_leaves_no_rank_behind(demo, tmp_path):
+    proofs = demo["series"] / "proofs"
+    proofs.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SERIES / "proofs" / "_world.py", proofs / "_world.py")
+    add_proofs(demo["series"], {"hangs": HANGS_IN_A_RANK}, {"clean": "hangs"}, SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    pids = tmp_path / "pids"
+    res, by = _prove(demo, tmp_path, "--only", "clean", "--timeout", "40",
+                     env={"CARRY_TEST_RANK_PIDS": str(pids), "CARRY_PROOF_JOBS": "2"},
+                     check=1)
+    assert by["clean"]["pristine"] == "fail" and "timed out" in by["clean"]["pristine_detail"], by
+    ranks = [int(x) for x in pids.read_text().split()]
+    assert len(ranks) == 4, ranks  # two ranks on each tree started, and none is left
+    import time
+
+    deadline = time.monotonic() + 10
+    while any(map(_alive, ranks)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [r for r in ranks if _alive(r)], "a timed-out proof left its ranks running"
 
 
 def test_prove_needs_a_workspace(demo, tmp_path):
@@ -107,6 +165,7 @@ def test_the_te_site_is_on_the_proof_interpreters_path_after_the_tree(demo, tmp_
 # child's first CUDA call raises this very error). The rank launcher is the series' own.
 RANKS_ON_A_GPU_HOST = '''
 import os
+import sys
 
 import torch
 from _world import spawn
@@ -118,19 +177,42 @@ POISONED = []
 os.register_at_fork(after_in_child=lambda: POISONED.append(True))
 
 
-def _rank(rank, world_size):
+def _rank(rank, world_size, parent):
     if POISONED:
         raise RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
                            "multiprocessing, you must use the 'spawn' start method")
-    return rank
+    # (imported torch itself, forked from a process other than the proof's pytest)
+    return rank, sys.carry_torch_imported_in == os.getpid(), os.getppid() != parent
 
 
 def test_ranks_start():
-    assert spawn(_rank, 2) == [0, 1]
+    # Forked from a server that had imported torch: neither the proof's pytest nor the rank itself.
+    assert spawn(_rank, 2, os.getpid()) == [(0, False, True), (1, False, True)]
+
+
+def test_a_spawned_rank_imports_torch_itself():
+    # The same observation goes the other way where the rank is a fresh interpreter.
+    assert spawn(_rank, 1, os.getpid(), method="spawn") == [(0, True, False)]
 
 
 def test_value_5_is_patched():
     assert alpha.value_5 == "patched"
+'''
+
+
+# Every interpreter of the proof notes which process imported torch first (a fork inherits the note).
+WATCH_TORCH = '''
+import os
+import sys
+
+
+class _Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not hasattr(sys, "carry_torch_imported_in"):
+            sys.carry_torch_imported_in = os.getpid()
+
+
+sys.meta_path.insert(0, _Watch())
 '''
 
 
@@ -142,14 +224,21 @@ def with_world(demo):
     return demo
 
 
-def test_ranks_are_spawned_where_cuda_may_be_initialised(with_world, tmp_path):
+def test_ranks_come_from_a_forkserver_where_cuda_may_be_initialised(with_world, tmp_path):
+    """Where torch sees a device, ranks fork from a server that preloaded torch (not from the
+    parent, whose CUDA state a fork would inherit), so they do not import torch again."""
     add_proofs(with_world["series"], {"ranks": RANKS_ON_A_GPU_HOST}, {"clean": "ranks"},
                SERIES / "proofs" / "pytest.ini")
     apply(with_world, check=0)
     assert "CARRY_PROOF_START_METHOD" not in os.environ, "the launcher's own choice is under test"
-    _, by = _prove(with_world, tmp_path, check=0)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(WATCH_TORCH)
+    watched = {"PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    _, by = _prove(with_world, tmp_path, env=watched, check=0)
     assert (by["clean"]["pristine"], by["clean"]["patched"], by["clean"]["ok"]) == ("fail", "pass", True), by
     assert "5 == 'patched'" in by["clean"]["pristine_detail"], by  # the ranks ran: only the value is red
+    assert by["clean"]["patched_detail"] == "3 passed", by
     # Forced to fork, the ranks meet the poisoned CUDA state: an environment error, not a red proof.
     res, by = _prove(with_world, tmp_path, env={"CARRY_PROOF_START_METHOD": "fork"}, check=2)
     assert (by["clean"]["pristine"], by["clean"]["patched"], by["clean"]["ok"]) == ("error", "error", None), by

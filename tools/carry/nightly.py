@@ -27,6 +27,7 @@ import json
 import shutil
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from .runlog import result_line
 from .launch import docker_killer, run_logged
 from .nightly_config import NightlyConfig
 from .nightly_plan import Cell, Options, cells, plan, timeout_for
-from .prove import pairs_fit, run_proof, side_by_side
+from .prove import jobs, run_proof
 from .runner import run
 
 NOT_GREEN = ("failed", "vacuous", "error")
@@ -163,21 +164,24 @@ def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[s
             apply_error = exc.message
         scratch = opts.out / "trees" / series.name
         prefix = PrefixTrees(series, wd_path, scratch) if not apply_error else None
-        for cell in cells(cfg, series, opts):
+        planned = list(cells(cfg, series, opts))
+        pool = ThreadPoolExecutor(max_workers=jobs()) if not apply_error and jobs() > 1 else None
+        ahead = _proofs_ahead(planned, trees, prefix, opts, cfg, pool) if pool else {}
+        for i, cell in enumerate(planned):
             progress.say(f"{cell.id}: running")
             timeout = timeout_for(cell, opts, cfg.timeout_s)
             cell_out = opts.out / "cells" / cell.id
             t0 = time.monotonic()
+            if i not in ahead and ahead:
+                wait([f for pair in ahead.values() for f in pair])  # no other cell shares the host with proofs
             if apply_error:
                 v, info = Verdict(status="failed", reason=f"the series did not apply: {apply_error}"), {}
                 cell_out.mkdir(parents=True, exist_ok=True)
             else:
                 try:
-                    if cell.spec.kind == "proof" and cell.patch.upstream in trees and pairs_fit():
-                        # Both runs at once where the cores allow; the pristine one decides only a pass.
-                        (v, info), pv = side_by_side(
-                            lambda: run_check(cell, trees, cell_out / "artifacts", opts, timeout),
-                            lambda: _proof_pristine(cell, trees, prefix, cell_out / "pristine", timeout, opts.cache))
+                    if i in ahead:
+                        # Both runs went at once with other cells' runs; the pristine one decides only a pass.
+                        (v, info), pv = ahead[i][0].result(), ahead[i][1].result()
                         if v.status == "passed":
                             v = pv or v
                     else:
@@ -204,7 +208,26 @@ def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[s
                     record["bisect"] = _bisect(cell, v, prefix, cell_out / "bisect", opts, timeout).to_dict()
             write_json(cell_out / "run.json", record)
             runs.append(record)
+        if pool:
+            pool.shutdown()
     return runs
+
+
+def _proofs_ahead(planned: list[Cell], trees: dict[str, Path], prefix: PrefixTrees, opts: Options,
+                  cfg: NightlyConfig, pool: ThreadPoolExecutor) -> dict[int, tuple[Future, Future]]:
+    """Each proof cell's two runs (patched, pristine), all submitted at once to ``pool``
+    (carry.prove.jobs() wide): no cell's runs depend on another's, and on a GPU host they are
+    most of the proofs' time."""
+    ahead = {}
+    for i, cell in enumerate(planned):
+        if cell.spec.kind != "proof" or cell.patch.upstream not in trees:
+            continue
+        prefix.pristine(cell.patch.upstream)  # extracted here, once, not by two threads at a time
+        timeout = timeout_for(cell, opts, cfg.timeout_s)
+        out = opts.out / "cells" / cell.id
+        ahead[i] = (pool.submit(run_check, cell, trees, out / "artifacts", opts, timeout),
+                    pool.submit(_proof_pristine, cell, trees, prefix, out / "pristine", timeout, opts.cache))
+    return ahead
 
 
 def _bisect(cell: Cell, v: Verdict, prefix: PrefixTrees, out: Path, opts: Options, timeout: float) -> BisectResult:

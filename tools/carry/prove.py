@@ -34,7 +34,6 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, TypeVar
 
 from . import progress, proofenv, tesite
 from .errors import CommandError, SourceError, UsageError
@@ -43,9 +42,6 @@ from .manifest import PatchMeta, Series
 from .repo import command
 from .runner import Git, run
 from .workspace import WorkDir
-
-T = TypeVar("T")
-U = TypeVar("U")
 
 
 @dataclass
@@ -91,13 +87,6 @@ def extract(repo: Path, commit: str, dest: Path) -> Path:
 
 
 PLUGIN_DIR = Path(__file__).resolve().parent / "proofsite"
-PAIR_CORES = 8  # a proof run is a pytest and (often) two ranks: two runs side by side want this many cores
-
-
-def pairs_fit() -> bool:
-    """Whether two proof runs go side by side here (``CARRY_PROOF_SIDE_BY_SIDE=1|0`` decides instead)."""
-    forced = os.environ.get("CARRY_PROOF_SIDE_BY_SIDE", "")
-    return forced == "1" if forced in ("0", "1") else usable_cores() >= PAIR_CORES
 
 
 def usable_cores() -> int:
@@ -108,18 +97,17 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def side_by_side(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
-    """Both results; run at once where the machine has the cores (a GPU host), else one after the other.
-
-    A proof's pristine and patched runs are independent (their own trees, interpreters, ports
-    and scratch), and on a GPU host the TE proofs take about a minute each.
-    """
-    if not pairs_fit():
-        return first(), second()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        later = pool.submit(first)
-        b = second()
-        return later.result(), b
+def jobs() -> int:
+    """How many proof runs go at once: one per two usable cores (a run is a pytest and, most
+    often, two ranks), at least one. ``CARRY_PROOF_JOBS=N`` decides instead."""
+    forced = os.environ.get("CARRY_PROOF_JOBS", "")
+    if forced:
+        try:
+            return max(1, int(forced))
+        except ValueError:
+            raise UsageError(f"CARRY_PROOF_JOBS={forced!r} is not a number of runs",
+                             hint="set it to a whole number such as 2, or unset it") from None
+    return max(1, usable_cores() // 2)
 
 
 def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout: float,
@@ -162,15 +150,18 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
                 str(target) + ("::" + proof.split("::", 1)[1] if "::" in proof else "")]
         t0 = time.monotonic()
         try:
-            res = run(argv, env=env, cwd=series.root.parents[1], check=False, timeout=timeout)
+            # Its own process group: a timeout kills its ranks (and a forkserver) with it.
+            res = run(argv, env=env, cwd=series.root.parents[1], check=False, timeout=timeout, group=True)
             rc, output = res.returncode, res.stdout + res.stderr
+            log_text = output
         except CommandError as exc:  # a timeout, or no interpreter: an outcome, not a crash of ours
             rc, output = None, f"did not finish: {exc.message}"
+            log_text = "".join(getattr(exc, "partial", ())) + "\n" + output  # what it said before it was killed
         secs = time.monotonic() - t0
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
             stem = Path(proof.split("::")[0]).stem
-            (log_dir / f"{patch.id}.{stem}.{label}.log").write_text(output)
+            (log_dir / f"{patch.id}.{stem}.{label}.log").write_text(log_text)
         return _classify(rc, xml, output, secs, _events(events))
 
 
@@ -257,6 +248,7 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
             progress.say(f"finished the swap of {', '.join(finished)} that an interrupted apply left")
         state = wd.require(series)
         tmpd = Path(tmp)
+        pairs = []  # (patch, proof, pristine trees, patched trees), in series order
         for p in with_proof:
             rec = state.record(p.upstream)
             if rec is None:
@@ -273,12 +265,22 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
                 extract(repo, rec.base_commit, pristine_tree)
             patched_tree = extract(repo, commit, tmpd / f"{p.upstream}-{p.id}")
             for proof in p.proofs:
-                progress.say(f"{p.id}: {proof} on the pristine base and on the patched tree")
-                a, b = side_by_side(
-                    lambda: run_proof(series, p, {**others, p.upstream: pristine_tree}, timeout, log_dir, "pristine",
-                                      proof, cache),
-                    lambda: run_proof(series, p, {**others, p.upstream: patched_tree}, timeout, log_dir, "patched",
-                                      proof, cache))
+                pairs.append((p, proof, {**others, p.upstream: pristine_tree}, {**others, p.upstream: patched_tree}))
+        for p, proof, _, _ in pairs:
+            try:  # built here, once, before runs share it (a build's lock wait is this thread's setting)
+                proofenv.python_for(series, proof, cache)
+            except SourceError:
+                pass  # each of its runs reports it as an environment error
+        n = jobs()
+        progress.say(f"{len(pairs)} proofs, each on the pristine base and on the patched tree: "
+                     f"{2 * len(pairs)} runs, {n} at a time")
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            runs = [(pool.submit(run_proof, series, p, pristine, timeout, log_dir, "pristine", proof, cache),
+                     pool.submit(run_proof, series, p, patched, timeout, log_dir, "patched", proof, cache))
+                    for p, proof, pristine, patched in pairs]
+            for (p, proof, _, _), (first, second) in zip(pairs, runs):  # series order, whatever finishes first
+                a, b = first.result(), second.result()
+                progress.say(f"{p.id}: {proof}: pristine {a.result}, patched {b.result}")
                 if "error" in (a.result, b.result):
                     ok = None  # it could not run here: no evidence either way (an environment error)
                     report.errors.append(p.id)

@@ -12,6 +12,7 @@ import atexit
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -138,9 +139,17 @@ def run(
     check: bool = True,
     timeout: float | None = None,
     binary: bool = False,
+    group: bool = False,
 ) -> Result:
-    """Run a command, capture its output, raise CommandError when check fails."""
+    """Run a command, capture its output, raise CommandError when check fails.
+
+    ``group``: the command runs in a process group of its own, and whatever of that group is
+    left when it exits or times out is killed: the processes it started (a proof's ranks) die
+    with it, where a timeout would otherwise kill only the command and leave them running.
+    """
     argv = [str(a) for a in argv]
+    if group:
+        return _run_group(argv, cwd, env, input, check, timeout, binary)
     try:
         proc = subprocess.run(
             argv,
@@ -155,11 +164,45 @@ def run(
         raise CommandError(argv, 127, "", f"{argv[0]}: not found ({exc})") from None
     except subprocess.TimeoutExpired as exc:
         raise CommandError(argv, 124, "", f"timed out after {timeout}s") from exc
+    return _result(argv, proc.returncode, proc.stdout, proc.stderr, check, binary)
+
+
+def _run_group(argv, cwd, env, input, check, timeout, binary) -> Result:
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=dict(env) if env is not None else None,
+                                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=not binary,
+                                start_new_session=True)
+    except FileNotFoundError as exc:
+        raise CommandError(argv, 127, "", f"{argv[0]}: not found ({exc})") from None
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        out, err = proc.communicate()
+        exc = CommandError(argv, 124, "", f"timed out after {timeout}s")
+        exc.partial = (out, err)  # what it said before it was killed, for a log
+        raise exc from None
+    except BaseException:
+        _kill_group(proc.pid)
+        raise
+    _kill_group(proc.pid)  # whatever of its group outlived it
+    return _result(argv, proc.returncode, out, err, check, binary)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _result(argv, returncode, stdout, stderr, check, binary) -> Result:
     # binary=True keeps stdout as bytes (archives); stderr is always text.
-    err = proc.stderr if not binary else proc.stderr.decode("utf-8", "replace")
-    result = Result(argv, proc.returncode, proc.stdout, err)
-    if check and proc.returncode != 0:
-        raise CommandError(argv, proc.returncode, "" if binary else proc.stdout, err)
+    err = stderr if not binary else stderr.decode("utf-8", "replace")
+    result = Result(argv, returncode, stdout, err)
+    if check and returncode != 0:
+        raise CommandError(argv, returncode, "" if binary else stdout, err)
     return result
 
 

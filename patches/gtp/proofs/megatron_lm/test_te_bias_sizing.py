@@ -208,4 +208,4 @@ def _layers(rank, world_size):
 
 
 def test_te_layers_get_logical_length_biases_under_gtp():
-    spawn(_layers, 2, method="spawn")
+    spawn(_layers, 2)

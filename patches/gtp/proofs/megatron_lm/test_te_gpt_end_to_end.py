@@ -104,4 +104,4 @@ def _gpt(rank, world_size, tied):
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied-embeddings", "untied"])
 def test_te_gpt_with_biases_matches_gtp_off(tied):
-    spawn(_gpt, 2, tied, method="spawn")
+    spawn(_gpt, 2, tied)

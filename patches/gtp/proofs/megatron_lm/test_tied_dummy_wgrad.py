@@ -133,4 +133,4 @@ def _microbatches(rank, world_size, next_step):
 
 @pytest.mark.parametrize("next_step", [False, True], ids=["microbatches", "next-step"])
 def test_tied_embedding_gradient_holds_no_dummy(next_step):
-    spawn(_microbatches, 2, next_step, method="spawn")
+    spawn(_microbatches, 2, next_step)

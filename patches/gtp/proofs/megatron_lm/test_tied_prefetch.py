@@ -122,4 +122,4 @@ def _train(rank, world_size, classify):
 
 @pytest.mark.parametrize("classify", [False, True], ids=["as-bridge-and-nemo-rl", "classified-chains"])
 def test_tied_embeddings_train_under_gtp_defaults(classify):
-    spawn(_train, 2, classify, method="spawn")
+    spawn(_train, 2, classify)

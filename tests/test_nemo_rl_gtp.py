@@ -24,15 +24,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from helpers import ROOT, read_json, tool
 
 NRL = ROOT / "integration" / "nemo_rl_gtp"
 sys.path.insert(0, str(NRL))
 
-from harness import cases as casing  # noqa: E402
-from harness import ferry, fixtures, lock as locking, wheels  # noqa: E402
 from carry.errors import IntegrityError  # noqa: E402
+from harness import caserun, ferry, fixtures, hostsetup, wheel_lock, wheels  # noqa: E402
+from harness import cases as casing  # noqa: E402
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization"
 MARK_RESHARD = "[colocated-reshard] building dedicated inference model"
@@ -63,8 +62,8 @@ def make_wheel(path: Path, files: dict[str, bytes], name: str = "tinypkg", versi
 
 # -- the lock and the stage's hash checks --------------------------------------------------------
 def test_lock_is_canonical_and_pins_every_artifact():
-    lk = locking.load(NRL / "wheels.toml")
-    assert locking.render(lk) == (NRL / "wheels.toml").read_text(), "wheels.toml is not in render()'s form"
+    lk = wheel_lock.load(NRL / "wheels.toml")
+    assert wheel_lock.render(lk) == (NRL / "wheels.toml").read_text(), "wheels.toml is not in render()'s form"
     names = {a.name for a in lk.artifacts}
     # The findings the issue names, and the ones measured since (energon, modelopt's pulp, fastapi).
     for need in ("ray", "jsonschema", "hydra-core", "omegaconf", "antlr4-python3-runtime", "transformers",
@@ -93,45 +92,45 @@ def test_bad_lock_entries_are_config_errors(tmp_path):
     bad = tmp_path / "wheels.toml"
     bad.write_text('[[wheel]]\nname = "x"\nversion = "1"\nfile = "x-1-py3-none-any.whl"\nsha256 = "abc"\n')
     with pytest.raises(Exception, match="64 lowercase hex"):
-        locking.load(bad)
+        wheel_lock.load(bad)
     bad.write_text('[[wheel]]\nname = "x"\nversion = "1"\nfile = "f"\nsha256 = "' + "0" * 64 + '"\nwhy_not = 1\n')
     with pytest.raises(Exception, match="unknown key 'why_not'"):
-        locking.load(bad)
+        wheel_lock.load(bad)
 
 
 def test_stage_refuses_a_wheel_whose_hash_differs(tmp_path):
     """A cached file with the pinned name but other bytes stops the stage; the right bytes pass."""
     whl = make_wheel(tmp_path / "cache" / "wheels" / "tinypkg-1.0-py3-none-any.whl", {"tinypkg/__init__.py": b"x = 1\n"})
     good = hashlib.sha256(whl.read_bytes()).hexdigest()
-    lk = locking.Lock(tmp_path / "w.toml", "3.12", ("any",),
-                      (locking.Artifact("tinypkg", "1.0", whl.name, "f" * 64, "test"),), ())
+    lk = wheel_lock.Lock(tmp_path / "w.toml", "3.12", ("any",),
+                      (wheel_lock.Artifact("tinypkg", "1.0", whl.name, "f" * 64, "test"),), ())
     with pytest.raises(IntegrityError, match="the lock says f{64}"):
         wheels.fetch(lk, tmp_path / "cache" / "wheels")  # present in the cache: no download, but checked
     with pytest.raises(IntegrityError, match="lock says"):
         from harness.stage import stage_wheels
         stage_wheels(lk, tmp_path / "cache", tmp_path / "out")
     assert not (tmp_path / "out" / whl.name).exists(), "nothing is unpacked from a wheel that failed its hash"
-    lk = locking.Lock(lk.path, "3.12", ("any",), (locking.Artifact("tinypkg", "1.0", whl.name, good, "test"),), ())
+    lk = wheel_lock.Lock(lk.path, "3.12", ("any",), (wheel_lock.Artifact("tinypkg", "1.0", whl.name, good, "test"),), ())
     assert wheels.fetch(lk, tmp_path / "cache" / "wheels") == {"tinypkg": whl}
     with pytest.raises(IntegrityError, match="expected the file"):
-        locking.check_file(whl, locking.Artifact("tinypkg", "1.0", "other.whl", good))
+        wheel_lock.check_file(whl, wheel_lock.Artifact("tinypkg", "1.0", "other.whl", good))
 
 
 @pytest.mark.network
 def test_pip_download_with_a_wrong_pinned_hash_fails(tmp_path):
     """The real index: the pinned file with a wrong sha256 is refused by the hash check."""
-    lk = locking.load(NRL / "wheels.toml")
+    lk = wheel_lock.load(NRL / "wheels.toml")
     a = next(a for a in lk.wheels if a.name == "braceexpand")
-    wrong = locking.Lock(lk.path, lk.python, lk.platforms, (locking.Artifact(a.name, a.version, a.file, "0" * 64),), ())
+    wrong = wheel_lock.Lock(lk.path, lk.python, lk.platforms, (wheel_lock.Artifact(a.name, a.version, a.file, "0" * 64),), ())
     with pytest.raises(IntegrityError):
         wheels.fetch(wrong, tmp_path / "dl")
-    right = locking.Lock(lk.path, lk.python, lk.platforms, (a,), ())
+    right = wheel_lock.Lock(lk.path, lk.python, lk.platforms, (a,), ())
     assert wheels.fetch(right, tmp_path / "dl2")["braceexpand"].name == a.file
 
 
 def test_the_glibc_the_staged_wheels_need_is_checked_before_anything():
     from carry.errors import OperationError
-    files = [a.file for a in locking.load(NRL / "wheels.toml").wheels]
+    files = [a.file for a in wheel_lock.load(NRL / "wheels.toml").wheels]
     assert wheels.wheel_glibc("x-1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl") == (2, 17)
     assert wheels.wheel_glibc("x-1-py3-none-any.whl") is None
     need, which = wheels.glibc_needed(files)
@@ -140,20 +139,20 @@ def test_the_glibc_the_staged_wheels_need_is_checked_before_anything():
                                              r"needs glibc >= 2\.39"):
         wheels.check_glibc(files, have=(2, 36))
     assert wheels.check_glibc(files, have=(2, 39)) == (2, 39)
-    from harness import gpuhost  # the setup's first step, on this machine's real glibc
+    # the setup's first step, on this machine's real glibc
     have = wheels.this_glibc()
     if have is not None and have >= (2, 39):
-        assert gpuhost.check_platform().startswith("glibc %d.%d" % have)
+        assert hostsetup.check_platform().startswith("glibc %d.%d" % have)
     else:
         with pytest.raises(OperationError, match="needs glibc >= 2.39"):
-            gpuhost.check_platform()
+            hostsetup.check_platform()
 
 
 def test_unpack_drops_trims_record_and_zips_again_for_pip(tmp_path):
     whl = make_wheel(tmp_path / "tinypkg-1.0-py3-none-any.whl",
                      {"tinypkg/__init__.py": b"VALUE = 42\n", "tinypkg/jars/big.jar": b"J" * 5000,
                       "tinypkg/tool": b"#!/bin/sh\necho tool\n"})
-    a = locking.Artifact("tinypkg", "1.0", whl.name, hashlib.sha256(whl.read_bytes()).hexdigest(),
+    a = wheel_lock.Artifact("tinypkg", "1.0", whl.name, hashlib.sha256(whl.read_bytes()).hexdigest(),
                          drop=("tinypkg/jars/*",))
     info = wheels.unpack(whl, a, tmp_path / "unpacked")
     folder = tmp_path / "unpacked" / whl.name
@@ -504,24 +503,23 @@ def test_gpu_host_cell_judges_recorded_runs_with_the_grpo_gates_and_markers(demo
 
 def test_case_summary_names_what_each_case_showed(tmp_path):
     """case.json's verdict: green needs exit 0, the gate and both markers; gtp-off is judged on its metric."""
-    from harness import gpuhost
     d = _recorded(tmp_path, "p", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003)
-    got = gpuhost.summarize(casing.CASES["patched"], d, 0)
+    got = caserun.summarize(casing.CASES["patched"], d, 0)
     assert got["observed"] == "green" and got["as_expected"] and got["gate_value"] == 1.003
     assert got["token_mult_prob_error_per_step"] == {"1": 1.0001, "2": 1.003}
     d = _recorded(tmp_path, "m", rc=1, markers=(MARK_GTP,), err=None,
                   extra="RuntimeError: supplied weight's shape is (512, 256), not (1024, 256)\n")
-    got = gpuhost.summarize(casing.CASES["pristine-mcore"], d, 1)
+    got = caserun.summarize(casing.CASES["pristine-mcore"], d, 1)
     assert got["observed"] == "red" and got["as_expected"] and "supplied weight" in got["first_error"]
     d = _recorded(tmp_path, "off", rc=1, markers=(), err=1.0002,
                   extra=f"FAIL: '{MARK_GTP}' is not in run.log: training ran without GTP weight sharding\n")
-    got = gpuhost.summarize(casing.CASES["gtp-off"], d, 1)
+    got = caserun.summarize(casing.CASES["gtp-off"], d, 1)
     assert got["observed"] == "green" and got["gate_value"] == 1.0002 and got["as_expected"]
     d = _recorded(tmp_path, "off2", rc=1, markers=(), err=None, extra="ValueError: boom\n")
-    assert gpuhost.summarize(casing.CASES["gtp-off"], d, 1)["observed"] == "red"
+    assert caserun.summarize(casing.CASES["gtp-off"], d, 1)["observed"] == "red"
     # Clipping an infinite norm zeroes the update while log-probs agree: red all the same.
     d = _recorded(tmp_path, "inf", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003, grad_norm=float("inf"))
-    got = gpuhost.summarize(casing.CASES["patched"], d, 0)
+    got = caserun.summarize(casing.CASES["patched"], d, 0)
     assert got["observed"] == "red" and got["gate_value"] == 1.003
     grad = got["gates"]['max(data["train/grad_norm"]) < 1e30']
     assert grad["value"] == float("inf") and not grad["ok"]
@@ -530,34 +528,33 @@ def test_case_summary_names_what_each_case_showed(tmp_path):
                   extra="Error fetching metrics from 192.0.2.2:-1: Failed to parse\n"
                         "  \u2022 Generation KL Error: 0.0001\n"
                         "ModuleNotFoundError: No module named 'flash_attn'\n")
-    got = gpuhost.summarize(casing.CASES["patched"], d, 1)
+    got = caserun.summarize(casing.CASES["patched"], d, 1)
     assert got["first_error"] == "ModuleNotFoundError: No module named 'flash_attn'"
 
 
 def test_resume_starts_from_the_step_1_checkpoint_alone_and_must_run_step_2(tmp_path):
     from carry.errors import UsageError
-    from harness import gpuhost
-    lay = gpuhost.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te")
+    lay = hostsetup.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te")
     resume = casing.CASES["resume"]
     with pytest.raises(UsageError, match=r"no step_1 in .*\(there: nothing\)") as e:
-        gpuhost.resume_folder(lay, resume)
+        caserun.resume_folder(lay, resume)
     assert "run the patched case first" in e.value.hint
     for step in (1, 2):
         (lay.checkpoints / f"step_{step}" / "policy").mkdir(parents=True)
         (lay.checkpoints / f"step_{step}" / "policy" / "weights.bin").write_bytes(bytes([step]) * 64)
     (lay.resume_checkpoints / "step_9").mkdir(parents=True)   # a stale folder from an earlier call
-    dest = gpuhost.resume_folder(lay, resume)
+    dest = caserun.resume_folder(lay, resume)
     assert sorted(p.name for p in dest.iterdir()) == ["step_1"]
     assert (dest / "step_1" / "policy" / "weights.bin").read_bytes() == bytes([1]) * 64
     assert (lay.checkpoints / "step_2").is_dir(), "the patched case's checkpoints stay as they were"
     # Green needs the run to go on at step 2: a run that starts over at step 1 did not resume.
     steps = "========================= Step {}/2 =========================\n"
     d = _recorded(tmp_path, "resumed", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003, extra=steps.format(2))
-    got = gpuhost.summarize(resume, d, 0)
+    got = caserun.summarize(resume, d, 0)
     assert got["observed"] == "green" and got["steps_run"] == [2]
     d = _recorded(tmp_path, "restarted", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003,
                   extra=steps.format(1) + steps.format(2))
-    got = gpuhost.summarize(resume, d, 0)
+    got = caserun.summarize(resume, d, 0)
     assert got["observed"] == "red" and got["steps_run"] == [1, 2] and "resumed from step 1" in got["last_error"]
 
 
@@ -570,9 +567,8 @@ def test_run_on_gpu_host_without_its_parts_is_a_usage_error(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "no environment in" in res.stderr
     from carry.errors import UsageError
-    from harness import gpuhost
     with pytest.raises(UsageError, match="no built model in"):  # --skip-setup with a venv but no weights
-        gpuhost.require_model(gpuhost.Layout(parts=tmp_path, root=tmp_path / "r", te=tmp_path))
+        hostsetup.require_model(hostsetup.Layout(parts=tmp_path, root=tmp_path / "r", te=tmp_path))
     res = subprocess.run([sys.executable, str(NRL / "run-on-gpu-host"), "--cases", "patched,nope"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "unknown case(s): nope" in res.stderr
@@ -581,22 +577,21 @@ def test_run_on_gpu_host_without_its_parts_is_a_usage_error(tmp_path):
 def test_nightly_megatron_tree_runs_with_the_pinned_wheels_compiled_helper(mcore_tree, pin_cache, tmp_path):
     """A tools/apply.py tree has the wheel's sources but not its compiled dataset helper; the gpu-host
     cell runs it from a copy that has the pinned wheel's, and leaves the tree as it was."""
-    from harness import gpuhost
     wheel = next((pin_cache / "artifacts").rglob("megatron_core-0.19.2-cp312-*.whl"))
-    lay = gpuhost.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te")
+    lay = hostsetup.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te")
     with pytest.raises(IntegrityError, match="one pinned megatron-core wheel"):
-        gpuhost.with_compiled_parts(lay, mcore_tree)
+        caserun.with_compiled_parts(lay, mcore_tree)
     (lay.payload / "sources").mkdir(parents=True)
     shutil.copy2(wheel, lay.payload / "sources" / wheel.name)
     assert not list(mcore_tree.rglob("*.so")), "apply leaves compiled files out of the tree"
-    got = gpuhost.with_compiled_parts(lay, mcore_tree)
+    got = caserun.with_compiled_parts(lay, mcore_tree)
     assert got != mcore_tree and not list(mcore_tree.rglob("*.so"))
     with zipfile.ZipFile(wheel) as z:
         shipped = {n for n in z.namelist() if n.endswith(".so")}
     assert shipped and {str(p.relative_to(got)) for p in got.rglob("*.so")} == shipped
     assert (got / "megatron" / "core" / "datasets" / "utils.py").read_bytes() == \
         (mcore_tree / "megatron" / "core" / "datasets" / "utils.py").read_bytes()
-    assert gpuhost.with_compiled_parts(lay, got) == got            # nothing missing: used as it is
+    assert caserun.with_compiled_parts(lay, got) == got            # nothing missing: used as it is
     bridge = tmp_path / "bridge" / "src"
     (bridge / "megatron" / "bridge").mkdir(parents=True)
-    assert gpuhost.with_compiled_parts(lay, bridge) == bridge      # not a megatron-core tree
+    assert caserun.with_compiled_parts(lay, bridge) == bridge      # not a megatron-core tree

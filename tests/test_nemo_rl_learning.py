@@ -141,30 +141,30 @@ def _corrupt(step, rank):
 
 
 def test_case_verdicts_of_the_learning_cases_name_their_reasons(tmp_path):
-    from harness import gpuhost
-    got = gpuhost.summarize(casing.CASES["learning"], _run(tmp_path, "green"), 0)
+    from harness import caserun
+    got = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "green"), 0)
     assert got["observed"] == "green" and got["as_expected"] and got["reasons"] == [], got["reasons"]
     assert got["per_step"][learning.UNVERIFIED] == {str(k): 0.0 for k in range(1, 6)}
     assert got["per_step"][learning.DRIFT]["5"] == pytest.approx(2e-3)
     assert got["token_mult_prob_error_per_step"] == {str(k): 1.01 for k in range(1, 6)}
-    stale = gpuhost.summarize(casing.CASES["learning-stale-refit"], _run(tmp_path, "stale", equal=_stale), 0)
+    stale = caserun.summarize(casing.CASES["learning-stale-refit"], _run(tmp_path, "stale", equal=_stale), 0)
     assert stale["observed"] == "red" and stale["as_expected"]
     assert any("unverified_tensors" in r and "= 170" in r for r in stale["reasons"]), stale["reasons"]
     assert any("tensors equal on rank 0" in r and "at steps 2, 3, 4, 5" in r for r in stale["reasons"]), stale["reasons"]
-    corrupt = gpuhost.summarize(casing.CASES["learning-corrupt-tensor"], _run(tmp_path, "corrupt", equal=_corrupt), 0)
+    corrupt = caserun.summarize(casing.CASES["learning-corrupt-tensor"], _run(tmp_path, "corrupt", equal=_corrupt), 0)
     assert corrupt["observed"] == "red" and corrupt["as_expected"]
     assert any("unverified_tensors" in r and "= 1," in r for r in corrupt["reasons"]), corrupt["reasons"]
     assert any("at steps 1, 2, 3, 4, 5" in r for r in corrupt["reasons"]), corrupt["reasons"]
     # The same cases' gates, other ways to be red: a step without a mixed group, weights that did not move,
     # a rank whose check line is missing (its tensors count as unverified).
-    flat = gpuhost.summarize(casing.CASES["learning"], _run(tmp_path, "flat", mixed=(25.0, 25.0, 0.0, 25.0, 25.0)), 0)
+    flat = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "flat", mixed=(25.0, 25.0, 0.0, 25.0, 25.0)), 0)
     assert flat["observed"] == "red" and any("pct_mixed" in r for r in flat["reasons"])
     assert any("advantages/max" in r for r in flat["reasons"])
-    still = gpuhost.summarize(casing.CASES["learning"], _run(tmp_path, "still", drift=1e-6), 0)
+    still = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "still", drift=1e-6), 0)
     assert still["observed"] == "red" and any("rel_l2_change" in r for r in still["reasons"])
     one = _run(tmp_path, "one-rank", ranks=1)
     learning.merge_metrics(one, 2)   # two GPUs ran, one rank said nothing
-    got = gpuhost.summarize(casing.CASES["learning"], one, 0)
+    got = caserun.summarize(casing.CASES["learning"], one, 0)
     assert got["observed"] == "red" and any("on rank 1" in r for r in got["reasons"])
 
 
@@ -174,8 +174,8 @@ def test_harness_metrics_come_from_whole_lines_only():
     got = learning.harness_metrics(log, ["1"], 2)
     assert got[learning.UNVERIFIED] == {"1": 170.0}, "rank 0's only line was a quote"
     from carry.judge import step_markers_missing
-    from harness import gpuhost
-    marks = gpuhost.grpo_test(casing.LEARNING_TEST).step_markers
+    from harness import caserun
+    marks = caserun.grpo_test(casing.LEARNING_TEST).step_markers
     assert [m.text for m in marks] and step_markers_missing(log, marks, ["1"]) == [
         f"no log line matches step marker {marks[0].text!r} at step 1"]
 

@@ -18,8 +18,8 @@ NRL = ROOT / "integration" / "nemo_rl_gtp"
 sys.path.insert(0, str(NRL))
 
 from carry.errors import UsageError
+from harness import caserun, fixtures, hostsetup, moe_fixtures
 from harness import cases as casing
-from harness import fixtures, gpuhost, moe_fixtures
 
 
 @pytest.fixture(scope="module")
@@ -154,14 +154,14 @@ def test_the_moe_case_asks_for_both_axes_on_its_own_model(built, tmp_path):
     assert case.markers == ("[gtp] enabling GTP weight rematerialization (gtp_remat_size=2 expert_gtp_remat_size=2)",)
     assert all(c.shape == "dense" for n, c in casing.CASES.items() if n != "moe")
     # The model a case runs on: the MoE case's beside the dense one, and only once it is built.
-    lay = gpuhost.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te",
+    lay = hostsetup.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te",
                          model_dir=built.parent / "model")
-    assert gpuhost.model_for(lay, case) == built
+    assert hostsetup.model_for(lay, case) == built
     with pytest.raises(UsageError, match="no built model"):
-        gpuhost.model_for(lay, casing.CASES["patched"])
-    lay = gpuhost.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te")
+        hostsetup.model_for(lay, casing.CASES["patched"])
+    lay = hostsetup.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te")
     with pytest.raises(UsageError, match="no built MoE model"):
-        gpuhost.model_for(lay, case)
+        hostsetup.model_for(lay, case)
 
 
 def test_the_moe_case_is_judged_with_the_expert_marker_too(tmp_path):
@@ -174,7 +174,7 @@ def test_the_moe_case_is_judged_with_the_expert_marker_too(tmp_path):
     base = "[colocated-reshard] building dedicated inference model (...)\n========= Step 1/2 =========\n"
     (out / "run.log").write_text(base + "[gtp] enabling GTP weight rematerialization "
                                  "(gtp_remat_size=2 expert_gtp_remat_size=1)\n")
-    assert gpuhost.summarize(case, out, 0)["observed"] == "red"
+    assert caserun.summarize(case, out, 0)["observed"] == "red"
     (out / "run.log").write_text(base + "[gtp] enabling GTP weight rematerialization "
                                  "(gtp_remat_size=2 expert_gtp_remat_size=2)\n")
-    assert gpuhost.summarize(case, out, 0)["observed"] == "green"
+    assert caserun.summarize(case, out, 0)["observed"] == "green"

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from . import progress, sources, wheels
 from .am import am_patches, clone_base, older_bases
-from .artifacts import check_pin
 from .errors import DirtyTreeError, PatchFormatError, UsageError
 from .files import write_json
 from .lock import LOCK_TIMEOUT
@@ -62,9 +61,8 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
                                    hint="a patch may only edit regular files inside its upstream's tree")
     targets = _targets(series, selected, opts)
     for name in targets:  # a bad pin is bad input, before any work (warm cache or cold)
-        up = series.upstream(name)
-        if up.pypi is not None and "pypi" in up.sources and name not in opts.sources and name not in opts.into:
-            check_pin(name, up.pypi)
+        if name not in opts.into:
+            sources.check_pins(series.upstream(name), opts.sources.get(name))
     report = ApplyReport(series=series.name, check=opts.check, digest=series.digest(selected)[:12])
     wd = WorkDir(opts.workdir)
     with wd.lock(opts.lock_timeout):  # which bounds the cache's locks too
@@ -85,7 +83,7 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
                     digest = series.upstream_digest(name, mine, "into")
                     ur = _apply_into(series, name, opts.into[name], mine, digest, opts.check, into_done, built)
                 else:
-                    base = sources.resolve(up, opts.cache, opts.sources.get(name))
+                    base = sources.ready_base(up, opts.cache, opts.sources.get(name))
                     digest = series.upstream_digest(name, mine, base.key)
                     recorded = state.record(name)
                     ours = wd.check_untouched(name, recorded, series)

@@ -7,9 +7,10 @@ source has; a PyPI artifact, an unpacked tree or a git pin narrowed to some
 ``paths`` gives one commit of that tree. Artifacts are downloaded with pip,
 checked against their pinned sha256 and cached, so a second run downloads
 nothing; bases are cached by the identity of what they were built from, so a
-second run unpacks nothing either. Downloads and base builds happen in
-scratch folders under a lock; what a killed run left there is removed by the
-next one.
+second run unpacks nothing either. :func:`ready_base` is the one call: it
+chooses the source, then builds the base only if the cache lacks it (download,
+hash check, unpacking, cache entry) in scratch folders under a lock; what a
+killed run left there is removed by the next one.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import shutil
 import sys
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,8 +38,7 @@ from .lock import building
 from .manifest import SOURCE_KINDS, Artifact, Upstream
 from .runner import Git
 
-# A pin with git as its only source (a sources tuple, not a git command line).
-GIT_ONLY = tuple(k for k in SOURCE_KINDS if k == "git")
+GIT_ONLY = tuple(k for k in SOURCE_KINDS if k == "git")  # git as a pin's only source (not a command line)
 
 
 def default_cache() -> Path:
@@ -55,6 +56,45 @@ class Base:
     describe: str   # for people: where the tree came from
     repo: Path      # cached repository holding the base commit on refs/heads/main
     commit: str
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """Which base a source gives, and how to build it: chosen first, built (if absent) by :func:`_ready`."""
+    key: str
+    describe: str
+    make: Callable[[Path], Path]   # scratch folder -> the bare repository staged there
+    pinned: str | None = None      # the commit main must be; None: one root commit naming ``key``
+
+
+def ready_base(upstream: Upstream, cache: Path, override: Path | None = None) -> Base:
+    """The pristine base of an upstream, ready in the cache: the one call ``apply`` makes.
+
+    The source is chosen first (``--source NAME=PATH``, else the pins in order, one that cannot
+    be reached giving way to the next); the base is built only when the cache lacks it.
+    """
+    if override is not None:
+        return _ready(cache, upstream.name, _override_recipe(upstream, cache, override))
+    errors: list[SourceError] = []
+    for kind in upstream.sources:
+        try:
+            recipe = _pypi_recipe(upstream, cache) if kind == "pypi" else _git_recipe(upstream, cache)
+            return _ready(cache, upstream.name, recipe)
+        except IntegrityError:
+            raise
+        except SourceError as exc:
+            errors.append(exc)
+    if len(errors) == 1:
+        raise errors[0]
+    raise SourceError(f"{upstream.name}: no source could be reached:\n    " +
+                      "\n    ".join(e.message for e in errors),
+                      hint=f"run the command again with `--source {upstream.name}=PATH`")
+
+
+def check_pins(upstream: Upstream, override: Path | None) -> None:
+    """A bad PyPI pin is bad input: said before any work, with a warm cache as with a cold one."""
+    if upstream.pypi is not None and "pypi" in upstream.sources and override is None:
+        check_pin(upstream.name, upstream.pypi)
 
 
 # -- git --------------------------------------------------------------------------
@@ -97,13 +137,14 @@ def _fetch_git(upstream: Upstream, cache: Path) -> Path:
 
 
 # -- bases ------------------------------------------------------------------------
-def _cached_base(cache: Path, upstream: str, key: str, describe: str, make, pinned: str | None = None) -> Base:
-    """The base ``key`` from the cache, made by ``make(scratch) -> bare repo`` when absent.
+def _ready(cache: Path, upstream: str, recipe: _Recipe) -> Base:
+    """The recipe's base from the cache, made by ``recipe.make(scratch)`` under the lock when absent.
 
     A cached base is used only when its main is what it was built as: the pinned commit
     (``pinned``), or the one root commit that names ``key``. Anything else (a commit added
     to main, main moved) is rebuilt, and said so.
     """
+    key, describe, make, pinned = recipe.key, recipe.describe, recipe.make, recipe.pinned
     dest = cache / "bases" / upstream / f"{key}.git"
     repo = Git(dest)
     commit, problem = _check_base(repo, key, pinned)
@@ -144,7 +185,7 @@ def _check_base(repo: Git, key: str, pinned: str | None) -> tuple[str | None, st
     return main, None
 
 
-def _tree_base(cache: Path, upstream: str, key: str, describe: str, populate) -> Base:
+def _tree_recipe(key: str, describe: str, populate: Callable[[Path], object]) -> _Recipe:
     """A base of one commit holding the tree ``populate(dir)`` writes (artifacts, unpacked trees)."""
     def make(tmp: Path) -> Path:
         tree = tmp / "tree"
@@ -156,10 +197,10 @@ def _tree_base(cache: Path, upstream: str, key: str, describe: str, populate) ->
         staged = Git.clone(tree, tmp / "base.git", bare=True, local=False)
         staged("remote", "remove", "origin", check=False)
         return staged.path
-    return _cached_base(cache, upstream, key, describe, make)
+    return _Recipe(key, describe, make)
 
 
-def _commit_base(cache: Path, upstream: str, source: Path, commit: str, describe: str) -> Base:
+def _commit_recipe(source: Path, commit: str, describe: str) -> _Recipe:
     """A base whose main is the pinned commit itself, with the history ``source`` has for it.
 
     The objects are shared (hardlinked) from the source where the file system
@@ -183,8 +224,7 @@ def _commit_base(cache: Path, upstream: str, source: Path, commit: str, describe
                 staged("update-ref", "-d", ref)
         staged("remote", "remove", "origin", check=False)
         return staged.path
-    return _cached_base(cache, upstream, key, describe + (" (shallow: no history)" if shallow else ""), make,
-                        pinned=commit)
+    return _Recipe(key, describe + (" (shallow: no history)" if shallow else ""), make, pinned=commit)
 
 
 def _dir_key(path: Path) -> str:
@@ -198,28 +238,7 @@ def _dir_key(path: Path) -> str:
     return h.hexdigest()
 
 
-def resolve(upstream: Upstream, cache: Path, override: Path | None = None) -> Base:
-    """The pristine base of an upstream: from --source NAME=PATH, or from its pins in order."""
-    if override is not None:
-        return _resolve_override(upstream, cache, override)
-    errors: list[SourceError] = []
-    for kind in upstream.sources:
-        try:
-            if kind == "pypi":
-                return _resolve_pypi(upstream, cache)
-            return _resolve_git(upstream, cache)
-        except IntegrityError:
-            raise
-        except SourceError as exc:
-            errors.append(exc)
-    if len(errors) == 1:
-        raise errors[0]
-    raise SourceError(f"{upstream.name}: no source could be reached:\n    " +
-                      "\n    ".join(e.message for e in errors),
-                      hint=f"run the command again with `--source {upstream.name}=PATH`")
-
-
-def _resolve_pypi(upstream: Upstream, cache: Path) -> Base:
+def _pypi_recipe(upstream: Upstream, cache: Path) -> _Recipe:
     pypi = upstream.pypi
     assert pypi is not None
     check_pin(upstream.name, pypi)
@@ -227,21 +246,21 @@ def _resolve_pypi(upstream: Upstream, cache: Path) -> Base:
     key = "pypi-" + hashlib.sha256(repr((art.sha256, pypi.map, pypi.exclude)).encode()).hexdigest()[:20]
     describe = f"{pypi.name}=={pypi.version} ({art.file})"
     # The artifact is only read (and then hash-checked) when the base must be built.
-    return _tree_base(cache, upstream.name, key, describe,
-                      lambda tree: unpack_wheel(fetch_artifact(upstream.name, pypi, art, cache), tree, pypi))
+    return _tree_recipe(key, describe,
+                        lambda tree: unpack_wheel(fetch_artifact(upstream.name, pypi, art, cache), tree, pypi))
 
 
-def _resolve_git(upstream: Upstream, cache: Path) -> Base:
+def _git_recipe(upstream: Upstream, cache: Path) -> _Recipe:
     g = upstream.git
     assert g is not None
     mirror = _fetch_git(upstream, cache)
     commit = Git(mirror).rev_parse(g.commit or "FETCH_HEAD")
     if not commit:
         raise SourceError(f"{upstream.name}: {g.commit or g.ref} not found after fetching {g.url}")
-    return _git_base(upstream, cache, mirror, commit, f"{g.url}@{commit}")
+    return _commit_or_paths(upstream, mirror, commit, f"{g.url}@{commit}")
 
 
-def _git_base(upstream: Upstream, cache: Path, repo: Path, commit: str, describe: str) -> Base:
+def _commit_or_paths(upstream: Upstream, repo: Path, commit: str, describe: str) -> _Recipe:
     """The pinned commit itself; a tree of its ``paths`` when the pin narrows it to the PyPI layout.
 
     A checkout of an upstream pinned only on PyPI (no git table) is narrowed to what its wheel
@@ -252,19 +271,17 @@ def _git_base(upstream: Upstream, cache: Path, repo: Path, commit: str, describe
     if upstream.git is None and upstream.pypi is not None:
         paths = tuple(sorted({dst.rstrip("/") for _, dst in upstream.pypi.map}))
     if not paths:
-        return _commit_base(cache, upstream.name, repo, commit, describe)
+        return _commit_recipe(repo, commit, describe)
     key = "git-" + hashlib.sha256(repr((commit, paths)).encode()).hexdigest()[:20]
-    return _tree_base(cache, upstream.name, key, f"{describe} ({', '.join(paths)})",
-                      lambda tree: _archive_into(repo, commit, paths, tree))
+    return _tree_recipe(key, f"{describe} ({', '.join(paths)})", lambda tree: _archive_into(repo, commit, paths, tree))
 
 
 def check_override(upstream: Upstream, path: Path) -> None:
     """``--source NAME=PATH`` names something that exists: checked before any download or build."""
     if path.expanduser().exists():
         return
-    name = upstream.name
-    if upstream.git and upstream.git.commit and upstream.sources[0] == "git":
-        g = upstream.git
+    name, g = upstream.name, upstream.git
+    if g and g.commit and upstream.sources[0] == "git":
         hint = (f"PATH is a checkout of {name} that has the pinned commit: `git clone {g.url} DIR && "
                 f"git -C DIR checkout -q {g.commit}` makes one; or leave --source {name}=... out to fetch the pin")
     elif upstream.pypi:
@@ -282,18 +299,17 @@ def _is_git(path: Path) -> bool:
 
 def pin_can_move(upstream: Upstream, override: Path | None) -> str | None:
     """Why retire --write / rebase cannot move this upstream's pin to ``override``, or None."""
-    if override is None:
+    override = override.expanduser().resolve() if override is not None else None
+    if override is None or not override.is_dir():
         return None
-    override = override.expanduser().resolve()
-    if override.is_dir() and _is_git(override) and upstream.git is None:
+    if _is_git(override) and upstream.git is None:
         return (f"{upstream.name} has no [upstreams.{upstream.name}.git] pin, so a checkout's commit "
                 f"({override}) cannot become its pin")
-    if override.is_dir() and not _is_git(override):
-        return f"{override} is an unpacked tree: it names no version or commit to pin {upstream.name} at"
-    return None
+    return None if _is_git(override) else (f"{override} is an unpacked tree: it names no version or commit "
+                                            f"to pin {upstream.name} at")
 
 
-def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
+def _override_recipe(upstream: Upstream, cache: Path, path: Path) -> _Recipe:
     check_override(upstream, path)
     path = path.expanduser().resolve()
     if path.is_file():
@@ -303,7 +319,7 @@ def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
         pypi = upstream.pypi
         note = "" if sha == pypi.tree_artifact.sha256 else " (not the pinned artifact)"
         key = "pypi-" + hashlib.sha256(repr((sha, pypi.map, pypi.exclude)).encode()).hexdigest()[:20]
-        return _tree_base(cache, upstream.name, key, f"{path.name}{note}", lambda tree: unpack_wheel(path, tree, pypi))
+        return _tree_recipe(key, f"{path.name}{note}", lambda tree: unpack_wheel(path, tree, pypi))
     g = Git(path)
     is_git = _is_git(path)
     if is_git and g.untrusted():
@@ -325,11 +341,11 @@ def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
             note = "HEAD of the checkout; this upstream has no pinned commit"
             if not commit:
                 raise SourceError(f"{upstream.name}: {path} has no HEAD commit")
-        return _git_base(upstream, cache, path, commit, f"{commit} from a local checkout ({note})")
+        return _commit_or_paths(upstream, path, commit, f"{commit} from a local checkout ({note})")
     key = "dir-" + _dir_key(path)[:20]
-    return _tree_base(cache, upstream.name, key, "an unpacked tree given with --source",
-                      lambda tree: shutil.copytree(path, tree, dirs_exist_ok=True,
-                                                   ignore=shutil.ignore_patterns(".git")))
+    return _tree_recipe(key, "an unpacked tree given with --source",
+                        lambda tree: shutil.copytree(path, tree, dirs_exist_ok=True,
+                                                     ignore=shutil.ignore_patterns(".git")))
 
 
 def _owner(path: Path) -> str:
@@ -354,7 +370,7 @@ def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None
         if upstream.pypi and override.is_file():
             art = Artifact(override.name, sha256_file(override), tree=True)
             new = replace(upstream, pypi=replace(upstream.pypi, version=target, artifacts=(art,)))
-            return new, _resolve_override(new, cache, override)
+            return new, ready_base(new, cache, override)
         if upstream.git and override.is_dir() and _is_git(override):
             commit = Git(override).rev_parse(target)
             if not commit:
@@ -363,8 +379,8 @@ def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None
             # upstream's main head): its wheels are another tree, so git becomes its only source.
             sources = upstream.sources if upstream.sources[0] == "git" else GIT_ONLY
             new = replace(upstream, sources=sources, git=replace(upstream.git, commit=commit, ref=None))
-            return new, _resolve_override(new, cache, override)
-        return upstream, _resolve_override(upstream, cache, override)
+            return new, ready_base(new, cache, override)
+        return upstream, ready_base(upstream, cache, override)
     if upstream.sources[0] == "pypi":
         pypi = upstream.pypi
         assert pypi is not None
@@ -372,7 +388,7 @@ def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None
         for art in pypi.artifacts:
             arts.append(download_version(upstream.name, pypi, art, target, cache))
         new = replace(upstream, pypi=replace(pypi, version=target, artifacts=tuple(arts)))
-        return new, _resolve_pypi(new, cache)
+        return new, _ready(cache, new.name, _pypi_recipe(new, cache))
     g = upstream.git
     assert g is not None
     probe = replace(upstream, git=replace(g, commit=None, ref=target))
@@ -381,4 +397,4 @@ def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None
     if not commit:
         raise SourceError(f"{upstream.name}: {target} not found in {g.url}")
     new = replace(upstream, git=replace(g, commit=commit, ref=None if len(target) == 40 else target))
-    return new, _resolve_git(new, cache)
+    return new, _ready(cache, new.name, _git_recipe(new, cache))

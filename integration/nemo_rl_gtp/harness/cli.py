@@ -83,7 +83,7 @@ def stage_main(argv: list[str]) -> int:
 
 
 def gpuhost_main(argv: list[str]) -> int:
-    from . import dryrun, gpuhost
+    from . import caserun, dryrun, hostsetup
 
     p = Parser(prog="integration/nemo_rl_gtp/run-on-gpu-host", epilog=EPILOG,
                formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -128,14 +128,14 @@ def gpuhost_main(argv: list[str]) -> int:
         if a.json:
             write_json(a.json, rep)
         return 0 if rep["ok"] else 1
-    lay = gpuhost.Layout(parts=a.parts, root=a.root, te=a.te)
+    lay = hostsetup.Layout(parts=a.parts, root=a.root, te=a.te)
     out = (a.out or a.root / "out").absolute()
     report: dict = {"cases": []}
     if not a.skip_setup:
         progress.say("setting up the environment (image steps, dependency wheels)")
         out.mkdir(parents=True, exist_ok=True)  # the setup's log and verify report come back with the results
         try:
-            report["setup"] = gpuhost.setup(lay, out / "setup.log")
+            report["setup"] = hostsetup.setup(lay, out / "setup.log")
         finally:
             if (lay.root / "verify.json").exists():
                 shutil.copy2(lay.root / "verify.json", out / "verify.json")
@@ -144,17 +144,17 @@ def gpuhost_main(argv: list[str]) -> int:
     if a.pretrain_only:
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "pretrain.log", "w") as log:   # trained_model leaves pretrain.json beside it
-            learning.trained_model(lay, log, gpuhost._stream)
+            learning.trained_model(lay, log, hostsetup.stream)
         return 0
     trees = None
     if a.nemo_rl_tree is not None:
-        trees = gpuhost.Trees(a.nemo_rl_tree.absolute(), [f.absolute() for f in a.front])
+        trees = caserun.Trees(a.nemo_rl_tree.absolute(), [f.absolute() for f in a.front])
     elif a.front:
         raise UsageError("--front goes with --nemo-rl-tree")
     failed = []
     for case in selected:
         where = out if len(selected) == 1 else out / case.name
-        res = gpuhost.run_case(lay, case, where, trees=trees, timeout=a.timeout, gpus=a.gpus, model_form=a.model)
+        res = caserun.run_case(lay, case, where, trees=trees, timeout=a.timeout, gpus=a.gpus, model_form=a.model)
         report["cases"].append(res)
         print(f"[run-on-gpu-host] {case.name}: exit {res['exit_status']} in {res['seconds']:.0f}s "
               f"(expected {case.expect}); results in {where}", flush=True)

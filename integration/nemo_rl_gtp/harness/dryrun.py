@@ -48,8 +48,8 @@ from carry import progress
 from carry.errors import CarryError, OperationError, UsageError
 from carry.runner import run
 
+from . import caserun, ferry, hostsetup, moe_fixtures, wheel_lock, wheels
 from . import cases as casing
-from . import ferry, gpuhost, lock as locking, moe_fixtures, wheels
 
 GRPO_MODULES = (
     "nemo_rl.algorithms.grpo",
@@ -77,7 +77,7 @@ SIGNATURE_FILES = ("nemo_rl/models/policy/workers/megatron_policy_worker.py", "n
 CALLS = ("megatron.core.dist_checkpointing.strategies.torch:get_async_strategy:nvrx",)
 # What megatron-core decides at import and the run needs True: FlashAttention-4 for the dynamic
 # inference engine's attention (the second H200 attempt stopped at "No module named 'flash_attn'").
-FLAGS = (gpuhost.FA4_FLAG,)
+FLAGS = (hostsetup.FA4_FLAG,)
 SERIES_ONLY = ("nemo_rl.models.megatron.gtp",)  # added by the series: absent from pristine NeMo-RL by design
 
 
@@ -113,7 +113,7 @@ def find_python312(given: str | None) -> str:
                      hint="pass --python312 PATH")
 
 
-def stand_in_venv(o: Options, lk: locking.Lock, py: str) -> Path:
+def stand_in_venv(o: Options, lk: wheel_lock.Lock, py: str) -> Path:
     venv = o.venv or o.cache / "dryrun-venv"
     stamp = venv / ".carry-stand-in"
     want = json.dumps({"torch": lk.host_torch, "packages": list(lk.host_packages)}, sort_keys=True)
@@ -134,7 +134,7 @@ def stand_in_venv(o: Options, lk: locking.Lock, py: str) -> Path:
 
 def _env_for(venv: Path, pythonpath: list[Path], extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(PATH=f"{venv / 'bin'}:{gpuhost.SHIMS}:{env.get('PATH', '')}",
+    env.update(PATH=f"{venv / 'bin'}:{hostsetup.SHIMS}:{env.get('PATH', '')}",
                PYTHONPATH=":".join(str(p) for p in pythonpath), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                HF_DATASETS_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", NEMO_RL_PY_EXECUTABLES_SYSTEM="1",
                PYTHONDONTWRITEBYTECODE="1")
@@ -142,7 +142,7 @@ def _env_for(venv: Path, pythonpath: list[Path], extra: dict[str, str] | None = 
     return env
 
 
-def run_steps(lay: gpuhost.Layout, venv: Path) -> list[tuple[str, bool, str]]:
+def run_steps(lay: hostsetup.Layout, venv: Path) -> list[tuple[str, bool, str]]:
     """Steps 10, 30, 40 of the image recipe, as run-local.sh would run them, on the stand-in venv."""
     ctx = lay.payload / "context"
     house = ctx / "wheelhouse"
@@ -170,16 +170,16 @@ def wheels_glibc_of(python: str) -> tuple[int, int] | None:
     return (int(parts[0]), int(parts[1])) if lib == "glibc" and len(parts) >= 2 and parts[1].isdigit() else None
 
 
-def record_script(lay: gpuhost.Layout, case: casing.Case, venv: Path, work: Path,
+def record_script(lay: hostsetup.Layout, case: casing.Case, venv: Path, work: Path,
                   pythonpath: list[Path], src: Path) -> list[dict]:
     """The functional script, run for real with uv recording: the command lines it would run."""
-    tree = gpuhost.copy_tree(src, work / f"nemo-rl-{case.name}", lay.nemo_rl_patched)
+    tree = caserun.copy_tree(src, work / f"nemo-rl-{case.name}", lay.nemo_rl_patched)
     record = work / f"{case.name}.uv.jsonl"
     record.unlink(missing_ok=True)
     doc = lay.stage_doc()
-    args = casing.script_args(case, str(gpuhost.model_for(lay, case)),
+    args = casing.script_args(case, str(hostsetup.model_for(lay, case)),
                               str(lay.payload / doc["fixtures"]["data"]), str(lay.checkpoints))
-    env = _env_for(venv, pythonpath + [tree, gpuhost.STUBS],
+    env = _env_for(venv, pythonpath + [tree, hostsetup.STUBS],
                    {"CARRY_UV_RECORD": str(record), "GIT_CONFIG_GLOBAL": str(work / "gitconfig")})
     subprocess.run(["bash", casing.SCRIPT, *args], cwd=tree, env=env, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, timeout=300, check=False)
@@ -216,10 +216,10 @@ def dry_run(o: Options) -> dict:
         _say(o, "ferry te", te.exists() or None, f"{te.read_text().split()[1]} part(s)" if te.exists()
              else "not staged here (shared/gpu/stage-te.sh); needed on the GPU host")
         ferry.receive_local(root, "nrl", work / "parts")
-        lay = gpuhost.Layout(parts=work / "parts", root=work / "root", te=work / "te",
+        lay = hostsetup.Layout(parts=work / "parts", root=work / "root", te=work / "te",
                              model_dir=o.model or o.cache / "dryrun-model")
         lay.root.mkdir(parents=True, exist_ok=True)
-        manifest = gpuhost.unpack_payload(lay)
+        manifest = hostsetup.unpack_payload(lay)
         _say(o, "payload", True, f"{manifest['payload_bytes'] / 1e6:.1f} MB, series digest "
              f"{manifest['series_digest'][:12]}, {manifest['wheels']} wheels")
         try:
@@ -233,7 +233,7 @@ def dry_run(o: Options) -> dict:
             return _finish(o)
 
         # 3: the stand-in of the GPU host
-        lk = locking.load(Path(__file__).resolve().parents[1] / "wheels.toml")
+        lk = wheel_lock.load(Path(__file__).resolve().parents[1] / "wheels.toml")
         venv = stand_in_venv(o, lk, find_python312(o.python312))
         vpy = str(venv / "bin" / "python")
         need = wheels.glibc_needed([w.name for w in built])
@@ -262,7 +262,7 @@ def dry_run(o: Options) -> dict:
         log_path = work / "model.log"
         with open(log_path, "w") as log:
             try:
-                m = gpuhost.build_model(lay, log, python=str(venv / "bin" / "python"))
+                m = hostsetup.build_model(lay, log, python=str(venv / "bin" / "python"))
             except CarryError as exc:
                 m = None
                 detail = exc.message + ": " + " | ".join(log_path.read_text().strip().splitlines()[-3:])
@@ -287,7 +287,7 @@ def dry_run(o: Options) -> dict:
         _say(o, "image step 20-te", None, "not here: TransformerEngine's torch extension needs the GPU host "
              "(built there against torch 2.11+cu130, glibc >= 2.38)")
         _say(o, "image step 90-verify", None, "not here: it asks HAVE_GTP, which needs TE and CUDA")
-        gpuhost.prepare_pristine(lay, python=str(venv / "bin" / "python"))
+        hostsetup.prepare_pristine(lay, python=str(venv / "bin" / "python"))
 
         # 5: the import closure, per tree set
         probe = Path(__file__).with_name("probe_imports.py")
@@ -297,7 +297,7 @@ def dry_run(o: Options) -> dict:
             if not any(c.name == label or (label == "patched" and c.nemo_rl == c.megatron_core == "patched")
                        for c in o.cases):
                 continue
-            env = _env_for(venv, front + [nrl, gpuhost.STUBS])
+            env = _env_for(venv, front + [nrl, hostsetup.STUBS])
             mods = [m for m in GRPO_MODULES if label != "pristine-nemo-rl" or m not in SERIES_ONLY]
             calls = [a for c in CALLS for a in ("--call", c)] + [a for f in FLAGS for a in ("--flag", f)]
             res = subprocess.run([str(venv / "bin" / "python"), str(probe), "--te-placeholder", *calls, *mods],
@@ -335,7 +335,7 @@ def dry_run(o: Options) -> dict:
         nrl = lay.nemo_rl_patched
         files = sorted(p.relative_to(nrl).as_posix() for pat in SIGNATURE_FILES for p in nrl.glob(pat))
         res = subprocess.run([str(venv / "bin" / "python"), str(sig), str(nrl), *files],
-                             env=_env_for(venv, [nrl, gpuhost.STUBS]), capture_output=True, text=True,
+                             env=_env_for(venv, [nrl, hostsetup.STUBS]), capture_output=True, text=True,
                              timeout=900, cwd=nrl)
         recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
         found = [r for r in recs if "at" in r]
@@ -346,14 +346,14 @@ def dry_run(o: Options) -> dict:
 
         # 6: the script's command line, the config, tokenizer, data, Ray
         if o.ray:
-            env = _env_for(venv, [gpuhost.STUBS])
+            env = _env_for(venv, [hostsetup.STUBS])
             rs = subprocess.run(["ray", "start", "--head", "--num-gpus=0", "--num-cpus=2", "--include-dashboard=false",
                                  "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=300)
             ray_started = rs.returncode == 0
             _say(o, "ray start --head (CPU)", ray_started, rs.stderr.strip()[-300:] if not ray_started else "")
         pconf = Path(__file__).with_name("probe_config.py")
         for case in o.cases:
-            t = gpuhost.case_trees(lay, case, None)
+            t = caserun.case_trees(lay, case, None)
             recorded = record_script(lay, case, venv, work, t.front, t.nemo_rl)
             args = grpo_args(recorded)
             _say(o, f"[{case.name}] functional script's command line", args is not None,
@@ -362,7 +362,7 @@ def dry_run(o: Options) -> dict:
             if args is None:
                 continue
             tree = work / f"nemo-rl-{case.name}"
-            env = _env_for(venv, t.front + [tree, gpuhost.STUBS], {"HF_DATASETS_CACHE": str(work / "hf-datasets")})
+            env = _env_for(venv, t.front + [tree, hostsetup.STUBS], {"HF_DATASETS_CACHE": str(work / "hf-datasets")})
             res = subprocess.run([str(venv / "bin" / "python"), str(pconf), "--nemo-rl", str(tree),
                                   *(["--ray"] if ray_started else []), "--", *args],
                                  env=env, capture_output=True, text=True, timeout=900, cwd=tree)
@@ -388,17 +388,17 @@ def dry_run(o: Options) -> dict:
                   + "); ray stop --force")
     finally:
         if ray_started and venv is not None:
-            subprocess.run(["ray", "stop", "--force"], env=_env_for(venv, [gpuhost.STUBS]), capture_output=True,
+            subprocess.run(["ray", "stop", "--force"], env=_env_for(venv, [hostsetup.STUBS]), capture_output=True,
                            timeout=120)
         if own_work:
             shutil.rmtree(work, ignore_errors=True)
     return _finish(o)
 
 
-def check_refit_hook(o: Options, lay: gpuhost.Layout, venv: Path, probe: Path) -> None:
+def check_refit_hook(o: Options, lay: hostsetup.Layout, venv: Path, probe: Path) -> None:
     """hooks/sitecustomize with CARRY_REFIT_CHECK=1 wraps swap_model_weights in NeMo-RL's real worker module."""
     mod = "nemo_rl.models.generation.megatron.megatron_worker"
-    env = _env_for(venv, [lay.nemo_rl_patched, gpuhost.STUBS, gpuhost.HOOKS], {"CARRY_REFIT_CHECK": "1"})
+    env = _env_for(venv, [lay.nemo_rl_patched, hostsetup.STUBS, hostsetup.HOOKS], {"CARRY_REFIT_CHECK": "1"})
     res = subprocess.run([str(venv / "bin" / "python"), str(probe), "--te-placeholder", "--flag",
                           f"{mod}:CARRY_REFIT_CHECK_WRAPPED", mod], env=env, capture_output=True, text=True,
                          timeout=900, cwd=lay.nemo_rl_patched, check=False)
@@ -409,7 +409,7 @@ def check_refit_hook(o: Options, lay: gpuhost.Layout, venv: Path, probe: Path) -
          (flag or {}).get("error") or ("wraps swap_model_weights" if wrapped else res.stderr.strip()[-300:]))
 
 
-def check_pretrain(o: Options, lay: gpuhost.Layout, venv: Path, work: Path) -> None:
+def check_pretrain(o: Options, lay: hostsetup.Layout, venv: Path, work: Path) -> None:
     """pretrain.py end to end in the stand-in at --tiny: it trains, evaluates, writes its figures, fails the
     acceptance (a tiny model trained for 2 steps learns nothing: the failure path), and reuses its weights."""
     from . import learning

@@ -55,7 +55,7 @@ def trained_model(lay, log, stream, *, python: str | None = None, gpu: str = "0"
                   extra: list[str] | None = None) -> tuple[Path, dict]:
     """ROOT/pretrained/<key>/model, trained once on one GPU and reused while its inputs are the same.
 
-    STREAM is gpuhost._stream (one subprocess runner for the harness). Raises when the step fails,
+    STREAM is hostsetup.stream (one subprocess runner for the harness). Raises when the step fails,
     the acceptance included: a learning case never starts from a model outside the window.
     """
     from .pretrain import DEFAULT_BATCH, DEFAULT_LR, DEFAULT_STEPS, inputs_digest
@@ -67,8 +67,8 @@ def trained_model(lay, log, stream, *, python: str | None = None, gpu: str = "0"
     argv = [python or str(lay.vpython), str(PRETRAIN_PY), "--out", str(out), "--fixtures", str(fx),
             "--seed", str(seed), *(extra or [])]
     env = {"CUDA_VISIBLE_DEVICES": gpu, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    from .gpuhost import _child_env
-    rc = stream(argv, log, env=_child_env(env), timeout=timeout)
+    from .hostsetup import child_env
+    rc = stream(argv, log, env=child_env(env), timeout=timeout)
     result = out / "pretrain.json"
     if result.exists():   # beside the log (OUT), accepted or not: the figures come back either way
         shutil.copy2(result, Path(log.name).with_name("pretrain.json"))
@@ -86,7 +86,7 @@ def model_for(lay, case: casing.Case, log, stream, form: str = "default") -> tup
     if case.model == "trained":
         model, doc = trained_model(lay, log, stream)
         return str(model), {}, doc
-    from .gpuhost import model_for as built_model
+    from .hostsetup import model_for as built_model
     return str(built_model(lay, case)), {}, None
 
 

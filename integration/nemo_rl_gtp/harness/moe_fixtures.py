@@ -152,7 +152,7 @@ def build_weights(model_dir: Path, seed: int) -> dict:
     return {**doc, "reused": False}
 
 
-# -- where the harness uses it (stage.py, gpuhost.py, dryrun.py) --------------------------------
+# -- where the harness uses it (stage.py, hostsetup.py, dryrun.py) --------------------------------
 def stage(dest: Path) -> dict:
     """fixtures/moe-model beside fixtures/model (fixtures.build_all first: its tokenizer is reused)."""
     write_model_config(dest / DIR, dest / "model")
@@ -174,10 +174,10 @@ def require_model(lay) -> Path:
 
 
 def build_on_host(lay, log, python: str | None = None) -> dict | None:
-    """As gpuhost.build_model, for the MoE model; None when the stage carries none."""
+    """As hostsetup.build_model, for the MoE model; None when the stage carries none."""
     from carry.errors import OperationError
 
-    from . import gpuhost
+    from . import hostsetup
 
     doc = lay.stage_doc()["fixtures"]
     if "moe_model" not in doc:
@@ -191,8 +191,8 @@ def build_on_host(lay, log, python: str | None = None) -> dict | None:
     report.unlink(missing_ok=True)
     argv = [python or str(lay.vpython), str(Path(__file__)), "weights", str(dest), "--seed", str(doc["seed"]),
             "--json", str(report)]
-    rc = gpuhost._stream(argv, log, env=gpuhost._child_env({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}),
-                         echo=False)
+    rc = hostsetup.stream(argv, log, env=hostsetup.child_env({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}),
+                          echo=False)
     if rc != 0 or not report.exists():
         raise OperationError(f"building the MoE model's weights in {dest} failed (exit {rc}): see {log.name}")
     built = json.loads(report.read_text())

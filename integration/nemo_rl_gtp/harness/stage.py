@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from carry import progress
+from carry.artifacts import fetch_artifact, sha256_file
 from carry.errors import SourceError, UsageError
 from carry.manifest import Series
 from carry.runner import Git, run
-from carry.artifacts import fetch_artifact, sha256_file
 from carry.sources import mirror_path
 
-from . import ferry, fixtures, lock as locking, moe_fixtures, wheels
+from . import ferry, fixtures, moe_fixtures, wheel_lock, wheels
 
 HERE = Path(__file__).resolve().parents[1]           # integration/nemo_rl_gtp
 REPO = HERE.parents[1]
@@ -69,7 +69,7 @@ def _dir_files(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def stage_wheels(lk: locking.Lock, cache: Path, dest: Path) -> list[dict]:
+def stage_wheels(lk: wheel_lock.Lock, cache: Path, dest: Path) -> list[dict]:
     got = wheels.fetch(lk, cache / "wheels")
     built_dir = cache / "built"
     out = []
@@ -217,7 +217,7 @@ def compress(src: Path, out: Path, every: float = progress.TICK) -> Path:
 
 def stage(o: Options) -> dict:
     t0 = time.monotonic()
-    lk = locking.load(o.lock_path)
+    lk = wheel_lock.load(o.lock_path)
     payload = o.out / "payload"
     if payload.exists():
         shutil.rmtree(payload)
@@ -248,7 +248,7 @@ def stage(o: Options) -> dict:
 
 def relock(path: Path, cache: Path) -> list[str]:
     """Re-download every pin for the target platform and write its file name and sha256."""
-    lk = locking.load(path)
+    lk = wheel_lock.load(path)
     changed = []
     tmp = cache / "relock"
     for a in lk.artifacts:
@@ -264,6 +264,6 @@ def relock(path: Path, cache: Path) -> list[str]:
         sha = sha256_file(got[0])
         if (got[0].name, sha) != (a.file, a.sha256):
             changed.append(f"{a.pin}: {got[0].name} {sha[:12]}")
-            lk = locking.with_artifact(lk, locking.Artifact(a.name, a.version, got[0].name, sha, a.why, a.drop))
-    path.write_text(locking.render(lk))
+            lk = wheel_lock.with_artifact(lk, wheel_lock.Artifact(a.name, a.version, got[0].name, sha, a.why, a.drop))
+    path.write_text(wheel_lock.render(lk))
     return changed

@@ -25,8 +25,7 @@ from carry import progress
 from carry.errors import IntegrityError, OperationError, SourceError
 from carry.runner import run
 
-from .lock import Artifact, Lock, check_file
-
+from .wheel_lock import Artifact, Lock, check_file
 
 LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 

@@ -1,4 +1,4 @@
-"""run-on-gpu-host: the environment from the image recipe's steps, then the GRPO cases.
+"""run-on-gpu-host, the host's setup: the environment from the image recipe's steps.
 
 Setup (once per warm machine, idempotent), after checking first that this machine's glibc is
 as new as the staged wheels' manylinux tags need (nvidia-resiliency-ext's: 2.39):
@@ -21,8 +21,10 @@ as new as the staged wheels' manylinux tags need (nvidia-resiliency-ext's: 2.39)
      setup log and OUT/model.json. Built once: a later setup keeps them while config, seed
      and bytes still match.
 The setup leaves setup.log, verify.json and model.json (the weights' sha256) in OUT.
-Per case: a fresh copy of the NeMo-RL tree, ``ray start``, the functional script through a
-``uv`` stand-in, ``ray stop`` always, and OUT/{run.log, metrics.json, exit_status, case.json}.
+
+This module also holds what both halves share: where everything lives on the host
+(:class:`Layout`) and the one way the harness runs a child (:func:`stream`, :func:`child_env`).
+Running a case is caserun.py.
 """
 
 from __future__ import annotations
@@ -30,15 +32,13 @@ from __future__ import annotations
 import json
 import lzma
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import threading
 import time
-import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from carry import progress
@@ -47,8 +47,7 @@ from carry.launch import kill_group
 from carry.runner import run, spawn
 
 from . import cases as casing
-from . import learning, wheels
-from . import lock as locking
+from . import wheel_lock, wheels
 
 HERE = Path(__file__).resolve().parents[1]   # integration/nemo_rl_gtp
 REPO = HERE.parents[1]
@@ -112,13 +111,6 @@ class Layout:
         return json.loads((self.payload / "stage.json").read_text())
 
 
-@dataclass
-class Trees:
-    """The trees a case runs on; None: what setup installed (patched) or prepared (pristine)."""
-    nemo_rl: Path
-    front: list[Path] = field(default_factory=list)   # first on PYTHONPATH (megatron trees)
-
-
 # -- setup -------------------------------------------------------------------------------------
 def require_parts(lay: Layout) -> Path:
     src = lay.parts / "nrl"
@@ -180,7 +172,7 @@ def run_steps(lay: Layout, log) -> dict:
             "--venv", str(lay.venv), "--te-wheelhouse", str(te / "wheels"), "--te-no-deps",
             "--te-torch-prebuilt", str(so), "--nemo-rl", str(lay.nemo_rl_patched), "--cuda-archs", "90",
             "--json", str(lay.root / "verify.json")]
-    rc = _stream(argv, log, env=_child_env({}))
+    rc = stream(argv, log, env=child_env({}))
     if rc != 0:
         raise OperationError(f"the image steps failed (exit {rc}): see {log.name}")
     return json.loads((lay.root / "verify.json").read_text())
@@ -192,7 +184,7 @@ def install_deps(lay: Layout, log) -> list[str]:
     built = [wheels.rezip(d, house) for d in sorted((lay.payload / "wheels").iterdir()) if d.is_dir()]
     argv = [str(lay.vpython), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
             "--disable-pip-version-check", *map(str, built)]
-    rc = _stream(argv, log, env=_child_env({}))
+    rc = stream(argv, log, env=child_env({}))
     if rc != 0:
         raise OperationError(f"installing NeMo-RL's dependency wheels failed (exit {rc}): see {log.name}")
     return [w.name for w in built]
@@ -206,7 +198,7 @@ def fa4_status(lay: Layout, log) -> dict:
     """
     try:
         res = run([str(lay.vpython), str(PROBE_PY), "--call", "importlib.metadata:version:flash-attn-4",
-                   "--flag", FA4_FLAG, "flash_attn.cute"], check=False, env=_child_env({}), cwd=lay.root, timeout=600)
+                   "--flag", FA4_FLAG, "flash_attn.cute"], check=False, env=child_env({}), cwd=lay.root, timeout=600)
         stdout, stderr = res.stdout, res.stderr
     except CommandError as exc:   # it hung: say so, the cases still run
         stdout, stderr = "", exc.message
@@ -259,7 +251,7 @@ def build_model(lay: Layout, log, python: str | None = None) -> dict:
     report.unlink(missing_ok=True)
     argv = [python or str(lay.vpython), str(FIXTURES_PY), "weights", str(lay.model), "--seed", str(doc["seed"]),
             "--json", str(report)]
-    rc = _stream(argv, log, env=_child_env({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}), echo=False)
+    rc = stream(argv, log, env=child_env({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}), echo=False)
     if rc != 0 or not report.exists():
         raise OperationError(f"building the model's weights in {lay.model} failed (exit {rc}): see {log.name}")
     built = json.loads(report.read_text())
@@ -288,7 +280,7 @@ def require_model(lay: Layout) -> Path:
 
 def check_platform() -> str:
     """Before anything else: pip would refuse a wheel whose manylinux tag needs a newer glibc."""
-    need = wheels.check_glibc([a.file for a in locking.load(HERE / "wheels.toml").wheels])
+    need = wheels.check_glibc([a.file for a in wheel_lock.load(HERE / "wheels.toml").wheels])
     have = wheels.this_glibc()
     return f"glibc {have[0]}.{have[1]}" + (f" (the staged wheels need >= {need[0]}.{need[1]})" if need else "")
 
@@ -316,8 +308,8 @@ def setup(lay: Layout, log_path: Path) -> dict:
             "model": model, "moe_model": moe, "seconds": round(time.monotonic() - t0, 1)}
 
 
-# -- one case ----------------------------------------------------------------------------------
-def _child_env(extra: dict[str, str]) -> dict[str, str]:
+# -- running a child -------------------------------------------------------------------------
+def child_env(extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     for k, v in NO_MULTICAST.items():
         env.setdefault(k, v)
@@ -325,7 +317,7 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _stream(argv: list[str], log, env: dict[str, str], cwd: Path | None = None, timeout: float | None = None,
+def stream(argv: list[str], log, env: dict[str, str], cwd: Path | None = None, timeout: float | None = None,
             echo: bool = True) -> int:
     """Run ARGV in its own process group; its output goes to LOG and (echo) to our stdout as it comes.
 
@@ -362,244 +354,3 @@ def _stream(argv: list[str], log, env: dict[str, str], cwd: Path | None = None, 
         put(f"\n[run-on-gpu-host] killed after {timeout:g}s\n")
         return 124
     return rc
-
-
-def case_trees(lay: Layout, case: casing.Case, given: Trees | None) -> Trees:
-    if given is not None:   # the nightly's trees (tonight's, or a bisection prefix)
-        return Trees(given.nemo_rl, [with_compiled_parts(lay, t) for t in given.front])
-    nrl = lay.nemo_rl_patched if case.nemo_rl == "patched" else lay.nemo_rl_pristine
-    front = [lay.mcore_pristine] if case.megatron_core == "pristine" else []
-    return Trees(nrl, front)
-
-
-def with_compiled_parts(lay: Layout, tree: Path) -> Path:
-    """A megatron-lm tree from tools/apply.py as the pinned wheel installs it.
-
-    apply keeps the wheel's sources and leaves its compiled extension (the dataset helpers,
-    ``helpers_cpp``) out of the tree. Run from such a tree, megatron-core cannot import them and
-    Bridge's initialize_megatron stops at compile_helpers on rank 0. Returns TREE itself when it
-    lacks nothing, else a fresh copy under ROOT/fronts with the pinned wheel's compiled files
-    added (the tree is left as the nightly made it).
-    """
-    if not (tree / "megatron" / "core").is_dir():
-        return tree   # not a megatron-core tree (megatron-bridge's src)
-    with zipfile.ZipFile(pinned_mcore_wheel(lay)) as z:
-        missing = [n for n in z.namelist() if n.endswith(".so") and not (tree / n).exists()]
-        if not missing:
-            return tree
-        dest = lay.root / "fronts" / tree.name
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(tree, dest, ignore=shutil.ignore_patterns(".git"), symlinks=True)
-        for name in missing:
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            (dest / name).write_bytes(z.read(name))
-    return dest
-
-
-def copy_tree(src: Path, dest: Path, script_from: Path | None) -> Path:
-    """A scratch copy to run in (the script writes its logs under tests/functional/)."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".git"), symlinks=True)
-    script = dest / casing.SCRIPT
-    if not script.exists() and script_from is not None:
-        # Pristine NeMo-RL has no such script (patch nrl 0004 adds it): run the series' script on it.
-        script.write_bytes((script_from / casing.SCRIPT).read_bytes())
-        script.chmod(0o755)
-    return dest
-
-
-def case_env(lay: Layout, trees: Trees, nrl: Path, out: Path, *, record: Path | None = None,
-             case: casing.Case | None = None) -> dict[str, str]:
-    hooks = [str(HOOKS)] if case is not None and case.refit_check else []
-    pythonpath = [str(p) for p in trees.front] + [str(nrl), str(STUBS), *hooks]
-    env = {
-        "PATH": f"{lay.venv / 'bin'}:{SHIMS}:{os.environ.get('PATH', '')}",
-        "PYTHONPATH": ":".join(pythonpath),
-        "NEMO_RL_PY_EXECUTABLES_SYSTEM": "1",      # workers run this venv's python, not uv venvs
-        "HF_HOME": str(lay.root / "hf"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(out / "hf-datasets"),
-        "NRL_MEGATRON_CHECKPOINT_DIR": str(out / "megatron-from-hf"),  # converted afresh per case
-        "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
-        # The script adds its checkout to git's safe.directory: keep that out of the host's config.
-        "GIT_CONFIG_GLOBAL": str(out / "gitconfig"),
-    }
-    if hooks:
-        # Every rank's refit-check line must reach run.log as printed: Ray would fold lines that differ
-        # only in their numbers ("[repeated 2x across cluster]").
-        env["RAY_DEDUP_LOGS"] = "0"
-    if case is not None:
-        env.update(casing.case_env(case))
-    if record is not None:
-        env["CARRY_UV_RECORD"] = str(record)
-    return _child_env(env)
-
-
-def ray_start(env: dict[str, str], log, gpus: int) -> int:
-    return _stream(["ray", "start", "--head", f"--num-gpus={gpus}", "--include-dashboard=false",
-                    "--disable-usage-stats"], log, env)
-
-
-def ray_stop(env: dict[str, str], log) -> int:
-    return _stream(["ray", "stop", "--force"], log, env, timeout=120)
-
-
-def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None = None, timeout: float = 540,
-             gpus: int = 2, model_form: str = "default") -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("run.log", "metrics.json", "exit_status", "case.json", "case.log", "script-metrics.json",
-                  "pretrain.json"):
-        (out / stale).unlink(missing_ok=True)  # never judge what an earlier run left
-    t = case_trees(lay, case, trees)
-    nrl = copy_tree(t.nemo_rl, out / "nemo-rl", lay.nemo_rl_patched)
-    doc = lay.stage_doc()
-    data = lay.payload / doc["fixtures"]["data"]
-    ckpt = lay.checkpoints
-    if case.checkpoint == "save" and ckpt.exists():
-        shutil.rmtree(ckpt)
-    if case.checkpoint == "resume":
-        ckpt = resume_folder(lay, case)
-    env = case_env(lay, t, nrl, out, case=case)
-    console = out / "case.log"
-    t0 = time.monotonic()
-    args: list[str] = []
-    with open(console, "w") as log:
-        log.write(f"[run-on-gpu-host] case {case.name}: {case.shows}\n[run-on-gpu-host] trees: nemo-rl "
-                  f"{t.nemo_rl}, first on PYTHONPATH: {[str(p) for p in t.front] or 'none (the venv)'}\n")
-        rc = None
-        try:
-            try:
-                model, more_env, _ = learning.model_for(lay, case, log, _stream, model_form)
-            except OperationError as exc:
-                log.write(f"[run-on-gpu-host] FAIL: {exc.message}\n")
-                raise _NoRun(1) from None
-            env.update(more_env)
-            args = casing.script_args(case, model, str(data), str(ckpt))
-            rc_ray = ray_start(env, log, gpus)
-            if rc_ray != 0:
-                rc = rc_ray
-                log.write(f"[run-on-gpu-host] ray start failed (exit {rc_ray})\n")
-            else:
-                rc = _stream(["bash", casing.SCRIPT, *args], log, env, cwd=nrl, timeout=timeout)
-        except _NoRun as no:
-            rc = no.rc
-        finally:
-            ray_stop(env, log)
-    exp_dir = nrl / Path(casing.SCRIPT).parent / Path(casing.SCRIPT).stem
-    for name in ("run.log", "metrics.json"):
-        if (exp_dir / name).exists():
-            shutil.copy2(exp_dir / name, out / name)
-    (out / "exit_status").write_text(f"{rc}\n")
-    if case.refit_check:
-        learning.merge_metrics(out, gpus)
-    result = {"case": case.name, "expect": case.expect, "shows": case.shows, "exit_status": rc,
-              "seconds": round(time.monotonic() - t0, 1), "args": args, "nemo_rl_tree": str(t.nemo_rl),
-              "front": [str(p) for p in t.front],
-              "checkpoints": sorted(p.name for p in ckpt.glob("step_*")) if case.checkpoint != "none" else None}
-    result.update(summarize(case, out, rc))
-    (out / "case.json").write_text(json.dumps(result, indent=2) + "\n")
-    return result
-
-
-class _NoRun(Exception):
-    """The case stopped before its run started (its model could not be made)."""
-
-    def __init__(self, rc: int):
-        super().__init__(rc)
-        self.rc = rc
-
-
-# Lines with "Error" that are no error of the run: Ray's dashboard agent polling a metrics port it
-# never got (no dashboard is started), and GRPO's step summary naming a metric ("Generation KL Error").
-NOISE = ("Error fetching metrics from", "Generation KL Error:")
-TEST = "grpo-megatron-generation-gtp"   # integration/nightly.toml: the script's gates and markers
-
-
-def grpo_test(name: str = TEST):
-    """A nightly entry for the functional script: the gates and markers a case is judged by (Case.test)."""
-    from carry.nightly_config import load
-
-    return next(t for t in load(REPO / "integration" / "nightly.toml").tests if t.name == name)
-
-
-def resume_folder(lay: Layout, case: casing.Case) -> Path:
-    """A checkpoint folder holding only step RESUME_FROM of the patched case's, hard-linked (GBs)."""
-    src = lay.checkpoints / f"step_{casing.RESUME_FROM}"
-    if not src.is_dir():
-        have = sorted(p.name for p in lay.checkpoints.glob("step_*"))
-        raise UsageError(f"case {case.name}: no {src.name} in {lay.checkpoints} (there: {have or 'nothing'})",
-                         hint="run the patched case first: it saves a checkpoint at every step")
-    dest = lay.resume_checkpoints
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-
-    def link_or_copy(a, b):
-        try:
-            os.link(a, b)
-        except OSError:
-            shutil.copy2(a, b)
-
-    shutil.copytree(src, dest / src.name, copy_function=link_or_copy)
-    return dest
-
-
-STEP_LINE = re.compile(r"=+ Step (\d+)/(\d+) =+")
-# Reported per step in case.json (the 1.1011 table, and what the learning gates read).
-PER_STEP = ("train/token_mult_prob_error", "train/baseline_reward/pct_mixed", "train/advantages/min",
-            "train/advantages/max", "train/mean_total_reward", "train/approx_entropy", "train/grad_norm",
-            learning.DRIFT, learning.CHANGED, learning.UNVERIFIED)
-
-
-def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
-    """What the case showed, for the lead's table (the nightly judges the patched case itself)."""
-    from carry.judge import evaluate_gate, markers_found, numeric_metrics, step_markers_missing
-
-    metrics = {}
-    if (out / "metrics.json").exists():
-        try:
-            metrics = numeric_metrics(json.loads((out / "metrics.json").read_text()))
-        except ValueError:
-            metrics = {}
-    spec = grpo_test(case.test if case.test != casing.MATRIX_TEST else TEST)
-    results = [evaluate_gate(g, metrics) for g in spec.gates]
-    gate = results[0]   # token_mult_prob_error, the one the control reports
-    gates_ok = all(r.ok for r in results)
-    log = (out / "run.log").read_text(errors="replace") if (out / "run.log").exists() else ""
-    marks = markers_found(log, list(spec.markers) + list(case.markers))
-    text = (out / "case.log").read_text(errors="replace") if (out / "case.log").exists() else ""
-    errors = [ln.strip() for ln in text.splitlines()
-              if ("Error" in ln or ln.startswith(("FAIL:", "BUG_HIT:"))) and "[run-on-gpu-host]" not in ln
-              and not any(n in ln for n in NOISE)]
-    steps_run = sorted({int(m.group(1)) for m in STEP_LINE.finditer(log)})
-    # Every rank's refit-check line for every step the metrics name: the entry's step_markers, read
-    # by the judge's own rule (whole lines, Ray's prefix allowed).
-    steps = sorted(metrics.get(learning.STEPS_FROM) or {}, key=lambda x: int(x) if str(x).isdigit() else 0)
-    unmarked = step_markers_missing(log, spec.step_markers, steps) if spec.step_markers else []
-    errors += [f"FAIL: {u}" for u in unmarked]
-    # Why it is red, named: each gate that failed, each marker or step marker missing, the exit status.
-    reasons = ([f"gate {r.gate}: {r.detail}" for r in results if not r.ok]
-               + [f"marker missing: {m!r}" for m, ok in marks.items() if not ok] + unmarked
-               + ([f"exit status {rc}"] if rc != 0 else []))
-    if case.name == "gtp-off" or casing.GTP_OFF in case.overrides:
-        # The script's marker checks fail by design without GTP; the control is the metric.
-        only_markers = rc == 0 or all(e.startswith("FAIL: '[gtp] enabling") for e in errors if e.startswith("FAIL:"))
-        observed = "green" if gate.value is not None and gates_ok and only_markers else "red"
-    else:
-        observed = "green" if rc == 0 and gates_ok and all(marks.values()) and not unmarked else "red"
-    if case.checkpoint == "resume" and steps_run[:1] != [casing.RESUME_FROM + 1]:
-        observed = "red"  # it did not pick up where the checkpoint left off
-        errors.append(f"FAIL: resumed from step {casing.RESUME_FROM}, the run's steps were {steps_run}")
-    # Per step, for the open question (1.1011 in NeMo-RL's GTP pull request): the issue asks whether
-    # step 1's generation precedes the first refit; compare step 1 with step 2, GTP on vs off.
-    per_step = metrics.get("train/token_mult_prob_error")
-    return {"observed": observed, "as_expected": observed == case.expect, "gate": gate.gate, "gate_value": gate.value,
-            "token_mult_prob_error_per_step": per_step if isinstance(per_step, dict) else None,
-            "gate_detail": gate.detail,
-            "gates": {r.gate: {"value": r.value, "ok": r.ok, "detail": r.detail} for r in results},
-            "markers": marks, "step_markers": {"missing": unmarked, "patterns": [m.text for m in spec.step_markers]},
-            "steps_run": steps_run,
-            "per_step": {k: metrics[k] for k in PER_STEP if isinstance(metrics.get(k), dict)},
-            "reasons": reasons if observed == "red" else [], "first_error": errors[0][:300] if errors else None,
-            "last_error": errors[-1][:300] if errors else None}

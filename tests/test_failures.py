@@ -150,7 +150,7 @@ def test_lint_catches_orphans_duplicates_cycles(demo):
     assert "orphan" in err and "0009-orphan.patch" in err
     assert "cycle" in err
     assert "comes later" in err
-    assert "not an https URL" in err
+    assert "link 'not a url' is not https://github.com/OWNER/REPO/pull/N" in err
 
 
 def test_unreachable_source_names_the_override(demo):

@@ -274,9 +274,42 @@ def test_export_check_drift_exports(d):
     apply(d, check=0)
     git(d["ws"], "commit", "-q", "--amend", "-m", "demo: conflict change, reworded")
     failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=1)
-    (export,) = hints(failed)
+    export, _ = hints(failed)
     sh(d, export)
     run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=0)
+
+
+def test_a_discarded_export_is_dropped_from_the_workspace_too(d):
+    """Exported, then the written file thrown away (`git checkout patches/`): export --check's
+    hint names how to drop the workspace's change as well, not only how to write it back."""
+    apply(d, check=0)
+    patch = d["series"] / "megatron-lm/0004-conflict.patch"
+    before = patch.read_bytes()
+    edit(d["ws"], "megatron/core/delta.py", 30, "value_30 = 'an edit to throw away'\n")
+    git(d["ws"], "commit", "-q", "-a", "--amend", "--no-edit")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    patch.write_bytes(before)  # the export discarded
+    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=1)
+    assert "to drop it and go back to the patch files" in failed.stderr
+    _, drop = hints(failed)
+    assert "tools/apply.py" in drop
+    sh(d, drop)
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=0)
+    assert "throw away" not in (d["ws"] / "megatron/core/delta.py").read_text()
+    assert patch.read_bytes() == before
+
+
+def test_retire_write_on_the_pin_says_it_kept_the_pin(d):
+    """The README: --write against the current pin "retires nothing and keeps the pin"."""
+    res = run(d, "retire", "--series", d["series"], "--against", f"megatron-lm={d['v0']}", "--write",
+              "--source", f"megatron-lm={d['up']}", "--cache", d["cache"], check=0)
+    assert f"retired: none; pin kept at {d['v0']}" in res.stdout, res.stdout
+    assert "pin moved" not in res.stdout
+    d["write_series"](d["v0"], ids=("clean", "upstreamed"))
+    res = run(d, "retire", "--series", d["series"], "--against", f"megatron-lm={d['v1']}", "--write",
+              "--source", f"megatron-lm={d['up']}", "--cache", d["cache"], check=0)
+    assert f"retired: upstreamed; pin moved from file://{d['up']}@{d['v0']} to file://{d['up']}@{d['v1']}" \
+        in res.stdout, res.stdout
 
 
 # -- prove, bisect ----------------------------------------------------------------------------

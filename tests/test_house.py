@@ -113,12 +113,18 @@ def test_the_console_script_runs(tmp_path):
     src.mkdir()
     shutil.copy2(ROOT / "pyproject.toml", src / "pyproject.toml")
     shutil.copytree(PKG, src / "tools" / "carry", ignore=shutil.ignore_patterns("__pycache__"))
+    # The wheel is built by the interpreter running the tests, with the build backend the test extra
+    # installs (setuptools >= 70.1 writes wheels itself). It is installed into a venv that sees nothing
+    # else: not this environment, and not the base interpreter's site-packages, whose setuptools may
+    # be old or absent (a venv made from a venv takes the base interpreter's).
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
+                    "--no-build-isolation", "--no-index", "-w", str(dist), str(src)], check=True, cwd=tmp_path)
+    (wheel,) = dist.glob("gtp_carry-*.whl")
     venv = tmp_path / "venv"
-    # The venv builds with this interpreter's setuptools (the one the test extra was installed with).
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                    "--disable-pip-version-check", "--no-deps", "--no-build-isolation", "--no-index", str(src)],
-                   check=True, cwd=tmp_path)
+                    "--disable-pip-version-check", "--no-deps", "--no-index", str(wheel)], check=True, cwd=tmp_path)
     exe = venv / "bin" / "gtp-carry"
     res = subprocess.run([str(exe), "--help"], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0 and "apply" in res.stdout and "build-image" in res.stdout

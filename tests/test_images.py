@@ -190,7 +190,11 @@ def _short(step: str) -> str:
 
 
 def _series_with_one_patch_changed(tmp_path: Path) -> tuple[Path, str]:
-    """A copy of the real series whose first megatron-lm patch says something more in its message."""
+    """A copy of the real series whose first megatron-lm patch says something more in its message.
+
+    Something no run said before (a fresh id): a second run against the same engine would find
+    every layer of a fixed change in the engine's build cache already, and rebuild nothing.
+    """
     sdir = tmp_path / "patches" / "gtp"
     shutil.copytree(SERIES, sdir, ignore=shutil.ignore_patterns("proofs", "retired"))
     series = manifest.load(sdir)
@@ -201,7 +205,7 @@ def _series_with_one_patch_changed(tmp_path: Path) -> tuple[Path, str]:
     text = path.read_text()
     head, sep, rest = text.partition("\ndiff --git ")
     assert sep, f"{path} has no diff"
-    path.write_text(head + "\nReworded by tests/test_images.py.\n" + sep + rest)
+    path.write_text(head + f"\nReworded by tests/test_images.py (run {uuid.uuid4().hex}).\n" + sep + rest)
     return sdir, mine[0].id
 
 

@@ -145,14 +145,14 @@ def test_bridge_converts_it_as_qwen3_moe_with_every_tensor_mapped(built, pin_cac
 
 def test_the_moe_case_asks_for_both_axes_on_its_own_model(built, tmp_path):
     case = casing.CASES["moe"]
-    assert (case.expect, case.nemo_rl, case.megatron_core, case.model) == ("green", "patched", "patched", "qwen3-moe")
+    assert (case.expect, case.nemo_rl, case.megatron_core, case.shape) == ("green", "patched", "patched", "qwen3-moe")
     args = casing.script_args(case, "/m", "/d.jsonl", "/ck")
     assert args[0] == "policy.model_name=/m"
     assert args[-1] == "policy.megatron_cfg.expert_tensor_parallel_num_weight_shards=2"
     assert not [a for a in args if "tensor_parallel_num_weight_shards=" in a and "expert" not in a], \
         "the dense axis stays the script's own (2)"
     assert case.markers == ("[gtp] enabling GTP weight rematerialization (gtp_remat_size=2 expert_gtp_remat_size=2)",)
-    assert all(c.model == "dense" for n, c in casing.CASES.items() if n != "moe")
+    assert all(c.shape == "dense" for n, c in casing.CASES.items() if n != "moe")
     # The model a case runs on: the MoE case's beside the dense one, and only once it is built.
     lay = gpuhost.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te",
                          model_dir=built.parent / "model")

@@ -6,7 +6,9 @@ placeholder is filled in: NEW_VERSION is the current pin (as the README suggests
 patch commit `git log` shows, $EDITOR an edit of that file. Skipped, with the reason said:
 the setup command (CI's .ci/run runs it; here it would reinstall the package under test), the
 test command (this is it), the image build (tests/test_images.py builds it on a Docker
-engine) and the NeMo-RL commands unless GTP_CARRY_TEST_NEMO_RL names a NeMo-RL checkout.
+engine) and the clone of NeMo-RL (github.com). The NeMo-RL commands run, after the rest, in
+their own test, which is skipped (a pytest skip, with its reason) unless GTP_CARRY_TEST_NEMO_RL
+names a NeMo-RL checkout.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ NOT_RUN = {
     "python3 -m pip install -e": "CI's .ci/run runs the setup; here it would reinstall the package under test",
     "python3 -m pytest -q": "this is that run",
     "python3 tools/build_image.py": "needs a Docker engine; tests/test_images.py builds the image",
+    "git clone https://github.com/NVIDIA-NeMo/RL": "needs github.com; GTP_CARRY_TEST_NEMO_RL names a checkout",
 }
+NO_NEMO_RL = "no NeMo-RL checkout: GTP_CARRY_TEST_NEMO_RL is unset (a checkout that has the pinned commit)"
+
+
+def _is_nemo_rl(block: str) -> bool:
+    return "PATH/TO/NeMo-RL" in block or "--only nemo-rl" in block
 
 
 def _blocks(text: str) -> list[str]:
@@ -61,9 +69,11 @@ def _run(clone, script: str, env: dict) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_the_readme_as_written(clone, pin_cache, tmp_path):
+@pytest.fixture(scope="module")
+def walkthrough(clone, pin_cache):
+    """Every README command but the NeMo-RL ones, in order, in the clone: what ran, what was not
+    run and why, the NeMo-RL blocks (for their own test) and the environment they ran in."""
     text = (clone / "README.md").read_text()
-    nemo_rl = os.environ.get("GTP_CARRY_TEST_NEMO_RL")
     env = {**os.environ, "GTP_CARRY_CACHE": str(pin_cache),
            # a person's git identity (HOME is isolated here, without one)
            "GIT_AUTHOR_NAME": "A Person", "GIT_AUTHOR_EMAIL": "person@example.invalid",
@@ -71,22 +81,22 @@ def test_the_readme_as_written(clone, pin_cache, tmp_path):
     blocks = _blocks(text)
     table = _table_commands(text)
     assert len(blocks) >= 6 and len(table) >= 6
-    ran, skipped = [], []
+    ran, skipped, nemo_rl = [], [], []
+    outputs = {}
     for block in blocks:
         reason = next((why for start, why in NOT_RUN.items() if block.startswith(start)), None)
-        if "PATH/TO/NeMo-RL" in block or "--only nemo-rl" in block:
-            if not nemo_rl:
-                reason = "no NeMo-RL checkout (GTP_CARRY_TEST_NEMO_RL is unset)"
-            block = block.replace("PATH/TO/NeMo-RL", nemo_rl or "")
         if reason:
             skipped.append((block.splitlines()[0], reason))
+            continue
+        if _is_nemo_rl(block):
+            nemo_rl.append(block)
             continue
         if "$EDITOR" in block:
             block = _edit_for(block)
         block = block.replace("NEW_VERSION", "0.6.2")
         # a command the table already ran (same line) is not run twice: the proofs are slow
         block = "\n".join(line for line in block.splitlines() if line not in ran)
-        proc = _run(clone, block, env)
+        outputs[block] = _run(clone, block, env)
         ran.append(block)
         if "--only megatron-lm,megatron-bridge" in block and "cd work" not in block:
             for cmd in table:  # the table's commands, right after the first apply
@@ -95,16 +105,36 @@ def test_the_readme_as_written(clone, pin_cache, tmp_path):
                     continue
                 _run(clone, cmd, env)
                 ran.append(cmd)
-        if "git diff patches/" in block:
-            assert "+# edited by the README walkthrough" in proc.stdout
-            assert "megatron-lm/0003-tied-gtp-weight-shape-guard.patch" in proc.stdout
-    print("\n".join(f"not run: {cmd!r}: {why}" for cmd, why in skipped))
-    assert {why for _, why in skipped} <= set(NOT_RUN.values()) | {"no NeMo-RL checkout (GTP_CARRY_TEST_NEMO_RL is unset)"}
+    return {"ran": ran, "skipped": skipped, "nemo_rl": nemo_rl, "env": env, "outputs": outputs}
+
+
+def test_the_readme_as_written(clone, walkthrough):
+    ran, skipped = walkthrough["ran"], walkthrough["skipped"]
+    edits = [out for block, out in walkthrough["outputs"].items() if "git diff patches/" in block]
+    assert len(edits) == 1
+    assert "+# edited by the README walkthrough" in edits[0].stdout
+    assert "megatron-lm/0003-tied-gtp-weight-shape-guard.patch" in edits[0].stdout
+    assert {why for _, why in skipped} <= set(NOT_RUN.values()), skipped
     assert any("tools/retire.py" in b and "--write" in b for b in ran)
     assert any("carry-base" in b for b in ran)
     # --write with the pin itself retired nothing and moved nothing
     assert not (clone / "patches/gtp/retired").exists()
     assert "0.6.2" in (clone / "patches/gtp/series.toml").read_text()
+    # what the README's commands leave behind (work/, rebase-work/) is ignored by git
+    untracked = [line for line in git(clone, "status", "--porcelain", "--untracked-files=all").splitlines()
+                 if line.startswith("??")]
+    assert untracked == [], untracked
+
+
+def test_the_readme_nemo_rl_commands(request):
+    """The README's NeMo-RL commands (apply with --source nemo-rl=, prove --only nemo-rl), after the rest."""
+    nemo_rl = os.environ.get("GTP_CARRY_TEST_NEMO_RL")
+    if not nemo_rl:
+        pytest.skip(NO_NEMO_RL)
+    clone, walkthrough = request.getfixturevalue("clone"), request.getfixturevalue("walkthrough")
+    assert len(walkthrough["nemo_rl"]) >= 2, walkthrough["nemo_rl"]
+    for block in walkthrough["nemo_rl"]:
+        _run(clone, block.replace("PATH/TO/NeMo-RL", nemo_rl), walkthrough["env"])
 
 
 def _edit_for(block: str) -> str:

@@ -287,3 +287,137 @@ def test_patch_id_finds_a_merged_patch_that_upstream_later_changed(history):
     v = {p["id"]: p for p in read_json(out)["patches"]}["verbatim"]
     assert v["text"] == "landed" and f"upstream commit {merged[:12]} has the same patch-id" in " ".join(v["evidence"])
     assert (v["behaviour"], v["verdict"]) == ("fail", "needed") and v["disagreements"]
+
+
+def _pypi_first(h, git_table: bool = True) -> None:
+    """The history series pinned like megatron-lm is in gtp: PyPI first, a git table with a ref only
+    (or no git table at all, like megatron-bridge)."""
+    toml = h["series"] / "series.toml"
+    text = toml.read_text()
+    _, rest = text.split("[[patches]]", 1)
+    pins = ('[series]\nname = "demo"\ndescription = "test series"\n\n'
+            '[upstreams.megatron-lm]\npython_path = "."\nsources = ["pypi"' + (', "git"' if git_table else "") + ']\n\n'
+            '[upstreams.megatron-lm.pypi]\nname = "megatron-core"\nversion = "0.0.1"\n'
+            'map = { "megatron/" = "megatron/" }\n'
+            f'artifacts = [\n  {{ file = "demo-0.0.1-py3-none-any.whl", sha256 = "{"0" * 64}", tree = true }},\n]\n\n'
+            + ('[upstreams.megatron-lm.git]\nurl = "https://example.invalid/up.git"\nref = "v0"\n'
+               'paths = ["megatron/core"]\n\n' if git_table else ""))
+    toml.write_text(pins + "[[patches]]" + rest)
+
+
+def test_a_checkout_moves_a_pypi_pin_to_git_with_link_evidence(history):
+    """A release night rehearsed on an upstream's main: --source is a checkout of a PyPI-pinned
+    upstream. Before the fix the checkout's commit was no pin: no link evidence (merged_in never
+    checked) and --write kept the PyPI pin while claiming to have moved it."""
+    _pypi_first(history)
+    tool("lint", "--series", history["series"], check=0)
+    out = history["tmp"] / "l.json"
+    retire(history, history["v1"], "--json", out, check=0)
+    v = {p["id"]: p for p in read_json(out)["patches"]}
+    assert v["reverted"]["link"] == "landed", v["reverted"]
+    assert any("is an ancestor of the new base" in e for e in v["reverted"]["evidence"])
+    res = retire(history, history["v2"], "--write", check=0)
+    assert "retired: verbatim, different" in res.stdout
+    text = (history["series"] / "series.toml").read_text()
+    assert 'sources = ["git"]' in text and f'commit = "{history["v2"]}"' in text, text[:900]
+    tool("lint", "--series", history["series"], check=0)
+    tool("apply", "--series", history["series"], "--workdir", history["tmp"] / "w", "--cache", history["cache"],
+         "--source", f"megatron-lm={history['up']}", check=0)
+
+
+def test_write_refuses_a_checkout_for_an_upstream_without_git_pin(history, tmp_path):
+    _pypi_first(history, git_table=False)
+    before = {p: p.read_bytes() for p in history["series"].rglob("*") if p.is_file()}
+    res = retire(history, history["v2"], "--write", check=2)
+    assert "cannot become its pin" in res.stderr and "nothing was written" in res.stderr
+    res = tool("rebase", "--series", history["series"], "--onto", f"megatron-lm={history['v2']}", "--source",
+               f"megatron-lm={history['up']}", "--cache", history["cache"], "--workdir", tmp_path / "rw", check=2)
+    assert "cannot become its pin" in res.stderr
+    assert {p: p.read_bytes() for p in history["series"].rglob("*") if p.is_file()} == before
+    retire(history, history["v2"], check=0)  # the verdicts alone still work
+
+
+def test_rebase_retires_a_patch_upstream_merged_in_its_own_words(history, tmp_path):
+    """Upstream fixed 'different' and 'plain' in its own words and merged_in records those commits:
+    their text conflicts with the new base, so rebase used to stop for a person, who then had to
+    skip them and edit series.toml by hand (retire --write could not: the rest did not apply yet).
+    Now rebase retires them with that evidence and finishes unattended."""
+    up, sdir = history["up"], history["series"]
+    fixed_beta = git(up, "rev-parse", f"{history['v1']}~1")
+    edit(up, "megatron/core/delta.py", 15, 'value_15 = "patched"  # upstream, in its own words\n')
+    v3 = Git(up).commit_all("upstream: fix delta its own way")
+    toml = sdir / "series.toml"
+    text = toml.read_text()
+    for pid, commit in (("different", fixed_beta), ("plain", v3)):
+        text = text.replace(f'id = "{pid}"\n', f'id = "{pid}"\nmerged_in = "{commit}"\n', 1)
+    toml.write_text(text)
+    out = tmp_path / "rb.json"
+    tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", f"megatron-lm={up}", "--cache",
+         history["cache"], "--workdir", tmp_path / "rw", "--json", out, check=0)
+    e = {x["id"]: x for x in read_json(out)["patches"]}
+    assert {k: v["outcome"] for k, v in e.items()} == {
+        "verbatim": "dropped", "different": "dropped", "reverted": "unchanged", "plain": "dropped"}
+    assert "retired" in e["plain"]["detail"] and "ancestor" in e["plain"]["detail"]
+    text = toml.read_text()
+    assert 'id = "different"' not in text and 'id = "plain"' not in text and 'id = "reverted"' in text
+    assert v3 in text
+    rec = (sdir / "retired" / "plain" / "record.toml").read_text()
+    assert "is an ancestor of the new base" in rec and "conflicts" in rec
+    assert not (sdir / "megatron-lm/0004-plain.patch").exists()
+    tool("lint", "--series", sdir, check=0)
+    tool("apply", "--series", sdir, "--workdir", tmp_path / "w", "--cache", history["cache"],
+         "--source", f"megatron-lm={up}", check=0)
+
+
+def test_a_checkout_of_a_pypi_only_upstream_gives_the_wheel_tree(history):
+    """megatron-bridge is pinned on PyPI only; its main checkout (a snapshot) lacks the blobs of its
+    large documentation files. Before, the base was the whole commit and cloning it failed
+    ("unable to read sha1 file"); now a checkout of such an upstream is narrowed to what its wheel
+    maps (pypi.map), the tree a release would give."""
+    _pypi_first(history, git_table=False)
+    up = history["up"]
+    (up / "docs").mkdir()
+    (up / "docs" / "big.gif").write_bytes(b"GIF89a" + bytes(range(256)) * 64)
+    v3 = Git(up).commit_all("upstream: a large picture in the docs")
+    blob = git(up, "rev-parse", f"{v3}:docs/big.gif")
+    (up / ".git" / "objects" / blob[:2] / blob[2:]).unlink()  # as the snapshot has it: listed, absent
+    out = history["tmp"] / "b.json"
+    retire(history, v3, "--json", out, check=0)
+    v = {p["id"]: p for p in read_json(out)["patches"]}
+    assert v["verbatim"]["verdict"] == "landed" and v["plain"]["verdict"] == "needed", v
+
+
+def test_three_way_finds_the_old_blobs_on_a_one_commit_base(history):
+    """A new base of one commit (a tree: a release, or a pin narrowed to paths) has none of the
+    blobs a patch was written against; git 2.39 says "Repository lacks necessary blobs to fall back
+    on 3-way merge", which the fallback did not recognise, so a patch whose context merely moved
+    was reported as a conflict (mlm-gtp-ckpt-without-te on Megatron-LM main)."""
+    _pypi_first(history)
+    up = history["up"]
+    retire(history, history["v0"], check=0)  # the old base is now cached, as after a night at the old pin
+    edit(up, "megatron/core/delta.py", 13, "value_13 = 'context moved'\n")
+    # and no other file of the new base keeps delta.py's old content (gamma.py did, after the revert)
+    edit(up, "megatron/core/gamma.py", 38, "value_38 = 'elsewhere'\n")
+    v3 = Git(up).commit_all("upstream: touch context near plain")
+    out = history["tmp"] / "t.json"
+    retire(history, v3, "--json", out, check=0)
+    v = {p["id"]: p for p in read_json(out)["patches"]}
+    assert v["plain"]["text"] == "applies" and v["plain"]["verdict"] == "needed", v["plain"]
+
+
+def test_repin_keeps_the_comment_that_introduces_the_next_section():
+    """The rehearsal's retire --write on nemo-rl dropped series.toml's "# -- patches, ..." banner:
+    the last pin table's block ran to the next header, and repin rewrote it whole."""
+    from dataclasses import replace
+
+    from carry import seriesedit
+    from carry.manifest import load
+
+    series = load(SERIES)
+    text = (SERIES / "series.toml").read_text()
+    banner = "# -- patches, in application order per upstream"
+    assert banner in text
+    up = series.upstream("nemo-rl")
+    out = seriesedit.repin(text, replace(up, git=replace(up.git, commit="a" * 40)), "git")
+    assert banner in out and 'commit = "' + "a" * 40 + '"' in out
+    assert out.replace("a" * 40, up.git.commit) == text

@@ -59,3 +59,33 @@ def test_megatron_bridge_proof_red_green(tmp_path, gtp_work):
          timeout=3000, check=0)
     (r,) = read_json(out)["proofs"]
     assert (r["id"], r["pristine"], r["patched"], r["ok"]) == ("bridge-ckpt-replica-groups", "fail", "pass", True), r
+
+
+@pytest.mark.parametrize("field, bad, message", [
+    ("links", '"https://github.com/NVIDIA/Megatron-LM/pulls/6940"', "is not https://github.com/OWNER/REPO/pull/N"),
+    ("links", '"NVIDIA/Megatron-LM#6940"', "is not https://github.com/OWNER/REPO/pull/N"),
+    ("links", '"https://github.com/NVIDIA/Megatron-LM/commit/d262dbed3dXY"', "/commit/SHA"),
+    ("merged_in", '"d262dbed3d"', "must be a full 40-hex upstream commit id"),
+])
+def test_lint_rejects_a_malformed_link(tmp_path, field, bad, message):
+    """The real series with one upstream link (or merged_in) spoilt: lint fails (exit 1) and says which."""
+    import shutil
+
+    from helpers import SERIES
+
+    sdir = tmp_path / "gtp"
+    shutil.copytree(SERIES, sdir)
+    toml = sdir / "series.toml"
+    text = toml.read_text()
+    if field == "links":
+        good = '"https://github.com/NVIDIA/Megatron-LM/pull/6565",'
+        assert good in text
+        text = text.replace(good, bad + ",", 1)
+    else:
+        good = 'merged_in = "d262dbed3d48a0b6a22b1f0ddc58c2cede2b9149"'
+        assert good in text
+        text = text.replace(good, f"merged_in = {bad}", 1)
+    toml.write_text(text)
+    res = tool("lint", "--series", sdir, check=1)
+    assert "patch mlm-gtp-tied-dummy-wgrad" in res.stderr and message in res.stderr, res.stderr
+    assert "1 problem(s)" in res.stdout

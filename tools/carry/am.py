@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from . import progress
 from .errors import PatchFormatError
 from .manifest import PatchMeta, Series
 from .patchfile import parse_file
@@ -17,7 +18,12 @@ from .runner import Git
 from .sources import Base
 
 ALREADY = "the base already has this change; see tools/retire.py"
+ABSENT = "which the tree it applies to does not have"  # in the detail of a patch refused so
 
+
+# What git am --3way says when the pre-image blobs are not in the repository, by git version
+# ("lacks necessary blobs" since git 2.3x): then the older bases are fetched and it is tried again.
+_NO_BLOBS = ("fake ancestor", "lacking or useless", "lacks necessary blobs")
 
 BASE_TAG = "carry-base"  # in every workspace: what `git rebase -i --autosquash` and `git log BASE..` need
 
@@ -40,11 +46,36 @@ def am_patches(repo: Path, series: Series, patches: list[PatchMeta],
                older: list[Path] | None = None) -> list[PatchResult]:
     """git am each patch (3-way fallback). Stops at the first failure, leaving no am in progress.
 
+    A progress line per patch says how each went (carry.progress).
+    """
+    results = _am_patches(repo, series, patches, older)
+    ups = {p.id: p.upstream for p in patches}
+    for r in results:
+        progress.say(f"{ups[r.id]}: {r.id}: {r.status}" + (f" ({r.detail})" if r.detail != r.status else ""))
+    return results
+
+
+def _am_patches(repo: Path, series: Series, patches: list[PatchMeta],
+                older: list[Path] | None = None) -> list[PatchResult]:
+    """am_patches without its progress lines.
+
     A 3-way merge needs the blobs a patch was written against. When the base
     moved, those live in older cached bases of the same upstream: they are
     fetched into the workspace the first time a patch asks for them.
     """
     g = Git(repo)
+    absent = _absent_target(g, series, patches)
+    if absent is not None:
+        k, missing = absent
+        p = patches[k]
+        results = _am_patches(repo, series, patches[:k], older) if k else []
+        if any(r.status == "failed" for r in results):
+            return results + [PatchResult(q.id, q.file, "not-attempted", "an earlier patch failed")
+                              for q in patches[k:]]
+        detail = (f"it changes {', '.join(missing)}, {ABSENT} "
+                  "(git's 3-way merge would put the change into another file)")
+        return results + [PatchResult(p.id, p.file, "failed", detail)] + [
+            PatchResult(q.id, q.file, "not-attempted", "an earlier patch failed") for q in patches[k + 1:]]
     fast = _am_all_at_once(g, series, patches)
     if fast is not None:
         return fast
@@ -59,7 +90,7 @@ def am_patches(repo: Path, series: Series, patches: list[PatchMeta],
         before = g.head()
         res = g("am", "--3way", "--keep-cr", str(path), check=False)
         out = res.stdout + res.stderr
-        if not res.ok and pending_bases and ("fake ancestor" in out or "lacking or useless" in out):
+        if not res.ok and pending_bases and any(m in out for m in _NO_BLOBS):
             g("am", "--abort", check=False)
             for old in pending_bases:
                 g("fetch", "-q", "--no-tags", str(old), "+refs/heads/main:refs/carry/older", check=False)
@@ -80,6 +111,36 @@ def am_patches(repo: Path, series: Series, patches: list[PatchMeta],
             results.append(PatchResult(p.id, p.file, "failed", _conflict_detail(g, path, out, conflicted)))
             failed = True
     return results
+
+
+def _absent_target(g: Git, series: Series, patches: list[PatchMeta]) -> tuple[int, list[str]] | None:
+    """The first patch (its index) that changes files absent from the tree it would apply to.
+
+    git am --3way finds a patch's pre-image blob anywhere in the repository and its rename
+    detection then moves the change onto whichever file has that content: a patch for a file
+    the upstream lacks would land in another one. Files a patch creates are fine; the tree
+    is followed through the patches in order (an earlier patch may add what a later one edits).
+    """
+    if not patches:
+        return None
+    out = g("ls-tree", "-r", "-z", "--name-only", "HEAD", check=False).stdout
+    present = set(filter(None, out.split("\0")))
+    for k, p in enumerate(patches):
+        missing = []
+        for f in parse_file(series.patch_path(p)).files:
+            if f.new_file:
+                present.add(f.path)
+                continue
+            src = f.rename_from or f.old_path
+            if src not in present:
+                missing.append(src)
+            if f.deleted:
+                present.discard(src)
+            elif f.rename_to:
+                present.add(f.rename_to)
+        if missing:
+            return k, missing
+    return None
 
 
 def am_each(repo: Path, series: Series, patches: list[PatchMeta], older: list[Path]) -> list[PatchResult]:

@@ -15,10 +15,11 @@ import hashlib
 import os
 import sys
 import zipfile
+import zlib
 from pathlib import Path
 
 from . import progress
-from .errors import ConfigError, IntegrityError, SourceError
+from .errors import ConfigError, IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
 from .lock import building
 from .manifest import Artifact, PyPISource
 from .runner import run
@@ -107,6 +108,9 @@ def _download(upstream: str, pypi: PyPISource, art: Artifact, tmp: Path, dest: P
     got_path = tmp / art.file
     if not res.ok or not got_path.exists():
         tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
+        if says_no_space(res.stderr + res.stdout):  # not "unreachable": no other source would fit either
+            raise NoSpaceError(f"{upstream}: no space left on the device holding {tmp.parent} to download {art.file}",
+                               hint="free some space there (or point --cache at another disk) and run the command again")
         if "HASHES" in res.stderr.upper() and "DO NOT MATCH" in res.stderr.upper():
             raise IntegrityError(f"{upstream}: {art.file} downloaded with a different sha256 than pinned: {tail}")
         raise SourceError(f"{upstream}: could not download {pypi.name}=={pypi.version} ({art.file}): {tail}",
@@ -133,6 +137,14 @@ def _map_member(name: str, pypi_map: tuple[tuple[str, str], ...], exclude: tuple
 
 
 def unpack_wheel(wheel: Path, dest: Path, pypi: PyPISource) -> int:
+    try:
+        return _unpack(wheel, dest, pypi)
+    except (zipfile.BadZipFile, zlib.error) as exc:  # pinned artifacts are hash-checked: a --source wheel
+        raise UsageError(f"{wheel} is not a valid wheel ({exc})",
+                         hint="give --source a wheel that pip downloaded or built, a checkout or an unpacked tree") from None
+
+
+def _unpack(wheel: Path, dest: Path, pypi: PyPISource) -> int:
     count = 0
     with zipfile.ZipFile(wheel) as zf:
         for info in zf.infolist():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .errors import CarryError
+from .errors import CarryError, from_os_error
 
 VERBS = {
     "apply": "apply the series onto the pinned upstream bases (patched workspaces)",
@@ -32,6 +32,14 @@ def guarded(entry, *args) -> int:
     except CarryError as exc:
         print(exc.render(), file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        # A path of the user's set-up (a file where a folder must be, a read-only mount, a full
+        # disk, ...) is named, not a traceback. An OSError we cannot name is a bug: it propagates.
+        named = from_os_error(exc)
+        if named is None:
+            raise
+        print(named.render(), file=sys.stderr)
+        return named.exit_code
     except KeyboardInterrupt:
         print("interrupted: nothing was changed that a later run does not finish or undo", file=sys.stderr)
         return 130

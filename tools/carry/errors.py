@@ -8,6 +8,9 @@ backticks and runs as written.
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class CarryError(Exception):
     """Base class: a message for people plus the exit code it maps to."""
@@ -39,6 +42,70 @@ class ConfigError(CarryError):
 
 class PatchFormatError(ConfigError):
     """A patch file is malformed or unsafe (escapes the tree, symlinks...)."""
+
+
+class FileSystemError(CarryError):
+    """A path the command needs is the wrong kind of thing, unwritable, or its disk is full.
+
+    Exit 2: the run stopped before it changed anything it does not undo, and what must change
+    is the machine's set-up (a path, a mount, a permission, free space), not the series.
+    """
+
+    exit_code = 2
+
+
+class NoSpaceError(FileSystemError):
+    """A write failed for want of disk space (ENOSPC), in this process or in one it ran."""
+
+
+_NO_SPACE_TEXT = ("No space left on device", "[Errno 28]", "Disk quota exceeded")
+
+
+def says_no_space(text: str) -> bool:
+    """Whether a command's output reports a full disk (git, pip and tar all say it so)."""
+    return any(t in text for t in _NO_SPACE_TEXT)
+
+
+def _where(exc: OSError) -> str:
+    return " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+
+
+def from_os_error(exc: OSError) -> CarryError | None:
+    """The named error for an OSError about a path; None for one that says nothing we can name.
+
+    One place for every command: a file where a folder must be (or above it), a folder where a
+    file must be, a read-only mount, no permission, a full disk.
+    """
+    where = _where(exc)
+    code = exc.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        # A failed write() names no file: say where the command writes.
+        place = where or "the work directory, the cache or the temporary folder ($TMPDIR)"
+        return NoSpaceError(f"no space left on the device holding {place} ({os.strerror(code)})",
+                            hint="free some space there (or point --workdir / --cache at another disk) "
+                                 "and run the command again")
+    if not where:
+        return None
+    if code == errno.ENOTDIR:
+        return FileSystemError(f"{where}: not a directory (a file is in its place or in the place of a "
+                               "folder above it)", hint="move that file out of the way, or give the command another path")
+    if code == errno.EISDIR:
+        return FileSystemError(f"{where} is a directory, where a file is needed",
+                               hint=f"move it out of the way (`mv {where} {where}.moved`) and run the command again"
+                               if exc.filename2 is None else "move that directory out of the way")
+    if code == errno.EROFS:
+        return FileSystemError(f"{where} is on a read-only file system",
+                               hint="point --workdir / --cache at a writable place and run the command again")
+    if code == errno.EACCES:
+        return FileSystemError(f"permission denied: {where}",
+                               hint="make it (and the folders above it) writable by you, or use another path")
+    if code == errno.EPERM:
+        return FileSystemError(f"{where}: operation not permitted",
+                               hint="check its owner and attributes (`lsattr -d PATH`: an immutable folder "
+                                    "takes no new files), or use another path")
+    if code is not None:
+        return FileSystemError(f"{where}: {os.strerror(code)}")
+    return None
 
 
 # -- exit 1: the operation failed, nothing changed -------------------------------
@@ -85,6 +152,11 @@ class CommandError(OperationError):
         shown = " ".join(argv[:6]) + (" ..." if len(argv) > 6 else "")
         tail = (stderr or stdout).strip().splitlines()[-8:]
         super().__init__(f"`{shown}` exited {returncode}" + ("\n    " + "\n    ".join(tail) if tail else ""))
+        if says_no_space(stderr + stdout):
+            # Not a failure of the command's own: the disk is full (exit 2, like NoSpaceError).
+            self.message = f"no space left on the device: {self.message}"
+            self.hint = "free some space there (or point --workdir / --cache at another disk) and run the command again"
+            self.exit_code = 2
         self.argv = argv
         self.returncode = returncode
         self.stdout = stdout

@@ -86,7 +86,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
             if result.drift:
                 raise DriftError("patch files differ from the workspace: " + ", ".join(result.drift),
                                  files=result.drift,
-                                 hint=f"`{command('export', series, '--workdir', wd.root)}`, then commit the files")
+                                 hint=_drift_hint(series, wd.root, [n for n, _ in state.records()]))
             return result
         for path, text in pending:
             write_atomic(path, text)
@@ -103,6 +103,15 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
         if pending or state.to_dict() != before or added:
             wd.save_state(state)
     return result
+
+
+def _drift_hint(series: Series, root: Path, upstreams: list[str]) -> str:
+    """Both ways out of drift: keep the workspace's change, or drop it (e.g. after the files
+    export wrote were discarded, `git checkout patches/`): apply rebuilds from the files."""
+    keep = f"`{command('export', series, '--workdir', root)}`, then commit the files"
+    drop = f"`{command('apply', series, '--workdir', root, '--only', ','.join(upstreams))}`"
+    return (f"to keep the workspace's change: {keep}; to drop it and go back to the patch files: {drop} "
+            "(with the --source options you applied with)")
 
 
 def _new_entries(series: Series, upstream: str, rec: UpstreamRecord, extra: int) -> list:

@@ -1,15 +1,16 @@
 """The series manifest (``patches/<series>/series.toml``) as frozen dataclasses.
 
 Unknown keys are errors with a suggestion, so a typo never silently drops a
-pin or a proof. ``requires`` is checked on every load (unknown ids, cycles,
-a patch needing a later one of its own upstream): every command that reads a
-series refuses a broken one the same way. The digest covers everything that
+pin or a proof. The patch entries are checked on every load (``problems``:
+ids, files inside the series folder and listed once, and ``requires``:
+unknown ids, cycles, a patch needing a later one of its own upstream): every
+command that reads a series refuses a broken one the same way, and lint
+reports the same problems among its others. The digest covers everything that
 determines a patched tree: the pins and the bytes of the selected patch files.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import re
@@ -18,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import entries
+from .entries import ID_RE, suggest as _suggest  # noqa: F401  (names other modules import from here)
 from .errors import ConfigError, UsageError
 
 STATUSES = ("pending", "submitted", "backport", "merged", "rejected", "inappropriate")
 UPSTREAM_NAMES = ("megatron-lm", "megatron-bridge", "nemo-rl")
 SOURCE_KINDS = ("pypi", "git")
-ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*[a-z0-9]$")
 NO_PROOF = "none:"  # proof = "none: <why>": a patch that has no proof, and says why
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -147,24 +149,17 @@ class Series:
                 h.update(p.id.encode() + b"\0" + file_sha256(self.patch_path(p)).encode() + b"\0")
         return h.hexdigest()
 
+    def entry_problems(self) -> list[tuple[str, str]]:
+        """(where, message) for each bad patch entry (carry.entries)."""
+        return entries.entry_problems(self)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Everything every command refuses in the entries (lint reports these and more)."""
+        return self.entry_problems() + self.requires_problems()
+
     def requires_problems(self) -> list[tuple[str, str]]:
-        """(where, message) for each broken ``requires``: unknown, itself, later in its upstream, a cycle."""
-        probs = []
-        ids = {p.id for p in self.patches}
-        order = {p.id: i for i, p in enumerate(self.patches)}
-        by_id = {p.id: p for p in self.patches}
-        for p in self.patches:
-            for dep in p.requires:
-                if dep not in ids:
-                    hint = _suggest(dep, ids)
-                    probs.append((f"patch {p.id}", f"requires unknown patch {dep!r}" + (f" ({hint})" if hint else "")))
-                elif dep == p.id:
-                    probs.append((f"patch {p.id}", "requires itself"))
-                elif by_id[dep].upstream == p.upstream and order[dep] > order[p.id]:
-                    probs.append((f"patch {p.id}", f"requires {dep}, which comes later in the same upstream's series"))
-        for cycle in _cycles(self):
-            probs.append(("requires", "cycle: " + " -> ".join(cycle)))
-        return probs
+        """(where, message) for each broken ``requires`` (carry.entries)."""
+        return entries.requires_problems(self)
 
     def digest(self, selected: Iterable[PatchMeta]) -> str:
         """Digest of the pins plus the selected patches (used in wheel version labels)."""
@@ -173,28 +168,6 @@ class Series:
         for u in self.upstreams:
             h.update(self.upstream_digest(u.name, sel, _pin_key(u)).encode())
         return h.hexdigest()
-
-
-def _cycles(series: Series) -> list[list[str]]:
-    graph = {p.id: [d for d in p.requires if d != p.id] for p in series.patches}
-    state: dict[str, int] = {}
-    found: list[list[str]] = []
-
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = 1
-        for nxt in graph.get(node, []):
-            if nxt not in graph:
-                continue
-            if state.get(nxt) == 1:
-                found.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
-            elif state.get(nxt) is None:
-                visit(nxt, path + [nxt])
-        state[node] = 2
-
-    for n in graph:
-        if n not in state:
-            visit(n, [n])
-    return found
 
 
 def _pin_key(u: Upstream) -> str:
@@ -211,11 +184,6 @@ def file_sha256(path: Path) -> str:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except FileNotFoundError:
         return "missing"
-
-
-def _suggest(word: str, choices: Iterable[str]) -> str | None:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}?" if close else None
 
 
 class _Table:
@@ -282,15 +250,20 @@ def _load_git(t: _Table) -> GitSource:
     return GitSource(t.get("url", str, required=True), commit, ref, t.strings("paths"))
 
 
-def load(series_dir: Path, *, check_requires: bool = True) -> Series:
-    """The series in ``series_dir``; RequiresError when its ``requires`` are broken (lint reads
-    them with check_requires=False and reports them among its other problems)."""
+def load(series_dir: Path, *, check: bool = True) -> Series:
+    """The series in ``series_dir``; EntryError when a patch entry is bad, RequiresError when
+    only the ``requires`` are (lint reads with check=False and reports them among its other problems)."""
     path = series_dir / "series.toml"
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"no series manifest at {path}",
                           hint="pass --series NAME for a folder patches/NAME/ that has series.toml") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a directory, not the series manifest (a TOML file)") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})",
+                          hint="TOML files are UTF-8: re-save it so") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     top = _Table(raw, "<top>", path)
@@ -345,7 +318,12 @@ def load(series_dir: Path, *, check_requires: bool = True) -> Series:
     if dupes:
         raise ConfigError(f"{path}: duplicate patch id(s): {', '.join(dupes)}")
     series = Series(name, s.get("description", str, ""), series_dir, tuple(upstreams), tuple(patches))
-    if check_requires:
+    if check:
+        probs = series.entry_problems()
+        if probs:
+            raise EntryError(f"{path}: the patch entries are invalid:\n    "
+                             + "\n    ".join(f"{w}: {m}" for w, m in probs),
+                             hint=f"fix them in {path}")
         probs = series.requires_problems()
         if probs:
             raise RequiresError(f"{path}: the patches' requires are broken:\n    "
@@ -354,7 +332,11 @@ def load(series_dir: Path, *, check_requires: bool = True) -> Series:
     return series
 
 
-class RequiresError(ConfigError):
+class EntryError(ConfigError):
+    """A patch entry's id or file is one no command may use (Series.entry_problems)."""
+
+
+class RequiresError(EntryError):
     """A patch requires an unknown patch, itself, a later patch of its upstream, or a cycle."""
 
 

@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import progress
+from . import canary, progress
 from . import nightly_report as reports
 from .apply import Options as ApplyOptions
 from .apply import apply_series
@@ -244,12 +244,27 @@ def _bisect(cell: Cell, v: Verdict, prefix: PrefixTrees, out: Path, opts: Option
     return bisect(order, v.signature(), probe)
 
 
-def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig, warnings: list[str] = ()) -> None:
+def run_canaries(cfg: NightlyConfig, opts: Options, load_series) -> list[canary.UpstreamCanary]:
+    """The canary (carry.canary) of each series against the upstream main heads of --canary."""
+    found = []
+    for sname in opts.series or list(cfg.series):
+        series = load_series(sname, cfg)
+        heads = {n: p for n, p in opts.canary.items() if n in {u.name for u in series.upstreams}}
+        found += canary.run(series, heads, opts.cache, opts.timeout or cfg.timeout_s, opts.workdir / series.name,
+                            dict(opts.sources))
+    return found
+
+
+def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig, warnings: list[str] = (),
+                  canaries: list[canary.UpstreamCanary] | None = None) -> None:
+    # The canary's warnings stay out of ok: the release cells alone judge the night.
     ok = not any(r["status"] in NOT_GREEN for r in runs)
     write_json(opts.out / "nightly.json", {"ok": ok, "run_id": opts.run_id, "seed": opts.seed,
                                            "config": str(cfg.path), "runs": runs,
-                                           "history_warnings": list(warnings)})
+                                           "history_warnings": list(warnings),
+                                           "canary": canary.to_dicts(canaries or [])})
     (opts.out / "junit.xml").write_text(reports.junit(runs))
     (opts.out / "summary.md").write_text(reports.summary(runs, opts.run_id, {
-        "seed": opts.seed, "history": opts.history.name, "cells": len(runs)}, warnings))
+        "seed": opts.seed, "history": opts.history.name, "cells": len(runs)}, warnings)
+        + "\n".join(canary.summary_lines(canaries or [])) + ("\n" if canaries else ""))
     reports.append_history(opts.history, [reports.history_record(r) for r in runs])

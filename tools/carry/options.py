@@ -17,7 +17,7 @@ from . import repo
 from .errors import UsageError
 from .files import write_json
 from .lock import LOCK_TIMEOUT
-from .manifest import RequiresError, Series
+from .manifest import EntryError, Series
 from .sources import check_override, default_cache
 
 EPILOG = ("exit codes: 0 success; 1 the operation failed and nothing was changed; "
@@ -25,9 +25,31 @@ EPILOG = ("exit codes: 0 success; 1 the operation failed and nothing was changed
 
 
 class Parser(argparse.ArgumentParser):
+    _quiet = False
+
     def error(self, message: str) -> None:  # argparse exits 2 too; keep our one message style
-        self.print_usage(sys.stderr)
+        if not self._quiet:
+            self.print_usage(sys.stderr)
         raise UsageError(message)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        # argparse reports missing required options before unknown ones, so `apply --bogus`
+        # would say "--workdir is required". Look for unknown flags first, with nothing required.
+        required = [a for a in self._actions if a.required]
+        for a in required:
+            a.required = False
+        self._quiet = True
+        try:
+            _, extra = self.parse_known_args(args, namespace)
+        except UsageError:
+            extra = []  # some other problem: the real parse below reports it
+        finally:
+            self._quiet = False
+            for a in required:
+                a.required = True
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return super().parse_args(args, namespace)
 
 
 def parser(prog: str, description: str, epilog: str = EPILOG) -> Parser:
@@ -48,20 +70,41 @@ def add_series(p: argparse.ArgumentParser, default_note: str | None = None) -> N
                    help=f"a series: NAME for patches/NAME/series.toml, or a folder with series.toml ({note})")
 
 
-def load_series(a: argparse.Namespace, *, check_requires: bool = True) -> Series:
+def load_series(a: argparse.Namespace, *, check: bool = True) -> Series:
     if not a.series:
         raise UsageError("--series is required here", hint=f"series in patches/: {', '.join(repo.series_names())}")
     try:
-        return repo.load_series(a.series, check_requires=check_requires)
-    except RequiresError as exc:
+        return repo.load_series(a.series, check=check)
+    except EntryError as exc:
         exc.hint = f"{exc.hint}; `{repo.command('lint', None, '--series', a.series)}` lists every problem"
         raise
 
 
+def directory(path: Path, flag: str) -> Path:
+    """``path`` for a folder option: refused when it, or a folder above it, is not a directory."""
+    for at in (path, *path.absolute().parents):
+        if at.exists() or at.is_symlink():
+            if not at.is_dir():
+                where = "is a file, not a directory" if at == path else f"is under {at}, a file, not a directory"
+                raise UsageError(f"{flag} {path} {where}",
+                                 hint=f"give {flag} a directory (one that does not exist yet is made)")
+            break
+    return path
+
+
+def _dir_type(flag: str):
+    def convert(value: str) -> Path:
+        try:
+            return directory(Path(value), flag)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(exc.message.removeprefix(f"{flag} ")) from None
+    return convert
+
+
 def add_workdir(p: argparse.ArgumentParser, *, required: bool = True, default: Path | None = None,
                 help: str = "the work directory tools/apply.py made: DIR/<upstream> per upstream") -> None:
-    p.add_argument("--workdir", required=required and default is None, default=default, type=Path, metavar="DIR",
-                   help=help)
+    p.add_argument("--workdir", required=required and default is None, default=default,
+                   type=_dir_type("--workdir"), metavar="DIR", help=help)
 
 
 def add_only(p: argparse.ArgumentParser, help: str = "comma-separated patch ids and/or upstream names") -> None:
@@ -75,7 +118,7 @@ def add_sources(p: argparse.ArgumentParser, help: str | None = None) -> None:
 
 
 def add_cache(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cache", type=Path, metavar="DIR",
+    p.add_argument("--cache", type=_dir_type("--cache"), metavar="DIR",
                    help="download and base cache (default $GTP_CARRY_CACHE or ~/.cache/gtp-carry)")
 
 
@@ -106,7 +149,7 @@ def add_timeout(p: argparse.ArgumentParser, default: float = 900.0) -> None:
 
 def cache(a: argparse.Namespace) -> Path:
     # Absolute: git runs with -C in scratch folders, where a relative cache path would name nothing.
-    return (a.cache or default_cache()).absolute()
+    return directory(a.cache or default_cache(), "--cache" if a.cache else "the cache ($GTP_CARRY_CACHE)").absolute()
 
 
 def name_paths(values: list[str] | None, flag: str) -> dict[str, Path]:

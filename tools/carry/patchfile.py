@@ -149,6 +149,8 @@ def parse_file(path: Path) -> Patch:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise PatchFormatError(f"patch file {path} does not exist") from None
+    except IsADirectoryError:
+        raise PatchFormatError(f"patch file {path} is a directory") from None
     except UnicodeDecodeError:
         raise PatchFormatError(f"{path}: not UTF-8 text") from None
     return parse(text, str(path))

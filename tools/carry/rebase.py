@@ -18,15 +18,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import progress, seriesedit, sources
-from .am import am_patches, clone_base, older_bases
+from .am import ABSENT, am_patches, clone_base, older_bases
 from .errors import ConflictError, DirtyTreeError, UsageError
 from .export import format_patch
 from .files import write_atomic, write_json
 from .manifest import Series
+from .patchfile import parse_file
 from .repo import command
+from .retire import Verdict, commit_retirement, link_signal
 from .runner import Git
 
 MARKER = "carry-rebase.json"
+MERGED = "merged-upstream"  # conflicts, and its merged_in is an ancestor of the new base
 
 
 @dataclass
@@ -70,6 +73,11 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
     mine = series.patches_for(name)
     if not mine:
         raise UsageError(f"{name} has no patch in series {series.name}")
+    stuck = sources.pin_can_move(up, source)
+    if stuck:
+        raise UsageError(f"{stuck}: the rebased series would still name the old pin; nothing was changed",
+                         hint=f"rebase onto a release (`--onto {name}=VERSION`, or its wheel with "
+                              f"`--source {name}=WHEEL`)")
     new_up, base = sources.retarget(up, onto, cache, source)
     ws = workdir / name
     rep = RebaseReport(series.name, name, onto, base.describe, str(ws))
@@ -85,6 +93,7 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
             raise DirtyTreeError(f"git am is still in progress in {ws}",
                                  hint=f"finish it (`git -C {ws} am --continue`) or abort it (`git -C {ws} am --abort`)")
         statuses = marker["statuses"]
+        merged = marker.get("merged", {})
     else:
         if ws.exists():
             if not (ws / ".git").exists() or not (g.git_dir() / MARKER).exists():
@@ -93,33 +102,62 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
         _new_workspace(base, ws, onto)
         older = older_bases(base)
         statuses = {}
+        merged: dict[str, list[str]] = {}
         stop = None
+        history = [base.repo] + ([source.expanduser().resolve()] if source is not None and source.is_dir() else [])
+        new_commit = new_up.git.commit if new_up.git else None
         for p in mine:
             r = am_patches(ws, series, [p], older)[0]
             statuses[p.id] = r.status
+            evidence: list[str] = []
+            if r.status == "failed" and link_signal(p, new_commit, history, evidence) == "landed":
+                # Upstream merged it in its own words (the text conflicts, merged_in is an ancestor):
+                # it leaves the series here, with that evidence, instead of stopping for a person.
+                statuses[p.id] = MERGED
+                merged[p.id] = [f"text: the patch conflicts with the new base ({r.detail})", *evidence]
+                continue
             if r.status == "failed":
                 stop = (p, r.detail)
                 break
-        write_json(g.git_dir() / MARKER, {"base_commit": base.commit, "onto": onto, "statuses": statuses})
+        write_json(g.git_dir() / MARKER, {"base_commit": base.commit, "onto": onto, "statuses": statuses,
+                                          "merged": merged})
         if stop:
             p, detail = stop
-            # Leave the merge for a person: run the conflicting patch again without aborting.
-            g("am", "--3way", str(series.patch_path(p)), check=False)
+            absent = ABSENT in detail
+            if not absent:
+                # Leave the merge for a person: run the conflicting patch again without aborting.
+                g("am", "--3way", str(series.patch_path(p)), check=False)
             rest = [str(series.patch_path(q)) for q in mine[mine.index(p) + 1:]]
             for q in mine:
                 rep.patches.append(Entry(q.id, q.file, "conflicting" if q.id == p.id else
                                          ("pending" if q.id not in statuses else _pre(statuses[q.id])),
                                          detail if q.id == p.id else ""))
             rep.ok = False
-            rep.next = (f"resolve the conflict in {ws} (`git -C {ws} status`), `git -C {ws} add FILES`, "
-                        f"`git -C {ws} am --continue`"
+            # A file the new base lacks (moved or removed upstream): git am would follow a rename
+            # silently; a person makes the change where it now belongs and commits it.
+            first = (f"make {p.id}'s change by hand where it belongs in {ws} (its file is not in the new base: "
+                     f"moved or removed upstream?), `git -C {ws} commit -a -m SUBJECT`" if absent else
+                     f"resolve the conflict in {ws} (`git -C {ws} status`), `git -C {ws} add FILES`, "
+                     f"`git -C {ws} am --continue`")
+            rep.next = (first
                         + (f", then `git -C {ws} am --3way {' '.join(rest)}`" if rest else "")
                         + f"; then `{command('rebase', series, '--onto', f'{name}={onto}', *again, '--continue')}`")
             return rep
     # Every patch is in: map the new commits to the series in order.
-    dropped = {pid for pid, st in statuses.items() if st == "already-applied"}
+    dropped = {pid for pid, st in statuses.items() if st in ("already-applied", MERGED)}
     kept = [p for p in mine if p.id not in dropped]
     commits = g.rev_list(f"{base.commit}..HEAD")
+    if len(commits) < len(kept):
+        # A person skipped a patch while finishing the am: if upstream merged it (merged_in an
+        # ancestor of the new base), it is retired here rather than by a hand edit of series.toml.
+        subjects = {g("log", "-1", "--format=%s", c).stdout.strip() for c in commits}
+        history = [base.repo] + ([source.expanduser().resolve()] if source is not None and source.is_dir() else [])
+        for q in [q for q in kept if parse_file(series.patch_path(q)).subject not in subjects]:
+            ev = ["text: skipped while the rebase was finished by hand (it conflicted with the new base)"]
+            if link_signal(q, new_up.git.commit if new_up.git else None, history, ev) == "landed":
+                statuses[q.id], merged[q.id] = MERGED, ev
+        dropped = {pid for pid, st in statuses.items() if st in ("already-applied", MERGED)}
+        kept = [p for p in mine if p.id not in dropped]
     if len(commits) != len(kept):
         raise UsageError(f"{ws} has {len(commits)} commit(s) on the new base, expected {len(kept)} "
                          f"({', '.join(p.id for p in kept)})",
@@ -144,11 +182,14 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
                                  if statuses.get(p.id) == "applied" and outcome != "unchanged" else ""))
     for pid in dropped:
         p = series.patch(pid)
-        rep.patches.append(Entry(pid, p.file, "dropped", "already upstream: retire it with "
+        rep.patches.append(Entry(pid, p.file, "dropped", "merged upstream in its own words: retired, with "
+                                 + merged[pid][-1] if statuses[pid] == MERGED else "already upstream: retire it with "
                                  f"tools/retire.py --series {series.name} --against {name}={onto} --write"))
     order = {p.id: i for i, p in enumerate(mine)}
     rep.patches.sort(key=lambda e: order[e.id])
-    _write(series, new_up, new_texts, cache, source, rep)
+    retired = [Verdict(pid, "landed", "conflicts", "not-run", "landed", evidence=ev) for pid, ev in merged.items()
+               if statuses.get(pid) == MERGED]
+    _write(series, new_up, new_texts, cache, source, rep, retired)
     return rep
 
 
@@ -165,19 +206,25 @@ def _new_workspace(base: sources.Base, ws: Path, onto: str) -> None:
 
 
 def _pre(status: str) -> str:
-    return {"applied": "refreshed", "already-applied": "dropped"}.get(status, status)
+    return {"applied": "refreshed", "already-applied": "dropped", MERGED: "dropped"}.get(status, status)
 
 
 def _write(series: Series, new_up, new_texts: dict[str, str], cache: Path, source: Path | None,
-           rep: RebaseReport) -> None:
-    text = seriesedit.repin((series.root / "series.toml").read_text(), new_up, new_up.sources[0])
+           rep: RebaseReport, retired: list[Verdict]) -> None:
+    text = (series.root / "series.toml").read_text()
+    if retired:
+        text = seriesedit.remove_patches(text, {v.id for v in retired})
+    text = seriesedit.repin(text, new_up, new_up.sources[0])
     check = seriesedit.trial_apply(series, text, new_texts, new_up.name, cache, source)
     if not check.ok:
         raise ConflictError("the refreshed series does not re-apply on the new base; nothing was written:\n"
                             + (check.error or ""))
     for pid, body in new_texts.items():
         write_atomic(series.patch_path(series.patch(pid)), body)
-    write_atomic(series.root / "series.toml", text)
+    if retired:
+        commit_retirement(series, text, retired, rep.new_base, f"{new_up.name}={rep.onto} (rebase)")
+    else:
+        write_atomic(series.root / "series.toml", text)
     rep.written = True
 
 

@@ -39,8 +39,8 @@ def series_dir(value: str) -> Path:
     return PATCHES / value
 
 
-def load_series(value: str, *, check_requires: bool = True) -> manifest.Series:
-    return manifest.load(series_dir(value), check_requires=check_requires)
+def load_series(value: str, *, check: bool = True) -> manifest.Series:
+    return manifest.load(series_dir(value), check=check)
 
 
 def series_arg(series: manifest.Series) -> str:

@@ -64,7 +64,7 @@ class RetireReport:
 
 
 def _text_signal(series: Series, p: PatchMeta, base_repo: Path, scratch: Path,
-                 seq_status: str, range_ids: dict[str, str]) -> tuple[str, list[str]]:
+                 seq_status: str, range_ids: dict[str, str], seq_detail: str = "") -> tuple[str, list[str]]:
     ev = []
     tree = scratch / "probe"
     g = Git(tree) if tree.exists() else Git.clone(base_repo, tree, branch="main")
@@ -82,8 +82,19 @@ def _text_signal(series: Series, p: PatchMeta, base_repo: Path, scratch: Path,
     if seq_status == "applied":
         ev.append("text: the patch still applies on the new base")
         return "applies", ev
-    ev.append("text: the patch conflicts with the new base")
+    ev.append("text: the patch conflicts with the new base" + (f" ({seq_detail})" if seq_detail else ""))
     return "conflicts", ev
+
+
+def link_signal(p: PatchMeta, new_commit: str | None, history: list[Path], ev: list[str]) -> str:
+    """landed | not-yet | n/a: whether the patch's merged_in is an ancestor of the new base."""
+    holder = next((Git(h) for h in history if new_commit and p.merged_in and Git(h).has_commit(new_commit)
+                   and Git(h).has_commit(p.merged_in)), None)
+    if not p.merged_in or holder is None:
+        return "n/a"
+    anc = holder("merge-base", "--is-ancestor", p.merged_in, new_commit, check=False).ok
+    ev.append(f"link: {p.merged_in[:12]} is {'an' if anc else 'not an'} ancestor of the new base")
+    return "landed" if anc else "not-yet"
 
 
 def _range_patch_ids(old_commit: str | None, new_commit: str, history: list[Path]) -> dict[str, str]:
@@ -137,13 +148,17 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
     if not mine:
         raise UsageError(f"{name} has no patch in series {series.name}")
     source = source_paths.get(name)
+    stuck = sources.pin_can_move(up, source) if write else None
+    if stuck:
+        raise UsageError(f"--write: {stuck}; nothing was written",
+                         hint=f"retire against a release (`--against {name}=VERSION`, or its wheel with "
+                              f"`--source {name}=WHEEL`), or drop --write for the verdicts alone")
     new_up, base = sources.retarget(up, target, cache, source)
     rep = RetireReport(series.name, name, target, base.describe)
     with tempfile.TemporaryDirectory(prefix="carry-retire-") as tmp:
         tmpd = Path(tmp)
-        seq = tmpd / "seq"
-        Git.clone(base.repo, seq, branch="main")
-        seq_results = {r.id: r.status for r in am_each(seq, series, mine, older_bases(base))}
+        Git.clone(base.repo, tmpd / "seq", branch="main")
+        seq = {r.id: r for r in am_each(tmpd / "seq", series, mine, older_bases(base))}
         history = [base.repo]
         if up.git:
             history.append(sources.mirror_path(up, cache))
@@ -155,16 +170,11 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
         trees = _other_trees(series, name, workdir, cache, tmpd, source_paths)
         pristine = extract(base.repo, base.commit, tmpd / "pristine")
         for p in mine:
-            text, ev = _text_signal(series, p, base.repo, tmpd, seq_results.get(p.id, "failed"),
-                                    range_ids)
+            applied = seq.get(p.id)
+            text, ev = _text_signal(series, p, base.repo, tmpd, applied.status if applied else "failed",
+                                    range_ids, applied.detail if applied and applied.status == "failed" else "")
             behaviour = _behaviour(series, p, {**trees, name: pristine}, timeout, ev, cache)
-            link = "n/a"
-            holder = next((Git(h) for h in history if new_commit and p.merged_in and Git(h).has_commit(new_commit)
-                           and Git(h).has_commit(p.merged_in)), None)
-            if p.merged_in and holder is not None:
-                anc = holder("merge-base", "--is-ancestor", p.merged_in, new_commit, check=False).ok
-                link = "landed" if anc else "not-yet"
-                ev.append(f"link: {p.merged_in[:12]} is {'an' if anc else 'not an'} ancestor of the new base")
+            link = link_signal(p, new_commit, history, ev)
             verdict, candidate, dis = _decide(text, behaviour, link)
             rep.patches.append(Verdict(p.id, verdict, text, behaviour, link, candidate, ev, dis))
     landed = [v.id for v in rep.patches if v.verdict == "landed" and (accept_candidates or not v.candidate)]
@@ -222,12 +232,25 @@ def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: 
         rep.ok = False
         rep.error = "the remaining series does not apply on the new base; nothing was written:\n" + (check.error or "")
         return
+    commit_retirement(series, text, [v for v in rep.patches if v.id in landed], rep.new_base, rep.against)
+    rep.retired = landed
+    rep.written = True
+
+
+def commit_retirement(series: Series, text: str, landed: list[Verdict], new_base: str, against: str) -> None:
+    """Write the edited manifest ``text`` and move the ``landed`` patches to retired/ with their records.
+
+    The manifest is the commit point: a run killed before it leaves the series as it was.
+    Used by retire --write and by rebase (a patch upstream merged in its own words).
+    """
+    root = series.root
     today = dt.date.today().isoformat()
-    by_id = {v.id: v for v in rep.patches}
+    by_id = {v.id: v for v in landed}
+    landed_ids = [v.id for v in landed]
     staged = root / "retired" / f".staging-{os.getpid()}"
     staged.mkdir(parents=True, exist_ok=True)
     moves = []
-    for pid in landed:
+    for pid in landed_ids:
         meta = series.patch(pid)
         dest = staged / pid
         dest.mkdir()
@@ -242,14 +265,14 @@ def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: 
         v = by_id[pid]
         (dest / "record.toml").write_text(
             f'id = "{pid}"\ntitle = {seriesedit.toml_str(meta.title)}\nupstream = "{meta.upstream}"\n'
-            f'retired_on = "{today}"\nnew_base = {seriesedit.toml_str(rep.new_base)}\n'
-            f'against = {seriesedit.toml_str(rep.against)}\nverdict = "{v.verdict}"\n'
+            f'retired_on = "{today}"\nnew_base = {seriesedit.toml_str(new_base)}\n'
+            f'against = {seriesedit.toml_str(against)}\nverdict = "{v.verdict}"\n'
             f'text = "{v.text}"\nbehaviour = "{v.behaviour}"\nlink = "{v.link}"\n'
             "evidence = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.evidence) + "]\n"
             "disagreements = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.disagreements) + "]\n")
     # The commit point: the manifest. Before it, the series is unchanged.
     write_atomic(root / "series.toml", text)
-    for pid in landed:
+    for pid in landed_ids:
         final = root / "retired" / pid
         if final.exists():
             shutil.rmtree(final)
@@ -261,5 +284,3 @@ def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: 
         pass
     for path in moves:
         path.unlink(missing_ok=True)
-    rep.retired = landed
-    rep.written = True

@@ -2,14 +2,19 @@
 
 Every git call passes ``-C`` and pinned ``-c`` options so results do not
 depend on the user's configuration (pager, signing, identity, diff style).
+The one setting taken from it is ``safe.directory``: which repositories owned
+by someone else the user trusts changes no result, only whether git works.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -61,7 +66,7 @@ def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
             del env[key]
     env.update(
         GIT_CONFIG_NOSYSTEM="1",
-        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_CONFIG_GLOBAL=_trust_config(),
         GIT_TERMINAL_PROMPT="0",
         GIT_AUTHOR_NAME=IDENTITY_NAME,
         GIT_AUTHOR_EMAIL=IDENTITY_EMAIL,
@@ -74,6 +79,43 @@ def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     if extra:
         env.update(extra)
     return env
+
+
+@functools.lru_cache(maxsize=1)
+def trusted_directories() -> tuple[str, ...]:
+    """``safe.directory`` from the user's own (global and system) git config: git_env hides
+    those files, and with them the trust the user gave repositories owned by others."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_CONFIG")}
+    found: list[str] = []
+    for scope in ("--global", "--system"):
+        try:
+            res = subprocess.run(["git", "config", scope, "--get-all", "safe.directory"], env=env,
+                                 capture_output=True, text=True, timeout=60, cwd=os.path.expanduser("~"))
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        for line in res.stdout.splitlines():
+            # A clone reads the source through its git dir, which git checks as a path of its own:
+            # trusting a checkout trusts its .git too.
+            found += [line] if line in ("*", "") or line.endswith("/.git") else [line, line.rstrip("/") + "/.git"]
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=1)
+def _trust_config() -> str:
+    """The global config git sees: the user's safe.directory entries alone (else nothing).
+
+    A file, not ``-c``: git drops command-line config when it starts upload-pack in another
+    repository (a local clone), which checks the owner of that one too.
+    """
+    trusted = trusted_directories()
+    if not trusted:
+        return os.devnull
+    fd, path = tempfile.mkstemp(prefix="gtp-carry-trust-", suffix=".gitconfig")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("[safe]\n" + "".join('\tdirectory = "{}"\n'.format(d.replace("\\", "\\\\").replace('"', '\\"'))
+                                     for d in trusted))
+    atexit.register(os.unlink, path)
+    return path
 
 
 @dataclass(frozen=True)
@@ -247,6 +289,11 @@ class Git:
 
     def rev_list(self, spec: str) -> list[str]:
         return self("rev-list", "--reverse", spec).stdout.split()
+
+    def untrusted(self) -> bool:
+        """git refuses this repository: owned by another user, and not in the user's safe.directory."""
+        res = self("rev-parse", "--git-dir", check=False)
+        return not res.ok and "dubious ownership" in res.stderr
 
     def is_repo(self) -> bool:
         return (self.path / ".git").exists() and self("rev-parse", "--git-dir", check=False).ok

@@ -53,10 +53,25 @@ def toml_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+_TRAILER = re.compile(r"(?:\n[ \t]*(?:#[^\n]*)?)*\n?$")
+
+
+def _trailer(block: str) -> str:
+    """The comment and blank lines that end a block: they introduce what follows, not this table."""
+    body = block.rstrip("\n")
+    m = _TRAILER.search(body)
+    lines = body[m.start():].lstrip("\n") if m else ""
+    return ("\n" + lines + "\n\n") if lines.strip() else ""
+
+
 def repin(text: str, up: Upstream, kind: str) -> str:
     """Rewrite the [upstreams.NAME.<kind>] table (pypi or git) from a new pin."""
     out = []
     for header, block in _blocks(text):
+        if header == f"[upstreams.{up.name}]":
+            # the pin's kind may change (a PyPI-pinned upstream moved to a git commit)
+            block = re.sub(r"(?m)^sources\s*=\s*\[[^\]]*\]",
+                           "sources = [" + ", ".join(toml_str(s) for s in up.sources) + "]", block, count=1)
         if kind == "pypi" and header == f"[upstreams.{up.name}.pypi]" and up.pypi:
             p = up.pypi
             lines = [header, f"name = {toml_str(p.name)}", f"version = {toml_str(p.version)}",
@@ -68,7 +83,7 @@ def repin(text: str, up: Upstream, kind: str) -> str:
                 tree = ", tree = true" if a.tree else ""
                 lines.append(f"  {{ file = {toml_str(a.file)}, sha256 = {toml_str(a.sha256)}{tree} }},")
             lines.append("]")
-            block = "\n".join(lines) + "\n\n"
+            block = "\n".join(lines) + "\n\n" + _trailer(block).lstrip("\n")
         elif kind == "git" and header == f"[upstreams.{up.name}.git]" and up.git:
             g = up.git
             lines = [header, f"url = {toml_str(g.url)}"]
@@ -78,7 +93,7 @@ def repin(text: str, up: Upstream, kind: str) -> str:
                 lines.append(f"ref = {toml_str(g.ref)}")
             if g.paths:
                 lines.append("paths = [" + ", ".join(toml_str(x) for x in g.paths) + "]")
-            block = "\n".join(lines) + "\n\n"
+            block = "\n".join(lines) + "\n\n" + _trailer(block).lstrip("\n")
         out.append(block)
     return "".join(out)
 

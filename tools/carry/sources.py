@@ -31,10 +31,13 @@ from .artifacts import (
     sha256_file,
     unpack_wheel,
 )
-from .errors import IntegrityError, SourceError, UsageError
+from .errors import IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
 from .lock import building
-from .manifest import Artifact, Upstream
+from .manifest import SOURCE_KINDS, Artifact, Upstream
 from .runner import Git
+
+# A pin with git as its only source (a sources tuple, not a git command line).
+GIT_ONLY = tuple(k for k in SOURCE_KINDS if k == "git")
 
 
 def default_cache() -> Path:
@@ -82,6 +85,9 @@ def _fetch_git(upstream: Upstream, cache: Path) -> Path:
     progress.say(f"{upstream.name}: fetching {want} from {g.url}")
     # A ref per fetched pin, so that no later fetch or gc loses it (FETCH_HEAD is overwritten).
     res = repo("fetch", "-q", "--depth=1", g.url, f"+{want}:refs/carry/fetched/{want}", check=False)
+    if not res.ok and says_no_space(res.stderr):
+        raise NoSpaceError(f"{upstream.name}: no space left on the device holding {mirror} to fetch {want}",
+                           hint="free some space there (or point --cache at another disk) and run the command again")
     if not res.ok:
         raise SourceError(f"{upstream.name}: cannot fetch {want} from {g.url}: "
                           + " ".join(res.stderr.strip().splitlines()[-2:]),
@@ -236,8 +242,15 @@ def _resolve_git(upstream: Upstream, cache: Path) -> Base:
 
 
 def _git_base(upstream: Upstream, cache: Path, repo: Path, commit: str, describe: str) -> Base:
-    """The pinned commit itself; a tree of its ``paths`` when the pin narrows it to the PyPI layout."""
+    """The pinned commit itself; a tree of its ``paths`` when the pin narrows it to the PyPI layout.
+
+    A checkout of an upstream pinned only on PyPI (no git table) is narrowed to what its wheel
+    maps into the repository (``pypi.map``): the same tree a release gives, and no need for the
+    checkout's other files (a snapshot may lack its large documentation blobs).
+    """
     paths = upstream.git.paths if upstream.git else ()
+    if upstream.git is None and upstream.pypi is not None:
+        paths = tuple(sorted({dst.rstrip("/") for _, dst in upstream.pypi.map}))
     if not paths:
         return _commit_base(cache, upstream.name, repo, commit, describe)
     key = "git-" + hashlib.sha256(repr((commit, paths)).encode()).hexdigest()[:20]
@@ -262,6 +275,24 @@ def check_override(upstream: Upstream, path: Path) -> None:
     raise UsageError(f"--source {name}={path}: no such file or directory", hint=hint)
 
 
+def _is_git(path: Path) -> bool:
+    """A checkout or a bare repository (not an unpacked tree)."""
+    return (path / ".git").exists() or (path / "HEAD").is_file() and (path / "objects").is_dir()
+
+
+def pin_can_move(upstream: Upstream, override: Path | None) -> str | None:
+    """Why retire --write / rebase cannot move this upstream's pin to ``override``, or None."""
+    if override is None:
+        return None
+    override = override.expanduser().resolve()
+    if override.is_dir() and _is_git(override) and upstream.git is None:
+        return (f"{upstream.name} has no [upstreams.{upstream.name}.git] pin, so a checkout's commit "
+                f"({override}) cannot become its pin")
+    if override.is_dir() and not _is_git(override):
+        return f"{override} is an unpacked tree: it names no version or commit to pin {upstream.name} at"
+    return None
+
+
 def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
     check_override(upstream, path)
     path = path.expanduser().resolve()
@@ -274,7 +305,14 @@ def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
         key = "pypi-" + hashlib.sha256(repr((sha, pypi.map, pypi.exclude)).encode()).hexdigest()[:20]
         return _tree_base(cache, upstream.name, key, f"{path.name}{note}", lambda tree: unpack_wheel(path, tree, pypi))
     g = Git(path)
-    is_git = (path / ".git").exists() or (path / "HEAD").is_file() and (path / "objects").is_dir()
+    is_git = _is_git(path)
+    if is_git and g.untrusted():
+        raise UsageError(f"--source {upstream.name}={path}: git refuses this checkout: it is owned by another "
+                         f"user ({_owner(path)}) and git works only in repositories you own or trust "
+                         "(\"dubious ownership\")",
+                         hint=f"if you trust it, `git config --global --add safe.directory {path}` (gtp-carry "
+                              "honours safe.directory from your git config, nothing else of it), or clone it "
+                              "and give --source your clone")
     if is_git:
         pinned = upstream.git.commit if upstream.git else None
         if pinned and g.has_commit(pinned):
@@ -294,6 +332,16 @@ def _resolve_override(upstream: Upstream, cache: Path, path: Path) -> Base:
                                                    ignore=shutil.ignore_patterns(".git")))
 
 
+def _owner(path: Path) -> str:
+    import pwd
+
+    uid = path.stat().st_uid
+    try:
+        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
+    except KeyError:
+        return f"uid {uid}"
+
+
 # -- moving a pin -----------------------------------------------------------------
 def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None = None) -> tuple[Upstream, Base]:
     """The upstream pinned at a new version (PyPI) or commit (git), and its pristine base.
@@ -307,11 +355,14 @@ def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None
             art = Artifact(override.name, sha256_file(override), tree=True)
             new = replace(upstream, pypi=replace(upstream.pypi, version=target, artifacts=(art,)))
             return new, _resolve_override(new, cache, override)
-        if upstream.git and override.is_dir() and upstream.sources[0] == "git":
+        if upstream.git and override.is_dir() and _is_git(override):
             commit = Git(override).rev_parse(target)
             if not commit:
                 raise SourceError(f"{upstream.name}: {override} has no commit {target}")
-            new = replace(upstream, git=replace(upstream.git, commit=commit, ref=None))
+            # A checkout's commit is a git pin, also for an upstream pinned on PyPI so far (an
+            # upstream's main head): its wheels are another tree, so git becomes its only source.
+            sources = upstream.sources if upstream.sources[0] == "git" else GIT_ONLY
+            new = replace(upstream, sources=sources, git=replace(upstream.git, commit=commit, ref=None))
             return new, _resolve_override(new, cache, override)
         return upstream, _resolve_override(upstream, cache, override)
     if upstream.sources[0] == "pypi":

@@ -2,10 +2,8 @@
 
 ``DIR/<upstream>`` is the patched tree in the upstream's git layout: the
 pinned base commit, then one commit per patch. ``DIR/.carry/state.json`` is
-the workspace record (``State``): per upstream its base, the series digest
-it was built from, and the commit of each applied patch. This module owns
-that record; apply writes it, export, prove, bisect and retire read it
-through these classes only.
+the workspace record (``State``, carry.record). This module owns the file:
+it loads, saves and journals it, and swaps the trees it describes.
 
 New trees are built under ``DIR/.carry/staging-*`` and swapped in only when
 every upstream succeeded; the swap is journalled, so a run killed half-way
@@ -23,20 +21,19 @@ import shutil
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from . import progress
 from .am import BASE_TAG
 from .errors import DirtyTreeError, OperationError, UsageError
 from .files import fsync_dir, write_json
 from .lock import LOCK_TIMEOUT, DirLock, patience
-from .manifest import PatchMeta, Series
+from .manifest import Series
 from .repo import command
+from .record import STATE_VERSION, PatchRecord, State, UpstreamRecord  # noqa: F401  (imported from here)
 from .runner import Git
 
-STATE_VERSION = 2
 SAVED_PREFIX = "refs/carry/saved/"
 _STAGING_NAME = re.compile(r"staging-[A-Za-z0-9_]+")
 _SIMPLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -63,87 +60,6 @@ def _swap_hint(exc: OSError, root: Path) -> str:
     if exc.errno in (errno.EBUSY, errno.EXDEV):
         return f"a workspace in {root} is a mount point or on another file system: unmount it, or choose another --workdir"
     return "fix the cause above, then run the command again"
-
-
-@dataclass(frozen=True)
-class PatchRecord:
-    id: str
-    file: str
-    commit: str
-
-
-@dataclass
-class UpstreamRecord:
-    base: str                 # for people: where the base came from
-    base_key: str             # identity of the base (part of the digest)
-    base_commit: str
-    digest: str               # of the base and the selected patch files
-    head: str
-    selected: list[str]       # patch ids chosen for this upstream (applied or already upstream)
-    patches: list[PatchRecord] = field(default_factory=list)  # one commit each, in order
-
-    def commit_of(self, patch_id: str) -> str | None:
-        return next((p.commit for p in self.patches if p.id == patch_id), None)
-
-
-@dataclass
-class State:
-    series: str | None = None
-    upstreams: dict[str, UpstreamRecord] = field(default_factory=dict)
-    order: list[str] = field(default_factory=list)  # applied patch ids in series order, all upstreams
-
-    def records(self) -> list[tuple[str, UpstreamRecord]]:
-        return list(self.upstreams.items())
-
-    def record(self, upstream: str) -> UpstreamRecord | None:
-        return self.upstreams.get(upstream)
-
-    def commit_of(self, patch: PatchMeta) -> str | None:
-        rec = self.upstreams.get(patch.upstream)
-        return rec.commit_of(patch.id) if rec else None
-
-    def prefix_commit(self, upstream: str, k: int) -> str:
-        """The upstream's commit once the first k applied patches of the series are in."""
-        rec = self.upstreams[upstream]
-        mine = [pid for pid in self.order[:k] if rec.commit_of(pid)]
-        return rec.commit_of(mine[-1]) if mine else rec.base_commit  # type: ignore[return-value]
-
-    def with_upstreams(self, series: Series, new: dict[str, UpstreamRecord]) -> "State":
-        """This record with some upstreams rebuilt (the others kept), ordered by the series."""
-        ups = {**self.upstreams, **new}
-        applied = {p.id for rec in ups.values() for p in rec.patches}
-        return State(series.name, ups, [p.id for p in series.patches if p.id in applied])
-
-    def add_new_patches(self, series: Series, upstream: str, new: list[PatchRecord]) -> None:
-        """Commits made in the workspace for series entries not applied yet: recorded as applied."""
-        rec = self.upstreams[upstream]
-        rec.patches.extend(new)
-        rec.selected.extend(p.id for p in new)
-        applied = {p.id for r in self.upstreams.values() for p in r.patches}
-        self.order = [p.id for p in series.patches if p.id in applied]
-
-    def mark_exported(self, upstream: str, digest: str, head: str) -> None:
-        """Export wrote the workspace's commits to the patch files: the two agree again."""
-        rec = self.upstreams[upstream]
-        rec.digest, rec.head = digest, head
-
-    # -- the file format ----------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "series": self.series, "order": self.order,
-                "upstreams": {name: asdict(rec) for name, rec in self.upstreams.items()}}
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "State":
-        ups = {}
-        for name, raw in doc.get("upstreams", {}).items():
-            patches = [PatchRecord(p["id"], p["file"], p["commit"]) for p in raw.get("patches", [])]
-            ups[name] = UpstreamRecord(
-                base=raw["base"], base_key=raw["base_key"], base_commit=raw["base_commit"], digest=raw["digest"],
-                head=raw["head"], selected=list(raw.get("selected", [p.id for p in patches])), patches=patches)
-        order = doc.get("order")
-        if order is None:  # version 1 kept no order: the upstreams' own, in the order they were recorded
-            order = [p.id for rec in ups.values() for p in rec.patches]
-        return cls(doc.get("series"), ups, list(order))
 
 
 class WorkDir:

@@ -27,7 +27,11 @@ class Case:
     overrides: tuple[str, ...] = ()
     checkpoint: str = "none"  # "save", "resume" or "none"
     needs: tuple[str, ...] = field(default_factory=tuple)  # cases whose output this one reads
-    model: str = "dense"     # "dense" (fixtures.py) or "qwen3-moe" (moe_fixtures.py)
+    model: str = "random"    # "random": the seed's weights; "trained": after the pretrain step (pretrain.py)
+    refit_check: bool = False  # hooks/carry_refit_check.py after every refit (CARRY_REFIT_CHECK=1)
+    mutation: str = ""       # CARRY_REFIT_MUTATION: "stale-refit" or "corrupt-tensor" (breaks the refit)
+    test: str = "grpo-megatron-generation-gtp"  # the nightly.toml entry whose gates and markers judge it
+    shape: str = "dense"     # "dense" (fixtures.py) or "qwen3-moe" (moe_fixtures.py): which built model
     markers: tuple[str, ...] = ()  # log lines the case needs beyond the script's own markers
 
 
@@ -59,9 +63,66 @@ CASES: dict[str, Case] = {c.name: c for c in (
          "dedicated whole-weight inference model and the NCCL refit of dense and expert GTP shards; the script's "
          "gates and markers, and the shim's line naming expert_gtp_remat_size=2",
          "green", "patched", "patched",
-         ("policy.megatron_cfg.expert_tensor_parallel_num_weight_shards=2",), model="qwen3-moe",
+         ("policy.megatron_cfg.expert_tensor_parallel_num_weight_shards=2",), shape="qwen3-moe",
          markers=("[gtp] enabling GTP weight rematerialization (gtp_remat_size=2 expert_gtp_remat_size=2)",)),
 )}
+
+
+# -- learning: GRPO from the pretrained model, the refit checked after every refit -----------------
+LEARNING_TEST = "grpo-megatron-generation-gtp-learning"
+MATRIX_TEST = "grpo-megatron-generation-matrix"
+# The learning cases' own overrides; the script's config stays as it is. Five steps: NeMo-RL refits
+# before each step's generation, so the fifth refit carries the weights after four updates (the
+# drift gate reads it). Eight prompts of four samples: with the pretrained model's accuracy p a
+# group is mixed with probability 1 - p^4 - (1-p)^4 (0.75 at p = 0.3), so a step with no mixed
+# group is 0.25^8 = 1.5e-5 likely, where the script's two prompts give 0.06. The script's
+# train_global_batch_size (4) is kept: 32 samples make 8 optimizer steps per GRPO step.
+# No checkpoints: the script's own setting (so no resume interplay with the longer horizon).
+LEARNING = ("grpo.max_num_steps=5", "grpo.num_prompts_per_step=8")
+GTP_OFF = "policy.megatron_cfg.tensor_parallel_num_weight_shards=null"
+NO_CUDA_GRAPHS = "policy.generation.mcore_generation_config.cuda_graph_impl=none"
+# What the refit check prints per rank after every refit (hooks/carry_refit_check.py), as a whole log
+# line: Ray prefixes a worker's lines with its colour code and "(MegatronPolicyWorker[rank=0] pid=N)".
+RAY_PREFIX = r"(?:\x1b\[[0-9;]*m)?(?:\([^()]*\)(?:\x1b\[0m)? )?"
+REFIT_CHECK_LINE = (RAY_PREFIX + r"\[refit-check\] step (?P<step>\d+): (?P<n>\d+) of (?P=n) tensors equal "
+                    r"on rank (?P<rank>\d+)")
+WEIGHT_CHANGE_LINE = (RAY_PREFIX + r"\[weight-change\] step (?P<step>\d+): rel_l2 (?P<rel>\S+), changed "
+                      r"(?P<frac>\S+) of (?P<n>\d+) elements on rank (?P<rank>\d+)")
+
+
+def learning_cases() -> tuple[Case, ...]:
+    def case(name, shows, expect, *extra, refit_check=True, mutation="", test=LEARNING_TEST):
+        return Case(name, shows, expect, "patched", "patched", LEARNING + extra, model="trained",
+                    refit_check=refit_check, mutation=mutation, test=test)
+    return (
+        case("learning", "GRPO that learns: 5 steps from the pretrained model (GTP2, dedicated inference model); "
+             "mixed groups and non-zero advantages at every step, the weights moving, token_mult_prob_error < 1.05, "
+             "and every refit checked tensor by tensor on every rank", "green"),
+        case("learning-stale-refit", "mutation: every refit after the first is skipped; the refit check must fail "
+             "from step 2 on", "red", mutation="stale-refit"),
+        case("learning-corrupt-tensor", "mutation: rank 0's GTP shard of one tensor is negated in transit; the refit "
+             "check must fail at every step", "red", mutation="corrupt-tensor"),
+        # The 1.1011 question on the trained model: token_mult_prob_error per step in case.json.
+        case("learning-gtp-off", "matrix: the learning run with GTP off (shared model, no refit)", "green", GTP_OFF,
+             refit_check=False, test=MATRIX_TEST),
+        case("learning-no-cuda-graphs", "matrix: the learning run (GTP2) with Megatron generation's CUDA graphs off",
+             "green", NO_CUDA_GRAPHS, test=MATRIX_TEST),
+        case("learning-gtp-off-no-cuda-graphs", "matrix: GTP off and CUDA graphs off", "green", GTP_OFF,
+             NO_CUDA_GRAPHS, refit_check=False, test=MATRIX_TEST),
+    )
+
+
+CASES.update({c.name: c for c in learning_cases()})
+
+
+def case_env(case: Case) -> dict[str, str]:
+    """What a case adds to the run's environment (the hooks read it in every process)."""
+    env = {}
+    if case.refit_check:
+        env["CARRY_REFIT_CHECK"] = "1"
+    if case.mutation:
+        env["CARRY_REFIT_MUTATION"] = case.mutation
+    return env
 
 
 def offline_overrides(model: str, data: str) -> list[str]:

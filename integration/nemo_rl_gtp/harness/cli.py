@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 from pathlib import Path
 
 from carry import progress
-from carry.options import EPILOG, Parser, name_paths
-from carry.repo import load_series
 from carry.errors import UsageError
 from carry.files import write_json
+from carry.options import EPILOG, Parser, name_paths
+from carry.repo import load_series
 from carry.sources import default_cache
 
 from . import cases as casing
+from . import learning
 
 HERE = Path(__file__).resolve().parents[1]
 REPO = HERE.parents[1]
@@ -91,8 +93,12 @@ def gpuhost_main(argv: list[str]) -> int:
                            "ray stop (always). Each case leaves run.log, metrics.json, exit_status, case.json and\n"
                            "case.log in OUT (OUT/<case>/ when several run). --dry-run does everything that can be\n"
                            "done on this CPU machine instead and prints the commands.\n\ncases:\n"
-                           + "\n".join(f"  {c.name:17s} expected {c.expect}: {c.shows}" for c in casing.CASES.values()))
-    p.add_argument("--cases", default="patched", help="comma-separated cases (default patched)")
+                           + "\n".join(f"  {c.name:31s} expected {c.expect}: {c.shows}" for c in casing.CASES.values()))
+    p.add_argument("--cases", default=os.environ.get("CARRY_NRL_CASES") or "patched",
+                   help="comma-separated cases (default $CARRY_NRL_CASES, else patched)")
+    p.add_argument("--model", choices=learning.MODEL_FORMS, default="default",
+                   help="default: each case's own (the seed's weights, or after the pretrain step for the learning "
+                        "cases); released: Qwen/Qwen2.5-0.5B from Hugging Face for every case (a host that reaches it)")
     p.add_argument("--out", type=Path, help="where the results go (default ROOT/out)")
     p.add_argument("--parts", type=Path, default=Path("/tmp/nrl"), help="where recv.sh unpacked the nrl ferry")
     p.add_argument("--te", type=Path, default=Path("/tmp/te/te"), help="the unpacked te ferry's te/ folder")
@@ -100,6 +106,9 @@ def gpuhost_main(argv: list[str]) -> int:
     p.add_argument("--timeout", type=float, default=480.0, help="seconds per case before it is killed (default 480)")
     p.add_argument("--gpus", type=int, default=2, help="GPUs given to ray start (default 2)")
     p.add_argument("--skip-setup", action="store_true", help="use the environment an earlier call built")
+    p.add_argument("--pretrain-only", action="store_true",
+                   help="after the setup (or with --skip-setup), only the learning cases' pretrain step on GPU 0 "
+                        "(cached by its inputs' sha256): OUT/pretrain.log and OUT/pretrain.json; exit 1 if not accepted")
     p.add_argument("--nemo-rl-tree", type=Path, help="run on this NeMo-RL tree instead (the nightly's)")
     p.add_argument("--front", action="append", type=Path, default=[], metavar="DIR",
                    help="put DIR first on PYTHONPATH (the nightly's megatron trees); repeatable")
@@ -132,6 +141,11 @@ def gpuhost_main(argv: list[str]) -> int:
                 shutil.copy2(lay.root / "verify.json", out / "verify.json")
     elif not lay.vpython.exists():
         raise UsageError(f"--skip-setup, but there is no environment in {lay.root}", hint="run once without it")
+    if a.pretrain_only:
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "pretrain.log", "w") as log:   # trained_model leaves pretrain.json beside it
+            learning.trained_model(lay, log, gpuhost._stream)
+        return 0
     trees = None
     if a.nemo_rl_tree is not None:
         trees = gpuhost.Trees(a.nemo_rl_tree.absolute(), [f.absolute() for f in a.front])
@@ -140,7 +154,7 @@ def gpuhost_main(argv: list[str]) -> int:
     failed = []
     for case in selected:
         where = out if len(selected) == 1 else out / case.name
-        res = gpuhost.run_case(lay, case, where, trees=trees, timeout=a.timeout, gpus=a.gpus)
+        res = gpuhost.run_case(lay, case, where, trees=trees, timeout=a.timeout, gpus=a.gpus, model_form=a.model)
         report["cases"].append(res)
         print(f"[run-on-gpu-host] {case.name}: exit {res['exit_status']} in {res['seconds']:.0f}s "
               f"(expected {case.expect}); results in {where}", flush=True)

@@ -27,6 +27,10 @@
    generation config, the dedicated-model decision), and with Ray started here
    (``ray start --head --num-gpus=0``), NeMo-RL's init_ray, a trivial actor, the data and the
    math environment actors are set up;
+   (the learning cases load their config on the seed's model: the trained one has the same shape and
+   is made on the GPU host; here the pretrain step runs end to end at --tiny, its acceptance
+   failing as a model that learnt nothing must, and the refit check's hook is shown wrapping
+   swap_model_weights in NeMo-RL's real worker module);
 7. the commands the GPU host will run.
 """
 
@@ -319,6 +323,13 @@ def dry_run(o: Options) -> dict:
             if not recs:
                 _say(o, f"import [{label}]", False, res.stderr.strip()[-500:])
 
+        # 5a: the learning cases' pieces that run here: the refit check's hook on the real worker module,
+        # and the pretrain step's plumbing at a tiny size (the GPU host trains the real shape).
+        if any(c.refit_check for c in o.cases):
+            check_refit_hook(o, lay, venv, probe)
+        if any(c.model == "trained" for c in o.cases):
+            check_pretrain(o, lay, venv, work)
+
         # 5b: calls into megatron-core / Bridge the installed versions cannot take
         sig = Path(__file__).with_name("probe_signatures.py")
         nrl = lay.nemo_rl_patched
@@ -382,6 +393,40 @@ def dry_run(o: Options) -> dict:
         if own_work:
             shutil.rmtree(work, ignore_errors=True)
     return _finish(o)
+
+
+def check_refit_hook(o: Options, lay: gpuhost.Layout, venv: Path, probe: Path) -> None:
+    """hooks/sitecustomize with CARRY_REFIT_CHECK=1 wraps swap_model_weights in NeMo-RL's real worker module."""
+    mod = "nemo_rl.models.generation.megatron.megatron_worker"
+    env = _env_for(venv, [lay.nemo_rl_patched, gpuhost.STUBS, gpuhost.HOOKS], {"CARRY_REFIT_CHECK": "1"})
+    res = subprocess.run([str(venv / "bin" / "python"), str(probe), "--te-placeholder", "--flag",
+                          f"{mod}:CARRY_REFIT_CHECK_WRAPPED", mod], env=env, capture_output=True, text=True,
+                         timeout=900, cwd=lay.nemo_rl_patched, check=False)
+    recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+    flag = next((r for r in recs if "flag" in r), None)
+    wrapped = "[refit-check] wrapping " + mod + ".swap_model_weights" in res.stdout
+    _say(o, "refit check hook on the worker module", bool(flag and flag["ok"] and wrapped),
+         (flag or {}).get("error") or ("wraps swap_model_weights" if wrapped else res.stderr.strip()[-300:]))
+
+
+def check_pretrain(o: Options, lay: gpuhost.Layout, venv: Path, work: Path) -> None:
+    """pretrain.py end to end in the stand-in at --tiny: it trains, evaluates, writes its figures, fails the
+    acceptance (a tiny model trained for 2 steps learns nothing: the failure path), and reuses its weights."""
+    from . import learning
+
+    fx = learning.pretrain_fixtures(lay)
+    out = work / "pretrain-tiny"
+    argv = [str(venv / "bin" / "python"), str(learning.PRETRAIN_PY), "--out", str(out), "--fixtures", str(fx),
+            "--tiny", "--steps", "2", "--batch", "4", "--held-out", "16", "--device", "cpu"]
+    env = _env_for(venv, [])
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
+    doc = json.loads((out / "pretrain.json").read_text()) if (out / "pretrain.json").exists() else {}
+    ok = (first.returncode == again.returncode == 1 and "not accepted" in first.stderr
+          and "reusing" in again.stdout and {"accuracy", "entropy", "train_seconds", "reward_rule"} <= set(doc))
+    _say(o, "pretrain step plumbing (--tiny, acceptance expected to fail)", ok,
+         f"accuracy {doc.get('accuracy')}, entropy {doc.get('entropy')}, {doc.get('reward_rule')}" if ok
+         else (first.stderr.strip()[-400:] or first.stdout.strip()[-400:]))
 
 
 def _finish(o: Options) -> dict:

@@ -45,6 +45,15 @@ TOKENIZER_VOCAB = 1008
 TOKENIZER_MAX_LENGTH = 1024
 WEIGHTS_STAMP = "weights-built.json"   # beside the weights: the seed, the config's sha256, the files' sha256
 DATA_KEYS = ("problem", "expected_answer")
+PROMPT_FILE = "prompt.txt"
+# NeMo-RL's math environment (HFVerifyWorker, hf_math_verify) compares the boxed gold answer with what
+# math-verify extracts from the response; a boxed integer is the form it extracts first.
+ANSWER_FORM = "\\boxed{{{}}}"
+# examples/prompts/cot.txt at the pinned NeMo-RL commit (grpo_math_1B.yaml's data.default.prompt_file,
+# which the functional script keeps). The stage checks it against the file itself; the copy lets the
+# pretrain step run on a host that has no NeMo-RL tree.
+COT_PROMPT = ("Think step-by-step to solve the following problem. Output your answer inside of \\\\boxed{{}} tags.:\n"
+              "{}\n\nLet's think step-by-step")
 
 
 def problems(seed: int, n: int) -> list[dict[str, str]]:
@@ -66,26 +75,38 @@ def write_dataset(path: Path, seed: int, n: int = 256) -> Path:
     return path
 
 
-def _corpus(seed: int, prompt_text: str) -> list[str]:
+def prompt_text(prompt: str | None, problem: str) -> str:
+    """The user turn as NeMo-RL's math_hf_data_processor writes it: ``prompt.format(problem)``."""
+    return prompt.format(problem) if prompt else problem
+
+
+def completion(answer: str) -> str:
+    """The answer as the math environment rewards it: math-verify's boxed form (eos added by the caller)."""
+    return ANSWER_FORM.format(answer)
+
+
+def _corpus(seed: int, prompt: str | None) -> list[str]:
     """What the tokenizer will see: the prompts as the chat template renders them, and answers."""
     lines = []
     for row in problems(seed + 1, 2000):
-        user = prompt_text.replace("{}", row[DATA_KEYS[0]])
+        user = prompt_text(prompt, row[DATA_KEYS[0]])
         lines.append(f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
-        lines.append(f"The answer is \\boxed{{{row[DATA_KEYS[1]]}}}.<|im_end|>")
+        lines.append(completion(row[DATA_KEYS[1]]) + EOS)
     return lines
 
 
-def build_tokenizer(out: Path, seed: int, prompt_text: str = "{}") -> Path:
+def build_tokenizer(out: Path, seed: int, prompt: str | None = None) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Digits one by one, as Qwen2's own tokenizer splits them: arithmetic is learnable digit by digit.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, special_tokens=SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_corpus(seed, prompt_text), trainer=trainer)
+    tok.train_from_iterator(_corpus(seed, prompt), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD,
                                    additional_special_tokens=["<|im_start|>"], model_max_length=TOKENIZER_MAX_LENGTH)
     fast.chat_template = CHAT_TEMPLATE
@@ -182,23 +203,31 @@ def build_weights(model_dir: Path, seed: int) -> dict:
     return {**doc, "reused": False}
 
 
-def build_all(root: Path, seed: int, prompt_text: str = "{}") -> dict[str, str]:
-    """root/model (tokenizer and config; no weights: build_weights makes them) and root/data/train.jsonl."""
-    model = build_tokenizer(root / "model", seed, prompt_text)
+def build_all(root: Path, seed: int, prompt: str | None = None) -> dict[str, str]:
+    """root/model (tokenizer and config; no weights: build_weights makes them), root/data/train.jsonl
+    and root/prompt.txt (the prompt file the run's config names, as given)."""
+    model = build_tokenizer(root / "model", seed, prompt)
     write_model_config(model)
     data = write_dataset(root / "data" / "train.jsonl", seed)
-    return {"model": str(model), "data": str(data)}
+    (root / PROMPT_FILE).write_text(prompt or "", encoding="utf-8")
+    return {"model": str(model), "data": str(data), "prompt": str(root / PROMPT_FILE)}
 
 
 def main(argv: list[str]) -> int:
-    """python fixtures.py weights MODEL_DIR --seed N [--json FILE]: run in the environment that will use them."""
+    """python fixtures.py weights MODEL_DIR --seed N [--json FILE]: run in the environment that will use them.
+    python fixtures.py write DIR --seed N [--prompt-file FILE]: DIR/model (config, tokenizer), DIR/data, DIR/prompt.txt."""
     p = argparse.ArgumentParser(prog="fixtures.py")
-    p.add_argument("what", choices=["weights"])
-    p.add_argument("model_dir", type=Path)
+    p.add_argument("what", choices=["weights", "write"])
+    p.add_argument("dir", type=Path)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--json", type=Path)
+    p.add_argument("--prompt-file", type=Path, help="write: the prompt file (default: the copy of NeMo-RL's cot.txt)")
     a = p.parse_args(argv)
-    doc = build_weights(a.model_dir, a.seed)
+    if a.what == "write":
+        prompt = a.prompt_file.read_text(encoding="utf-8") if a.prompt_file else COT_PROMPT
+        doc = {"seed": a.seed, **build_all(a.dir, a.seed, prompt)}
+    else:
+        doc = build_weights(a.dir, a.seed)
     text = json.dumps(doc, sort_keys=True)
     if a.json:
         a.json.write_text(text + "\n")

@@ -47,12 +47,13 @@ from carry.launch import kill_group
 from carry.runner import run, spawn
 
 from . import cases as casing
+from . import learning, wheels
 from . import lock as locking
-from . import wheels
 
 HERE = Path(__file__).resolve().parents[1]   # integration/nemo_rl_gtp
 REPO = HERE.parents[1]
 STUBS = HERE / "stubs"
+HOOKS = HERE / "hooks"   # sitecustomize + the refit check, on PYTHONPATH for the cases that check their refit
 FIXTURES_PY = Path(__file__).with_name("fixtures.py")
 PROBE_PY = Path(__file__).with_name("probe_imports.py")
 FA4_FLAG = "megatron.core.transformer.attention:HAVE_FA4"
@@ -273,7 +274,7 @@ def model_for(lay: Layout, case: casing.Case) -> Path:
     """The built model a case runs on: the dense one, or the MoE case's (moe_fixtures.py)."""
     from . import moe_fixtures
 
-    return moe_fixtures.require_model(lay) if case.model == moe_fixtures.MODEL else require_model(lay)
+    return moe_fixtures.require_model(lay) if case.shape == moe_fixtures.MODEL else require_model(lay)
 
 
 def require_model(lay: Layout) -> Path:
@@ -409,8 +410,10 @@ def copy_tree(src: Path, dest: Path, script_from: Path | None) -> Path:
     return dest
 
 
-def case_env(lay: Layout, trees: Trees, nrl: Path, out: Path, *, record: Path | None = None) -> dict[str, str]:
-    pythonpath = [str(p) for p in trees.front] + [str(nrl), str(STUBS)]
+def case_env(lay: Layout, trees: Trees, nrl: Path, out: Path, *, record: Path | None = None,
+             case: casing.Case | None = None) -> dict[str, str]:
+    hooks = [str(HOOKS)] if case is not None and case.refit_check else []
+    pythonpath = [str(p) for p in trees.front] + [str(nrl), str(STUBS), *hooks]
     env = {
         "PATH": f"{lay.venv / 'bin'}:{SHIMS}:{os.environ.get('PATH', '')}",
         "PYTHONPATH": ":".join(pythonpath),
@@ -422,6 +425,12 @@ def case_env(lay: Layout, trees: Trees, nrl: Path, out: Path, *, record: Path | 
         # The script adds its checkout to git's safe.directory: keep that out of the host's config.
         "GIT_CONFIG_GLOBAL": str(out / "gitconfig"),
     }
+    if hooks:
+        # Every rank's refit-check line must reach run.log as printed: Ray would fold lines that differ
+        # only in their numbers ("[repeated 2x across cluster]").
+        env["RAY_DEDUP_LOGS"] = "0"
+    if case is not None:
+        env.update(casing.case_env(case))
     if record is not None:
         env["CARRY_UV_RECORD"] = str(record)
     return _child_env(env)
@@ -437,35 +446,44 @@ def ray_stop(env: dict[str, str], log) -> int:
 
 
 def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None = None, timeout: float = 540,
-             gpus: int = 2) -> dict:
+             gpus: int = 2, model_form: str = "default") -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("run.log", "metrics.json", "exit_status", "case.json", "case.log"):
+    for stale in ("run.log", "metrics.json", "exit_status", "case.json", "case.log", "script-metrics.json",
+                  "pretrain.json"):
         (out / stale).unlink(missing_ok=True)  # never judge what an earlier run left
     t = case_trees(lay, case, trees)
     nrl = copy_tree(t.nemo_rl, out / "nemo-rl", lay.nemo_rl_patched)
     doc = lay.stage_doc()
-    model = model_for(lay, case)
     data = lay.payload / doc["fixtures"]["data"]
     ckpt = lay.checkpoints
     if case.checkpoint == "save" and ckpt.exists():
         shutil.rmtree(ckpt)
     if case.checkpoint == "resume":
         ckpt = resume_folder(lay, case)
-    args = casing.script_args(case, str(model), str(data), str(ckpt))
-    env = case_env(lay, t, nrl, out)
+    env = case_env(lay, t, nrl, out, case=case)
     console = out / "case.log"
     t0 = time.monotonic()
+    args: list[str] = []
     with open(console, "w") as log:
         log.write(f"[run-on-gpu-host] case {case.name}: {case.shows}\n[run-on-gpu-host] trees: nemo-rl "
                   f"{t.nemo_rl}, first on PYTHONPATH: {[str(p) for p in t.front] or 'none (the venv)'}\n")
         rc = None
         try:
+            try:
+                model, more_env, _ = learning.model_for(lay, case, log, _stream, model_form)
+            except OperationError as exc:
+                log.write(f"[run-on-gpu-host] FAIL: {exc.message}\n")
+                raise _NoRun(1) from None
+            env.update(more_env)
+            args = casing.script_args(case, model, str(data), str(ckpt))
             rc_ray = ray_start(env, log, gpus)
             if rc_ray != 0:
                 rc = rc_ray
                 log.write(f"[run-on-gpu-host] ray start failed (exit {rc_ray})\n")
             else:
                 rc = _stream(["bash", casing.SCRIPT, *args], log, env, cwd=nrl, timeout=timeout)
+        except _NoRun as no:
+            rc = no.rc
         finally:
             ray_stop(env, log)
     exp_dir = nrl / Path(casing.SCRIPT).parent / Path(casing.SCRIPT).stem
@@ -473,6 +491,8 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
         if (exp_dir / name).exists():
             shutil.copy2(exp_dir / name, out / name)
     (out / "exit_status").write_text(f"{rc}\n")
+    if case.refit_check:
+        learning.merge_metrics(out, gpus)
     result = {"case": case.name, "expect": case.expect, "shows": case.shows, "exit_status": rc,
               "seconds": round(time.monotonic() - t0, 1), "args": args, "nemo_rl_tree": str(t.nemo_rl),
               "front": [str(p) for p in t.front],
@@ -482,17 +502,25 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
     return result
 
 
+class _NoRun(Exception):
+    """The case stopped before its run started (its model could not be made)."""
+
+    def __init__(self, rc: int):
+        super().__init__(rc)
+        self.rc = rc
+
+
 # Lines with "Error" that are no error of the run: Ray's dashboard agent polling a metrics port it
 # never got (no dashboard is started), and GRPO's step summary naming a metric ("Generation KL Error").
 NOISE = ("Error fetching metrics from", "Generation KL Error:")
 TEST = "grpo-megatron-generation-gtp"   # integration/nightly.toml: the script's gates and markers
 
 
-def grpo_test():
-    """The nightly's entry for the functional script: the gates and markers every case is judged by."""
+def grpo_test(name: str = TEST):
+    """A nightly entry for the functional script: the gates and markers a case is judged by (Case.test)."""
     from carry.nightly_config import load
 
-    return next(t for t in load(REPO / "integration" / "nightly.toml").tests if t.name == TEST)
+    return next(t for t in load(REPO / "integration" / "nightly.toml").tests if t.name == name)
 
 
 def resume_folder(lay: Layout, case: casing.Case) -> Path:
@@ -518,11 +546,15 @@ def resume_folder(lay: Layout, case: casing.Case) -> Path:
 
 
 STEP_LINE = re.compile(r"=+ Step (\d+)/(\d+) =+")
+# Reported per step in case.json (the 1.1011 table, and what the learning gates read).
+PER_STEP = ("train/token_mult_prob_error", "train/baseline_reward/pct_mixed", "train/advantages/min",
+            "train/advantages/max", "train/mean_total_reward", "train/approx_entropy", "train/grad_norm",
+            learning.DRIFT, learning.CHANGED, learning.UNVERIFIED)
 
 
 def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     """What the case showed, for the lead's table (the nightly judges the patched case itself)."""
-    from carry.judge import evaluate_gate, markers_found, numeric_metrics
+    from carry.judge import evaluate_gate, markers_found, numeric_metrics, step_markers_missing
 
     metrics = {}
     if (out / "metrics.json").exists():
@@ -530,7 +562,7 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
             metrics = numeric_metrics(json.loads((out / "metrics.json").read_text()))
         except ValueError:
             metrics = {}
-    spec = grpo_test()
+    spec = grpo_test(case.test if case.test != casing.MATRIX_TEST else TEST)
     results = [evaluate_gate(g, metrics) for g in spec.gates]
     gate = results[0]   # token_mult_prob_error, the one the control reports
     gates_ok = all(r.ok for r in results)
@@ -541,12 +573,21 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
               if ("Error" in ln or ln.startswith(("FAIL:", "BUG_HIT:"))) and "[run-on-gpu-host]" not in ln
               and not any(n in ln for n in NOISE)]
     steps_run = sorted({int(m.group(1)) for m in STEP_LINE.finditer(log)})
-    if case.name == "gtp-off":
+    # Every rank's refit-check line for every step the metrics name: the entry's step_markers, read
+    # by the judge's own rule (whole lines, Ray's prefix allowed).
+    steps = sorted(metrics.get(learning.STEPS_FROM) or {}, key=lambda x: int(x) if str(x).isdigit() else 0)
+    unmarked = step_markers_missing(log, spec.step_markers, steps) if spec.step_markers else []
+    errors += [f"FAIL: {u}" for u in unmarked]
+    # Why it is red, named: each gate that failed, each marker or step marker missing, the exit status.
+    reasons = ([f"gate {r.gate}: {r.detail}" for r in results if not r.ok]
+               + [f"marker missing: {m!r}" for m, ok in marks.items() if not ok] + unmarked
+               + ([f"exit status {rc}"] if rc != 0 else []))
+    if case.name == "gtp-off" or casing.GTP_OFF in case.overrides:
         # The script's marker checks fail by design without GTP; the control is the metric.
         only_markers = rc == 0 or all(e.startswith("FAIL: '[gtp] enabling") for e in errors if e.startswith("FAIL:"))
         observed = "green" if gate.value is not None and gates_ok and only_markers else "red"
     else:
-        observed = "green" if rc == 0 and gates_ok and all(marks.values()) else "red"
+        observed = "green" if rc == 0 and gates_ok and all(marks.values()) and not unmarked else "red"
     if case.checkpoint == "resume" and steps_run[:1] != [casing.RESUME_FROM + 1]:
         observed = "red"  # it did not pick up where the checkpoint left off
         errors.append(f"FAIL: resumed from step {casing.RESUME_FROM}, the run's steps were {steps_run}")
@@ -557,5 +598,8 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
             "token_mult_prob_error_per_step": per_step if isinstance(per_step, dict) else None,
             "gate_detail": gate.detail,
             "gates": {r.gate: {"value": r.value, "ok": r.ok, "detail": r.detail} for r in results},
-            "markers": marks, "steps_run": steps_run, "first_error": errors[0][:300] if errors else None,
+            "markers": marks, "step_markers": {"missing": unmarked, "patterns": [m.text for m in spec.step_markers]},
+            "steps_run": steps_run,
+            "per_step": {k: metrics[k] for k in PER_STEP if isinstance(metrics.get(k), dict)},
+            "reasons": reasons if observed == "red" else [], "first_error": errors[0][:300] if errors else None,
             "last_error": errors[-1][:300] if errors else None}

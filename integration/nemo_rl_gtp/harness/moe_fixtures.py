@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-MODEL = "qwen3-moe"            # cases.Case.model of the MoE case
+MODEL = "qwen3-moe"            # cases.Case.shape of the MoE case
 DIR = "moe-model"              # beside the dense model: ROOT/model, ROOT/moe-model; fixtures/moe-model
 SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 24, "num_attention_heads": 4,
          "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 151936, "max_position_embeddings": 32768,

@@ -14,6 +14,8 @@ Layout of the payload (``payload.tar.xz`` inside the ``nrl`` ferry):
   fixtures/moe-model/    the MoE case's tiny Qwen3-MoE config and the same tokenizer; weights built there
                          too (moe_fixtures.build_weights)
   fixtures/data/train.jsonl
+  fixtures/prompt.txt    NeMo-RL's examples/prompts/cot.txt (the pretrain step's prompt; checked against
+                         fixtures.COT_PROMPT)
   stage.json             what is inside and where it came from
 
 TransformerEngine travels separately (shared/gpu/stage-te.sh, the "te" ferry).
@@ -150,9 +152,15 @@ def stage_sources(o: Options, dest: Path) -> dict:
 
 
 def stage_fixtures(o: Options, dest: Path, prompt_file: Path) -> dict:
-    fixtures.build_all(dest, o.seed, prompt_file.read_text())
+    prompt = prompt_file.read_text(encoding="utf-8")
+    if prompt != fixtures.COT_PROMPT:
+        # The pretrain step can run without a NeMo-RL tree from fixtures.COT_PROMPT: it must be this file.
+        raise SourceError(f"{prompt_file} differs from fixtures.COT_PROMPT, the copy the pretrain step uses",
+                          hint="update COT_PROMPT in integration/nemo_rl_gtp/harness/fixtures.py")
+    fixtures.build_all(dest, o.seed, prompt)
     moe = moe_fixtures.stage(dest)
     return {**moe, "seed": o.seed, "model": "fixtures/model", "data": "fixtures/data/train.jsonl",
+            "prompt": f"fixtures/{fixtures.PROMPT_FILE}",
             "shape": "Qwen/Qwen2.5-0.5B", "weights": "built from config.json and the seed where the run is "
                                                   "(fixtures.build_weights)",
             "prompt_file": "examples/prompts/cot.txt", "files": _dir_files(dest),
@@ -168,27 +176,41 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def compress(src: Path, out: Path) -> Path:
-    """src/ as a tar.xz; the xz binary (multi-threaded) when present, else Python's lzma."""
+def compress(src: Path, out: Path, every: float = progress.TICK) -> Path:
+    """src/ as a tar.xz; the xz binary (multi-threaded) when present, else Python's lzma.
+
+    xz -9 of the payload runs minutes: a line every ``every`` seconds says how far it is.
+    """
     members = sorted(p for p in src.rglob("*"))
     tmp = out.with_suffix(".tmp")
     xz = shutil.which("xz")
-    progress.say(f"compressing {sum(p.stat().st_size for p in members if p.is_file()) / 1e6:.0f} MB "
-                 f"with {'xz -9' if xz else 'lzma preset 9'} (minutes)")
-    if xz:
-        with open(tmp, "wb") as f:
-            proc = subprocess.Popen([xz, "-9", "-T0", "-c"], stdin=subprocess.PIPE, stdout=f)
-            assert proc.stdin is not None
-            with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.GNU_FORMAT) as tf:
-                for p in members:
-                    tf.add(p, p.relative_to(src).as_posix(), recursive=False)
-            proc.stdin.close()
-            if proc.wait() != 0:
-                raise SourceError(f"xz failed with exit status {proc.returncode}")
-    else:
-        with lzma.open(tmp, "wb", preset=9) as f, tarfile.open(fileobj=f, mode="w|", format=tarfile.GNU_FORMAT) as tf:
-            for p in members:
-                tf.add(p, p.relative_to(src).as_posix(), recursive=False)
+    total = sum(p.stat().st_size for p in members if p.is_file())
+    progress.say(f"compressing {total / 1e6:.0f} MB with {'xz -9' if xz else 'lzma preset 9'} (minutes)")
+    done = [0]  # bytes of the members handed to the compressor so far
+
+    def status() -> str:
+        written = tmp.stat().st_size if tmp.exists() else 0
+        return f"{done[0] / 1e6:.0f} of {total / 1e6:.0f} MB read, {written / 1e6:.0f} MB written"
+
+    def add_all(tf: tarfile.TarFile) -> None:
+        for p in members:
+            tf.add(p, p.relative_to(src).as_posix(), recursive=False)
+            if p.is_file():
+                done[0] += p.stat().st_size
+
+    with progress.ticking(f"compressing {out.name}", status, every):
+        if xz:
+            with open(tmp, "wb") as f:
+                proc = subprocess.Popen([xz, "-9", "-T0", "-c"], stdin=subprocess.PIPE, stdout=f)
+                assert proc.stdin is not None
+                with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.GNU_FORMAT) as tf:
+                    add_all(tf)
+                proc.stdin.close()
+                if proc.wait() != 0:
+                    raise SourceError(f"xz failed with exit status {proc.returncode}")
+        else:
+            with lzma.open(tmp, "wb", preset=9) as f, tarfile.open(fileobj=f, mode="w|", format=tarfile.GNU_FORMAT) as tf:
+                add_all(tf)
     os.replace(tmp, out)
     return out
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import nightly_config, options, tesite
+from .. import canary, nightly_config, options, tesite
 from ..errors import ConfigError
 from ..manifest import Series, load
-from ..nightly import NOT_GREEN, run_nightly, write_outputs
+from ..nightly import NOT_GREEN, run_canaries, run_nightly, write_outputs
 from ..nightly_config import NightlyConfig
 from ..nightly_plan import Options, cells, default_run_id, plan, seed_for, timeout_for
 from ..repo import REPO_ROOT, load_series
@@ -57,6 +57,9 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--tests", help="comma-separated test names")
     p.add_argument("--launcher", choices=("docker", "slurm"), help="run container images with this launcher")
     options.add_sources(p)
+    p.add_argument("--canary", action="append", metavar="NAME=PATH",
+                   help="also run the canary against upstream NAME's main: PATH a git checkout or mirror whose "
+                        "HEAD is main (repeat per upstream); its verdicts go into the summary as warnings")
     options.add_only(p, help="as tools/apply.py --only: patch ids and/or upstreams to apply (e.g. "
                              "megatron-lm,megatron-bridge where NeMo-RL cannot be fetched)")
     options.add_cache(p)
@@ -78,7 +81,7 @@ def main(argv: list[str], prog: str) -> int:
                    sources=options.name_paths(a.source, "--source"), only=options.comma_list(a.only),
                    series=options.comma_list(a.series, "--series"), images=options.comma_list(a.images, "--images"),
                    tests=options.comma_list(a.tests, "--tests"), launcher=a.launcher,
-                   bisect=not a.no_bisect, timeout=a.timeout)
+                   bisect=not a.no_bisect, timeout=a.timeout, canary=options.name_paths(a.canary, "--canary"))
     for name in opts.images or []:
         if name not in cfg.images:
             raise ConfigError(f"--images names an unknown image {name!r}", hint=f"known: {', '.join(cfg.images)}")
@@ -93,7 +96,8 @@ def main(argv: list[str], prog: str) -> int:
     runs = run_nightly(cfg, opts, _load_series, warnings)
     if not runs:
         raise ConfigError("the selection matched no cell", hint="check --series, --images and --tests")
-    write_outputs(runs, opts, cfg, warnings)
+    canaries = run_canaries(cfg, opts, _load_series) if opts.canary else []
+    write_outputs(runs, opts, cfg, warnings, canaries)
     rows = [[r["series"], r["image"], r["test"], r["status"], (r.get("reason") or "")[:90]] for r in runs]
     print(table(rows, ["series", "image", "test", "status", "reason"]))
     for r in runs:
@@ -101,5 +105,10 @@ def main(argv: list[str], prog: str) -> int:
             print(f"flag: {r['cell']}: {flag}")
         if r.get("bisect"):
             print(f"bisect: {r['cell']}: {r['bisect']['note']}")
+    for c in canaries:
+        counts = ", ".join(f"{sum(r.verdict == k for r in c.rows)} {k}" for k in ("landed", "needed", "conflicts", "unknown"))
+        print(f"canary {c.upstream} main {c.head[:12] or '?'}: {counts}")
+    for w in canary.warnings(canaries):
+        print(f"warning: {w}")
     print(f"results in {out} (summary.md, junit.xml, nightly.json); history {opts.history}")
     return 1 if any(r["status"] in NOT_GREEN for r in runs) else 0

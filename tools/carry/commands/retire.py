@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from .. import options, report
+from ..manifest import load
 from ..retire import retire
 
 DESCRIPTION = """\
@@ -32,6 +33,7 @@ def main(argv: list[str], prog: str) -> int:
     a = p.parse_args(argv)
     series = options.load_series(a)
     name, target = options.upstream_target(a.against, "--against", series)
+    pin_before = series.upstream(name).pin_text()
     rep = retire(series, name, target, options.cache(a), a.write, a.workdir, options.sources(a, series),
                  a.timeout, a.accept_candidates)
     options.write_report(a.json, rep.to_dict())
@@ -40,7 +42,9 @@ def main(argv: list[str], prog: str) -> int:
     print(f"{name} against {target}: {rep.new_base}")
     print(report.table(rows, ["patch", "verdict", "text", "behaviour", "link", "disagreements"]))
     if rep.written:
-        print(f"retired: {', '.join(rep.retired) or 'none'}; pin moved to {target}")
+        pin_after = load(series.root, check=False).upstream(name).pin_text()
+        pin = f"pin moved from {pin_before} to {pin_after}" if pin_after != pin_before else f"pin kept at {target}"
+        print(f"retired: {', '.join(rep.retired) or 'none'}; {pin}")
     if not rep.ok:
         print("error: " + (rep.error or "failed"), file=sys.stderr)
         return 1

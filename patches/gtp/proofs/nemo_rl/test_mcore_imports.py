@@ -8,7 +8,7 @@ has one class, ``FullyShardedDataParallel``. The workers then fail at import, an
 the series' megatron-core never starts a Megatron worker.
 
 How: every module-level statement of the two worker modules that imports from megatron.core
-(including a try/except around such imports) is executed, in order, with the series'
+(including a try/except around such imports), or that defines MCORE_FSDP_CLASSES, is executed, in order, with the series'
 megatron-core tree on the path; nothing else of NeMo-RL is imported, so the proof needs only
 torch and the trees. The names the workers test Megatron-FSDP models against must then be
 megatron-core classes.
@@ -33,6 +33,8 @@ def _imports_megatron_core(node: ast.stmt) -> bool:
         return any(a.name.startswith("megatron.core") for a in node.names)
     if isinstance(node, ast.Try):
         return any(_imports_megatron_core(n) for n in node.body)
+    if isinstance(node, (ast.Assign, ast.If)):  # the wrapper classes picked from what was imported
+        return any(isinstance(n, ast.Name) and n.id == "MCORE_FSDP_CLASSES" for n in ast.walk(node))
     return False
 
 

@@ -1,0 +1,143 @@
+"""The learning cases on the GPU host: their model, what their run log says about each refit, their verdict.
+
+- the model: ``random`` is the setup's build from the seed; ``trained`` is the pretrain step
+  (pretrain.py) on one GPU of the host, from that same build, cached in ROOT/pretrained/<sha256 of
+  its inputs>/ so that every case of a call (and later calls while the machine is warm) reuses it;
+  ``--model released`` runs every case on Qwen/Qwen2.5-0.5B from Hugging Face instead (a host that
+  reaches it; the script's own model name, downloads allowed).
+- the harness metrics: the refit check's lines (hooks/carry_refit_check.py, one per rank after each
+  refit) read back from run.log into ``harness/*`` series beside the script's metrics in
+  metrics.json, so the nightly's gates and the case's verdict read the same numbers. A step the run
+  logged a metric for but that has no check line from every rank counts as unverified.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from carry.errors import OperationError
+
+from . import cases as casing
+from . import fixtures
+
+PRETRAIN_PY = Path(__file__).with_name("pretrain.py")
+RELEASED = "Qwen/Qwen2.5-0.5B"   # the functional script's own policy.model_name
+MODEL_FORMS = ("default", "released")
+UNVERIFIED = "harness/refit_check/unverified_tensors"
+EQUAL = "harness/refit_check/tensors_equal"
+DRIFT = "harness/policy/rel_l2_change"
+CHANGED = "harness/policy/changed_fraction"
+STEPS_FROM = "train/token_mult_prob_error"   # the steps the run reached, as its metrics say
+
+
+def pretrain_fixtures(lay) -> Path:
+    """The folder pretrain.py reads: the setup's model (config, tokenizer, the seed's weights), data, prompt."""
+    doc = lay.stage_doc()["fixtures"]
+    fx = lay.root / "pretrain-fixtures"
+    (fx / "data").mkdir(parents=True, exist_ok=True)
+    link = fx / "model"
+    if link.is_symlink() or link.exists():
+        link.unlink() if link.is_symlink() else shutil.rmtree(link)
+    link.symlink_to(lay.model, target_is_directory=True)
+    shutil.copy2(lay.payload / doc["data"], fx / "data" / "train.jsonl")
+    staged = lay.payload / doc.get("prompt", "fixtures/prompt.txt")
+    if staged.exists():
+        shutil.copy2(staged, fx / "prompt.txt")
+    else:   # a payload staged before prompt.txt was: the same bytes (stage checks them against cot.txt)
+        (fx / "prompt.txt").write_text(fixtures.COT_PROMPT, encoding="utf-8")
+    return fx
+
+
+def trained_model(lay, log, stream, *, python: str | None = None, gpu: str = "0", timeout: float = 1200,
+                  extra: list[str] | None = None) -> tuple[Path, dict]:
+    """ROOT/pretrained/<key>/model, trained once on one GPU and reused while its inputs are the same.
+
+    STREAM is gpuhost._stream (one subprocess runner for the harness). Raises when the step fails,
+    the acceptance included: a learning case never starts from a model outside the window.
+    """
+    from .pretrain import DEFAULT_BATCH, DEFAULT_LR, DEFAULT_STEPS, inputs_digest
+
+    fx = pretrain_fixtures(lay)
+    seed = lay.stage_doc()["fixtures"]["seed"]
+    key, _ = inputs_digest(fx, seed=seed, steps=DEFAULT_STEPS, lr=DEFAULT_LR, batch=DEFAULT_BATCH, tiny=False)
+    out = lay.root / "pretrained" / key[:16]
+    argv = [python or str(lay.vpython), str(PRETRAIN_PY), "--out", str(out), "--fixtures", str(fx),
+            "--seed", str(seed), *(extra or [])]
+    env = {"CUDA_VISIBLE_DEVICES": gpu, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    from .gpuhost import _child_env
+    rc = stream(argv, log, env=_child_env(env), timeout=timeout)
+    result = out / "pretrain.json"
+    if result.exists():   # beside the log (OUT), accepted or not: the figures come back either way
+        shutil.copy2(result, Path(log.name).with_name("pretrain.json"))
+    if rc != 0 or not result.exists():
+        raise OperationError(f"the pretrain step failed (exit {rc}; {result if result.exists() else 'no result'}): "
+                             f"see {log.name}")
+    return out / "model", json.loads(result.read_text())
+
+
+def model_for(lay, case: casing.Case, log, stream, form: str = "default") -> tuple[str, dict[str, str], dict | None]:
+    """(policy.model_name, environment to add, the pretrain result) for CASE."""
+    if form == "released":
+        # Downloads allowed: the model (and its tokenizer) from Hugging Face, as NeMo-RL's own test runs.
+        return RELEASED, {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0"}, None
+    if case.model == "trained":
+        model, doc = trained_model(lay, log, stream)
+        return str(model), {}, doc
+    from .gpuhost import model_for as built_model
+    return str(built_model(lay, case)), {}, None
+
+
+# -- what the run log says ---------------------------------------------------------------------------
+_CHECK = re.compile(casing.REFIT_CHECK_LINE)
+_ANY_CHECK = re.compile(casing.RAY_PREFIX + r"\[refit-check\] step (?P<step>\d+): (?P<equal>\d+) of (?P<n>\d+) "
+                        r"tensors equal on rank (?P<rank>\d+)")
+_DRIFT = re.compile(casing.WEIGHT_CHANGE_LINE)
+
+
+def harness_metrics(log: str, steps: list[str], ranks: int) -> dict[str, dict[str, float]]:
+    """Per step: tensors not shown equal on the worst rank (missing lines count all), the weights' drift."""
+    seen: dict[str, dict[int, tuple[int, int]]] = {}
+    drift: dict[str, list[tuple[float, float]]] = {}
+    for line in log.splitlines():
+        line = line.rstrip("\r")
+        m = _ANY_CHECK.fullmatch(line)
+        if m:
+            seen.setdefault(m["step"], {})[int(m["rank"])] = (int(m["equal"]), int(m["n"]))
+        d = _DRIFT.fullmatch(line)
+        if d:
+            drift.setdefault(d["step"], []).append((float(d["rel"]), float(d["frac"])))
+    out: dict[str, dict[str, float]] = {UNVERIFIED: {}, EQUAL: {}, DRIFT: {}, CHANGED: {}}
+    total = max((n for per in seen.values() for _, n in per.values()), default=1)
+    for step in steps:
+        per = seen.get(step, {})
+        if set(per) >= set(range(ranks)):
+            out[UNVERIFIED][step] = float(max(n - eq for eq, n in per.values()))
+            out[EQUAL][step] = float(min(eq for eq, _ in per.values()))
+        else:
+            out[UNVERIFIED][step] = float(max(total, 1))   # a rank said nothing: nothing was shown
+        if drift.get(step):
+            out[DRIFT][step] = min(r for r, _ in drift[step])
+            out[CHANGED][step] = min(f for _, f in drift[step])
+    return {k: v for k, v in out.items() if v}
+
+
+def merge_metrics(out: Path, ranks: int) -> dict:
+    """OUT/metrics.json gets the harness series (the script's own file is kept as script-metrics.json)."""
+    path = out / "metrics.json"
+    if not path.exists():
+        return {}
+    try:
+        metrics = json.loads(path.read_text())
+    except ValueError:
+        return {}
+    log = (out / "run.log").read_text(errors="replace") if (out / "run.log").exists() else ""
+    steps = sorted((metrics.get(STEPS_FROM) or {}), key=lambda s: int(s) if str(s).isdigit() else 0)
+    extra = harness_metrics(log, [str(s) for s in steps], ranks)
+    shutil.copy2(path, out / "script-metrics.json")
+    path.write_text(json.dumps({**metrics, **extra}, indent=2, sort_keys=True) + "\n")
+    return extra
+
+

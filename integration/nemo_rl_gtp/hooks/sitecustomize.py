@@ -1,0 +1,21 @@
+"""Runs at the start of every Python whose PYTHONPATH has this folder: run-on-gpu-host puts it there for
+the cases that check their refit (the Ray workers inherit PYTHONPATH, and with
+NEMO_RL_PY_EXECUTABLES_SYSTEM=1 they run the case's venv Python). With CARRY_REFIT_CHECK=1 it installs
+carry_refit_check's import hook; it then runs the sitecustomize this one shadows, if any (Ubuntu's)."""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_here = os.path.dirname(os.path.abspath(__file__))
+if os.environ.get("CARRY_REFIT_CHECK") == "1":
+    import carry_refit_check
+
+    carry_refit_check.install()
+
+_rest = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _rest)
+if _spec is not None and _spec.loader is not None and os.path.dirname(os.path.abspath(_spec.origin)) != _here:
+    _module = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_module)

@@ -1,0 +1,233 @@
+"""integration/nemo_rl_gtp: the learning cases on this machine: the pretrain step at a tiny size, the cases'
+overrides, and their verdicts (the harness's case.json and the nightly's cell) on run folders laid out as
+run-on-gpu-host leaves them: a run that learns is green; the stale refit, the corrupted tensor, a step
+without mixed groups and weights that did not move are red, each with its reason named.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT, read_json, tool
+
+NRL = ROOT / "integration" / "nemo_rl_gtp"
+sys.path.insert(0, str(NRL))
+
+from harness import cases as casing
+from harness import fixtures, learning, pretrain
+
+MARK_GTP = "[gtp] enabling GTP weight rematerialization (gtp_remat_size=2 expert_gtp_remat_size=1)"
+MARK_RESHARD = "[colocated-reshard] building dedicated inference model (inference TP=1 PP=1 EP=1 CP=1 impl=None)"
+RAY = "\x1b[36m(MegatronPolicyWorker[rank={r}] pid={pid})\x1b[0m "
+
+
+# -- the pretrain step -----------------------------------------------------------------------------
+def _pretrain(out, fx, *extra, steps="2"):
+    return subprocess.run([sys.executable, str(NRL / "harness" / "pretrain.py"), "--out", str(out), "--fixtures",
+                           str(fx), "--tiny", "--steps", steps, "--batch", "4", "--held-out", "8", "--seed", "3",
+                           *extra], capture_output=True, text=True, timeout=900, check=False)
+
+
+def test_pretrain_trains_evaluates_caches_and_fails_loudly_outside_the_window(tmp_path):
+    """Tiny shape (tests only): the figures and the JSON, reuse on the same inputs, retraining on any other,
+    and the acceptance failure a model that learnt nothing must give (exit 1, the reason, the next command)."""
+    fx = tmp_path / "fx"
+    res = subprocess.run([sys.executable, str(NRL / "harness" / "fixtures.py"), "write", str(fx), "--seed", "3"],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stderr
+    assert (fx / "prompt.txt").read_text() == fixtures.COT_PROMPT and (fx / "data" / "train.jsonl").exists()
+    out = tmp_path / "pt"
+    first = _pretrain(out, fx)
+    assert first.returncode == 1, first.stderr
+    assert "error: the pretrained model is not accepted: held-out greedy accuracy 0.000 is outside [0.2, 0.8]" \
+        in first.stderr and "next: `python3 pretrain.py" in first.stderr
+    assert "training time" in first.stdout and "mean entropy" in first.stdout
+    doc = json.loads((out / "pretrain.json").read_text())
+    assert doc["accepted"] is False and doc["steps"] == 2 and doc["held_out"] == 8
+    assert doc["entropy_limit"] == pytest.approx(math.log(1024) / 3)
+    assert doc["reward_rule"].startswith(("math-verify", "re-implementation"))
+    assert set(doc["weights"]) == {"model.safetensors"} and (out / "model" / "tokenizer.json").exists()
+    # The prompt the model saw is NeMo-RL's, through the chat template; the target is the boxed answer + eos.
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(out / "model")
+    ids = pretrain.render(tok, fixtures.COT_PROMPT, "What is 2 + 3?") + pretrain.target(tok, "5")
+    assert tok.decode(ids) == ("<|im_start|>user\nThink step-by-step to solve the following problem. Output your "
+                               "answer inside of \\\\boxed{} tags.:\nWhat is 2 + 3?\n\nLet's think step-by-step"
+                               "<|im_end|>\n<|im_start|>assistant\n\\boxed{5}<|im_end|>")
+    again = _pretrain(out, fx)
+    assert again.returncode == 1 and "reusing" in again.stdout, "same inputs: the weights are reused"
+    assert json.loads((out / "pretrain.json").read_text())["weights"] == doc["weights"]
+    other = _pretrain(out, fx, steps="3")
+    assert other.returncode == 1 and "reusing" not in other.stdout, "another input trains again"
+    assert json.loads((out / "pretrain.json").read_text())["steps"] == 3
+    (fx / "data" / "train.jsonl").write_text((fx / "data" / "train.jsonl").read_text().replace("What", "what", 1))
+    assert "reusing" not in _pretrain(out, fx, steps="3").stdout, "changed data trains again"
+
+
+def test_acceptance_is_the_window_and_the_entropy_limit():
+    ok = {"accuracy": 0.5, "entropy": 0.4, "entropy_limit": 3.97}
+    assert pretrain.acceptance(ok) == []
+    assert "0.850 is outside [0.2, 0.8]" in pretrain.acceptance({**ok, "accuracy": 0.85})[0]
+    assert "0.100 is outside" in pretrain.acceptance({**ok, "accuracy": 0.1})[0]
+    assert "not below ln(vocab)/3" in pretrain.acceptance({**ok, "entropy": 4.0})[0]
+    check, _ = pretrain.reward_rule()
+    assert check("\\boxed{-84}", "-84") == 1.0 and check("\\boxed{84}", "-84") == 0.0 and check("", "1") == 0.0
+
+
+# -- the cases -------------------------------------------------------------------------------------
+def test_learning_cases_add_only_their_own_overrides():
+    learning_names = {"learning", "learning-stale-refit", "learning-corrupt-tensor", "learning-gtp-off",
+                      "learning-no-cuda-graphs", "learning-gtp-off-no-cuda-graphs"}
+    assert learning_names <= set(casing.CASES)
+    for name in learning_names:
+        case = casing.CASES[name]
+        args = casing.script_args(case, "/m", "/d.jsonl", "/ck")
+        assert args[:7] == ["policy.model_name=/m", "data.train.dataset_name=ResponseDataset",
+                            "++data.train.data_path=/d.jsonl", "++data.train.input_key=problem",
+                            "++data.train.output_key=expected_answer", "grpo.max_num_steps=5",
+                            "grpo.num_prompts_per_step=8"], name
+        assert case.model == "trained" and not [a for a in args if "checkpoint" in a]
+    env = casing.case_env
+    assert env(casing.CASES["learning"]) == {"CARRY_REFIT_CHECK": "1"}
+    assert env(casing.CASES["learning-stale-refit"]) == {"CARRY_REFIT_CHECK": "1", "CARRY_REFIT_MUTATION": "stale-refit"}
+    assert env(casing.CASES["learning-corrupt-tensor"])["CARRY_REFIT_MUTATION"] == "corrupt-tensor"
+    assert env(casing.CASES["learning-gtp-off"]) == {} and env(casing.CASES["patched"]) == {}
+    assert casing.CASES["learning-no-cuda-graphs"].overrides[-1] == \
+        "policy.generation.mcore_generation_config.cuda_graph_impl=none"
+
+
+# -- recorded runs -------------------------------------------------------------------------------
+def _run(root, name, *, equal=lambda step, rank: 170, drift=2e-3, mixed=(25.0,) * 5, rc=0, steps=5, ranks=2):
+    d = root / name
+    d.mkdir(parents=True)
+    lines = [RAY.format(r=r, pid=10 + r) + MARK_GTP for r in range(ranks)]
+    lines += ["========================= Step 1/5 ========================="]
+    lines += [RAY.format(r=r, pid=10 + r) + MARK_RESHARD for r in range(ranks)]
+    for step in range(1, steps + 1):
+        for r in range(ranks):
+            lines.append(RAY.format(r=r, pid=10 + r) +
+                         f"[refit-check] step {step}: {equal(step, r)} of 170 tensors equal on rank {r}")
+            rel = 0.0 if step == 1 else drift * (step - 1) / 4
+            lines.append(RAY.format(r=r, pid=10 + r) +
+                         f"[weight-change] step {step}: rel_l2 {rel:.6e}, changed {rel * 100:.6e} of 494032768 "
+                         f"elements on rank {r}")
+    # A hostile line: a quoted marker inside an error message is no marker.
+    lines.append("ERROR: never saw '[refit-check] step 9: 170 of 170 tensors equal on rank 0'")
+    log = "\n".join(lines) + "\n"
+    (d / "run.log").write_text(log)
+    (d / "case.log").write_text("[run-on-gpu-host] case learning\n" + log)
+    s = [str(i) for i in range(1, steps + 1)]
+    metrics = {"train/token_mult_prob_error": {k: 1.01 for k in s}, "train/grad_norm": {k: 0.3 for k in s},
+               "train/baseline_reward/pct_mixed": dict(zip(s, mixed)),
+               "train/advantages/max": {k: (0.9 if m > 0 else 0.0) for k, m in zip(s, mixed)},
+               "train/advantages/min": {k: (-0.9 if m > 0 else 0.0) for k, m in zip(s, mixed)},
+               "train/loss": {k: 0.01 for k in s}}
+    (d / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    (d / "exit_status").write_text(f"{rc}\n")
+    learning.merge_metrics(d, ranks)
+    return d
+
+
+def _stale(step, rank):
+    return 170 if step == 1 else 0
+
+
+def _corrupt(step, rank):
+    return 169
+
+
+def test_case_verdicts_of_the_learning_cases_name_their_reasons(tmp_path):
+    from harness import gpuhost
+    got = gpuhost.summarize(casing.CASES["learning"], _run(tmp_path, "green"), 0)
+    assert got["observed"] == "green" and got["as_expected"] and got["reasons"] == [], got["reasons"]
+    assert got["per_step"][learning.UNVERIFIED] == {str(k): 0.0 for k in range(1, 6)}
+    assert got["per_step"][learning.DRIFT]["5"] == pytest.approx(2e-3)
+    assert got["token_mult_prob_error_per_step"] == {str(k): 1.01 for k in range(1, 6)}
+    stale = gpuhost.summarize(casing.CASES["learning-stale-refit"], _run(tmp_path, "stale", equal=_stale), 0)
+    assert stale["observed"] == "red" and stale["as_expected"]
+    assert any("unverified_tensors" in r and "= 170" in r for r in stale["reasons"]), stale["reasons"]
+    assert any("tensors equal on rank 0" in r and "at steps 2, 3, 4, 5" in r for r in stale["reasons"]), stale["reasons"]
+    corrupt = gpuhost.summarize(casing.CASES["learning-corrupt-tensor"], _run(tmp_path, "corrupt", equal=_corrupt), 0)
+    assert corrupt["observed"] == "red" and corrupt["as_expected"]
+    assert any("unverified_tensors" in r and "= 1," in r for r in corrupt["reasons"]), corrupt["reasons"]
+    assert any("at steps 1, 2, 3, 4, 5" in r for r in corrupt["reasons"]), corrupt["reasons"]
+    # The same cases' gates, other ways to be red: a step without a mixed group, weights that did not move,
+    # a rank whose check line is missing (its tensors count as unverified).
+    flat = gpuhost.summarize(casing.CASES["learning"], _run(tmp_path, "flat", mixed=(25.0, 25.0, 0.0, 25.0, 25.0)), 0)
+    assert flat["observed"] == "red" and any("pct_mixed" in r for r in flat["reasons"])
+    assert any("advantages/max" in r for r in flat["reasons"])
+    still = gpuhost.summarize(casing.CASES["learning"], _run(tmp_path, "still", drift=1e-6), 0)
+    assert still["observed"] == "red" and any("rel_l2_change" in r for r in still["reasons"])
+    one = _run(tmp_path, "one-rank", ranks=1)
+    learning.merge_metrics(one, 2)   # two GPUs ran, one rank said nothing
+    got = gpuhost.summarize(casing.CASES["learning"], one, 0)
+    assert got["observed"] == "red" and any("on rank 1" in r for r in got["reasons"])
+
+
+def test_harness_metrics_come_from_whole_lines_only():
+    log = ("ERROR: never saw '[refit-check] step 1: 170 of 170 tensors equal on rank 0'\n"
+           "[refit-check] step 1: 170 of 170 tensors equal on rank 1\n")
+    got = learning.harness_metrics(log, ["1"], 2)
+    assert got[learning.UNVERIFIED] == {"1": 170.0}, "rank 0's only line was a quote"
+    from carry.judge import step_markers_missing
+    from harness import gpuhost
+    marks = gpuhost.grpo_test(casing.LEARNING_TEST).step_markers
+    assert [m.text for m in marks] and step_markers_missing(log, marks, ["1"]) == [
+        f"no log line matches step marker {marks[0].text!r} at step 1"]
+
+
+# -- the nightly's cell: the same gates ---------------------------------------------------------------
+REPLAY = r'''
+import shutil, sys
+from pathlib import Path
+out, rec = Path(sys.argv[1]), Path(sys.argv[2])
+for name in ("run.log", "metrics.json"):
+    shutil.copy2(rec / name, out / name)
+sys.stdout.write((rec / "case.log").read_text())
+sys.exit(int((rec / "exit_status").read_text()))
+'''
+
+
+def test_the_nightly_judges_recorded_learning_runs_with_the_learning_gates(demo, tmp_path):
+    from carry import nightly_config
+    shipped = nightly_config.load(ROOT / "integration" / "nightly.toml")
+    spec = next(t for t in shipped.tests if t.name == casing.LEARNING_TEST)
+    assert spec.images == ("gpu-host",) and dict(spec.env) == {"CARRY_NRL_CASES": "learning"}
+    runs = {"green": _run(tmp_path / "rec", "green"), "stale": _run(tmp_path / "rec", "stale", equal=_stale),
+            "corrupt": _run(tmp_path / "rec", "corrupt", equal=_corrupt)}
+    (tmp_path / "replay.py").write_text(REPLAY)
+    q = json.dumps
+    text = f'[nightly]\nseries = [{q(str(demo["series"]))}]\n'
+    for name, folder in runs.items():
+        argv = [sys.executable, str(tmp_path / "replay.py"), "{out}", str(folder)]
+        text += f'\n[images.rec-{name}]\nlauncher = "local"\nfunctional = [{", ".join(q(a) for a in argv)}]\n'
+    text += (f'\n[[tests]]\nname = {q(spec.name)}\nkind = "functional"\nimages = [{", ".join(q("rec-" + n) for n in runs)}]\n'
+             f'script = {q(spec.script)}\ngates = [{", ".join(q(g.text) for g in spec.gates)}]\n'
+             f'markers = [{", ".join(q(m) for m in spec.markers)}]\ntimeout_s = 120\n')
+    (tmp_path / "nightly.toml").write_text(text)
+    out = tmp_path / "n"
+    tool("nightly", "--config", tmp_path / "nightly.toml", "--out", out, "--workdir", tmp_path / "w", "--cache",
+         demo["cache"], "--source", f"megatron-lm={demo['up']}", "--no-bisect", "--history", tmp_path / "h.jsonl",
+         check=1)
+    got = {r["image"].removeprefix("rec-"): r for r in read_json(out / "nightly.json")["runs"]}
+    assert got["green"]["status"] == "passed", got["green"]["reason"]
+    for name in ("stale", "corrupt"):
+        assert got[name]["status"] == "failed" and "unverified_tensors" in got[name]["reason"], got[name]["reason"]
+
+
+def test_the_stage_refuses_a_cot_prompt_the_pretrain_copy_does_not_match(tmp_path):
+    from types import SimpleNamespace
+
+    from carry.errors import SourceError
+    from harness import stage
+    cot = tmp_path / "cot.txt"
+    cot.write_text(fixtures.COT_PROMPT + " ")
+    with pytest.raises(SourceError, match="differs from fixtures.COT_PROMPT"):
+        stage.stage_fixtures(SimpleNamespace(seed=7), tmp_path / "a", cot)
+    cot.write_text(fixtures.COT_PROMPT)
+    doc = stage.stage_fixtures(SimpleNamespace(seed=7), tmp_path / "b", cot)
+    assert doc["prompt"] == "fixtures/prompt.txt" and (tmp_path / "b" / "prompt.txt").read_text() == fixtures.COT_PROMPT

@@ -1,0 +1,67 @@
+"""Progress off a terminal: sent to a file or a CI log, long commands still say what they do.
+
+Lines, not a spinner: one per phase (a base, an upstream's patches, a proof), one per patch,
+and for a long step without phases (xz -9 of the ferry) one every so many seconds. stderr only:
+stdout's table and --json stay clean. GTP_CARRY_QUIET=1 silences them (the README says so).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from fakeup import GOOD, add_proofs
+from helpers import ROOT, SERIES, TOOLS
+
+NRL = ROOT / "integration" / "nemo_rl_gtp"
+
+
+def _to_a_file(demo, tmp_path, name, *args, quiet=""):
+    """Run a tool with stdout and stderr sent to files, as a CI job's log would have them."""
+    out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+    with open(out, "w") as o, open(err, "w") as e:
+        rc = subprocess.run([sys.executable, str(TOOLS / f"{name}.py"), *map(str, args)],
+                            env=dict(os.environ, GTP_CARRY_QUIET=quiet), stdout=o, stderr=e, timeout=600).returncode
+    return rc, out.read_text(), err.read_text()
+
+
+def test_apply_and_prove_say_each_phase_in_a_log(demo, tmp_path):
+    add_proofs(demo["series"], {"good": GOOD}, {"clean": "good"}, SERIES / "proofs" / "pytest.ini")
+    rc, out, err = _to_a_file(demo, tmp_path, "apply", "--series", demo["series"], "--workdir", demo["work"],
+                              "--cache", demo["cache"], "--source", f"megatron-lm={demo['up']}", "--only", "clean")
+    assert rc == 0, out + err
+    assert "megatron-lm: preparing pristine base" in err
+    assert "megatron-lm: applying 1 patch(es)" in err
+    assert "megatron-lm: clean: applied" in err
+    assert "[" not in out.split("\n")[0] and "preparing" not in out  # the table stays clean
+    rc, out, err = _to_a_file(demo, tmp_path, "prove", "--series", demo["series"], "--workdir", demo["work"],
+                              "--only", "clean")
+    assert rc == 0, out + err
+    # What runs, then a line per proof as it finishes (runs may go side by side).
+    assert "each on the pristine base and on the patched tree" in err, err
+    assert "clean: proofs/megatron_lm/test_good.py: pristine fail, patched pass" in err, err
+
+
+def test_quiet_silences_them(demo, tmp_path):
+    rc, out, err = _to_a_file(demo, tmp_path, "apply", "--series", demo["series"], "--workdir", demo["work"],
+                              "--cache", demo["cache"], "--source", f"megatron-lm={demo['up']}", quiet="1")
+    assert rc == 0, out + err
+    assert err == "" and "applied" in out
+
+
+def test_a_long_compression_says_how_far_it_is(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GTP_CARRY_QUIET", "")
+    sys.path.insert(0, str(NRL))
+    from harness.stage import compress
+
+    src = tmp_path / "payload"
+    src.mkdir()
+    for i in range(8):
+        (src / f"part{i}.bin").write_bytes(os.urandom(1 << 20))
+    out = compress(src, tmp_path / "payload.tar.xz", every=0.05)
+    err = capsys.readouterr().err
+    assert out.exists()
+    assert "compressing 8 MB with" in err
+    assert "MB read" in err and "s so far" in err, err
+    assert "compressing payload.tar.xz: done (8 of 8 MB read" in err, err

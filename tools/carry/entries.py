@@ -1,0 +1,88 @@
+"""The checks every command makes of a series' patch entries before using it.
+
+Ids (ASCII kebab-case, never an upstream's name), files (``<upstream>/<name>.patch``
+inside the series folder, each listed once) and ``requires`` (known ids, no cycle, never a
+later patch of the same upstream). manifest.load refuses a series that fails them; lint
+reports the same list among its other problems, so apply never takes what lint refuses.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Iterable
+
+ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*[a-z0-9]$", re.ASCII)
+_FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.patch$", re.ASCII)
+
+
+def suggest(word: str, choices: Iterable[str]) -> str | None:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else None
+
+
+def entry_problems(series) -> list[tuple[str, str]]:
+    """(where, message) for each bad patch entry: its id, or a file outside its upstream's
+    folder of the series, or listed twice. apply would otherwise apply what lint refuses."""
+    probs = []
+    upstream_names = {u.name for u in series.upstreams}
+    listed: dict[str, str] = {}
+    root = series.root.resolve()
+    for p in series.patches:
+        where = f"patch {p.id}"
+        if not ID_RE.match(p.id):
+            probs.append((where, "id must be lowercase kebab-case (a-z, 0-9 and '-', ASCII)"))
+        if p.id in upstream_names:
+            probs.append((where, "a patch id equals an upstream name (--only would be ambiguous)"))
+        folder, _, name = p.file.partition("/")
+        if folder != p.upstream or not _FILE_NAME_RE.match(name):
+            probs.append((where, f"file {p.file!r} must be {p.upstream}/<name>.patch (a file in the "
+                                 f"series folder's {p.upstream}/, not outside the series folder)"))
+        elif not (series.root / p.file).resolve().is_relative_to(root):
+            probs.append((where, f"file {p.file} is a link to outside the series folder"))
+        if p.file in listed:
+            probs.append((where, f"file {p.file} is also listed by {listed[p.file]}"))
+        listed.setdefault(p.file, p.id)
+    return probs
+
+
+def requires_problems(series) -> list[tuple[str, str]]:
+    """(where, message) for each broken ``requires``: unknown, itself, later in its upstream, a cycle."""
+    probs = []
+    ids = {p.id for p in series.patches}
+    order = {p.id: i for i, p in enumerate(series.patches)}
+    by_id = {p.id: p for p in series.patches}
+    for p in series.patches:
+        for dep in p.requires:
+            if dep not in ids:
+                hint = suggest(dep, ids)
+                probs.append((f"patch {p.id}", f"requires unknown patch {dep!r}" + (f" ({hint})" if hint else "")))
+            elif dep == p.id:
+                probs.append((f"patch {p.id}", "requires itself"))
+            elif by_id[dep].upstream == p.upstream and order[dep] > order[p.id]:
+                probs.append((f"patch {p.id}", f"requires {dep}, which comes later in the same upstream's series"))
+    for cycle in _cycles(series):
+        probs.append(("requires", "cycle: " + " -> ".join(cycle)))
+    return probs
+
+
+def _cycles(series) -> list[list[str]]:
+    graph = {p.id: [d for d in p.requires if d != p.id] for p in series.patches}
+    state: dict[str, int] = {}
+    found: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph.get(node, []):
+            if nxt not in graph:
+                continue
+            if state.get(nxt) == 1:
+                found.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif state.get(nxt) is None:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for n in graph:
+        if n not in state:
+            visit(n, [n])
+    return found

@@ -31,11 +31,20 @@ def pin_cache() -> Path:
 
 
 @pytest.fixture(scope="session")
-def mcore_tree(pin_cache, tmp_path_factory) -> Path:
+def gtp_work(pin_cache, tmp_path_factory) -> Path:
+    """A work directory with the gtp series applied to megatron-core and Megatron-Bridge from the
+    real pins, once per session: the tests that read it (import from it, prove on it) change
+    nothing in it (prove only reads the workspaces, under the directory's lock)."""
+    work = tmp_path_factory.mktemp("gtp") / "w"
+    tool("apply", "--series", "gtp", "--workdir", work, "--cache", pin_cache,
+         "--only", "megatron-lm,megatron-bridge", check=0)
+    return work
+
+
+@pytest.fixture(scope="session")
+def mcore_tree(gtp_work) -> Path:
     """A real megatron-core 0.19.2 tree (the gtp series applied), for tests that import it."""
-    work = tmp_path_factory.mktemp("mcore")
-    tool("apply", "--series", "gtp", "--workdir", work, "--cache", pin_cache, "--only", "megatron-lm", check=0)
-    return work / "megatron-lm"
+    return gtp_work / "megatron-lm"
 
 
 @pytest.fixture

@@ -500,8 +500,8 @@ def test_hostile_runs_fail_through_the_nightly_with_their_reason_in_the_summary(
 def test_proof_cells_with_the_te_site_and_an_environment_error(demo, tmp_path, monkeypatch):
     """--te-site reaches the proofs cell and the command cells; a proof that cannot import its
     dependency is an ``error`` of the environment: named so, never bisected, and not green.
-    The proof cells' runs go three at a time (as on a 6-core host; on 2 cores the other tests
-    run them one at a time), and the command cell after them still runs alone, on its own."""
+    The proof cells' runs go three at a time (forced), and the command cell after them still
+    runs alone, on its own."""
     monkeypatch.setenv("CARRY_PROOF_JOBS", "3")
     site = tmp_path / "te-site"
     site.mkdir()

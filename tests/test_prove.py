@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -84,7 +85,7 @@ def test_hangs():
 
 def _alive(pid: int) -> bool:
     try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
@@ -97,7 +98,7 @@ def test_a_timed_out_proof_leaves_no_rank_behind(demo, tmp_path):
     add_proofs(demo["series"], {"hangs": HANGS_IN_A_RANK}, {"clean": "hangs"}, SERIES / "proofs" / "pytest.ini")
     apply(demo, check=0)
     pids = tmp_path / "pids"
-    res, by = _prove(demo, tmp_path, "--only", "clean", "--timeout", "40",
+    _, by = _prove(demo, tmp_path, "--only", "clean", "--timeout", "25",
                      env={"CARRY_TEST_RANK_PIDS": str(pids), "CARRY_PROOF_JOBS": "2"},
                      check=1)
     assert by["clean"]["pristine"] == "fail" and "timed out" in by["clean"]["pristine_detail"], by

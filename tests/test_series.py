@@ -31,15 +31,13 @@ def test_apply_then_export_check(tmp_path, pin_cache):
 
 
 @pytest.mark.slow
-def test_megatron_lm_proofs_red_green(tmp_path, pin_cache):
+def test_megatron_lm_proofs_red_green(tmp_path, gtp_work):
     """The Megatron-LM proofs on the real pin: CPU ones red on pristine and green patched;
     the GPU ones skipped here (never 'pass' without a GPU)."""
     import torch
 
-    work = tmp_path / "w"
-    tool("apply", "--series", "gtp", "--workdir", work, "--cache", pin_cache, "--only", "megatron-lm", check=0)
     out = tmp_path / "prove.json"
-    tool("prove", "--series", "gtp", "--workdir", work, "--only", "megatron-lm", "--json", out,
+    tool("prove", "--series", "gtp", "--workdir", gtp_work, "--only", "megatron-lm", "--json", out,
          timeout=3000, check=0)
     rows = read_json(out)["proofs"]
     by_proof = {r["proof"].rsplit("/", 1)[1]: r for r in rows}
@@ -54,13 +52,10 @@ def test_megatron_lm_proofs_red_green(tmp_path, pin_cache):
 
 
 @pytest.mark.slow
-def test_megatron_bridge_proof_red_green(tmp_path, pin_cache):
+def test_megatron_bridge_proof_red_green(tmp_path, gtp_work):
     """Bridge's checkpoint replica-group proof on the real pins (Megatron-LM patched beside it)."""
-    work = tmp_path / "w"
-    tool("apply", "--series", "gtp", "--workdir", work, "--cache", pin_cache,
-         "--only", "megatron-lm,megatron-bridge", check=0)
     out = tmp_path / "prove.json"
-    tool("prove", "--series", "gtp", "--workdir", work, "--only", "megatron-bridge", "--json", out,
+    tool("prove", "--series", "gtp", "--workdir", gtp_work, "--only", "megatron-bridge", "--json", out,
          timeout=3000, check=0)
     (r,) = read_json(out)["proofs"]
     assert (r["id"], r["pristine"], r["patched"], r["ok"]) == ("bridge-ckpt-replica-groups", "fail", "pass", True), r

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -33,8 +34,12 @@ def mini():
                               ckpt=sys.modules["ckpt"])
     finally:
         sys.path[:] = saved_path
+        # Forget only the mini test's own modules: a C extension it pulled in (numpy under torch)
+        # cannot be loaded twice in one process, so later tests must find it still there.
         for name in set(sys.modules) - saved_modules:
-            del sys.modules[name]
+            where = getattr(sys.modules[name], "__file__", None) or ""
+            if name == spec.name or Path(where).resolve().parent == MINI.parent:
+                del sys.modules[name]
 
 
 def _cells():

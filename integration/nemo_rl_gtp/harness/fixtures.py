@@ -130,7 +130,7 @@ def write_model_config(out: Path) -> Path:
     return out
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
@@ -138,9 +138,22 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _weight_files(model_dir: Path) -> list[Path]:
+def weight_files(model_dir: Path) -> list[Path]:
     return sorted(p for p in model_dir.iterdir() if p.name.endswith(".safetensors")
                   or p.name == "model.safetensors.index.json")
+
+
+def kept_weights(model_dir: Path, seed: int) -> tuple[str, dict | None]:
+    """(the config's sha256, the stamp marked reused) when MODEL_DIR's weights were built from this
+    config and SEED and their bytes still match the stamp; else (the config's sha256, None)."""
+    config_sha = sha256(model_dir / "config.json")
+    stamp = model_dir / WEIGHTS_STAMP
+    if stamp.exists():
+        old = json.loads(stamp.read_text())
+        files = {p.name: sha256(p) for p in weight_files(model_dir)}
+        if old.get("seed") == seed and old.get("config_sha256") == config_sha and files and old.get("files") == files:
+            return config_sha, {**old, "reused": True}
+    return config_sha, None
 
 
 def check_shape(model_dir: Path) -> dict:
@@ -171,20 +184,17 @@ def build_weights(model_dir: Path, seed: int) -> dict:
 
     model_dir = Path(model_dir)
     check_shape(model_dir)
-    config_sha = _sha256(model_dir / "config.json")
+    config_sha, kept = kept_weights(model_dir, seed)
+    if kept is not None:
+        return kept
     stamp = model_dir / WEIGHTS_STAMP
-    if stamp.exists():
-        old = json.loads(stamp.read_text())
-        files = {p.name: _sha256(p) for p in _weight_files(model_dir)}
-        if old.get("seed") == seed and old.get("config_sha256") == config_sha and files and old.get("files") == files:
-            return {**old, "reused": True}
     import torch
     import transformers
     from transformers import AutoConfig, Qwen2ForCausalLM
 
     t0 = time.monotonic()
     stamp.unlink(missing_ok=True)
-    for old_file in _weight_files(model_dir):
+    for old_file in weight_files(model_dir):
         old_file.unlink()
     cfg = AutoConfig.from_pretrained(str(model_dir))
     torch.manual_seed(seed)
@@ -193,9 +203,9 @@ def build_weights(model_dir: Path, seed: int) -> dict:
     with tempfile.TemporaryDirectory(dir=model_dir.parent, prefix=".weights.") as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         del model
-        for p in _weight_files(Path(tmp)):
+        for p in weight_files(Path(tmp)):
             shutil.move(str(p), model_dir / p.name)
-    files = {p.name: _sha256(p) for p in _weight_files(model_dir)}
+    files = {p.name: sha256(p) for p in weight_files(model_dir)}
     doc = {"seed": seed, "config_sha256": config_sha, "files": files, "parameters": params,
            "bytes": sum((model_dir / n).stat().st_size for n in files), "torch": torch.__version__,
            "transformers": transformers.__version__, "seconds": round(time.monotonic() - t0, 1)}

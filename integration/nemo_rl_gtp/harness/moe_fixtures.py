@@ -22,12 +22,16 @@ for the norms; everything from one seed.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
 import time
 from pathlib import Path
+
+try:
+    from . import fixtures
+except ImportError:   # run as a script: the harness folder is sys.path[0]
+    import fixtures  # type: ignore[no-redef]
 
 MODEL = "qwen3-moe"            # cases.Case.shape of the MoE case
 DIR = "moe-model"              # beside the dense model: ROOT/model, ROOT/moe-model; fixtures/moe-model
@@ -40,7 +44,7 @@ SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 24, 
 # transformers renamed num_experts to num_local_experts after 5.8: a config.json may say either.
 _ALIASES = {"num_experts": ("num_experts", "num_local_experts")}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-WEIGHTS_STAMP = "weights-built.json"
+WEIGHTS_STAMP = fixtures.WEIGHTS_STAMP
 
 
 def write_model_config(out: Path, tokenizer_dir: Path) -> Path:
@@ -102,36 +106,21 @@ def weight_shapes(shape: dict = SHAPE) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _weight_files(model_dir: Path) -> list[Path]:
-    return sorted(p for p in model_dir.iterdir() if p.name.endswith(".safetensors"))
-
-
 def build_weights(model_dir: Path, seed: int) -> dict:
     """MODEL_DIR/model.safetensors from its config.json and SEED (CPU, bf16); kept when the stamp
     says the same config and seed built the same bytes. Returns what the stamp records."""
     model_dir = Path(model_dir)
     check_shape(model_dir)
-    config_sha = _sha256(model_dir / "config.json")
+    config_sha, kept = fixtures.kept_weights(model_dir, seed)
+    if kept is not None:
+        return kept
     stamp = model_dir / WEIGHTS_STAMP
-    if stamp.exists():
-        old = json.loads(stamp.read_text())
-        files = {p.name: _sha256(p) for p in _weight_files(model_dir)}
-        if old.get("seed") == seed and old.get("config_sha256") == config_sha and files and old.get("files") == files:
-            return {**old, "reused": True}
     import torch
     from safetensors.torch import save_file
 
     t0 = time.monotonic()
     stamp.unlink(missing_ok=True)
-    for old_file in _weight_files(model_dir):
+    for old_file in fixtures.weight_files(model_dir):
         old_file.unlink()
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
@@ -144,7 +133,7 @@ def build_weights(model_dir: Path, seed: int) -> dict:
     tmp = model_dir / ".model.safetensors.part"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.rename(model_dir / "model.safetensors")
-    files = {p.name: _sha256(p) for p in _weight_files(model_dir)}
+    files = {p.name: fixtures.sha256(p) for p in fixtures.weight_files(model_dir)}
     doc = {"seed": seed, "config_sha256": config_sha, "files": files, "parameters": params,
            "bytes": sum((model_dir / n).stat().st_size for n in files), "torch": torch.__version__,
            "seconds": round(time.monotonic() - t0, 1)}

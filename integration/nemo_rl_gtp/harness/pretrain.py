@@ -76,14 +76,6 @@ def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def fixture_files(fx: Path) -> dict[str, Path]:
     """What the pass reads from FIXTURES: the model's config and tokenizer, the data, the prompt."""
     model = fx / "model"
@@ -100,15 +92,15 @@ def fixture_files(fx: Path) -> dict[str, Path]:
 def inputs_digest(fx: Path, *, seed: int, steps: int, lr: float, batch: int, tiny: bool) -> tuple[str, dict]:
     """The cache key: every input's sha256, the settings and the code that turns them into weights."""
     here = Path(__file__).resolve()
-    parts = {name: _sha256(p) for name, p in fixture_files(fx).items()}
-    parts.update({"pretrain.py": _sha256(here), "fixtures.py": _sha256(here.with_name("fixtures.py")),
+    parts = {name: fixtures.sha256(p) for name, p in fixture_files(fx).items()}
+    parts.update({"pretrain.py": fixtures.sha256(here), "fixtures.py": fixtures.sha256(here.with_name("fixtures.py")),
                   "seed": seed, "steps": steps, "lr": repr(float(lr)), "batch": batch,
                   "shape": "tiny" if tiny else "Qwen/Qwen2.5-0.5B"})
     return _sha256_bytes(json.dumps(parts, sort_keys=True).encode()), parts
 
 
 def _weights(model_dir: Path) -> dict[str, str]:
-    return {p.name: _sha256(p) for p in sorted(model_dir.glob(f"*{WEIGHT_SUFFIX}"))}
+    return {p.name: fixtures.sha256(p) for p in sorted(model_dir.glob(f"*{WEIGHT_SUFFIX}"))}
 
 
 def cached(out: Path, digest: str) -> dict | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -77,3 +78,29 @@ def kill_at(checkpoint: str, *args, timeout: float = 300) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         proc.stderr.close()
+
+
+MINI = ROOT / "integration" / "gtp_refit_mini" / "run.py"
+
+
+@contextlib.contextmanager
+def mini_test_module(name: str):
+    """integration/gtp_refit_mini/run.py imported as module NAME (with the sibling modules it
+    imports: rank, model, ckpt, ...); on exit sys.path is restored and only those modules are
+    forgotten. A C extension they pulled in (numpy under torch) cannot be loaded twice in one
+    process, so later tests must find it still there."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, MINI)
+    module = importlib.util.module_from_spec(spec)
+    saved_path, saved_modules = list(sys.path), set(sys.modules)
+    sys.modules[name] = module  # its dataclass looks its module up
+    try:
+        spec.loader.exec_module(module)  # puts its folder on sys.path, imports its siblings
+        yield module
+    finally:
+        sys.path[:] = saved_path
+        for mod in set(sys.modules) - saved_modules:
+            where = getattr(sys.modules[mod], "__file__", None) or ""
+            if mod == name or Path(where).resolve().parent == MINI.parent:
+                del sys.modules[mod]

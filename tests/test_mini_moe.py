@@ -7,39 +7,23 @@ nightly cells gtp-refit-mini-moe-gloo (one GPU) and gtp-refit-mini-moe-nccl (two
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from carry.judge import judge, numeric_metrics, parse_gate
-from helpers import ROOT
+from helpers import MINI, ROOT, mini_test_module
 
-MINI = ROOT / "integration" / "gtp_refit_mini" / "run.py"
 SKIP = "skipped: gloo has no coalesced collectives"
 
 
 @pytest.fixture(scope="module")
 def mini():
     """run.py as a module, and the sibling modules it imports (rank, model, ...), then forgotten."""
-    spec = importlib.util.spec_from_file_location("mini_run_moe", MINI)
-    module = importlib.util.module_from_spec(spec)
-    saved_path, saved_modules = list(sys.path), set(sys.modules)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    try:
-        spec.loader.exec_module(module)
+    with mini_test_module("mini_run_moe") as module:
         yield SimpleNamespace(run=module, rank=sys.modules["rank"], model=sys.modules["model"],
                               ckpt=sys.modules["ckpt"])
-    finally:
-        sys.path[:] = saved_path
-        # Forget only the mini test's own modules: a C extension it pulled in (numpy under torch)
-        # cannot be loaded twice in one process, so later tests must find it still there.
-        for name in set(sys.modules) - saved_modules:
-            where = getattr(sys.modules[name], "__file__", None) or ""
-            if name == spec.name or Path(where).resolve().parent == MINI.parent:
-                del sys.modules[name]
 
 
 def _cells():

@@ -18,13 +18,12 @@ import pytest
 
 from carry.judge import judge, numeric_metrics, parse_gate
 from carry.runlog import result_line
-from helpers import ROOT, SERIES, read_json, tool
+from helpers import MINI, ROOT, SERIES, mini_test_module, read_json, tool
 from fakeup import add_proofs
 from fakeup import GOOD, GPU, MISSING_DEPENDENCY, SITE_PROOF, VACUOUS
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization"
 MARK_RESHARD = "[colocated-reshard] building dedicated inference model"
-MINI = ROOT / "integration" / "gtp_refit_mini" / "run.py"
 GPU_LOGS = ROOT / "integration" / "gtp_refit_mini" / "h200"
 
 # Laid out like NeMo-RL's tests/functional/grpo_megatron_generation*.sh: tee run.log into
@@ -422,22 +421,8 @@ def test_judge_on_committed_gpu_logs_of_the_mini_test():
 def test_mini_shape_names_the_target_and_flags_still_win():
     """--shape qwen2.5-0.5b is the series' target shape (what the cost cell runs); a size flag
     given beside it wins."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("mini_run", MINI)
-    mini = importlib.util.module_from_spec(spec)
-    saved_path, saved_modules = list(sys.path), set(sys.modules)
-    sys.modules[spec.name] = mini  # its dataclass looks its module up
-    try:
-        spec.loader.exec_module(mini)  # puts its folder on sys.path, imports its sibling modules
-    finally:
-        sys.path[:] = saved_path
-        # Forget only the mini test's own modules: a C extension it pulled in (numpy under
-        # torch) cannot be loaded twice in one process, so later tests must find it still there.
-        for name in set(sys.modules) - saved_modules:
-            where = getattr(sys.modules[name], "__file__", None) or ""
-            if name == spec.name or Path(where).resolve().parent == MINI.parent:
-                del sys.modules[name]
+    with mini_test_module("mini_run") as mini:
+        pass  # parse_args needs nothing the module's siblings hold
     s, _ = mini.parse_args(["--nproc", "2", "--shape", "qwen2.5-0.5b"])
     assert (s.vocab, s.hidden, s.layers, s.heads, s.query_groups, s.ffn) == (151936, 896, 24, 14, 2, 4864)
     s, _ = mini.parse_args(["--shape", "qwen2.5-0.5b", "--layers", "2"])

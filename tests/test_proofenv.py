@@ -152,3 +152,103 @@ def test_the_bridge_folder_pins_what_the_test_extra_holds():
     staged = dict(line.split("==") for line in listed.splitlines() if line and not line.startswith("#"))
     for name, version in pins.items():
         assert staged.get(name) == version, (name, version, staged.get(name))
+
+
+def _wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    """A real (empty) wheel file, enough for pip to read and resolve."""
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as z:
+        z.writestr(f"{info}/METADATA", meta)
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+
+
+def test_a_conflict_names_who_wants_what(tmp_path, monkeypatch):
+    """Offline, a pin that no wheel beside the host's packages can satisfy: the error says which
+    packages want which versions of what (before: only pip's last lines, "ResolutionImpossible",
+    and a hint about network access that did not apply)."""
+    from carry import proofenv
+    from carry.errors import SourceError
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "carrytesta", "1.0", ("carrytestc>=2",))
+    _wheel(wheels, "carrytestb", "1.0", ("carrytestc<2",))
+    _wheel(wheels, "carrytestc", "1.0")
+    _wheel(wheels, "carrytestc", "2.0")
+    req = tmp_path / "requirements.txt"
+    req.write_text("carrytesta==1.0\ncarrytestb==1.0\n")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    with pytest.raises(SourceError) as err:
+        proofenv.ensure(req, tmp_path / "cache")
+    msg = err.value.message
+    assert "carrytesta 1.0 depends on carrytestc>=2" in msg and "carrytestb 1.0 depends on carrytestc<2" in msg, msg
+    assert "PIP_FIND_LINKS" in err.value.hint and "network" not in err.value.hint, err.value.hint
+    assert not [p for p in (tmp_path / "cache" / "proof-envs").glob("*") if not p.name.startswith(".")]
+
+
+HOST_PACKAGES = SERIES.parents[1] / "integration" / "proofs" / "h200-host-packages.txt"
+BRIDGE_WHEELS = SERIES.parents[1] / "integration" / "proofs" / "megatron-bridge-py312-wheels.txt"
+
+
+def _pins(path: Path) -> dict[str, str]:
+    import re
+
+    out = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            out[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return out
+
+
+@network
+def test_the_staged_bridge_wheels_hold_what_the_gpu_hosts_pip_wants(tmp_path):
+    """The wheel list staged for the offline H200 (integration/README.md) covers what pip installs
+    there: the Bridge proof's requirements resolved beside exactly the host's measured packages
+    (h200-host-packages.txt, stood in by their dist-info), every version held to the list. Before
+    filelock 4.3.1 was listed this failed naming filelock, as the host's pip did (2026-12-01:
+    ResolutionImpossible, its filelock 3.32.5 below multi-storage-client's >=4.1)."""
+    import json
+    import subprocess
+    import sys
+
+    site_dir = tmp_path / "host-site"
+    site_dir.mkdir()
+    for name, version in _pins(HOST_PACKAGES).items():
+        if name == "pip":  # the environment's own pip runs the resolution
+            continue
+        info = site_dir / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (info / "INSTALLER").write_text("pip\n")
+        (info / "RECORD").write_text("")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    # The host's own setuptools stands for it (an older Python's venv brings one of its own; 3.12's none).
+    subprocess.run([python, "-m", "pip", "uninstall", "-q", "-y", "setuptools"], capture_output=True)
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    (Path(purelib) / "host-site.pth").write_text(f"import site; site.addsitedir({str(site_dir)!r})\n")
+    report = tmp_path / "report.json"
+    req = SERIES / "proofs" / "megatron_bridge" / "requirements.txt"
+    res = subprocess.run([python, "-m", "pip", "install", "--dry-run", "--quiet", "--disable-pip-version-check",
+                          "--only-binary=:all:", "--report", str(report), "-r", str(req), "-c", str(BRIDGE_WHEELS)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    listed = _pins(BRIDGE_WHEELS)
+    wanted = {_pins_name(i["metadata"]["name"]): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    missing = {n: v for n, v in wanted.items() if listed.get(n) != v}
+    assert not missing, f"the host's pip would need wheels the staged list lacks: {missing}"
+    assert {"datasets", "megatron-energon", "omegaconf"} <= set(wanted), sorted(wanted)
+
+
+def _pins_name(name: str) -> str:
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()

@@ -71,10 +71,7 @@ def ensure(req: Path, cache: Path) -> Path:
                    "--progress-bar", "off", "-r", str(req)], check=False, env={**os.environ, "PIP_REQUIRE_VIRTUALENV": "1"})
         if not res.ok:
             shutil.rmtree(dest, ignore_errors=True)
-            tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
-            raise SourceError(f"could not build the proof environment from {req}: {tail}",
-                              hint="check network access to the package index (pip is configured as for any "
-                                   "install), then run the command again")
+            raise _build_failed(req, res.stdout + "\n" + res.stderr)  # pip puts the conflict's causes on stdout
         (dest / COMPLETE).write_text(f"built from {req} in {time.monotonic() - t0:.0f}s\n")
     return python
 
@@ -92,3 +89,21 @@ def _see_parent_sites(dest: Path, python: Path, parents: list[str]) -> None:
     own = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
     line = "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in parents)
     (Path(own) / "carry-parent-site.pth").write_text(line + "\n")
+
+
+def _build_failed(req: Path, pip_said: str) -> SourceError:
+    """pip's reason, as a user can act on it: for a conflict, the lines that name who wants what
+    (the tail alone says only "ResolutionImpossible")."""
+    lines = [line.strip() for line in pip_said.strip().splitlines() if line.strip()]
+    if any("ResolutionImpossible" in line for line in lines):
+        causes = [line for line in lines if " depends on " in line or "requested" in line.lower()]
+        first = next((line for line in lines if line.startswith("ERROR: Cannot install")), "")
+        return SourceError(
+            f"could not build the proof environment from {req}: pip found no versions that fit together: "
+            + " | ".join([first, *causes] if causes else lines[-3:]),
+            hint="the environment also sees this Python's own packages (a GPU host's image): where one of "
+                 "them is at a version a pin cannot use, the index or PIP_FIND_LINKS' wheel folder must offer "
+                 "one that fits (integration/proofs/megatron-bridge-py312-wheels.txt for the Bridge proof)")
+    return SourceError(f"could not build the proof environment from {req}: " + " | ".join(lines[-3:]),
+                       hint="check network access to the package index (pip is configured as for any "
+                            "install), or PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR offline, then run the command again")

@@ -129,6 +129,21 @@ def whole_weights(model, backend: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def replicas_disagree(weights: dict[str, torch.Tensor], backend: str) -> list[str]:
+    """The tensors of ``weights`` (whole, one dict per rank) that are not the same on every rank."""
+    import torch.distributed as dist
+
+    bad = []
+    for name, value in weights.items():
+        src = for_comm(value.contiguous(), backend)
+        parts = [torch.empty_like(src) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, src)
+        spread = max(float((p.float() - parts[0].float()).abs().max()) for p in parts)
+        if spread:
+            bad.append(f"{name}: max |diff| across ranks {spread:.4g}")
+    return bad
+
+
 def tensor_mismatches(expected: dict, got: dict) -> list[str]:
     bad = []
     for name, want in expected.items():

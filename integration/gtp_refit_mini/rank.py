@@ -38,7 +38,7 @@ import torch
 from bugs import KnownBug, check
 from ckpt import check_loaded, load, logprobs_of, save
 from grpo import Trainer, advantages, generate, grpo_loss, mult_prob_error, positions, token_logprobs
-from model import build_gpt, expert_gtp_sharded, gtp_sharded, model_config, whole_weights
+from model import build_gpt, expert_gtp_sharded, gtp_sharded, model_config, replicas_disagree, whole_weights
 from refit import new_model_pair, refit
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization"
@@ -200,6 +200,21 @@ def train_arm(rank: int, world: int, s, gtp: int, ckpt_dir: str, source: dict, m
     }
 
 
+def seed_like_training(seed: int) -> None:
+    """Seed every generator a model's construction draws from, as Megatron's and Megatron-Bridge's
+    training do (``_set_random_seed``: Python's, torch's CPU generator, then the model-parallel
+    CUDA generators). Most weights initialise on the GPU from the CUDA trackers; the MoE router's
+    initialises on the CPU (megatron-core 0.19.2 ``Router.__init__``), so with the CUDA seed alone
+    each data-parallel rank built a different router and the checkpoint held rank 0's."""
+    import random
+
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
 def run_rank(rank: int, world: int, port: int, s, ckpt_dir: str) -> dict:
     import torch.distributed as dist
 
@@ -208,7 +223,6 @@ def run_rank(rank: int, world: int, port: int, s, ckpt_dir: str) -> dict:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.generalized_tensor_parallelism import GTP_CONFIG
     from megatron.core.tensor_parallel.gtp_api import HAVE_GTP
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     check(HAVE_GTP, "megatron-core reports HAVE_GTP False in a rank")
     # GTP's defaults, as NeMo-RL and Megatron-Bridge run it: asserted, never set here.
@@ -218,9 +232,15 @@ def run_rank(rank: int, world: int, port: int, s, ckpt_dir: str) -> dict:
     # 1. the checkpoint a GTP-off run (or a converter) wrote
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
     try:
-        model_parallel_cuda_manual_seed(s.seed)
+        seed_like_training(s.seed)
         source = build_gpt(s, model_config(s, gtp=1))
         source_weights = whole_weights(source, s.backend)
+        # Every rank holds the same model (data parallel): the checkpoint keeps one replica of
+        # each tensor, and each rank checks what it loads against its own copy.
+        apart = replicas_disagree(source_weights, s.backend)
+        check(not apart, f"the GTP-off source model differs across its {world} data-parallel ranks before any "
+                         f"checkpoint ({len(apart)} tensor(s): {'; '.join(apart[:4])}): a generator the ranks "
+                         f"do not seed alike")
         save(source, os.path.join(ckpt_dir, "off"))
         del source
     finally:
@@ -230,7 +250,7 @@ def run_rank(rank: int, world: int, port: int, s, ckpt_dir: str) -> dict:
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, gtp_remat_size=s.gtp,
                                              expert_gtp_remat_size=s.expert_gtp)
     try:
-        model_parallel_cuda_manual_seed(s.seed)
+        seed_like_training(s.seed)
         arm = train_arm(rank, world, s, s.gtp, ckpt_dir, source_weights, markers, s.expert_gtp)
         metrics = arm["metrics"]
         # 5. the GTP checkpoint, read by a whole-weight model; the inference model holds the
@@ -257,7 +277,7 @@ def run_rank(rank: int, world: int, port: int, s, ckpt_dir: str) -> dict:
     if s.compare_gtp_off:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
         try:
-            model_parallel_cuda_manual_seed(s.seed)
+            seed_like_training(s.seed)
             off = train_arm(rank, world, s, 1, ckpt_dir, source_weights, None)
             result["gtp_off"] = off["metrics"]
             del off

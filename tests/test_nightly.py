@@ -484,6 +484,18 @@ def test_hostile_runs_fail_through_the_nightly_with_their_reason_in_the_summary(
     bug0 = runs["fn-bug0"]
     assert (bug0["status"], bug0["bug"], bug0["returncode"]) == ("failed", "mlm-tied-weight-guard", 0), bug0
     assert "BUG_HIT mlm-tied-weight-guard: supplied weight's shape is (256, 128), not (512, 128) (it exited 0)" in md
+    # The files stay strict JSON (jq, a browser, a dashboard): a NaN metric is written as the
+    # string "NaN", not as a NaN token that only Python reads.
+    def strict(text):
+        return json.loads(text, parse_constant=lambda token: pytest.fail(f"non-JSON token {token}"))
+
+    doc = strict((out / "nightly.json").read_text())
+    (nan_run,) = [r for r in doc["runs"] if r["test"] == "fn-nan"]
+    assert "NaN" in json.dumps(nan_run["metrics"]), nan_run["metrics"]
+    for run_json in (out / "cells").glob("*/run.json"):
+        strict(run_json.read_text())
+    for line in (night["tmp"] / "history.jsonl").read_text().splitlines():
+        strict(line)
 
 
 def test_proof_cells_with_the_te_site_and_an_environment_error(demo, tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ edited series files all go through here.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -36,7 +37,23 @@ def write_atomic(path: Path | str, text: str) -> None:
 
 
 def write_json(path: Path | str, doc: dict[str, Any]) -> None:
-    write_atomic(path, json.dumps(doc, indent=2) + "\n")
+    write_atomic(path, json_text(doc, indent=2) + "\n")
+
+
+def json_text(doc: Any, **kwargs: Any) -> str:
+    """Strict JSON: a NaN or an infinity (a broken run's metric) is written as the string "NaN",
+    "Infinity" or "-Infinity", which every JSON reader takes, not as the bare token only Python reads."""
+    return json.dumps(_finite(doc), allow_nan=False, **kwargs)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def fsync_dir(path: Path) -> None:

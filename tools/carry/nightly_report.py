@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Iterable
 
+from .files import json_text
 from .judge import STATUSES as JUDGED
 
 # carry.nightly adds "error": a proof that could not run on this host (its environment).
@@ -79,7 +80,7 @@ def append_history(path: Path, records: Iterable[dict]) -> None:
         if torn:
             f.write("\n")  # end the torn line, so that tonight's first record is a line of its own
         for rec in records:
-            f.write(json.dumps(rec, sort_keys=True) + "\n")
+            f.write(json_text(rec, sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
 

@@ -102,6 +102,13 @@ def test_amended_patch_commit_export_then_apply(d):
     sh(d, export)
     assert "+extra = 1" in (d["series"] / "megatron-lm/0004-conflict.patch").read_text()
     assert set(statuses(d).values()) == {"already-applied"}
+    # The record names the commits export wrote from, not the ones before the amend: prove and
+    # bisect extract a patch's tree from its recorded commit (before: the pre-amend commit, so
+    # prove would have tested the code as it was before the fix).
+    (rec,) = read_json(d["work"] / ".carry" / "state.json")["upstreams"].values()
+    base = rec["base_commit"]
+    in_workspace = Git(d["ws"]).rev_list(f"{base}..HEAD")
+    assert [p["commit"] for p in rec["patches"]] == in_workspace, (rec["patches"], in_workspace)
 
 
 def test_unknown_commit_dropped_with_the_reset_hint(d):

@@ -233,6 +233,21 @@ def test_an_exported_then_discarded_fixup_is_kept(demo):
     assert f"git -C {ws}" in res.stdout  # and says how to get the commit back
 
 
+def test_an_exported_amend_still_in_the_files_is_not_set_aside(demo):
+    """The amended commit export recorded is the user's, but a rebuild whose tree holds the same
+    change (from the exported file) loses nothing: no saved ref, no noise."""
+    apply_demo(demo, check=0)
+    ws = demo["work"] / "megatron-lm"
+    f = ws / "megatron/core/delta.py"
+    f.write_text(f.read_text().replace("value_15 = 'ours'", "value_15 = 'amended'"))
+    git(ws, "commit", "-q", "-a", "--amend", "--no-edit")
+    tool("export", "--series", demo["series"], "--workdir", demo["work"], check=0)
+    demo["write_series"](demo["v0"], ids=("clean", "threeway", "conflict"))  # a rebuild for another reason
+    res = apply_demo(demo, check=0)
+    assert "refs/carry/saved/" not in res.stdout, res.stdout
+    assert "value_15 = 'amended'" in f.read_text()
+
+
 def test_a_commit_on_another_branch_is_kept(demo):
     apply_demo(demo, check=0)
     ws = demo["work"] / "megatron-lm"

@@ -154,7 +154,7 @@ def _record(base: sources.Base, digest: str, ws: Path, mine: list[PatchMeta], ur
     applied = [r for r in ur.patches if r.status == "applied"]
     return UpstreamRecord(base=base.describe, base_key=base.key, base_commit=base.commit, digest=digest, head=head,
                           selected=[p.id for p in mine],
-                          patches=[PatchRecord(r.id, r.file, c) for r, c in zip(applied, commits)])
+                          patches=[PatchRecord(r.id, r.file, c) for r, c in zip(applied, commits)], made=commits)
 
 
 def _conflict_message(series: Series, failed: list[UpstreamResult], opts: Options) -> tuple[str, str]:

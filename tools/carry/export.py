@@ -50,6 +50,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
         state = wd.load_state()
         pending: list[tuple[Path, str]] = []
         added = False
+        exported: dict[str, list[str]] = {}  # per upstream, the commit each patch was written from
         for name, rec in state.records():
             ws = wd.workspace(name)
             g = Git(ws)
@@ -72,6 +73,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                     hint="a new patch needs a [[patches]] entry in series.toml (then apply); fixup! commits "
                          f"fold into the patch they fix with `GIT_SEQUENCE_EDITOR=: git -C {ws} rebase -q -i "
                          f"--autosquash {rec.base_commit}`")
+            exported[name] = commits
             for commit, applied in zip(commits, rec.patches):
                 meta = series.patch(applied.id)
                 path = series.patch_path(meta)
@@ -99,7 +101,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
         for name, rec in state.records():
             chosen = [fresh.patch(pid) for pid in rec.selected]
             state.mark_exported(name, fresh.upstream_digest(name, chosen, rec.base_key),
-                                Git(wd.workspace(name)).head() or rec.head)
+                                Git(wd.workspace(name)).head() or rec.head, exported[name])
         if pending or state.to_dict() != before or added:
             wd.save_state(state)
     return result

@@ -1,7 +1,8 @@
 """The workspace record: what ``DIR/.carry/state.json`` holds (carry.workspace reads and writes it).
 
-Per upstream its base, the series digest it was built from and the commit of each applied patch,
-and the applied patch ids in series order. apply writes it; export, prove, bisect and retire read
+Per upstream its base, the series digest it was built from, the commit of each applied patch
+(as last applied or exported) and the commits apply made, and the applied patch ids in series
+order. apply writes it; export, prove, bisect and retire read
 it through these classes only.
 """
 
@@ -31,6 +32,9 @@ class UpstreamRecord:
     head: str
     selected: list[str]       # patch ids chosen for this upstream (applied or already upstream)
     patches: list[PatchRecord] = field(default_factory=list)  # one commit each, in order
+    # The commits apply itself made (export later records a patch's amended commit in ``patches``;
+    # those stay the user's, kept by a rebuild unless the rebuilt tree holds the same change).
+    made: list[str] = field(default_factory=list)
 
     def commit_of(self, patch_id: str) -> str | None:
         return next((p.commit for p in self.patches if p.id == patch_id), None)
@@ -72,10 +76,14 @@ class State:
         applied = {p.id for r in self.upstreams.values() for p in r.patches}
         self.order = [p.id for p in series.patches if p.id in applied]
 
-    def mark_exported(self, upstream: str, digest: str, head: str) -> None:
-        """Export wrote the workspace's commits to the patch files: the two agree again."""
+    def mark_exported(self, upstream: str, digest: str, head: str, commits: list[str]) -> None:
+        """Export wrote the workspace's commits to the patch files: the two agree again, and each
+        patch is the commit it was written from (an amend or a rebase in the workspace made new
+        ones; prove and bisect take a patch's tree from here)."""
         rec = self.upstreams[upstream]
         rec.digest, rec.head = digest, head
+        assert len(commits) == len(rec.patches), (upstream, len(commits), len(rec.patches))
+        rec.patches = [PatchRecord(p.id, p.file, commit) for p, commit in zip(rec.patches, commits)]
 
     # -- the file format ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -89,7 +97,8 @@ class State:
             patches = [PatchRecord(p["id"], p["file"], p["commit"]) for p in raw.get("patches", [])]
             ups[name] = UpstreamRecord(
                 base=raw["base"], base_key=raw["base_key"], base_commit=raw["base_commit"], digest=raw["digest"],
-                head=raw["head"], selected=list(raw.get("selected", [p.id for p in patches])), patches=patches)
+                head=raw["head"], selected=list(raw.get("selected", [p.id for p in patches])), patches=patches,
+                made=list(raw.get("made", [p.commit for p in patches])))
         order = doc.get("order")
         if order is None:  # version 1 kept no order: the upstreams' own, in the order they were recorded
             order = [p.id for rec in ups.values() for p in rec.patches]

@@ -288,7 +288,7 @@ class WorkDir:
         rebuilds move along. Returns {"ref", "from", "commits"} per tip kept.
         """
         old = Git(self.workspace(name))
-        made = sorted(c for c in {recorded.base_commit, *(p.commit for p in recorded.patches)} if c)
+        made = sorted(c for c in {recorded.base_commit, *recorded.made} if c)
         present = old("cat-file", "--batch-check", input="".join(f"{c}\n" for c in made)).stdout.splitlines()
         known = [line.split()[0] for line in present if line.split()[1:2] == ["commit"]]
         refs = old("for-each-ref", "--format=%(refname)").stdout.split()
@@ -299,12 +299,16 @@ class WorkDir:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         kept: list[dict[str, str]] = []
         seen: set[str] = set()
+        rebuilt = {_patch_id(g, c) for c in g.rev_list(f"refs/tags/{BASE_TAG}..HEAD")} - {None}  # its own base
         for ref in ["HEAD", *(r for r in refs if not r.startswith(SAVED_PREFIX) and r != f"refs/tags/{BASE_TAG}")]:
             tip = old.rev_parse(ref)
             if not tip or tip in seen:
                 continue
             seen.add(tip)
-            count = int(old("rev-list", "--count", tip, "--not", *known).stdout.strip() or 0)
+            mine = old("rev-list", tip, "--not", *known).stdout.split()
+            # A commit whose change the rebuilt tree holds (an exported amend, re-applied from its
+            # file) is not lost: only the others are kept.
+            count = len([c for c in mine if _patch_id(old, c) not in rebuilt]) if mine else 0
             if not count:
                 continue
             n, saved = 1, SAVED_PREFIX + stamp
@@ -322,3 +326,11 @@ class WorkDir:
             raise UsageError(f"{self.root} holds no workspace made by tools/apply.py",
                              hint=f"`{command('apply', series, '--workdir', self.root)}` first")
         return self.load_state()
+
+
+def _patch_id(g: Git, commit: str) -> str | None:
+    """git's stable patch id of one commit's change (None for a commit that changes nothing)."""
+    diff = g("show", "--format=", "--no-color", "--no-ext-diff", commit).stdout
+    out = g("patch-id", "--stable", input=diff).stdout.split()
+    return out[0] if out else None
+

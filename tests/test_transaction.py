@@ -74,10 +74,17 @@ def test_source_checkout_on_another_file_system_cold_cache(demo, tmpfs):
 
 
 # -- 4: interrupted or failing after the swap journal was written ---------------------------
+def _default_sigint() -> None:
+    # A test suite started in the background (`cmd &` in a script, nohup) hands its children
+    # SIGINT ignored, and Python then never raises KeyboardInterrupt: the run would sit at its
+    # stop point. The child gets SIGINT as a terminal's Ctrl-C delivers it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(args, env_extra=None, verb="apply"):
     env = dict(os.environ, **(env_extra or {}))
     return subprocess.Popen([sys.executable, str(TOOLS / f"{verb}.py"), *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
 
 
 def _wait_for(path: Path, proc, timeout=120.0) -> None:

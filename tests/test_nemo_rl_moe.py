@@ -34,15 +34,15 @@ def staged(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def built(staged, tmp_path_factory) -> Path:
-    """The MoE weights, built as the GPU host's setup builds them: the script, run in a fresh Python."""
-    model = tmp_path_factory.mktemp("host") / moe_fixtures.DIR
-    model.mkdir()
-    for f in (staged / moe_fixtures.DIR).iterdir():
-        (model / f.name).write_bytes(f.read_bytes())
-    report = model.parent / "w.json"
-    res = subprocess.run([sys.executable, str(NRL / "harness" / "moe_fixtures.py"), "weights", str(model), "--seed",
-                          "7", "--json", str(report)], capture_output=True, text=True, timeout=900, check=False)
-    assert res.returncode == 0, res.stderr[-2000:]
+    """The MoE weights, built by the GPU host's setup's own step (hostsetup.build_weights_from_stage:
+    the staged folder copied, the script run in a fresh Python, its report logged)."""
+    host = tmp_path_factory.mktemp("host")
+    model = host / moe_fixtures.DIR
+    with open(host / "setup.log", "w") as log:
+        built = hostsetup.build_weights_from_stage(log, staged / moe_fixtures.DIR, model,
+                                                   NRL / "harness" / "moe_fixtures.py", 7, "MoE model", sys.executable)
+    assert built["seed"] == 7 and not built["reused"], built
+    assert f"[run-on-gpu-host] MoE model {model}: seed 7" in (host / "setup.log").read_text()
     return model
 
 

@@ -242,20 +242,25 @@ def build_model(lay: Layout, log, python: str | None = None) -> dict:
     what build_weights reports: the seed, the config's sha256, each weight file's sha256.
     """
     doc = lay.stage_doc()["fixtures"]
-    src = lay.payload / doc["model"]
-    lay.model.mkdir(parents=True, exist_ok=True)
+    return build_weights_from_stage(log, lay.payload / doc["model"], lay.model, FIXTURES_PY, doc["seed"],
+                                    "model", python or str(lay.vpython))
+
+
+def build_weights_from_stage(log, src: Path, dest: Path, script: Path, seed: int, what: str, python: str) -> dict:
+    """Copy a staged model folder (config, tokenizer) to DEST and build its weights there with
+    ``SCRIPT weights DEST --seed SEED`` in PYTHON; log and return what the script reports."""
+    dest.mkdir(parents=True, exist_ok=True)
     for f in sorted(src.iterdir()):
         if f.is_file():
-            shutil.copy2(f, lay.model / f.name)
-    report = lay.model.parent / f".{lay.model.name}-weights.json"
+            shutil.copy2(f, dest / f.name)
+    report = dest.parent / f".{dest.name}-weights.json"
     report.unlink(missing_ok=True)
-    argv = [python or str(lay.vpython), str(FIXTURES_PY), "weights", str(lay.model), "--seed", str(doc["seed"]),
-            "--json", str(report)]
+    argv = [python, str(script), "weights", str(dest), "--seed", str(seed), "--json", str(report)]
     rc = stream(argv, log, env=child_env({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}), echo=False)
     if rc != 0 or not report.exists():
-        raise OperationError(f"building the model's weights in {lay.model} failed (exit {rc}): see {log.name}")
+        raise OperationError(f"building the {what}'s weights in {dest} failed (exit {rc}): see {log.name}")
     built = json.loads(report.read_text())
-    log.write(f"[run-on-gpu-host] model {lay.model}: seed {built['seed']}, {built['parameters']} parameters, "
+    log.write(f"[run-on-gpu-host] {what} {dest}: seed {built['seed']}, {built['parameters']} parameters, "
               + ", ".join(f"{n} sha256 {h}" for n, h in built["files"].items())
               + (" (kept from an earlier build)" if built["reused"] else f" (built in {built['seconds']}s)") + "\n")
     log.flush()

@@ -164,32 +164,13 @@ def require_model(lay) -> Path:
 
 def build_on_host(lay, log, python: str | None = None) -> dict | None:
     """As hostsetup.build_model, for the MoE model; None when the stage carries none."""
-    from carry.errors import OperationError
-
     from . import hostsetup
 
     doc = lay.stage_doc()["fixtures"]
     if "moe_model" not in doc:
         return None
-    src, dest = lay.payload / doc["moe_model"], model_dir(lay)
-    dest.mkdir(parents=True, exist_ok=True)
-    for f in sorted(src.iterdir()):
-        if f.is_file():
-            shutil.copy2(f, dest / f.name)
-    report = dest.parent / f".{dest.name}-weights.json"
-    report.unlink(missing_ok=True)
-    argv = [python or str(lay.vpython), str(Path(__file__)), "weights", str(dest), "--seed", str(doc["seed"]),
-            "--json", str(report)]
-    rc = hostsetup.stream(argv, log, env=hostsetup.child_env({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}),
-                          echo=False)
-    if rc != 0 or not report.exists():
-        raise OperationError(f"building the MoE model's weights in {dest} failed (exit {rc}): see {log.name}")
-    built = json.loads(report.read_text())
-    log.write(f"[run-on-gpu-host] MoE model {dest}: seed {built['seed']}, {built['parameters']} parameters, "
-              + ", ".join(f"{n} sha256 {h}" for n, h in built["files"].items())
-              + (" (kept from an earlier build)" if built["reused"] else f" (built in {built['seconds']}s)") + "\n")
-    log.flush()
-    return built
+    return hostsetup.build_weights_from_stage(log, lay.payload / doc["moe_model"], model_dir(lay), Path(__file__),
+                                              doc["seed"], "MoE model", python or str(lay.vpython))
 
 
 def main(argv: list[str]) -> int:

@@ -6,8 +6,8 @@ fc1 is one ``linear_fc1.weight<i>`` per local expert. Only TE builds it, so thes
 CUDA GPU and TransformerEngine >= 2.19 are (two gloo ranks on cuda:0) and skip elsewhere.
 
 Issue 23's first look on one H200 (a TE MoE GPT: 4 experts, top-2, SwiGLU experts, QKV bias),
-GTP on the expert axis only, pristine 0.19.2 (this file has not run on a GPU yet; it is meant to
-show the same):
+GTP on the expert axis only, pristine 0.19.2; this file shows the same, red on the pristine base
+and green on the series, on one H200 through the nightly (integration/proofs/h200/2026-12-01*/):
 
 - ``test_grouped_expert_checkpoint_layouts`` (mlm-gtp-swiglu-ckpt): a GTP-off checkpoint loaded
   into the expert-GTP model leaves the 8 tensors ``experts.linear_fc1.weight0..3`` of both layers
@@ -29,6 +29,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from _layouts import mismatches
 from _te_gpt import GPU_ONLY, assert_gtp_at_its_defaults, build_moe_like, model_parallel
 from _world import spawn
 
@@ -56,17 +57,6 @@ def _whole(model) -> dict[str, torch.Tensor]:
             value = torch.cat(parts)[: value.shape[0] * p.group.size() - p.pad_length]
         out[name] = value
     return out
-
-
-def _mismatches(expected: dict, got: dict) -> list[str]:
-    bad = []
-    for name, want in expected.items():
-        have = got[name]
-        if have.shape != want.shape:
-            bad.append(f"{name}: shape {tuple(have.shape)}, not {tuple(want.shape)}")
-        elif not torch.equal(have, want):
-            bad.append(f"{name}: max |diff| {float((have - want).abs().max()):.4g}")
-    return bad
 
 
 @torch.no_grad()
@@ -113,7 +103,7 @@ def _checkpoints(rank, world_size, tmp, gtp, expert_gtp):
     def load_and_compare(model, name, expected):
         def go():
             model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), os.path.join(tmp, name)))
-            return _mismatches(expected, _whole(model))
+            return mismatches(expected, _whole(model))
         return _outcome(go)
 
     out = {}
@@ -152,7 +142,7 @@ def _refit(rank, world_size, gtp, expert_gtp):
             prepare_swap_model_weights(src_model=src, target_model=dst, group=None)
             swap_model_weights(src, dst, refit_method="gloo", group=None)
             torch.cuda.synchronize()
-            return _mismatches(expected, _whole(dst))
+            return mismatches(expected, _whole(dst))
         return _outcome(go)
 
     out = {}

@@ -61,6 +61,32 @@ def make_wheel(path: Path, files: dict[str, bytes], name: str = "tinypkg", versi
 
 
 # -- the lock and the stage's hash checks --------------------------------------------------------
+def test_the_dry_runs_stand_in_is_the_measured_host():
+    """[dryrun] holds the GPU host's packages at the versions read there
+    (integration/proofs/h200-host-packages.txt), each pinned: an unpinned name took the index's
+    newest in the stand-in, e.g. filelock 4.x where the host has 3.32.5, the very difference that
+    stopped the Bridge proof's environment on the host. pydantic comes with the te ferry
+    (shared/gpu/stage-te.sh pins it), not with the host's image."""
+    import re
+
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    host = {}
+    for line in (ROOT / "integration" / "proofs" / "h200-host-packages.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            host[norm(name)] = version
+    te_ferry = {"pydantic": "2.14.4", "pydantic-core": "2.50.5"}
+    lk = wheel_lock.load(NRL / "wheels.toml")
+    assert lk.host_torch == host["torch"]
+    wrong = []
+    for spec in lk.host_packages:
+        name, _, version = spec.partition("==")
+        want = te_ferry.get(norm(name)) or host.get(norm(name))
+        if version != want:
+            wrong.append(f"{spec} (the host: {want or 'absent'})")
+    assert not wrong, wrong
+
+
 def test_lock_is_canonical_and_pins_every_artifact():
     lk = wheel_lock.load(NRL / "wheels.toml")
     assert wheel_lock.render(lk) == (NRL / "wheels.toml").read_text(), "wheels.toml is not in render()'s form"

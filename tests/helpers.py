@@ -104,3 +104,18 @@ def mini_test_module(name: str):
             where = getattr(sys.modules[mod], "__file__", None) or ""
             if mod == name or Path(where).resolve().parent == MINI.parent:
                 del sys.modules[mod]
+
+
+def tiny_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
+    """A real (empty) wheel file: enough for pip to resolve, install and check."""
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{info}/METADATA", meta)
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path
+

@@ -344,6 +344,30 @@ def test_a_damaged_part_is_caught_here_and_there(tmp_path):
 
 
 # -- the dry-run on a small part set ---------------------------------------------------------------
+def test_the_dry_run_names_a_staged_wheel_that_wants_another_version_than_the_host_has(tmp_path):
+    """The host installs the staged wheels --no-deps, so a staged package that requires another
+    version of what the host holds is found only by an import there. The stand-in's pip check
+    names it; a host package's own conflict and a declared requirement left out on purpose are
+    not the staged wheels' doing and are not counted."""
+    from harness.dryrun import staged_version_conflicts
+    from helpers import tiny_wheel
+
+    wheels_dir = tmp_path / "w"
+    wheels_dir.mkdir()
+    host = [tiny_wheel(wheels_dir, "carryhostlock", "3.0"),
+            tiny_wheel(wheels_dir, "carryhostother", "1.0", ("carryhostlock>=4",))]  # the host's own clash
+    staged = [tiny_wheel(wheels_dir, "carrystagedstore", "1.0", ("carryhostlock>=4.1,<5",)),
+              tiny_wheel(wheels_dir, "carrystagedfine", "1.0", ("carryhostlock<4", "carryleftout>=1"))]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    vpy = str(venv / "bin" / "python")
+    subprocess.run([vpy, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check",
+                    *map(str, host + staged)], check=True)
+    clash = staged_version_conflicts(vpy, [w.name for w in staged])
+    assert len(clash) == 1 and clash[0].startswith("carrystagedstore 1.0 has requirement carryhostlock"), clash
+    assert "carryhostlock 3.0" in clash[0]
+
+
 def _fake_nrl_ferry(root: Path, damaged: bool = False) -> None:
     """A payload shaped like the stage's, with two tiny real wheels, packed as the nrl ferry."""
     import lzma

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fakeup import add_proofs
-from helpers import SERIES, apply_demo, read_json, tool
+from helpers import SERIES, apply_demo, read_json, tiny_wheel, tool
 
 network = pytest.mark.network
 
@@ -154,18 +154,6 @@ def test_the_bridge_folder_pins_what_the_test_extra_holds():
         assert staged.get(name) == version, (name, version, staged.get(name))
 
 
-def _wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
-    """A real (empty) wheel file, enough for pip to read and resolve."""
-    import zipfile
-
-    info = f"{name}-{version}.dist-info"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
-    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as z:
-        z.writestr(f"{info}/METADATA", meta)
-        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        z.writestr(f"{info}/RECORD", "")
-
-
 def test_a_conflict_names_who_wants_what(tmp_path, monkeypatch):
     """Offline, a pin that no wheel beside the host's packages can satisfy: the error says which
     packages want which versions of what (before: only pip's last lines, "ResolutionImpossible",
@@ -175,10 +163,10 @@ def test_a_conflict_names_who_wants_what(tmp_path, monkeypatch):
 
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    _wheel(wheels, "carrytesta", "1.0", ("carrytestc>=2",))
-    _wheel(wheels, "carrytestb", "1.0", ("carrytestc<2",))
-    _wheel(wheels, "carrytestc", "1.0")
-    _wheel(wheels, "carrytestc", "2.0")
+    tiny_wheel(wheels, "carrytesta", "1.0", ("carrytestc>=2",))
+    tiny_wheel(wheels, "carrytestb", "1.0", ("carrytestc<2",))
+    tiny_wheel(wheels, "carrytestc", "1.0")
+    tiny_wheel(wheels, "carrytestc", "2.0")
     req = tmp_path / "requirements.txt"
     req.write_text("carrytesta==1.0\ncarrytestb==1.0\n")
     monkeypatch.setenv("PIP_NO_INDEX", "1")

@@ -132,6 +132,21 @@ def stand_in_venv(o: Options, lk: wheel_lock.Lock, py: str) -> Path:
     return venv
 
 
+def staged_version_conflicts(vpy: str, wheel_files: list[str]) -> list[str]:
+    """pip check's version conflicts of the staged wheels in the stand-in: a staged package that
+    requires another version of something the host (or another staged wheel) holds. The host
+    installs them --no-deps, so nothing else would notice before an import fails there. A
+    requirement that is not installed at all is not counted: wheels.toml leaves some declared
+    ones out on purpose (its ``why``)."""
+    import re
+
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    staged = {norm(f.split("-")[0]) for f in wheel_files}
+    out = run([vpy, "-m", "pip", "check", "--disable-pip-version-check"], check=False).stdout
+    return [line.strip() for line in out.splitlines()
+            if " has requirement " in line and norm(line.split()[0]) in staged]
+
+
 def _env_for(venv: Path, pythonpath: list[Path], extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(PATH=f"{venv / 'bin'}:{hostsetup.SHIMS}:{env.get('PATH', '')}",
@@ -258,6 +273,11 @@ def dry_run(o: Options) -> dict:
         _say(o, "staged wheels install (--no-index --no-deps)", res.ok, res.stderr.strip()[-300:] if not res.ok else
              f"{len(built)} into {venv}" + (f"; for the host's platform, as this glibc is older: "
                                             f"{', '.join(w.name for w in foreign)}" if foreign else ""))
+        if res.ok:
+            clash = staged_version_conflicts(vpy, [w.name for w in built])
+            _say(o, "staged wheels' requirements against the host's packages", not clash,
+                 "; ".join(clash) if clash else "no staged wheel requires another version of what the host or "
+                                                 "the other staged wheels hold (pip check)")
         # 3b: the model, built as the GPU host's setup builds it
         log_path = work / "model.log"
         with open(log_path, "w") as log:

@@ -57,13 +57,16 @@ def engine():
 
 @pytest.fixture(scope="module")
 def built(engine, pin_cache, tmp_path_factory):
-    """The cpu flavour of the real series, built once; everything made is removed afterwards."""
+    """The cpu flavour of the real series, built once; the images built are removed afterwards.
+
+    The cpu base (make-cpu-base.sh) is made when the engine lacks it and then kept: it is the
+    engine's shared base, as on a user's machine. Removing it at the end broke a second test
+    session running beside this one on the same engine (its builds found no base midway).
+    """
     repo = f"gtp-carry-test-{uuid.uuid4().hex[:8]}/gtp-te219"
-    made_base = False
     if engine.image_id(CPU_BASE) is None:
         t0 = time.monotonic()
         subprocess.run(["bash", str(IMAGE_DIR / "base" / "make-cpu-base.sh")], check=True, timeout=1800)
-        made_base = True
         base_seconds = time.monotonic() - t0
     else:
         base_seconds = None
@@ -85,8 +88,6 @@ def built(engine, pin_cache, tmp_path_factory):
             for cid in ps:
                 engine.rm(cid)
         engine.rmi(tags)
-        if made_base:
-            engine.rmi([CPU_BASE])
         left = engine.images(f"{repo}")
         assert not left, f"images left behind: {left}"
 

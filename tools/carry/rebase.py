@@ -17,7 +17,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import progress, seriesedit, sources
+from . import progress, seriesedit, sources, trial
 from .am import ABSENT, am_patches, clone_base, older_bases
 from .errors import ConflictError, DirtyTreeError, UsageError
 from .export import format_patch
@@ -215,7 +215,7 @@ def _write(series: Series, new_up, new_texts: dict[str, str], cache: Path, sourc
     if retired:
         text = seriesedit.remove_patches(text, {v.id for v in retired})
     text = seriesedit.repin(text, new_up, new_up.sources[0])
-    check = seriesedit.trial_apply(series, text, new_texts, new_up.name, cache, source)
+    check = trial.trial_apply(series, text, new_texts, new_up.name, cache, source)
     if not check.ok:
         raise ConflictError("the refreshed series does not re-apply on the new base; nothing was written:\n"
                             + (check.error or ""))

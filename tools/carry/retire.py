@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import progress, seriesedit, sources
+from . import progress, seriesedit, sources, trial
 from .am import am_each, older_bases
 from .apply import Options, apply_series
 from .errors import OperationError, UsageError
@@ -227,7 +227,7 @@ def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: 
     if landed:
         text = seriesedit.remove_patches(text, set(landed))
     text = seriesedit.repin(text, new_up, new_up.sources[0])
-    check = seriesedit.trial_apply(series, text, {}, new_up.name, cache, source)
+    check = trial.trial_apply(series, text, {}, new_up.name, cache, source)
     if not check.ok:
         rep.ok = False
         rep.error = "the remaining series does not apply on the new base; nothing was written:\n" + (check.error or "")

@@ -1,21 +1,16 @@
 """Edits to series.toml as text, so comments and layout elsewhere survive.
 
 Only two edits exist: drop [[patches]] tables by id, and re-pin an upstream.
-An edited series is applied in scratch (``trial_apply``) before it replaces
-the real one.
+An edited series is applied in scratch (carry.trial) before it replaces the
+real one; this module only edits text and imports nothing that applies.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
-from pathlib import Path
 
-from .apply import Options, apply_series
 from .errors import ConfigError
-from .manifest import Series, Upstream, load
-from .report import ApplyReport
+from .manifest import Upstream
 
 _HEADER = re.compile(r"(?m)^[ \t]*\[\[?[^\]\n]+\]\]?[ \t]*(#.*)?$")
 
@@ -96,21 +91,3 @@ def repin(text: str, up: Upstream, kind: str) -> str:
             block = "\n".join(lines) + "\n\n" + _trailer(block).lstrip("\n")
         out.append(block)
     return "".join(out)
-
-
-def trial_apply(series: Series, toml_text: str, patch_texts: dict[str, str], upstream: str, cache: Path,
-                source: Path | None) -> ApplyReport:
-    """Apply an edited copy of the series (new manifest text, replaced patch files) in scratch.
-
-    Retire and rebase call this before they touch the real series: if the edited series does
-    not apply on its new base, nothing is written.
-    """
-    with tempfile.TemporaryDirectory(prefix="carry-trial-") as tmp:
-        trial = Path(tmp) / series.name
-        shutil.copytree(series.root, trial)
-        (trial / "series.toml").write_text(toml_text)
-        for pid, body in patch_texts.items():
-            (trial / series.patch(pid).file).write_text(body)
-        return apply_series(load(trial), Options(
-            workdir=Path(tmp) / "work", cache=cache, only=[upstream],
-            sources={upstream: source} if source else {}))

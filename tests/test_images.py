@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from carry import manifest
+from carry.series import manifest
 from carry.docker import Docker, docker_binary
 from helpers import ROOT, SERIES, git, python_at_least, read_json, tool
 

@@ -114,7 +114,7 @@ def test_corrupt_wheel_given_to_source(tmp_path, pin_cache):
 
 def test_cached_artifact_path_that_is_a_folder(tmp_path):
     """The pinned wheel's place in the cache is a folder: named, exit 2, no traceback."""
-    from carry.repo import load_series
+    from carry.series.repo import load_series
 
     up = load_series("gtp").upstream("megatron-bridge")
     art = up.pypi.tree_artifact
@@ -179,7 +179,7 @@ def test_disk_full_while_downloading_is_named_so(tmp_path, mount):
 def test_disk_full_while_unpacking_is_named_so(tmp_path, mount, pin_cache):
     """The pinned wheel is in the cache, its unpacked tree does not fit beside it."""
     from carry.artifacts import fetch_artifact
-    from carry.repo import load_series
+    from carry.series.repo import load_series
 
     up = load_series("gtp").upstream("megatron-bridge")
     art = up.pypi.tree_artifact

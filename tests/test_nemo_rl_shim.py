@@ -13,8 +13,8 @@ import ast
 import sys
 
 from carry.errors import PatchFormatError
-from carry.manifest import load
-from carry.patchfile import new_file_text
+from carry.series.manifest import load
+from carry.series.patchfile import new_file_text
 from carry.prove import run_proof
 from helpers import SERIES
 

@@ -386,7 +386,7 @@ def test_judge_on_committed_gpu_logs_of_the_mini_test():
     the pristine tree and a series without a patch fail naming a series patch they lack; a bug the
     series does not fix fails on a gate, with no patch named."""
     from carry.judge import parse_gate
-    from carry.manifest import load
+    from carry.series.manifest import load
     from carry.nightly_config import load as load_matrix
 
     cells = {t.name: t for t in load_matrix(ROOT / "integration" / "nightly.toml").tests}

@@ -185,7 +185,7 @@ def test_rebase_summary_and_conflict_continue(history, tmp_path):
                history["cache"], "--workdir", tmp_path / "rw", "--continue", check=2)
     assert "expected" in res.stderr  # 'different' has no commit: the series must say so first
     text = (sdir / "series.toml").read_text()
-    from carry.seriesedit import remove_patches
+    from carry.series.edit import remove_patches
     (sdir / "series.toml").write_text(remove_patches(text, {"different"}))
     (sdir / "megatron-lm/0002-different.patch").unlink()
     res = tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", f"megatron-lm={up}", "--cache",
@@ -410,8 +410,8 @@ def test_repin_keeps_the_comment_that_introduces_the_next_section():
     the last pin table's block ran to the next header, and repin rewrote it whole."""
     from dataclasses import replace
 
-    from carry import seriesedit
-    from carry.manifest import load
+    from carry.series import edit as seriesedit
+    from carry.series.manifest import load
 
     series = load(SERIES)
     text = (SERIES / "series.toml").read_text()

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from carry.errors import DirtyTreeError
-from carry.manifest import load
+from carry.series.manifest import load
 from carry.workspace import STATE_VERSION, State, UpstreamRecord, WorkDir
 from helpers import apply_demo, git
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from . import progress
 from .errors import PatchFormatError
-from .manifest import PatchMeta, Series
-from .patchfile import parse_file
+from .series.manifest import PatchMeta, Series
+from .series.patchfile import parse_file
 from .report import PatchResult
 from .runner import Git
 from .sources import Base

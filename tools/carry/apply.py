@@ -19,9 +19,9 @@ from .am import am_patches, clone_base, older_bases
 from .errors import DirtyTreeError, PatchFormatError, UsageError
 from .files import write_json
 from .lock import LOCK_TIMEOUT
-from .manifest import PatchMeta, Series
-from .patchfile import parse_file, safety_problems
-from .repo import command
+from .series.manifest import PatchMeta, Series
+from .series.patchfile import parse_file, safety_problems
+from .series.repo import command
 from .report import ApplyReport, PatchResult, UpstreamResult
 from .runner import Git
 from .workspace import PatchRecord, UpstreamRecord, WorkDir

@@ -21,7 +21,7 @@ from pathlib import Path
 from . import progress
 from .errors import ConfigError, IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
 from .lock import building
-from .manifest import Artifact, PyPISource
+from .series.manifest import Artifact, PyPISource
 from .runner import run
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import UsageError
-from .manifest import PatchMeta, Series
+from .series.manifest import PatchMeta, Series
 from .prove import extract
-from .repo import command
+from .series.repo import command
 from .workspace import WorkDir
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import progress
 from .errors import CarryError
-from .manifest import Series
+from .series.manifest import Series
 from .retire import Verdict, retire
 from .runner import Git
 from .workspace import WorkDir

@@ -15,8 +15,8 @@ from . import progress
 from .errors import DirtyTreeError, DriftError, UsageError
 from .files import write_atomic
 from .lock import LOCK_TIMEOUT
-from .manifest import Series, load
-from .repo import command
+from .series.manifest import Series, load
+from .series.repo import command
 from .runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
 from .workspace import PatchRecord, UpstreamRecord, WorkDir
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError, OperationError, UsageError
-from .manifest import _suggest
+from .series.manifest import _suggest
 
 
 # -- typed errors ----------------------------------------------------------------------

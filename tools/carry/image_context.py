@@ -20,8 +20,8 @@ from pathlib import Path
 from .apply import Options, apply_series
 from .errors import OperationError
 from .image_config import Flavor, ImageConfig, check_te
-from .manifest import Series, file_sha256
-from .repo import command
+from .series.manifest import Series, file_sha256
+from .series.repo import command
 
 TAG_SCHEMA = "gtp-carry-image-1"
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .launch import CONTAINER_ROOT, Mount, Plan, docker_plan, local_plan, slurm_plan
-from .manifest import PatchMeta, Series
+from .series.manifest import PatchMeta, Series
 from .nightly_config import Image, NightlyConfig, Spec, expand, expand_env
-from .repo import REPO_ROOT
+from .series.repo import REPO_ROOT
 
 FUNCTIONAL_WRAPPER = "integration/nemo_rl_gtp/run-in-image.sh"
 

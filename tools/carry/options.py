@@ -13,11 +13,11 @@ import os
 import sys
 from pathlib import Path
 
-from . import repo
+from .series import repo
 from .errors import UsageError
 from .files import write_json
 from .lock import LOCK_TIMEOUT
-from .manifest import EntryError, Series
+from .series.manifest import EntryError, Series
 from .sources import check_override, default_cache
 
 EPILOG = ("exit codes: 0 success; 1 the operation failed and nothing was changed; "

@@ -30,7 +30,7 @@ from pathlib import Path
 from . import progress
 from .errors import SourceError
 from .lock import building
-from .manifest import Series
+from .series.manifest import Series
 from .runner import run
 
 COMPLETE = ".carry-complete"

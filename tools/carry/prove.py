@@ -38,8 +38,8 @@ from pathlib import Path
 from . import progress, proofenv, tesite
 from .errors import CommandError, SourceError, UsageError
 from .lock import LOCK_TIMEOUT
-from .manifest import PatchMeta, Series
-from .repo import command
+from .series.manifest import PatchMeta, Series
+from .series.repo import command
 from .runner import Git, run
 from .workspace import WorkDir
 

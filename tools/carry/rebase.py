@@ -17,14 +17,15 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import progress, seriesedit, sources, trial
+from . import progress, sources, trial
+from .series import edit as seriesedit
 from .am import ABSENT, am_patches, clone_base, older_bases
 from .errors import ConflictError, DirtyTreeError, UsageError
 from .export import format_patch
 from .files import write_atomic, write_json
-from .manifest import Series
-from .patchfile import parse_file
-from .repo import command
+from .series.manifest import Series
+from .series.patchfile import parse_file
+from .series.repo import command
 from .retire import Verdict, commit_retirement, link_signal
 from .runner import Git
 

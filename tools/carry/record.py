@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .manifest import PatchMeta, Series
+from .series.manifest import PatchMeta, Series
 
 STATE_VERSION = 2
 

@@ -24,12 +24,13 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import progress, seriesedit, sources, trial
+from . import progress, sources, trial
+from .series import edit as seriesedit
 from .am import am_each, older_bases
 from .apply import Options, apply_series
 from .errors import OperationError, UsageError
 from .files import write_atomic
-from .manifest import PatchMeta, Series
+from .series.manifest import PatchMeta, Series
 from .prove import extract, run_proof
 from .runner import Git
 from .workspace import WorkDir

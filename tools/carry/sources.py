@@ -26,16 +26,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import progress
-from .artifacts import (
-    check_pin,
-    download_version,
-    fetch_artifact,
-    sha256_file,
-    unpack_wheel,
-)
+from .artifacts import check_pin, download_version, fetch_artifact, sha256_file, unpack_wheel
 from .errors import IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
 from .lock import building
-from .manifest import SOURCE_KINDS, Artifact, Upstream
+from .series.manifest import SOURCE_KINDS, Artifact, Upstream
 from .runner import Git
 
 GIT_ONLY = tuple(k for k in SOURCE_KINDS if k == "git")  # git as a pin's only source (not a command line)

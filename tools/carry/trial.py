@@ -1,6 +1,6 @@
 """An edited series (new manifest text, replaced patch files) applied in scratch.
 
-Retire and rebase edit the series as text (carry.seriesedit) and call this
+Retire and rebase edit the series as text (carry.series.edit) and call this
 before they touch the real series: if the edited series does not apply on its
 new base, nothing is written.
 """
@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from .apply import Options, apply_series
-from .manifest import Series, load
+from .series.manifest import Series, load
 from .report import ApplyReport
 
 

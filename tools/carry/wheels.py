@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import progress
 from .errors import IntegrityError, UsageError
-from .manifest import Series, Upstream
+from .series.manifest import Series, Upstream
 from .runner import Git
 from .artifacts import fetch_artifact
 

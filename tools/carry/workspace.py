@@ -29,8 +29,8 @@ from .am import BASE_TAG
 from .errors import DirtyTreeError, OperationError, UsageError
 from .files import fsync_dir, write_json
 from .lock import LOCK_TIMEOUT, DirLock, patience
-from .manifest import Series
-from .repo import command
+from .series.manifest import Series
+from .series.repo import command
 from .record import STATE_VERSION, PatchRecord, State, UpstreamRecord  # noqa: F401  (imported from here)
 from .runner import Git
 

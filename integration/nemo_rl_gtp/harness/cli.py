@@ -12,7 +12,7 @@ from carry import progress
 from carry.errors import UsageError
 from carry.files import write_json
 from carry.options import EPILOG, Parser, name_paths
-from carry.repo import load_series
+from carry.series.repo import load_series
 from carry.sources import default_cache
 
 from . import cases as casing

@@ -38,7 +38,7 @@ from pathlib import Path
 from carry import progress
 from carry.artifacts import fetch_artifact, sha256_file
 from carry.errors import SourceError, UsageError
-from carry.manifest import Series
+from carry.series.manifest import Series
 from carry.runner import Git, run
 from carry.sources import mirror_path
 

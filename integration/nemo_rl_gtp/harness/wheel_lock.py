@@ -21,7 +21,7 @@ from pathlib import Path
 
 from carry.artifacts import sha256_file
 from carry.errors import ConfigError, IntegrityError
-from carry.manifest import _suggest
+from carry.series.manifest import _suggest
 
 
 @dataclass(frozen=True)

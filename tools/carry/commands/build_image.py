@@ -9,7 +9,7 @@ from .. import options, progress, report
 from ..errors import CarryError
 from ..image_config import load_image
 from ..images import BuildOptions, build_image
-from ..repo import REPO_ROOT, load_series
+from ..series.repo import REPO_ROOT, load_series
 
 
 DESCRIPTION = """\

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from .. import canary, nightly_config, options, tesite
 from ..errors import ConfigError
-from ..manifest import Series, load
+from ..series.manifest import Series, load
 from ..nightly import NOT_GREEN, run_canaries, run_nightly, write_outputs
 from ..nightly_config import NightlyConfig
 from ..nightly_plan import Options, cells, default_run_id, plan, seed_for, timeout_for
-from ..repo import REPO_ROOT, load_series
+from ..series.repo import REPO_ROOT, load_series
 from ..report import table
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from .. import options, report
-from ..manifest import load
+from ..series.manifest import load
 from ..retire import retire
 
 DESCRIPTION = """\

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .manifest import Upstream
 
 _HEADER = re.compile(r"(?m)^[ \t]*\[\[?[^\]\n]+\]\]?[ \t]*(#.*)?$")

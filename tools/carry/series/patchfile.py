@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from .errors import PatchFormatError
+from ..errors import PatchFormatError
 
 _DIFF_RE = re.compile(r"^diff --git (?P<a>\S+) (?P<b>\S+)$")
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import CarryError
+from ..errors import CarryError
 from .manifest import NO_PROOF, PatchMeta, Series
 from .patchfile import parse_file, safety_problems
 

@@ -13,9 +13,9 @@ import shlex
 from pathlib import Path
 
 from . import manifest
-from .errors import UsageError
+from ..errors import UsageError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 PATCHES = REPO_ROOT / "patches"
 
 

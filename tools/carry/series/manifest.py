@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 from . import entries
 from .entries import ID_RE, suggest as _suggest  # noqa: F401  (names other modules import from here)
-from .errors import ConfigError, UsageError
+from ..errors import ConfigError, UsageError
 
 STATUSES = ("pending", "submitted", "backport", "merged", "rejected", "inappropriate")
 UPSTREAM_NAMES = ("megatron-lm", "megatron-bridge", "nemo-rl")
@@ -150,7 +150,7 @@ class Series:
         return h.hexdigest()
 
     def entry_problems(self) -> list[tuple[str, str]]:
-        """(where, message) for each bad patch entry (carry.entries)."""
+        """(where, message) for each bad patch entry (carry.series.entries)."""
         return entries.entry_problems(self)
 
     def problems(self) -> list[tuple[str, str]]:
@@ -158,7 +158,7 @@ class Series:
         return self.entry_problems() + self.requires_problems()
 
     def requires_problems(self) -> list[tuple[str, str]]:
-        """(where, message) for each broken ``requires`` (carry.entries)."""
+        """(where, message) for each broken ``requires`` (carry.series.entries)."""
         return entries.requires_problems(self)
 
     def digest(self, selected: Iterable[PatchMeta]) -> str:

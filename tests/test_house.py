@@ -1,7 +1,8 @@
 """The shape of the library, checked: what issue 14's redesign promised stays true.
 
-- plumbing (clone a base, git am) lives in carry.am; carry.apply is the transaction, and a
-  module that imports it takes only apply_series and its Options, under their own names;
+- plumbing (clone a base, git am) lives in carry.workspace.am; carry.workspace.apply is the
+  transaction, and a module that imports it takes only apply_series and its Options, under their
+  own names;
 - every git command goes through carry.runner (no ["git", ...] argv elsewhere);
 - one CLI: tools/*.py are shims onto carry.cli, commands live in carry.commands, library
   modules do not import the command line; `gtp-carry` is a console script that works;
@@ -20,6 +21,7 @@ from pathlib import Path
 from helpers import ROOT, TOOLS
 
 PKG = TOOLS / "carry"
+WS = PKG / "workspace"
 LIBRARY = sorted(p for p in PKG.glob("*.py"))
 EVERY = sorted(PKG.rglob("*.py"))
 
@@ -42,7 +44,7 @@ def _resolves_to(path: Path, written: str, target: str) -> bool:
     dots = len(written) - len(written.lstrip("."))
     pkg = list(path.relative_to(TOOLS).parent.parts)
     base = pkg[: len(pkg) - (dots - 1)]
-    return ".".join(base + [written.lstrip(".")]) == f"carry.{target}"
+    return ".".join(base + [written.lstrip(".")] if written.lstrip(".") else base) == f"carry.{target}"
 
 
 def test_plumbing_is_in_am_and_apply_is_only_the_transaction():
@@ -50,20 +52,20 @@ def test_plumbing_is_in_am_and_apply_is_only_the_transaction():
         return {n.name for n in ast.parse(path.read_text()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
 
     for name in ("am_patches", "am_each", "clone_base", "older_bases"):
-        assert name in defined(PKG / "am.py") and name not in defined(PKG / "apply.py"), name
-    assert "apply_series" in defined(PKG / "apply.py") and "apply" not in defined(PKG / "apply.py")
+        assert name in defined(WS / "am.py") and name not in defined(WS / "apply.py"), name
+    assert "apply_series" in defined(WS / "apply.py") and "apply" not in defined(WS / "apply.py")
     importers = []
     for path in EVERY:
         for written, names in _imports(path):
-            if _resolves_to(path, written, "apply"):
+            if _resolves_to(path, written, "workspace.apply"):
                 importers.append(path.relative_to(PKG).as_posix())
                 assert {n for n, _ in names} <= {"apply_series", "Options"}, (path, names)
                 assert all(alias in (None, "ApplyOptions") for _, alias in names), (path, names)
-            parent = _resolves_to(path, written, "") or written in (".", "..")
+            parent = _resolves_to(path, written, "workspace")
             assert not (parent and any(n == "apply" for n, _ in names)), f"{path} imports the module apply"
     # The modules that run the whole transaction (and nothing else does).
     assert sorted(set(importers)) == ["commands/apply.py", "image_context.py", "nightly.py", "retire.py",
-                                 "trial.py"]
+                                 "workspace/trial.py"]
 
 
 def test_every_git_command_goes_through_the_runner():

@@ -247,7 +247,7 @@ def test_real_release_pair_landed_by_behaviour(tmp_path, pin_cache):
                         "            return get_fp4_context(cfg, self.layer_number - 1)\n"
                         "        return nullcontext()\n", 1)
     f.write_text(text)
-    from carry.export import format_patch
+    from carry.workspace.export import format_patch
     commit = Git(ws).commit_all("transformer_layer: a quantization context for fine-grained schedules")
     (sdir / "megatron-lm").mkdir()
     (sdir / "megatron-lm/0001-quant-context.patch").write_text(format_patch(ws, commit))

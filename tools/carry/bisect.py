@@ -20,7 +20,7 @@ from .errors import UsageError
 from .series.manifest import PatchMeta, Series
 from .prove import extract
 from .series.repo import command
-from .workspace import WorkDir
+from .workspace.workdir import WorkDir
 
 
 @dataclass

@@ -25,7 +25,7 @@ from .errors import CarryError
 from .series.manifest import Series
 from .retire import Verdict, retire
 from .runner import Git
-from .workspace import WorkDir
+from .workspace.workdir import WorkDir
 
 
 @dataclass

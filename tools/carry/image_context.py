@@ -17,7 +17,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .apply import Options, apply_series
+from .workspace.apply import Options, apply_series
 from .errors import OperationError
 from .image_config import Flavor, ImageConfig, check_te
 from .series.manifest import Series, file_sha256

@@ -1,6 +1,6 @@
 """The nightly: every (series x image x test) cell of integration/nightly.toml, judged.
 
-For each series the patched trees are built (carry.apply, all upstreams); then
+For each series the patched trees are built (carry.workspace.apply, all upstreams); then
 each cell (carry.nightly_plan) runs where its image says (this machine, ``docker run``, ``srun``
 with a squashfs), bounded by a timeout, and is judged by carry.judge from
 what it left: exit status, log, metrics. A failed cell is bisected over the
@@ -33,8 +33,8 @@ from pathlib import Path
 
 from . import canary, progress
 from . import nightly_report as reports
-from .apply import Options as ApplyOptions
-from .apply import apply_series
+from .workspace.apply import Options as ApplyOptions
+from .workspace.apply import apply_series
 from .bisect import BisectResult, PrefixTrees, bisect
 from .errors import CarryError
 from .files import write_json

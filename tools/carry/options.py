@@ -18,7 +18,7 @@ from .errors import UsageError
 from .files import write_json
 from .lock import LOCK_TIMEOUT
 from .series.manifest import EntryError, Series
-from .sources import check_override, default_cache
+from .workspace.sources import check_override, default_cache
 
 EPILOG = ("exit codes: 0 success; 1 the operation failed and nothing was changed; "
           "2 bad usage, input or configuration")

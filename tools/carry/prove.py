@@ -41,7 +41,7 @@ from .lock import LOCK_TIMEOUT
 from .series.manifest import PatchMeta, Series
 from .series.repo import command
 from .runner import Git, run
-from .workspace import WorkDir
+from .workspace.workdir import WorkDir
 
 
 @dataclass

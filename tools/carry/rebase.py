@@ -17,11 +17,12 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import progress, sources, trial
+from . import progress
+from .workspace import sources, trial
 from .series import edit as seriesedit
-from .am import ABSENT, am_patches, clone_base, older_bases
+from .workspace.am import ABSENT, am_patches, clone_base, older_bases
 from .errors import ConflictError, DirtyTreeError, UsageError
-from .export import format_patch
+from .workspace.export import format_patch
 from .files import write_atomic, write_json
 from .series.manifest import Series
 from .series.patchfile import parse_file

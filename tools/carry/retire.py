@@ -24,16 +24,17 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import progress, sources, trial
+from . import progress
+from .workspace import sources, trial
 from .series import edit as seriesedit
-from .am import am_each, older_bases
-from .apply import Options, apply_series
+from .workspace.am import am_each, older_bases
+from .workspace.apply import Options, apply_series
 from .errors import OperationError, UsageError
 from .files import write_atomic
 from .series.manifest import PatchMeta, Series
 from .prove import extract, run_proof
 from .runner import Git
-from .workspace import WorkDir
+from .workspace.workdir import WorkDir
 
 
 @dataclass

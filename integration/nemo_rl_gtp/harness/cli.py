@@ -13,7 +13,7 @@ from carry.errors import UsageError
 from carry.files import write_json
 from carry.options import EPILOG, Parser, name_paths
 from carry.series.repo import load_series
-from carry.sources import default_cache
+from carry.workspace.sources import default_cache
 
 from . import cases as casing
 from . import learning

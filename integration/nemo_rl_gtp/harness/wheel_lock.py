@@ -19,7 +19,7 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from carry.artifacts import sha256_file
+from carry.workspace.artifacts import sha256_file
 from carry.errors import ConfigError, IntegrityError
 from carry.series.manifest import _suggest
 

@@ -6,7 +6,7 @@ import sys
 import time
 
 from .. import options, report
-from ..apply import Options, apply_series
+from ..workspace.apply import Options, apply_series
 from ..errors import CarryError, UsageError
 
 DESCRIPTION = """\

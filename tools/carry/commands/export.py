@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import options
 from ..errors import CarryError, DriftError
-from ..export import export
+from ..workspace.export import export
 
 DESCRIPTION = """\
 Regenerate the series' patch files from the workspace commits (normalised).

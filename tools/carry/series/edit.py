@@ -1,7 +1,7 @@
 """Edits to series.toml as text, so comments and layout elsewhere survive.
 
 Only two edits exist: drop [[patches]] tables by id, and re-pin an upstream.
-An edited series is applied in scratch (carry.trial) before it replaces the
+An edited series is applied in scratch (carry.workspace.trial) before it replaces the
 real one; this module only edits text and imports nothing that applies.
 """
 

@@ -2,7 +2,7 @@
 
 ``DIR/<upstream>`` is the patched tree in the upstream's git layout: the
 pinned base commit, then one commit per patch. ``DIR/.carry/state.json`` is
-the workspace record (``State``, carry.record). This module owns the file:
+the workspace record (``State``, carry.workspace.record). This module owns the file:
 it loads, saves and journals it, and swaps the trees it describes.
 
 New trees are built under ``DIR/.carry/staging-*`` and swapped in only when
@@ -24,15 +24,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from . import progress
+from .. import progress
 from .am import BASE_TAG
-from .errors import DirtyTreeError, OperationError, UsageError
-from .files import fsync_dir, write_json
-from .lock import LOCK_TIMEOUT, DirLock, patience
-from .series.manifest import Series
-from .series.repo import command
+from ..errors import DirtyTreeError, OperationError, UsageError
+from ..files import fsync_dir, write_json
+from ..lock import LOCK_TIMEOUT, DirLock, patience
+from ..series.manifest import Series
+from ..series.repo import command
 from .record import STATE_VERSION, PatchRecord, State, UpstreamRecord  # noqa: F401  (imported from here)
-from .runner import Git
+from ..runner import Git
 
 SAVED_PREFIX = "refs/carry/saved/"
 _STAGING_NAME = re.compile(r"staging-[A-Za-z0-9_]+")

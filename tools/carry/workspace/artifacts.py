@@ -18,11 +18,11 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from . import progress
-from .errors import ConfigError, IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
-from .lock import building
-from .series.manifest import Artifact, PyPISource
-from .runner import run
+from .. import progress
+from ..errors import ConfigError, IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
+from ..lock import building
+from ..series.manifest import Artifact, PyPISource
+from ..runner import run
 
 
 def sha256_file(path: Path) -> str:

@@ -4,7 +4,7 @@ All-or-nothing across upstreams: every selected upstream is rebuilt in
 staging first; only when all of them applied cleanly are they swapped in.
 An upstream whose workspace already matches (same base, same patch bytes,
 untouched) is reported ``already-applied`` and not rebuilt. The plumbing
-(clone a base, ``git am``) is carry.am; this module is the transaction.
+(clone a base, ``git am``) is carry.workspace.am; this module is the transaction.
 """
 
 from __future__ import annotations
@@ -14,17 +14,18 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import progress, sources, wheels
+from .. import progress
+from . import sources, wheels
 from .am import am_patches, clone_base, older_bases
-from .errors import DirtyTreeError, PatchFormatError, UsageError
-from .files import write_json
-from .lock import LOCK_TIMEOUT
-from .series.manifest import PatchMeta, Series
-from .series.patchfile import parse_file, safety_problems
-from .series.repo import command
-from .report import ApplyReport, PatchResult, UpstreamResult
-from .runner import Git
-from .workspace import PatchRecord, UpstreamRecord, WorkDir
+from ..errors import DirtyTreeError, PatchFormatError, UsageError
+from ..files import write_json
+from ..lock import LOCK_TIMEOUT
+from ..series.manifest import PatchMeta, Series
+from ..series.patchfile import parse_file, safety_problems
+from ..series.repo import command
+from ..report import ApplyReport, PatchResult, UpstreamResult
+from ..runner import Git
+from .workdir import PatchRecord, UpstreamRecord, WorkDir
 
 
 @dataclass

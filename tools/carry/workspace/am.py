@@ -9,12 +9,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from . import progress
-from .errors import PatchFormatError
-from .series.manifest import PatchMeta, Series
-from .series.patchfile import parse_file
-from .report import PatchResult
-from .runner import Git
+from .. import progress
+from ..errors import PatchFormatError
+from ..series.manifest import PatchMeta, Series
+from ..series.patchfile import parse_file
+from ..report import PatchResult
+from ..runner import Git
 from .sources import Base
 
 ALREADY = "the base already has this change; see tools/retire.py"

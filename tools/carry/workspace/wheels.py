@@ -23,10 +23,10 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import progress
-from .errors import IntegrityError, UsageError
-from .series.manifest import Series, Upstream
-from .runner import Git
+from .. import progress
+from ..errors import IntegrityError, UsageError
+from ..series.manifest import Series, Upstream
+from ..runner import Git
 from .artifacts import fetch_artifact
 
 

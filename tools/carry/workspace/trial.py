@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 
 from .apply import Options, apply_series
-from .series.manifest import Series, load
-from .report import ApplyReport
+from ..series.manifest import Series, load
+from ..report import ApplyReport
 
 
 def trial_apply(series: Series, toml_text: str, patch_texts: dict[str, str], upstream: str, cache: Path,

@@ -1,4 +1,4 @@
-"""The workspace record: what ``DIR/.carry/state.json`` holds (carry.workspace reads and writes it).
+"""The workspace record: what ``DIR/.carry/state.json`` holds (carry.workspace.workdir reads and writes it).
 
 Per upstream its base, the series digest it was built from and the commit of each applied patch,
 and the applied patch ids in series order. apply writes it; export, prove, bisect and retire read
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .series.manifest import PatchMeta, Series
+from ..series.manifest import PatchMeta, Series
 
 STATE_VERSION = 2
 

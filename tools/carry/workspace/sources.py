@@ -1,6 +1,6 @@
 """Upstream sources: pinned PyPI artifacts, git commits, local overrides.
 
-Each upstream resolves to a *base* (PyPI artifacts: carry.artifacts): a cached git repository whose branch
+Each upstream resolves to a *base* (PyPI artifacts: carry.workspace.artifacts): a cached git repository whose branch
 ``main`` is the pristine tree in the upstream's git layout. A git pin (or a
 ``--source`` checkout) gives the pinned commit itself, with the history the
 source has; a PyPI artifact, an unpacked tree or a git pin narrowed to some
@@ -25,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import progress
+from .. import progress
 from .artifacts import check_pin, download_version, fetch_artifact, sha256_file, unpack_wheel
-from .errors import IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
-from .lock import building
-from .series.manifest import SOURCE_KINDS, Artifact, Upstream
-from .runner import Git
+from ..errors import IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
+from ..lock import building
+from ..series.manifest import SOURCE_KINDS, Artifact, Upstream
+from ..runner import Git
 
 GIT_ONLY = tuple(k for k in SOURCE_KINDS if k == "git")  # git as a pin's only source (not a command line)
 

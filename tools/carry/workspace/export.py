@@ -11,14 +11,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import progress
-from .errors import DirtyTreeError, DriftError, UsageError
-from .files import write_atomic
-from .lock import LOCK_TIMEOUT
-from .series.manifest import Series, load
-from .series.repo import command
-from .runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
-from .workspace import PatchRecord, UpstreamRecord, WorkDir
+from .. import progress
+from ..errors import DirtyTreeError, DriftError, UsageError
+from ..files import write_atomic
+from ..lock import LOCK_TIMEOUT
+from ..series.manifest import Series, load
+from ..series.repo import command
+from ..runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
+from .workdir import PatchRecord, UpstreamRecord, WorkDir
 
 _FIXED_FROM = f"From: {IDENTITY_NAME} <{IDENTITY_EMAIL}>"
 _FIXED_DATE_HDR = "Date: Sat, 1 Jan 2000 00:00:00 +0000"

@@ -329,7 +329,7 @@ def test_prove_without_workspace_or_patch_applies(d):
 
 
 def test_bisect_without_workspaces_applies(d, monkeypatch):
-    from carry.bisect import PrefixTrees
+    from carry.evidence.bisect import PrefixTrees
     from carry.errors import UsageError
     from carry.series.manifest import load
 

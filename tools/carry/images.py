@@ -21,7 +21,8 @@ from pathlib import Path
 from . import progress
 from .docker import BuildStep, Docker, export_squashfs
 from .errors import CommandError
-from .image_config import BaseImageMissingError, Flavor, ImageBuildError, ImageConfig, ImageInputError, ImageVerifyError, check_te, load_image
+from .image_config import (BaseImageMissingError, Flavor, ImageBuildError, ImageConfig, ImageInputError,
+                           ImageVerifyError, check_te, load_image)
 from .image_context import Context, content_tag, make_context
 from .series.manifest import Series
 from .runner import Git, run

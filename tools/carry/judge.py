@@ -42,7 +42,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from .errors import ConfigError
-from .runlog import bug_hits, last_line, markers_found, run_lines, skip_reason, tail, tracebacks
+from .runlog import (
+    bug_hits,
+    last_line,
+    markers_found,
+    run_lines,
+    skip_reason,
+    tail,
+    tracebacks,
+)
 
 STATUSES = ("passed", "failed", "skipped", "vacuous")
 

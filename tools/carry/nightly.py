@@ -4,7 +4,7 @@ For each series the patched trees are built (carry.workspace.apply, all upstream
 each cell (carry.nightly_plan) runs where its image says (this machine, ``docker run``, ``srun``
 with a squashfs), bounded by a timeout, and is judged by carry.judge from
 what it left: exit status, log, metrics. A failed cell is bisected over the
-series (carry.bisect) when its check depends on the trees. Results go to
+series (carry.evidence.bisect) when its check depends on the trees. Results go to
 ``OUT/cells/<cell>/run.json``, ``OUT/nightly.json``, ``OUT/junit.xml``,
 ``OUT/summary.md`` and one line per cell appended to the history file.
 
@@ -13,9 +13,9 @@ Test kinds:
   integration/nemo_rl_gtp/run-in-image.sh (capability guard, run.log and
   metrics.json collected);
 - ``command``: any command line (e.g. integration/gtp_refit_mini/run.py);
-- ``proof``: the series' proofs via carry.prove.run_proof, on the patched
+- ``proof``: the series' proofs via carry.evidence.prove.run_proof, on the patched
   trees (must pass) and the pristine base (must fail, else ``vacuous``); a proof
-  that cannot run on this host (carry.prove's environment errors) is ``error``,
+  that cannot run on this host (carry.evidence.prove's environment errors) is ``error``,
   counts as not green and is not bisected.
 
 Statuses: those of carry.judge, plus ``error``.
@@ -31,11 +31,12 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import canary, progress
+from .evidence import canary
+from . import progress
 from . import nightly_report as reports
 from .workspace.apply import Options as ApplyOptions
 from .workspace.apply import apply_series
-from .bisect import BisectResult, PrefixTrees, bisect
+from .evidence.bisect import BisectResult, PrefixTrees, bisect
 from .errors import CarryError
 from .files import write_json
 from .judge import Verdict, deterministic_flags, judge
@@ -43,7 +44,7 @@ from .runlog import result_line
 from .launch import docker_killer, run_logged
 from .nightly_config import NightlyConfig
 from .nightly_plan import Cell, Options, cells, plan, timeout_for
-from .prove import jobs, run_proof
+from .evidence.prove import jobs, run_proof
 from .runner import run
 
 NOT_GREEN = ("failed", "vacuous", "error")
@@ -69,7 +70,7 @@ def run_check(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, time
             return Verdict(status="skipped", reason=f"{cell.patch.upstream} was not applied in this run "
                                                     f"(--only): its proof has no tree"), {}
         o = run_proof(cell.series, cell.patch, trees, timeout, out, "patched", proof=cell.proof, cache=opts.cache)
-        # An environment error (carry.prove) is named as such and never bisected: no prefix of the
+        # An environment error (carry.evidence.prove) is named as such and never bisected: no prefix of the
         # series changes what the host lacks.
         v = Verdict(status={"pass": "passed", "skipped": "skipped", "error": "error"}.get(o.result, "failed"),
                     reason=o.detail)
@@ -216,7 +217,7 @@ def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[s
 def _proofs_ahead(planned: list[Cell], trees: dict[str, Path], prefix: PrefixTrees, opts: Options,
                   cfg: NightlyConfig, pool: ThreadPoolExecutor) -> dict[int, tuple[Future, Future]]:
     """Each proof cell's two runs (patched, pristine), all submitted at once to ``pool``
-    (carry.prove.jobs() wide): no cell's runs depend on another's, and on a GPU host they are
+    (carry.evidence.prove.jobs() wide): no cell's runs depend on another's, and on a GPU host they are
     most of the proofs' time."""
     ahead = {}
     for i, cell in enumerate(planned):
@@ -245,7 +246,7 @@ def _bisect(cell: Cell, v: Verdict, prefix: PrefixTrees, out: Path, opts: Option
 
 
 def run_canaries(cfg: NightlyConfig, opts: Options, load_series) -> list[canary.UpstreamCanary]:
-    """The canary (carry.canary) of each series against the upstream main heads of --canary."""
+    """The canary (carry.evidence.canary) of each series against the upstream main heads of --canary."""
     found = []
     for sname in opts.series or list(cfg.series):
         series = load_series(sname, cfg)

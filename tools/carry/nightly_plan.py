@@ -41,7 +41,7 @@ class Options:
     launcher: str | None = None
     bisect: bool = True
     timeout: float | None = None
-    canary: dict[str, Path] = field(default_factory=dict)  # NAME -> checkout of its main (carry.canary)
+    canary: dict[str, Path] = field(default_factory=dict)  # NAME -> checkout of its main (carry.evidence.canary)
 
 
 @dataclass

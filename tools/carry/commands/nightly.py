@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import canary, nightly_config, options, tesite
+from ..evidence import canary, tesite
+from .. import nightly_config, options
 from ..errors import ConfigError
 from ..series.manifest import Series, load
 from ..nightly import NOT_GREEN, run_canaries, run_nightly, write_outputs
@@ -30,7 +31,7 @@ def print_plans(cfg: NightlyConfig, opts: Options) -> None:
         for cell in cells(cfg, series, opts):
             out = (opts.out / "cells" / cell.id / "artifacts").absolute()
             if cell.spec.kind == "proof":
-                print(f"# {cell.id}\nproof {cell.proof} (carry.prove.run_proof on the patched trees, "
+                print(f"# {cell.id}\nproof {cell.proof} (carry.evidence.prove.run_proof on the patched trees, "
                       f"then on the pristine {cell.patch.upstream})\n")
                 continue
             p = plan(cell, trees, out, opts, timeout_for(cell, opts, cfg.timeout_s))

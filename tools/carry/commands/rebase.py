@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from .. import options, report
-from ..rebase import rebase
+from ..evidence.rebase import rebase
 
 DESCRIPTION = """\
 Re-apply one upstream's patches on a new base (3-way), export them normalised, move the pin,

@@ -6,7 +6,7 @@ import sys
 
 from .. import options, report
 from ..series.manifest import load
-from ..retire import retire
+from ..evidence.retire import retire
 
 DESCRIPTION = """\
 Decide for each patch of one upstream whether a new upstream base already has it:

@@ -26,7 +26,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import progress
-from .artifacts import check_pin, download_version, fetch_artifact, sha256_file, unpack_wheel
+from .artifacts import (
+    check_pin,
+    download_version,
+    fetch_artifact,
+    sha256_file,
+    unpack_wheel,
+)
 from ..errors import IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
 from ..lock import building
 from ..series.manifest import SOURCE_KINDS, Artifact, Upstream

@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .errors import UsageError
-from .series.manifest import PatchMeta, Series
+from ..errors import UsageError
+from ..series.manifest import PatchMeta, Series
 from .prove import extract
-from .series.repo import command
-from .workspace.workdir import WorkDir
+from ..series.repo import command
+from ..workspace.workdir import WorkDir
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""A pytest plugin carry.prove loads into every proof (``-p carry_proof_plugin``).
+"""A pytest plugin carry.evidence.prove loads into every proof (``-p carry_proof_plugin``).
 
 It appends one JSON line per event to the file ``$CARRY_PROOF_EVENTS``:
 

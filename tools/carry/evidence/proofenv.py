@@ -27,11 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-from . import progress
-from .errors import SourceError
-from .lock import building
-from .series.manifest import Series
-from .runner import run
+from .. import progress
+from ..errors import SourceError
+from ..lock import building
+from ..series.manifest import Series
+from ..runner import run
 
 COMPLETE = ".carry-complete"
 

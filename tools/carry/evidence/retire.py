@@ -6,7 +6,7 @@ Three kinds of evidence per patch, reported side by side:
              has the same `git patch-id --stable`;
   behaviour  the patch's proof passes on the pristine new base: the bug is
              gone upstream even if upstream fixed it differently (a proof
-             that could not run there, carry.prove's ``error``, is no
+             that could not run there, carry.evidence.prove's ``error``, is no
              evidence either way);
   link       (git) the recorded upstream merge commit is an ancestor of the
              new base.
@@ -24,17 +24,17 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import progress
-from .workspace import sources, trial
-from .series import edit as seriesedit
-from .workspace.am import am_each, older_bases
-from .workspace.apply import Options, apply_series
-from .errors import OperationError, UsageError
-from .files import write_atomic
-from .series.manifest import PatchMeta, Series
+from .. import progress
+from ..workspace import sources, trial
+from ..series import edit as seriesedit
+from ..workspace.am import am_each, older_bases
+from ..workspace.apply import Options, apply_series
+from ..errors import OperationError, UsageError
+from ..files import write_atomic
+from ..series.manifest import PatchMeta, Series
 from .prove import extract, run_proof
-from .runner import Git
-from .workspace.workdir import WorkDir
+from ..runner import Git
+from ..workspace.workdir import WorkDir
 
 
 @dataclass
@@ -115,7 +115,7 @@ def _range_patch_ids(old_commit: str | None, new_commit: str, history: list[Path
 def _decide(text: str, behaviour: str, link: str) -> tuple[str, bool, list[str]]:
     dis = []
     if behaviour == "error":
-        # carry.prove's environment errors: the proof could not run, so it says nothing either way.
+        # carry.evidence.prove's environment errors: the proof could not run, so it says nothing either way.
         return "unknown", False, ["the proof could not run on the new base (an error of its environment, "
                                   "not a red proof): no behaviour evidence"]
     if behaviour == "pass":

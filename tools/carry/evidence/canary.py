@@ -1,7 +1,7 @@
 """The canary: the series against each upstream's main head, beside the nightly's release cells.
 
 For each upstream given a main checkout (``tools/nightly.py --canary NAME=PATH``: a git checkout
-or mirror whose HEAD is main, fetched before the night), carry.retire decides per patch from the
+or mirror whose HEAD is main, fetched before the night), carry.evidence.retire decides per patch from the
 text, the link (merged_in) and the proofs that run here, on the pristine main head:
 
   landed     upstream has it (the evidence says how);
@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import progress
-from .errors import CarryError
-from .series.manifest import Series
+from .. import progress
+from ..errors import CarryError
+from ..series.manifest import Series
 from .retire import Verdict, retire
-from .runner import Git
-from .workspace.workdir import WorkDir
+from ..runner import Git
+from ..workspace.workdir import WorkDir
 
 
 @dataclass

@@ -3,7 +3,7 @@
 ``CARRY_TE_SITE=DIR`` (or ``--te-site DIR`` on prove and nightly, which sets it) names a folder
 that holds TransformerEngine (``shared/gpu/README.md``'s ``/tmp/site``, a ``pip install
 --target`` folder). Every check that may need TE puts it on its interpreter's path after the
-trees under test: the proofs (carry.prove, so also the nightly's proofs cell and retire) and the
+trees under test: the proofs (carry.evidence.prove, so also the nightly's proofs cell and retire) and the
 nightly's command cells (``${CARRY_TE_SITE:-}`` in integration/nightly.toml). Unset, nothing is
 added and the GPU proofs skip for want of TE. A value that names no folder is an error: a typo
 would otherwise turn every GPU proof into a silent skip.
@@ -15,7 +15,7 @@ import argparse
 import os
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 VARIABLE = "CARRY_TE_SITE"
 

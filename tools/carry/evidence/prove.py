@@ -35,13 +35,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import progress, proofenv, tesite
-from .errors import CommandError, SourceError, UsageError
-from .lock import LOCK_TIMEOUT
-from .series.manifest import PatchMeta, Series
-from .series.repo import command
-from .runner import Git, run
-from .workspace.workdir import WorkDir
+from .. import progress
+from . import proofenv, tesite
+from ..errors import CommandError, SourceError, UsageError
+from ..lock import LOCK_TIMEOUT
+from ..series.manifest import PatchMeta, Series
+from ..series.repo import command
+from ..runner import Git, run
+from ..workspace.workdir import WorkDir
 
 
 @dataclass
@@ -120,8 +121,8 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
     """Run one proof (by default the patch's first) against the given trees; classify from JUnit XML.
 
     With ``cache``, a proof whose folder pins its own requirements runs in the environment
-    carry.proofenv builds from them (else in this interpreter). The path is: the proofs folder,
-    the trees, the TransformerEngine site (carry.tesite), the plugin, then the caller's PYTHONPATH.
+    carry.evidence.proofenv builds from them (else in this interpreter). The path is: the proofs folder,
+    the trees, the TransformerEngine site (carry.evidence.tesite), the plugin, then the caller's PYTHONPATH.
     """
     proof = proof or patch.proof
     assert proof

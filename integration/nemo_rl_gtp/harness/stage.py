@@ -87,8 +87,8 @@ def stage_wheels(lk: wheel_lock.Lock, cache: Path, dest: Path) -> list[dict]:
 def stage_series(o: Options, dest: Path) -> dict:
     """Apply the whole series (it must apply), then the image context with the patched wheels."""
     from carry.workspace import apply as applying
-    from carry.image_config import load_image
-    from carry.image_context import make_context
+    from carry.images.config import load_image
+    from carry.images.context import make_context
 
     progress.say(f"applying series {o.series.name}")
     rep = applying.apply_series(o.series, applying.Options(workdir=o.workdir, cache=o.cache, sources=dict(o.sources)))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from .. import options, progress, report
 from ..errors import CarryError
-from ..image_config import load_image
-from ..images import BuildOptions, build_image
+from ..images.config import load_image
+from ..images.build import BuildOptions, build_image
 from ..series.repo import REPO_ROOT, load_series
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from .errors import CommandError, ConfigError, OperationError
-from .runner import Result, run, spawn, stream
+from ..errors import CommandError, ConfigError, OperationError
+from ..runner import Result, run, spawn, stream
 
 
 # Changes the machine (installs and starts dockerd as root): the one hint the tests do not run.

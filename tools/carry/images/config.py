@@ -12,8 +12,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, OperationError, UsageError
-from .series.manifest import _suggest
+from ..errors import ConfigError, OperationError, UsageError
+from ..series.manifest import _suggest
 
 
 # -- typed errors ----------------------------------------------------------------------

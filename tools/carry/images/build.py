@@ -1,9 +1,9 @@
 """Container images of the patched stack (``images/<name>/``), built for real.
 
-An image folder holds a Dockerfile, ``image.toml`` (its inputs, carry.image_config)
+An image folder holds a Dockerfile, ``image.toml`` (its inputs, carry.images.config)
 and ``steps/`` (the build logic as scripts that also run outside Docker).
 Building means: lay out the build context with the patched wheels
-(carry.image_context), derive a content-addressed tag from every input, run
+(carry.images.context), derive a content-addressed tag from every input, run
 ``docker build`` only when no image has that tag yet, and verify the result.
 """
 
@@ -18,14 +18,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import progress
+from .. import progress
 from .docker import BuildStep, Docker, export_squashfs
-from .errors import CommandError
-from .image_config import (BaseImageMissingError, Flavor, ImageBuildError, ImageConfig, ImageInputError,
-                           ImageVerifyError, check_te, load_image)
-from .image_context import Context, content_tag, make_context
-from .series.manifest import Series
-from .runner import Git, run
+from ..errors import CommandError
+from .config import (BaseImageMissingError, Flavor, ImageBuildError, ImageConfig, ImageInputError,
+                     ImageVerifyError, check_te, load_image)
+from .context import Context, content_tag, make_context
+from ..series.manifest import Series
+from ..runner import Git, run
 
 LABEL_NS = "io.gtp-carry"
 

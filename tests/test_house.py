@@ -64,7 +64,7 @@ def test_plumbing_is_in_am_and_apply_is_only_the_transaction():
             parent = _resolves_to(path, written, "workspace")
             assert not (parent and any(n == "apply" for n, _ in names)), f"{path} imports the module apply"
     # The modules that run the whole transaction (and nothing else does).
-    assert sorted(set(importers)) == ["commands/apply.py", "evidence/retire.py", "images/context.py", "nightly.py",
+    assert sorted(set(importers)) == ["commands/apply.py", "evidence/retire.py", "images/context.py", "nightly/run.py",
                                       "workspace/trial.py"]
 
 

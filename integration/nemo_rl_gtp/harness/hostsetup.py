@@ -43,7 +43,7 @@ from pathlib import Path
 
 from carry import progress
 from carry.errors import CommandError, IntegrityError, OperationError, UsageError
-from carry.launch import kill_group
+from carry.nightly.launch import kill_group
 from carry.runner import run, spawn
 
 from . import cases as casing

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..evidence import canary, tesite
-from .. import nightly_config, options
+from ..nightly import config as nightly_config
+from .. import options
 from ..errors import ConfigError
 from ..series.manifest import Series, load
-from ..nightly import NOT_GREEN, run_canaries, run_nightly, write_outputs
-from ..nightly_config import NightlyConfig
-from ..nightly_plan import Options, cells, default_run_id, plan, seed_for, timeout_for
+from ..nightly.run import NOT_GREEN, run_canaries, run_nightly, write_outputs
+from ..nightly.config import NightlyConfig
+from ..nightly.plan import Options, cells, default_run_id, plan, seed_for, timeout_for
 from ..series.repo import REPO_ROOT, load_series
 from ..report import table
 

@@ -1,8 +1,8 @@
 """The nightly: every (series x image x test) cell of integration/nightly.toml, judged.
 
 For each series the patched trees are built (carry.workspace.apply, all upstreams); then
-each cell (carry.nightly_plan) runs where its image says (this machine, ``docker run``, ``srun``
-with a squashfs), bounded by a timeout, and is judged by carry.judge from
+each cell (carry.nightly.plan) runs where its image says (this machine, ``docker run``, ``srun``
+with a squashfs), bounded by a timeout, and is judged by carry.nightly.judge from
 what it left: exit status, log, metrics. A failed cell is bisected over the
 series (carry.evidence.bisect) when its check depends on the trees. Results go to
 ``OUT/cells/<cell>/run.json``, ``OUT/nightly.json``, ``OUT/junit.xml``,
@@ -18,7 +18,7 @@ Test kinds:
   that cannot run on this host (carry.evidence.prove's environment errors) is ``error``,
   counts as not green and is not bisected.
 
-Statuses: those of carry.judge, plus ``error``.
+Statuses: those of carry.nightly.judge, plus ``error``.
 """
 
 from __future__ import annotations
@@ -31,21 +31,21 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .evidence import canary
-from . import progress
-from . import nightly_report as reports
-from .workspace.apply import Options as ApplyOptions
-from .workspace.apply import apply_series
-from .evidence.bisect import BisectResult, PrefixTrees, bisect
-from .errors import CarryError
-from .files import write_json
+from ..evidence import canary
+from .. import progress
+from . import report as reports
+from ..workspace.apply import Options as ApplyOptions
+from ..workspace.apply import apply_series
+from ..evidence.bisect import BisectResult, PrefixTrees, bisect
+from ..errors import CarryError
+from ..files import write_json
 from .judge import Verdict, deterministic_flags, judge
 from .runlog import result_line
 from .launch import docker_killer, run_logged
-from .nightly_config import NightlyConfig
-from .nightly_plan import Cell, Options, cells, plan, timeout_for
-from .evidence.prove import jobs, run_proof
-from .runner import run
+from .config import NightlyConfig
+from .plan import Cell, Options, cells, plan, timeout_for
+from ..evidence.prove import jobs, run_proof
+from ..runner import run
 
 NOT_GREEN = ("failed", "vacuous", "error")
 

@@ -1,5 +1,5 @@
 """What a run printed, read line by line: the lines as the run wrote them, its markers,
-``SKIP``/``BUG_HIT`` lines, Python tracebacks and its result line (carry.judge decides).
+``SKIP``/``BUG_HIT`` lines, Python tracebacks and its result line (carry.nightly.judge decides).
 
 Lines. Markers, step markers, ``BUG_HIT`` lines and tracebacks count only as whole lines
 printed by the run. A log line is read after removing ANSI colour codes, then at most one

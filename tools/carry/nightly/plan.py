@@ -1,7 +1,7 @@
 """The nightly matrix unrolled into cells, and the command line each cell runs.
 
 A cell is one (series x image x test), or one proof of one patch for a
-``proof`` test. ``plan`` turns a cell into a carry.launch Plan: placeholders
+``proof`` test. ``plan`` turns a cell into a carry.nightly.launch Plan: placeholders
 expanded, the trees put on PYTHONPATH or mounted, the container's paths
 substituted on a container launcher. Nothing runs here (``--print-commands``
 prints these plans).
@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .launch import CONTAINER_ROOT, Mount, Plan, docker_plan, local_plan, slurm_plan
-from .series.manifest import PatchMeta, Series
-from .nightly_config import Image, NightlyConfig, Spec, expand, expand_env
-from .series.repo import REPO_ROOT
+from ..series.manifest import PatchMeta, Series
+from .config import Image, NightlyConfig, Spec, expand, expand_env
+from ..series.repo import REPO_ROOT
 
 FUNCTIONAL_WRAPPER = "integration/nemo_rl_gtp/run-in-image.sh"
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from .errors import CommandError
-from .runner import run, spawn
+from ..errors import CommandError
+from ..runner import run, spawn
 
 LAUNCHERS = ("local", "docker", "slurm")
 CONTAINER_ROOT = "/carry"  # mount points inside a container: /carry/repo, /carry/out, /carry/trees/NAME

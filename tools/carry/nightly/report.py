@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from .judge import STATUSES as JUDGED
 
-# carry.nightly adds "error": a proof that could not run on this host (its environment).
+# carry.nightly.run adds "error": a proof that could not run on this host (its environment).
 STATUSES = tuple(dict.fromkeys((*JUDGED, "error")))
 ICONS = {"passed": "passed", "failed": "FAILED", "skipped": "skipped", "vacuous": "VACUOUS", "error": "ERROR"}
 

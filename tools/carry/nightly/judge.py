@@ -29,7 +29,7 @@ step. The gated {step: value} series must cover the same steps: a gated metric t
 step another gated metric has fails (``X has no value at step 3``); scalars and lists have
 no step keys and are not compared.
 
-Which log lines count (markers, step markers, ``BUG_HIT``, tracebacks): carry.runlog.
+Which log lines count (markers, step markers, ``BUG_HIT``, tracebacks): carry.nightly.runlog.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .runlog import (
     bug_hits,
     last_line,

@@ -17,10 +17,10 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .judge import Gate, StepMarker, parse_gate, parse_step_marker
 from .launch import LAUNCHERS
-from .series.manifest import _suggest, _Table
+from ..series.manifest import _suggest, _Table
 
 KINDS = ("functional", "command", "proof")
 METRIC_SOURCES = ("result-line", "none")  # or "file:RELATIVE/PATH" under {out}

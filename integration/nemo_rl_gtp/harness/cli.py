@@ -11,7 +11,7 @@ from pathlib import Path
 from carry import progress
 from carry.errors import UsageError
 from carry.files import write_json
-from carry.options import EPILOG, Parser, name_paths
+from carry.commands.options import EPILOG, Parser, name_paths
 from carry.series.repo import load_series
 from carry.workspace.sources import default_cache
 

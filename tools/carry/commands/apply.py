@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 import time
 
-from .. import options, report
+from . import options
+from .. import report
 from ..workspace.apply import Options, apply_series
 from ..errors import CarryError, UsageError
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .. import options, progress, report
+from . import options
+from .. import progress, report
 from ..errors import CarryError
 from ..images.config import load_image
 from ..images.build import BuildOptions, build_image

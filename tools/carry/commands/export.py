@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import options
+from . import options
 from ..errors import CarryError, DriftError
 from ..workspace.export import export
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .. import options
+from . import options
 from ..series.lint import lint, notes
 
 DESCRIPTION = """\

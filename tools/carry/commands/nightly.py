@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..evidence import canary, tesite
 from ..nightly import config as nightly_config
-from .. import options
+from . import options
 from ..errors import ConfigError
 from ..series.manifest import Series, load
 from ..nightly.run import NOT_GREEN, run_canaries, run_nightly, write_outputs

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import options, report
+from . import options
+from .. import report
 from ..evidence.rebase import rebase
 
 DESCRIPTION = """\

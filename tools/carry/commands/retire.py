@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from .. import options, report
+from . import options
+from .. import report
 from ..series.manifest import load
 from ..evidence.retire import retire
 

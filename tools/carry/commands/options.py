@@ -13,12 +13,12 @@ import os
 import sys
 from pathlib import Path
 
-from .series import repo
-from .errors import UsageError
-from .files import write_json
-from .lock import LOCK_TIMEOUT
-from .series.manifest import EntryError, Series
-from .workspace.sources import check_override, default_cache
+from ..series import repo
+from ..errors import UsageError
+from ..files import write_json
+from ..lock import LOCK_TIMEOUT
+from ..series.manifest import EntryError, Series
+from ..workspace.sources import check_override, default_cache
 
 EPILOG = ("exit codes: 0 success; 1 the operation failed and nothing was changed; "
           "2 bad usage, input or configuration")

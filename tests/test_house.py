@@ -6,6 +6,8 @@
 - every git command goes through carry.runner (no ["git", ...] argv elsewhere);
 - one CLI: tools/*.py are shims onto carry.cli, commands live in carry.commands, library
   modules do not import the command line; `gtp-carry` is a console script that works;
+- the rooms (the core, carry.series, .workspace, .evidence, .images, .nightly, .commands) import
+  one way, as MAY_IMPORT says;
 - no module over 400 lines; the lock timeout is written once.
 """
 
@@ -90,6 +92,80 @@ def test_tools_are_shims_and_the_library_does_not_import_the_command_line():
         for written, _ in _imports(path):
             for cli in ("cli", "commands", "commands.options"):
                 assert not _resolves_to(path, written, cli), f"{path.relative_to(PKG)} imports carry.{cli}"
+
+
+# The rooms of carry and the rooms each may import (besides its own). The core is the top level's
+# modules; carry.cli imports only the core and reaches the verbs by name (importlib), so that
+# nothing imports the command line. A new top-level module or sub-package has to be placed here.
+CORE = {"runner", "errors", "files", "lock", "progress", "report"}
+MAY_IMPORT = {
+    "core": set(),
+    "series": {"core"},
+    "workspace": {"core", "series"},
+    "evidence": {"core", "series", "workspace"},
+    "images": {"core", "series", "workspace"},
+    "nightly": {"core", "series", "workspace", "evidence"},
+    "commands": {"core", "series", "workspace", "evidence", "images", "nightly"},
+    "cli": {"core"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(TOOLS).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _room(module: str) -> str:
+    """The room of carry.<module...>: a sub-package's name, core, or cli."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "core"  # the package's own __init__
+    if len(parts) == 1 and (parts[0] in CORE or parts[0] == "cli"):
+        return "core" if parts[0] in CORE else "cli"
+    assert (PKG / parts[0]).is_dir() and parts[0] in MAY_IMPORT, f"carry.{parts[0]} is in no room of MAY_IMPORT"
+    return parts[0]
+
+
+def _carry_imports(path: Path, modules: set[str]) -> list[tuple[int, str]]:
+    """(line, carry module) for every import of a carry module in the file, at any depth."""
+    name = _module_name(path)
+    pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                base = node.module or ""
+            else:
+                base = ".".join(pkg[: len(pkg) - (node.level - 1)] + ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        out += [(node.lineno, t) for t in targets if t == "carry" or t.startswith("carry.")]
+    return out
+
+
+def test_the_rooms_import_one_way():
+    modules = {_module_name(p) for p in EVERY}
+    wrong, seen = [], set()
+    for path in EVERY:
+        if path.parent.name == "proofsite":
+            continue  # put on a proof interpreter's path as a folder: it imports nothing of carry
+        mine = _room(_module_name(path))
+        for line, target in _carry_imports(path, modules):
+            theirs = _room(target)
+            seen.add((mine, theirs))
+            if theirs != mine and theirs not in MAY_IMPORT[mine]:
+                wrong.append(f"{path.relative_to(TOOLS)}:{line}: {mine} imports {target} ({theirs})")
+    assert not wrong, "imports against the rooms' direction:\n" + "\n".join(wrong)
+    # and the table is the real graph, not a looser one: every import it allows is made (a room that
+    # stops importing another loses that right here, so the table stays as tight as the code)
+    unused = {(r, o) for r, others in MAY_IMPORT.items() for o in others} - seen
+    assert not unused, f"MAY_IMPORT allows imports nothing makes: {sorted(unused)}"
+    for room in MAY_IMPORT.keys() - {"core", "cli"}:
+        doc = ast.get_docstring(ast.parse((PKG / room / "__init__.py").read_text()))
+        assert doc and "import" in doc, f"carry.{room} says what it owns and what it may import"
 
 
 def test_no_module_over_400_lines():

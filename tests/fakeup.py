@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from carry.workspace.export import format_patch
 from carry.runner import Git
+from carry.workspace.export import format_patch
 
 LINES = [f"value_{i} = {i}\n" for i in range(1, 41)]
 

@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 from carry import progress
+from carry.commands.options import EPILOG, Parser, name_paths
 from carry.errors import UsageError
 from carry.files import write_json
-from carry.commands.options import EPILOG, Parser, name_paths
 from carry.series.repo import load_series
 from carry.workspace.sources import default_cache
 

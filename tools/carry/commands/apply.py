@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 import time
 
-from . import options
 from .. import report
-from ..workspace.apply import Options, apply_series
 from ..errors import CarryError, UsageError
+from ..workspace.apply import Options, apply_series
+from . import options
 
 DESCRIPTION = """\
 Apply a patch series onto the pinned upstream bases.

@@ -5,13 +5,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from . import options
 from .. import progress, report
 from ..errors import CarryError
-from ..images.config import load_image
 from ..images.build import BuildOptions, build_image
+from ..images.config import load_image
 from ..series.repo import REPO_ROOT, load_series
-
+from . import options
 
 DESCRIPTION = """\
 Build images/IMAGE for real: apply the series, write the patched wheels, lay out the

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..evidence import canary, tesite
 from ..nightly import config as nightly_config
-from . import options
-from ..errors import ConfigError
-from ..series.manifest import Series, load
-from ..nightly.run import NOT_GREEN, run_canaries, run_nightly, write_outputs
 from ..nightly.config import NightlyConfig
 from ..nightly.plan import Options, cells, default_run_id, plan, seed_for, timeout_for
-from ..series.repo import REPO_ROOT, load_series
+from ..nightly.run import NOT_GREEN, run_canaries, run_nightly, write_outputs
 from ..report import table
+from ..series.manifest import Series, load
+from ..series.repo import REPO_ROOT, load_series
+from . import options
 
 
 def _load_series(name: str, cfg: NightlyConfig) -> Series:

@@ -13,10 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-from ..series import repo
 from ..errors import UsageError
 from ..files import write_json
 from ..lock import LOCK_TIMEOUT
+from ..series import repo
 from ..series.manifest import EntryError, Series
 from ..workspace.sources import check_override, default_cache
 

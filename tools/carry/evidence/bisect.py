@@ -18,9 +18,9 @@ from typing import Callable
 
 from ..errors import UsageError
 from ..series.manifest import PatchMeta, Series
-from .prove import extract
 from ..series.repo import command
 from ..workspace.workdir import WorkDir
+from .prove import extract
 
 
 @dataclass

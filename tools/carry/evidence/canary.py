@@ -22,10 +22,10 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import CarryError
-from ..series.manifest import Series
-from .retire import Verdict, retire
 from ..runner import Git
+from ..series.manifest import Series
 from ..workspace.workdir import WorkDir
+from .retire import Verdict, retire
 
 
 @dataclass

@@ -30,8 +30,8 @@ from pathlib import Path
 from .. import progress
 from ..errors import SourceError
 from ..lock import building
-from ..series.manifest import Series
 from ..runner import run
+from ..series.manifest import Series
 
 COMPLETE = ".carry-complete"
 

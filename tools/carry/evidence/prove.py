@@ -36,13 +36,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import progress
-from . import proofenv, tesite
 from ..errors import CommandError, SourceError, UsageError
 from ..lock import LOCK_TIMEOUT
+from ..runner import Git, run
 from ..series.manifest import PatchMeta, Series
 from ..series.repo import command
-from ..runner import Git, run
 from ..workspace.workdir import WorkDir
+from . import proofenv, tesite
 
 
 @dataclass

@@ -18,17 +18,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import progress
-from ..workspace import sources, trial
-from ..series import edit as seriesedit
-from ..workspace.am import ABSENT, am_patches, clone_base, older_bases
 from ..errors import ConflictError, DirtyTreeError, UsageError
-from ..workspace.export import format_patch
 from ..files import write_atomic, write_json
+from ..runner import Git
+from ..series import edit as seriesedit
 from ..series.manifest import Series
 from ..series.patchfile import parse_file
 from ..series.repo import command
+from ..workspace import sources, trial
+from ..workspace.am import ABSENT, am_patches, clone_base, older_bases
+from ..workspace.export import format_patch
 from .retire import Verdict, commit_retirement, link_signal
-from ..runner import Git
 
 MARKER = "carry-rebase.json"
 MERGED = "merged-upstream"  # conflicts, and its merged_in is an ancestor of the new base

@@ -25,16 +25,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import progress
-from ..workspace import sources, trial
-from ..series import edit as seriesedit
-from ..workspace.am import am_each, older_bases
-from ..workspace.apply import Options, apply_series
 from ..errors import OperationError, UsageError
 from ..files import write_atomic
-from ..series.manifest import PatchMeta, Series
-from .prove import extract, run_proof
 from ..runner import Git
+from ..series import edit as seriesedit
+from ..series.manifest import PatchMeta, Series
+from ..workspace import sources, trial
+from ..workspace.am import am_each, older_bases
+from ..workspace.apply import Options, apply_series
 from ..workspace.workdir import WorkDir
+from .prove import extract, run_proof
 
 
 @dataclass

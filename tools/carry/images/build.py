@@ -19,13 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import progress
-from .docker import BuildStep, Docker, export_squashfs
 from ..errors import CommandError
-from .config import (BaseImageMissingError, Flavor, ImageBuildError, ImageConfig, ImageInputError,
-                     ImageVerifyError, check_te, load_image)
-from .context import Context, content_tag, make_context
-from ..series.manifest import Series
 from ..runner import Git, run
+from ..series.manifest import Series
+from .config import (
+    BaseImageMissingError,
+    Flavor,
+    ImageBuildError,
+    ImageConfig,
+    ImageInputError,
+    ImageVerifyError,
+    check_te,
+    load_image,
+)
+from .context import Context, content_tag, make_context
+from .docker import BuildStep, Docker, export_squashfs
 
 LABEL_NS = "io.gtp-carry"
 

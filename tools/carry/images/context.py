@@ -17,11 +17,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..workspace.apply import Options, apply_series
 from ..errors import OperationError
-from .config import Flavor, ImageConfig, check_te
 from ..series.manifest import Series, file_sha256
 from ..series.repo import command
+from ..workspace.apply import Options, apply_series
+from .config import Flavor, ImageConfig, check_te
 
 TAG_SCHEMA = "gtp-carry-image-1"
 

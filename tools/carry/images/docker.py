@@ -24,7 +24,6 @@ from typing import Callable, Iterable, Mapping
 from ..errors import CommandError, ConfigError, OperationError
 from ..runner import Result, run, spawn, stream
 
-
 # Changes the machine (installs and starts dockerd as root): the one hint the tests do not run.
 ENGINE_HINT = "as root, `bash .ci/docker-engine.sh` in the repository installs an engine and starts it"
 

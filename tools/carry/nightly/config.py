@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..series.manifest import _suggest, _Table
 from .judge import Gate, StepMarker, parse_gate, parse_step_marker
 from .launch import LAUNCHERS
-from ..series.manifest import _suggest, _Table
 
 KINDS = ("functional", "command", "proof")
 METRIC_SOURCES = ("result-line", "none")  # or "file:RELATIVE/PATH" under {out}

@@ -17,10 +17,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import ConfigError
-from .launch import CONTAINER_ROOT, Mount, Plan, docker_plan, local_plan, slurm_plan
 from ..series.manifest import PatchMeta, Series
-from .config import Image, NightlyConfig, Spec, expand, expand_env
 from ..series.repo import REPO_ROOT
+from .config import Image, NightlyConfig, Spec, expand, expand_env
+from .launch import CONTAINER_ROOT, Mount, Plan, docker_plan, local_plan, slurm_plan
 
 FUNCTIONAL_WRAPPER = "integration/nemo_rl_gtp/run-in-image.sh"
 

@@ -31,21 +31,21 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..evidence import canary
 from .. import progress
-from . import report as reports
+from ..errors import CarryError
+from ..evidence import canary
+from ..evidence.bisect import BisectResult, PrefixTrees, bisect
+from ..evidence.prove import jobs, run_proof
+from ..files import write_json
+from ..runner import run
 from ..workspace.apply import Options as ApplyOptions
 from ..workspace.apply import apply_series
-from ..evidence.bisect import BisectResult, PrefixTrees, bisect
-from ..errors import CarryError
-from ..files import write_json
-from .judge import Verdict, deterministic_flags, judge
-from .runlog import result_line
-from .launch import docker_killer, run_logged
+from . import report as reports
 from .config import NightlyConfig
+from .judge import Verdict, deterministic_flags, judge
+from .launch import docker_killer, run_logged
 from .plan import Cell, Options, cells, plan, timeout_for
-from ..evidence.prove import jobs, run_proof
-from ..runner import run
+from .runlog import result_line
 
 NOT_GREEN = ("failed", "vacuous", "error")
 

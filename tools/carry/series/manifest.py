@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import entries
-from .entries import ID_RE, suggest as _suggest  # noqa: F401  (names other modules import from here)
 from ..errors import ConfigError, UsageError
+from . import entries
+from .entries import ID_RE  # noqa: F401  (names other modules import from here)
+from .entries import suggest as _suggest
 
 STATUSES = ("pending", "submitted", "backport", "merged", "rejected", "inappropriate")
 UPSTREAM_NAMES = ("megatron-lm", "megatron-bridge", "nemo-rl")

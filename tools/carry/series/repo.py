@@ -12,8 +12,8 @@ import re
 import shlex
 from pathlib import Path
 
-from . import manifest
 from ..errors import UsageError
+from . import manifest
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PATCHES = REPO_ROOT / "patches"

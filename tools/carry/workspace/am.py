@@ -11,10 +11,10 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import PatchFormatError
-from ..series.manifest import PatchMeta, Series
-from ..series.patchfile import parse_file
 from ..report import PatchResult
 from ..runner import Git
+from ..series.manifest import PatchMeta, Series
+from ..series.patchfile import parse_file
 from .sources import Base
 
 ALREADY = "the base already has this change; see tools/retire.py"

@@ -15,16 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import progress
-from . import sources, wheels
-from .am import am_patches, clone_base, older_bases
 from ..errors import DirtyTreeError, PatchFormatError, UsageError
 from ..files import write_json
 from ..lock import LOCK_TIMEOUT
+from ..report import ApplyReport, PatchResult, UpstreamResult
+from ..runner import Git
 from ..series.manifest import PatchMeta, Series
 from ..series.patchfile import parse_file, safety_problems
 from ..series.repo import command
-from ..report import ApplyReport, PatchResult, UpstreamResult
-from ..runner import Git
+from . import sources, wheels
+from .am import am_patches, clone_base, older_bases
 from .workdir import PatchRecord, UpstreamRecord, WorkDir
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from .. import progress
 from ..errors import ConfigError, IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
 from ..lock import building
-from ..series.manifest import Artifact, PyPISource
 from ..runner import run
+from ..series.manifest import Artifact, PyPISource
 
 
 def sha256_file(path: Path) -> str:

@@ -15,9 +15,9 @@ from .. import progress
 from ..errors import DirtyTreeError, DriftError, UsageError
 from ..files import write_atomic
 from ..lock import LOCK_TIMEOUT
+from ..runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
 from ..series.manifest import Series, load
 from ..series.repo import command
-from ..runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
 from .workdir import PatchRecord, UpstreamRecord, WorkDir
 
 _FIXED_FROM = f"From: {IDENTITY_NAME} <{IDENTITY_EMAIL}>"

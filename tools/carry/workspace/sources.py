@@ -26,6 +26,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import progress
+from ..errors import IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
+from ..lock import building
+from ..runner import Git
+from ..series.manifest import SOURCE_KINDS, Artifact, Upstream
 from .artifacts import (
     check_pin,
     download_version,
@@ -33,10 +37,6 @@ from .artifacts import (
     sha256_file,
     unpack_wheel,
 )
-from ..errors import IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
-from ..lock import building
-from ..series.manifest import SOURCE_KINDS, Artifact, Upstream
-from ..runner import Git
 
 GIT_ONLY = tuple(k for k in SOURCE_KINDS if k == "git")  # git as a pin's only source (not a command line)
 

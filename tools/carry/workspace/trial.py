@@ -11,9 +11,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .apply import Options, apply_series
-from ..series.manifest import Series, load
 from ..report import ApplyReport
+from ..series.manifest import Series, load
+from .apply import Options, apply_series
 
 
 def trial_apply(series: Series, toml_text: str, patch_texts: dict[str, str], upstream: str, cache: Path,

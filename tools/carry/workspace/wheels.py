@@ -25,8 +25,8 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import IntegrityError, UsageError
-from ..series.manifest import Series, Upstream
 from ..runner import Git
+from ..series.manifest import Series, Upstream
 from .artifacts import fetch_artifact
 
 

@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Iterator
 
 from .. import progress
-from .am import BASE_TAG
 from ..errors import DirtyTreeError, OperationError, UsageError
 from ..files import fsync_dir, write_json
 from ..lock import LOCK_TIMEOUT, DirLock, patience
+from ..runner import Git
 from ..series.manifest import Series
 from ..series.repo import command
+from .am import BASE_TAG
 from .record import STATE_VERSION, PatchRecord, State, UpstreamRecord  # noqa: F401  (imported from here)
-from ..runner import Git
 
 SAVED_PREFIX = "refs/carry/saved/"
 _STAGING_NAME = re.compile(r"staging-[A-Za-z0-9_]+")

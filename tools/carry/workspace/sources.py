@@ -1,7 +1,7 @@
 """Upstream sources: pinned PyPI artifacts, git commits, local overrides.
 
-Each upstream resolves to a *base* (PyPI artifacts: carry.workspace.artifacts): a cached git repository whose branch
-``main`` is the pristine tree in the upstream's git layout. A git pin (or a
+Each upstream resolves to a *base* (PyPI artifacts: carry.workspace.artifacts): a cached git repository
+whose branch ``main`` is the pristine tree in the upstream's git layout. A git pin (or a
 ``--source`` checkout) gives the pinned commit itself, with the history the
 source has; a PyPI artifact, an unpacked tree or a git pin narrowed to some
 ``paths`` gives one commit of that tree. Artifacts are downloaded with pip,

@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from carry.export import format_patch  # noqa: E402
 from carry.runner import Git, git_env  # noqa: E402
+from carry.workspace.export import format_patch  # noqa: E402
 
 
 def sh(argv, **kw):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from carry.export import format_patch
 from carry.runner import Git
+from carry.workspace.export import format_patch
 
 LINES = [f"value_{i} = {i}\n" for i in range(1, 41)]
 
@@ -158,7 +158,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(True, reason="needs a CUDA GPU
 def test_on_gpu():
     assert False
 '''
-# The TransformerEngine site (carry.tesite) on the path after the tree, and red/green.
+# The TransformerEngine site (carry.evidence.tesite) on the path after the tree, and red/green.
 SITE_PROOF = '''
 import os
 import sys

@@ -1,7 +1,7 @@
-"""The nightly's canary (carry.canary) end to end: a demo series pinned at v0 of a real git
+"""The nightly's canary (carry.evidence.canary) end to end: a demo series pinned at v0 of a real git
 upstream whose main (v1) has one patch's fix, moved context near another, and clashes with a
 third; real proofs (one that fails on main, one that needs a GPU). The verdicts come from
-carry.retire; the canary states them for main and never fails the night."""
+carry.evidence.retire; the canary states them for main and never fails the night."""
 
 from __future__ import annotations
 

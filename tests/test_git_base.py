@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from carry.bisect import PrefixTrees
-from carry.manifest import load
+from carry.evidence.bisect import PrefixTrees
+from carry.series.manifest import load
 from carry.runner import Git
 from fakeup import LINES, edit, make_patch, patch_entry, series_toml, write
 from helpers import git, read_json, tool

@@ -336,9 +336,9 @@ def test_prove_without_workspace_or_patch_applies(d):
 
 
 def test_bisect_without_workspaces_applies(d, monkeypatch):
-    from carry.bisect import PrefixTrees
+    from carry.evidence.bisect import PrefixTrees
     from carry.errors import UsageError
-    from carry.manifest import load
+    from carry.series.manifest import load
 
     monkeypatch.chdir(d["cwd"])  # the hint names the tools as reachable from where the user is
     series = load(d["series"])

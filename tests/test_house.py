@@ -1,10 +1,13 @@
 """The shape of the library, checked: what issue 14's redesign promised stays true.
 
-- plumbing (clone a base, git am) lives in carry.am; carry.apply is the transaction, and a
-  module that imports it takes only apply_series and its Options, under their own names;
+- plumbing (clone a base, git am) lives in carry.workspace.am; carry.workspace.apply is the
+  transaction, and a module that imports it takes only apply_series and its Options, under their
+  own names;
 - every git command goes through carry.runner (no ["git", ...] argv elsewhere);
 - one CLI: tools/*.py are shims onto carry.cli, commands live in carry.commands, library
   modules do not import the command line; `gtp-carry` is a console script that works;
+- the rooms (the core, carry.series, .workspace, .evidence, .images, .nightly, .commands) import
+  one way, as MAY_IMPORT says;
 - no module over 400 lines; the lock timeout is written once.
 """
 
@@ -20,8 +23,10 @@ from pathlib import Path
 from helpers import ROOT, TOOLS
 
 PKG = TOOLS / "carry"
-LIBRARY = sorted(p for p in PKG.glob("*.py"))
+WS = PKG / "workspace"
 EVERY = sorted(PKG.rglob("*.py"))
+# Everything but the command line: carry.cli and carry.commands (the verbs and their shared options).
+LIBRARY = [p for p in EVERY if p.relative_to(PKG).parts[0] != "commands" and p.name != "cli.py"]
 
 
 def _imports(path: Path) -> list[tuple[str, list[tuple[str, str | None]]]]:
@@ -42,7 +47,7 @@ def _resolves_to(path: Path, written: str, target: str) -> bool:
     dots = len(written) - len(written.lstrip("."))
     pkg = list(path.relative_to(TOOLS).parent.parts)
     base = pkg[: len(pkg) - (dots - 1)]
-    return ".".join(base + [written.lstrip(".")]) == f"carry.{target}"
+    return ".".join(base + [written.lstrip(".")] if written.lstrip(".") else base) == f"carry.{target}"
 
 
 def test_plumbing_is_in_am_and_apply_is_only_the_transaction():
@@ -50,20 +55,20 @@ def test_plumbing_is_in_am_and_apply_is_only_the_transaction():
         return {n.name for n in ast.parse(path.read_text()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
 
     for name in ("am_patches", "am_each", "clone_base", "older_bases"):
-        assert name in defined(PKG / "am.py") and name not in defined(PKG / "apply.py"), name
-    assert "apply_series" in defined(PKG / "apply.py") and "apply" not in defined(PKG / "apply.py")
+        assert name in defined(WS / "am.py") and name not in defined(WS / "apply.py"), name
+    assert "apply_series" in defined(WS / "apply.py") and "apply" not in defined(WS / "apply.py")
     importers = []
     for path in EVERY:
         for written, names in _imports(path):
-            if _resolves_to(path, written, "apply"):
+            if _resolves_to(path, written, "workspace.apply"):
                 importers.append(path.relative_to(PKG).as_posix())
                 assert {n for n, _ in names} <= {"apply_series", "Options"}, (path, names)
                 assert all(alias in (None, "ApplyOptions") for _, alias in names), (path, names)
-            parent = _resolves_to(path, written, "") or written in (".", "..")
+            parent = _resolves_to(path, written, "workspace")
             assert not (parent and any(n == "apply" for n, _ in names)), f"{path} imports the module apply"
     # The modules that run the whole transaction (and nothing else does).
-    assert sorted(set(importers)) == ["commands/apply.py", "image_context.py", "nightly.py", "retire.py",
-                                 "seriesedit.py"]
+    assert sorted(set(importers)) == ["commands/apply.py", "evidence/retire.py", "images/context.py", "nightly/run.py",
+                                      "workspace/trial.py"]
 
 
 def test_every_git_command_goes_through_the_runner():
@@ -84,12 +89,83 @@ def test_tools_are_shims_and_the_library_does_not_import_the_command_line():
         code = [line for line in script.read_text().splitlines() if line.strip() and not line.startswith("#")]
         assert len(code) <= 8 and "from carry.cli import run" in code, script
     for path in LIBRARY:
-        if path.name == "cli.py":
-            continue
         for written, _ in _imports(path):
-            for cli in ("cli", "options", "commands"):
-                assert not _resolves_to(path, written, cli) or path.name == "options.py" and cli != "cli", \
-                    f"{path.name} imports carry.{cli}"
+            for cli in ("cli", "commands", "commands.options"):
+                assert not _resolves_to(path, written, cli), f"{path.relative_to(PKG)} imports carry.{cli}"
+
+
+# The rooms of carry and the rooms each may import (besides its own). The core is the top level's
+# modules; carry.cli imports only the core and reaches the verbs by name (importlib), so that
+# nothing imports the command line. A new top-level module or sub-package has to be placed here.
+CORE = {"runner", "errors", "files", "lock", "progress", "report"}
+MAY_IMPORT = {
+    "core": set(),
+    "series": {"core"},
+    "workspace": {"core", "series"},
+    "evidence": {"core", "series", "workspace"},
+    "images": {"core", "series", "workspace"},
+    "nightly": {"core", "series", "workspace", "evidence"},
+    "commands": {"core", "series", "workspace", "evidence", "images", "nightly"},
+    "cli": {"core"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(TOOLS).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _room(module: str) -> str:
+    """The room of carry.<module...>: a sub-package's name, core, or cli."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "core"  # the package's own __init__
+    if len(parts) == 1 and (parts[0] in CORE or parts[0] == "cli"):
+        return "core" if parts[0] in CORE else "cli"
+    assert (PKG / parts[0]).is_dir() and parts[0] in MAY_IMPORT, f"carry.{parts[0]} is in no room of MAY_IMPORT"
+    return parts[0]
+
+
+def _carry_imports(path: Path, modules: set[str]) -> list[tuple[int, str]]:
+    """(line, carry module) for every import of a carry module in the file, at any depth."""
+    name = _module_name(path)
+    pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                base = node.module or ""
+            else:
+                base = ".".join(pkg[: len(pkg) - (node.level - 1)] + ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        out += [(node.lineno, t) for t in targets if t == "carry" or t.startswith("carry.")]
+    return out
+
+
+def test_the_rooms_import_one_way():
+    modules = {_module_name(p) for p in EVERY}
+    wrong, seen = [], set()
+    for path in EVERY:
+        if path.parent.name == "proofsite":
+            continue  # put on a proof interpreter's path as a folder: it imports nothing of carry
+        mine = _room(_module_name(path))
+        for line, target in _carry_imports(path, modules):
+            theirs = _room(target)
+            seen.add((mine, theirs))
+            if theirs != mine and theirs not in MAY_IMPORT[mine]:
+                wrong.append(f"{path.relative_to(TOOLS)}:{line}: {mine} imports {target} ({theirs})")
+    assert not wrong, "imports against the rooms' direction:\n" + "\n".join(wrong)
+    # and the table is the real graph, not a looser one: every import it allows is made (a room that
+    # stops importing another loses that right here, so the table stays as tight as the code)
+    unused = {(r, o) for r, others in MAY_IMPORT.items() for o in others} - seen
+    assert not unused, f"MAY_IMPORT allows imports nothing makes: {sorted(unused)}"
+    for room in MAY_IMPORT.keys() - {"core", "cli"}:
+        doc = ast.get_docstring(ast.parse((PKG / room / "__init__.py").read_text()))
+        assert doc and "import" in doc, f"carry.{room} says what it owns and what it may import"
 
 
 def test_no_module_over_400_lines():

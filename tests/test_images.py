@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from carry import manifest
-from carry.docker import Docker, docker_binary
+from carry.series import manifest
+from carry.images.docker import Docker, docker_binary
 from helpers import ROOT, SERIES, git, python_at_least, read_json, tool
 
 IMAGE_DIR = ROOT / "images" / "gtp-te219"

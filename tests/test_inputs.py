@@ -114,7 +114,7 @@ def test_corrupt_wheel_given_to_source(tmp_path, pin_cache):
 
 def test_cached_artifact_path_that_is_a_folder(tmp_path):
     """The pinned wheel's place in the cache is a folder: named, exit 2, no traceback."""
-    from carry.repo import load_series
+    from carry.series.repo import load_series
 
     up = load_series("gtp").upstream("megatron-bridge")
     art = up.pypi.tree_artifact
@@ -178,8 +178,8 @@ def test_disk_full_while_downloading_is_named_so(tmp_path, mount):
 @pytest.mark.network
 def test_disk_full_while_unpacking_is_named_so(tmp_path, mount, pin_cache):
     """The pinned wheel is in the cache, its unpacked tree does not fit beside it."""
-    from carry.artifacts import fetch_artifact
-    from carry.repo import load_series
+    from carry.workspace.artifacts import fetch_artifact
+    from carry.series.repo import load_series
 
     up = load_series("gtp").upstream("megatron-bridge")
     art = up.pypi.tree_artifact
@@ -221,7 +221,7 @@ def test_permission_denied_is_named(demo, tmp_path):
 # -- item 10: a patch to a file the upstream lacks ------------------------------------------------
 def _ghost_patches(demo):
     """'adds' creates megatron/core/epsilon.py (a copy of alpha.py); 'ghost' then edits it."""
-    from carry.export import format_patch
+    from carry.workspace.export import format_patch
     from carry.runner import Git
     from fakeup import edit, patch_entry, series_toml
 

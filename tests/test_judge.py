@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from carry.errors import ConfigError
-from carry.judge import judge, parse_gate, parse_step_marker
-from carry.nightly_config import load as load_matrix
-from carry.runlog import markers_found, result_line
+from carry.nightly.judge import judge, parse_gate, parse_step_marker
+from carry.nightly.config import load as load_matrix
+from carry.nightly.runlog import markers_found, result_line
 from helpers import ROOT, tool
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization"
@@ -388,7 +388,7 @@ def test_the_committed_green_grpo_runs_still_pass_and_a_nan_in_them_fails():
 
 def test_a_gate_failed_on_a_non_finite_value_reports_that_value():
     """GateResult.value is the offending value (what case summaries show), not a misleading max."""
-    from carry.judge import evaluate_gate
+    from carry.nightly.judge import evaluate_gate
     r = evaluate_gate(parse_gate(GRAD), good(train__grad_norm={2: "Infinity"}))
     assert (r.ok, r.value, r.detail) == (False, float("inf"), "train/grad_norm is inf at step 2")
     r = evaluate_gate(parse_gate(GRAD), good(train__grad_norm={2: "null"}))
@@ -405,7 +405,7 @@ def test_values_past_float_range_and_overflowing_means_fail_named():
 
 
 def test_a_history_value_past_float_range_is_no_repeat_and_no_crash():
-    from carry.judge import deterministic_flags
+    from carry.nightly.judge import deterministic_flags
     prev = {"run_id": "n0", "metrics": {"x": json.loads("1" + "0" * 400), "y": True, "z": 0.5}}
     assert deterministic_flags({"x": 1.0, "y": 1.0, "z": 0.5}, prev, ["x", "y", "z"]) == [
         "deterministic: z = 0.5 repeats bit-identically (run n0)"]

@@ -12,7 +12,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from carry.judge import judge, numeric_metrics, parse_gate
+from carry.nightly.judge import judge, numeric_metrics, parse_gate
 from helpers import MINI, ROOT, mini_test_module
 
 SKIP = "skipped: gloo has no coalesced collectives"
@@ -27,7 +27,7 @@ def mini():
 
 
 def _cells():
-    from carry.nightly_config import load
+    from carry.nightly.config import load
 
     return {t.name: t for t in load(ROOT / "integration" / "nightly.toml").tests}
 

@@ -511,7 +511,7 @@ def _recorded(root: Path, name: str, *, rc: int, markers: tuple[str, ...], err: 
 
 
 def test_gpu_host_cell_judges_recorded_runs_with_the_grpo_gates_and_markers(demo, tmp_path):
-    from carry import nightly_config
+    from carry.nightly import config as nightly_config
     shipped = nightly_config.load(ROOT / "integration" / "nightly.toml")
     spec = next(t for t in shipped.tests if t.name == "grpo-megatron-generation-gtp")
     assert "gpu-host" in spec.images and shipped.images["gpu-host"].functional

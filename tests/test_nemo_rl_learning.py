@@ -173,7 +173,7 @@ def test_harness_metrics_come_from_whole_lines_only():
            "[refit-check] step 1: 170 of 170 tensors equal on rank 1\n")
     got = learning.harness_metrics(log, ["1"], 2)
     assert got[learning.UNVERIFIED] == {"1": 170.0}, "rank 0's only line was a quote"
-    from carry.judge import step_markers_missing
+    from carry.nightly.judge import step_markers_missing
     from harness import caserun
     marks = caserun.grpo_test(casing.LEARNING_TEST).step_markers
     assert [m.text for m in marks] and step_markers_missing(log, marks, ["1"]) == [
@@ -193,7 +193,7 @@ sys.exit(int((rec / "exit_status").read_text()))
 
 
 def test_the_nightly_judges_recorded_learning_runs_with_the_learning_gates(demo, tmp_path):
-    from carry import nightly_config
+    from carry.nightly import config as nightly_config
     shipped = nightly_config.load(ROOT / "integration" / "nightly.toml")
     spec = next(t for t in shipped.tests if t.name == casing.LEARNING_TEST)
     assert spec.images == ("gpu-host",) and dict(spec.env) == {"CARRY_NRL_CASES": "learning"}

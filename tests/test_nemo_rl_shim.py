@@ -13,9 +13,9 @@ import ast
 import sys
 
 from carry.errors import PatchFormatError
-from carry.manifest import load
-from carry.patchfile import new_file_text
-from carry.prove import run_proof
+from carry.evidence.prove import run_proof
+from carry.series.manifest import load
+from carry.series.patchfile import new_file_text
 from helpers import SERIES
 
 GTP_MODULE = "nemo_rl/models/megatron/gtp.py"

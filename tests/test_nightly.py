@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from carry.judge import judge, numeric_metrics, parse_gate
-from carry.runlog import result_line
+from carry.nightly.judge import judge, numeric_metrics, parse_gate
+from carry.nightly.runlog import result_line
 from helpers import MINI, ROOT, SERIES, mini_test_module, read_json, tool
 from fakeup import add_proofs
 from fakeup import GOOD, GPU, MISSING_DEPENDENCY, SITE_PROOF, VACUOUS
@@ -385,9 +385,9 @@ def test_judge_on_committed_gpu_logs_of_the_mini_test():
     day where runs.json lists them): the full series passes with both markers and an exact refit;
     the pristine tree and a series without a patch fail naming a series patch they lack; a bug the
     series does not fix fails on a gate, with no patch named."""
-    from carry.judge import parse_gate
-    from carry.manifest import load
-    from carry.nightly_config import load as load_matrix
+    from carry.nightly.judge import parse_gate
+    from carry.series.manifest import load
+    from carry.nightly.config import load as load_matrix
 
     cells = {t.name: t for t in load_matrix(ROOT / "integration" / "nightly.toml").tests}
     ids = {p.id for p in load(SERIES).patches}
@@ -432,7 +432,7 @@ def test_mini_shape_names_the_target_and_flags_still_win():
     s, _ = mini.parse_args(["--shape", "qwen2.5-0.5b", "--layers", "2"])
     assert (s.layers, s.hidden) == (2, 896)
     assert mini.parse_args([])[0].vocab == 512  # no shape: the tiny default
-    from carry.nightly_config import load as load_matrix
+    from carry.nightly.config import load as load_matrix
 
     cost = next(t for t in load_matrix(ROOT / "integration" / "nightly.toml").tests if t.name == "gtp-refit-mini-cost")
     assert "--shape" in cost.argv and cost.argv[cost.argv.index("--shape") + 1] == "qwen2.5-0.5b"

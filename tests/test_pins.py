@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from carry.export import format_patch
+from carry.workspace.export import format_patch
 from carry.runner import Git
 from helpers import SERIES, git, python_at_least, read_json, tool
 

@@ -344,6 +344,6 @@ def test_prove_finishes_a_swap_an_interrupted_apply_left(demo, tmp_path):
     res, by = _prove(demo, tmp_path, "--only", "clean", check=0)
     assert (by["clean"]["pristine"], by["clean"]["patched"], by["clean"]["ok"]) == ("fail", "pass", True), res.stderr
     assert not (demo["work"] / ".carry" / "journal.json").exists()
-    from carry.workspace import WorkDir
+    from carry.workspace.workdir import WorkDir
 
     assert WorkDir(demo["work"]).load_state().record("megatron-lm").base_commit == demo["v1"]

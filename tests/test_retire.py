@@ -185,7 +185,7 @@ def test_rebase_summary_and_conflict_continue(history, tmp_path):
                history["cache"], "--workdir", tmp_path / "rw", "--continue", check=2)
     assert "expected" in res.stderr  # 'different' has no commit: the series must say so first
     text = (sdir / "series.toml").read_text()
-    from carry.seriesedit import remove_patches
+    from carry.series.edit import remove_patches
     (sdir / "series.toml").write_text(remove_patches(text, {"different"}))
     (sdir / "megatron-lm/0002-different.patch").unlink()
     res = tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", f"megatron-lm={up}", "--cache",
@@ -247,7 +247,7 @@ def test_real_release_pair_landed_by_behaviour(tmp_path, pin_cache):
                         "            return get_fp4_context(cfg, self.layer_number - 1)\n"
                         "        return nullcontext()\n", 1)
     f.write_text(text)
-    from carry.export import format_patch
+    from carry.workspace.export import format_patch
     commit = Git(ws).commit_all("transformer_layer: a quantization context for fine-grained schedules")
     (sdir / "megatron-lm").mkdir()
     (sdir / "megatron-lm/0001-quant-context.patch").write_text(format_patch(ws, commit))
@@ -410,8 +410,8 @@ def test_repin_keeps_the_comment_that_introduces_the_next_section():
     the last pin table's block ran to the next header, and repin rewrote it whole."""
     from dataclasses import replace
 
-    from carry import seriesedit
-    from carry.manifest import load
+    from carry.series import edit as seriesedit
+    from carry.series.manifest import load
 
     series = load(SERIES)
     text = (SERIES / "series.toml").read_text()

@@ -1,4 +1,4 @@
-"""The workspace record (DIR/.carry/state.json), owned by carry.workspace, read from a real apply."""
+"""The workspace record (DIR/.carry/state.json), owned by carry.workspace.workdir, read from a real apply."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 
 from carry.errors import DirtyTreeError
-from carry.manifest import load
-from carry.workspace import STATE_VERSION, State, UpstreamRecord, WorkDir
+from carry.series.manifest import load
+from carry.workspace.workdir import STATE_VERSION, State, UpstreamRecord, WorkDir
 from helpers import apply_demo, git
 
 

@@ -193,7 +193,7 @@ TEST = "grpo-megatron-generation-gtp"   # integration/nightly.toml: the script's
 
 def grpo_test(name: str = TEST):
     """A nightly entry for the functional script: the gates and markers a case is judged by (Case.test)."""
-    from carry.nightly_config import load
+    from carry.nightly.config import load
 
     return next(t for t in load(REPO / "integration" / "nightly.toml").tests if t.name == name)
 
@@ -229,7 +229,7 @@ PER_STEP = ("train/token_mult_prob_error", "train/baseline_reward/pct_mixed", "t
 
 def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     """What the case showed, for the lead's table (the nightly judges the patched case itself)."""
-    from carry.judge import evaluate_gate, markers_found, numeric_metrics, step_markers_missing
+    from carry.nightly.judge import evaluate_gate, markers_found, numeric_metrics, step_markers_missing
 
     metrics = {}
     if (out / "metrics.json").exists():

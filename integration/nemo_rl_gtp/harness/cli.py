@@ -9,11 +9,11 @@ import shutil
 from pathlib import Path
 
 from carry import progress
+from carry.commands.options import EPILOG, Parser, name_paths
 from carry.errors import UsageError
 from carry.files import write_json
-from carry.options import EPILOG, Parser, name_paths
-from carry.repo import load_series
-from carry.sources import default_cache
+from carry.series.repo import load_series
+from carry.workspace.sources import default_cache
 
 from . import cases as casing
 from . import learning

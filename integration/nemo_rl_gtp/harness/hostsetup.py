@@ -43,7 +43,7 @@ from pathlib import Path
 
 from carry import progress
 from carry.errors import CommandError, IntegrityError, OperationError, UsageError
-from carry.launch import kill_group
+from carry.nightly.launch import kill_group
 from carry.runner import run, spawn
 
 from . import cases as casing
@@ -127,7 +127,7 @@ def unpack_payload(lay: Layout) -> dict:
     done = lay.root / ".payload-ok"
     if done.exists() and done.read_text().strip() == manifest["payload_sha256"] and lay.payload.exists():
         return manifest
-    from carry.artifacts import sha256_file
+    from carry.workspace.artifacts import sha256_file
     got = sha256_file(xz)
     if got != manifest["payload_sha256"]:
         raise IntegrityError(f"{xz}: sha256 {got}, the ferry's manifest says {manifest['payload_sha256']}")

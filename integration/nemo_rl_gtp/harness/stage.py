@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from carry import progress
-from carry.artifacts import fetch_artifact, sha256_file
 from carry.errors import SourceError, UsageError
-from carry.manifest import Series
 from carry.runner import Git, run
-from carry.sources import mirror_path
+from carry.series.manifest import Series
+from carry.workspace.artifacts import fetch_artifact, sha256_file
+from carry.workspace.sources import mirror_path
 
 from . import ferry, fixtures, moe_fixtures, wheel_lock, wheels
 
@@ -86,9 +86,9 @@ def stage_wheels(lk: wheel_lock.Lock, cache: Path, dest: Path) -> list[dict]:
 
 def stage_series(o: Options, dest: Path) -> dict:
     """Apply the whole series (it must apply), then the image context with the patched wheels."""
-    from carry import apply as applying
-    from carry.image_config import load_image
-    from carry.image_context import make_context
+    from carry.images.config import load_image
+    from carry.images.context import make_context
+    from carry.workspace import apply as applying
 
     progress.say(f"applying series {o.series.name}")
     rep = applying.apply_series(o.series, applying.Options(workdir=o.workdir, cache=o.cache, sources=dict(o.sources)))

@@ -19,9 +19,9 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from carry.artifacts import sha256_file
 from carry.errors import ConfigError, IntegrityError
-from carry.manifest import _suggest
+from carry.series.manifest import _suggest
+from carry.workspace.artifacts import sha256_file
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ proofs running side by side cannot race for one. (Not served from the caller: a 
 is a thread, and a rank forked while it runs may inherit a lock it held.)
 
 A rank's failure carries its exception's type and, for an import error, the module it could
-not import (``RankFailed.cause``): carry.prove tells a missing dependency from a red proof by it.
+not import (``RankFailed.cause``): carry.evidence.prove tells a missing dependency from a red proof by it.
 """
 
 from __future__ import annotations

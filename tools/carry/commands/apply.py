@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 import time
 
-from .. import options, report
-from ..apply import Options, apply_series
+from .. import report
 from ..errors import CarryError, UsageError
+from ..workspace.apply import Options, apply_series
+from . import options
 
 DESCRIPTION = """\
 Apply a patch series onto the pinned upstream bases.

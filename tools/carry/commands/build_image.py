@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .. import options, progress, report
+from .. import progress, report
 from ..errors import CarryError
-from ..image_config import load_image
-from ..images import BuildOptions, build_image
-from ..repo import REPO_ROOT, load_series
-
+from ..images.build import BuildOptions, build_image
+from ..images.config import load_image
+from ..series.repo import REPO_ROOT, load_series
+from . import options
 
 DESCRIPTION = """\
 Build images/IMAGE for real: apply the series, write the patched wheels, lay out the

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .. import options
 from ..errors import CarryError, DriftError
-from ..export import export
+from ..workspace.export import export
+from . import options
 
 DESCRIPTION = """\
 Regenerate the series' patch files from the workspace commits (normalised).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from .. import options
-from ..lint import lint, notes
+from ..series.lint import lint, notes
+from . import options
 
 DESCRIPTION = """\
 Check the series: files exist and are listed once, metadata is complete, every patch has a

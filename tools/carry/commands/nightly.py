@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import canary, nightly_config, options, tesite
 from ..errors import ConfigError
-from ..manifest import Series, load
-from ..nightly import NOT_GREEN, run_canaries, run_nightly, write_outputs
-from ..nightly_config import NightlyConfig
-from ..nightly_plan import Options, cells, default_run_id, plan, seed_for, timeout_for
-from ..repo import REPO_ROOT, load_series
+from ..evidence import canary, tesite
+from ..nightly import config as nightly_config
+from ..nightly.config import NightlyConfig
+from ..nightly.plan import Options, cells, default_run_id, plan, seed_for, timeout_for
+from ..nightly.run import NOT_GREEN, run_canaries, run_nightly, write_outputs
 from ..report import table
+from ..series.manifest import Series, load
+from ..series.repo import REPO_ROOT, load_series
+from . import options
 
 
 def _load_series(name: str, cfg: NightlyConfig) -> Series:
@@ -30,7 +32,7 @@ def print_plans(cfg: NightlyConfig, opts: Options) -> None:
         for cell in cells(cfg, series, opts):
             out = (opts.out / "cells" / cell.id / "artifacts").absolute()
             if cell.spec.kind == "proof":
-                print(f"# {cell.id}\nproof {cell.proof} (carry.prove.run_proof on the patched trees, "
+                print(f"# {cell.id}\nproof {cell.proof} (carry.evidence.prove.run_proof on the patched trees, "
                       f"then on the pristine {cell.patch.upstream})\n")
                 continue
             p = plan(cell, trees, out, opts, timeout_for(cell, opts, cfg.timeout_s))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import options, report, tesite
-from ..prove import prove
+from .. import report
+from ..evidence import tesite
+from ..evidence.prove import prove
+from . import options
 
 DESCRIPTION = """\
 Run each patch's proof on the pristine base (must fail) and on the patched tree (must pass),

@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import options, report
-from ..rebase import rebase
+from .. import report
+from ..evidence.rebase import rebase
+from . import options
 
 DESCRIPTION = """\
 Re-apply one upstream's patches on a new base (3-way), export them normalised, move the pin,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from .. import options, report
-from ..manifest import load
-from ..retire import retire
+from .. import report
+from ..evidence.retire import retire
+from ..series.manifest import load
+from . import options
 
 DESCRIPTION = """\
 Decide for each patch of one upstream whether a new upstream base already has it:

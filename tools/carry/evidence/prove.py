@@ -1,0 +1,299 @@
+"""Proofs: each patch's test must fail on the pristine base and pass patched.
+
+A proof runs in a fresh interpreter (``python -m pytest``) with the trees of
+every upstream on PYTHONPATH: the upstream under test at its pristine base
+or at that patch's commit, the others at their patched heads. Outcomes come
+from pytest's JUnit XML, not from guessing at its output. A proof that passes
+on the pristine base proves nothing and fails the run; one that needs a GPU
+reports ``skipped`` where there is none, never ``pass``.
+
+Four outcomes per run: ``pass``, ``fail`` (the proof ran and is red), ``skipped``, and
+``error``: the proof could not run here, so it says nothing about the tree. It is an error of
+the environment when the proof's interpreter cannot import a module that no tree under test
+provides (Megatron-Bridge's ``omegaconf`` on a host without it), when a rank was forked after
+CUDA was initialised, when its environment cannot be built, or when the interpreter or pytest
+stops before any test body started (no pytest, a crash at start-up, pytest's own usage or
+internal errors). The plugin ``proofsite/carry_proof_plugin.py`` records, from inside the proof's
+pytest, when each test body starts and what each exception was; a crash or a timeout after a
+body started is a ``fail`` of that body. ``error`` is never evidence: prove exits 2 for it (the
+host is not configured for the proof) unless a proof is also not red/green (exit 1), the nightly
+reports it as ``error`` and does not bisect it, and retire takes no behaviour evidence from it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import sys
+import tarfile
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .. import progress
+from ..errors import CommandError, SourceError, UsageError
+from ..lock import LOCK_TIMEOUT
+from ..runner import Git, run
+from ..series.manifest import PatchMeta, Series
+from ..series.repo import command
+from ..workspace.workdir import WorkDir
+from . import proofenv, tesite
+
+
+@dataclass
+class Outcome:
+    result: str          # pass | fail | skipped | error (the environment: see the module's docstring)
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class ProofResult:
+    id: str
+    proof: str
+    pristine: str
+    patched: str
+    ok: bool | None       # None: not decided here (skipped, or an environment error)
+    pristine_detail: str = ""
+    patched_detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class ProveReport:
+    series: str
+    ok: bool = True
+    proofs: list[ProofResult] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # patches whose proof could not run here
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def env_name(upstream: str) -> str:
+    return "CARRY_TREE_" + upstream.upper().replace("-", "_")
+
+
+def extract(repo: Path, commit: str, dest: Path) -> Path:
+    data = Git(repo).archive(commit)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        tf.extractall(dest, filter="data")
+    return dest
+
+
+PLUGIN_DIR = Path(__file__).resolve().parent / "proofsite"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (os.cpu_count counts the machine's, also where a few are lent)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def jobs() -> int:
+    """How many proof runs go at once: one per two usable cores (a run is a pytest and, most
+    often, two ranks), but two on 2 to 4 cores and one on one. Measured on 2 cores over the 32
+    CPU runs: 410 s one at a time, 216 s two at a time, slower again four at a time (a run
+    leaves a core idle for much of its time: start-up, rendezvous, a rank waiting on the other).
+    ``CARRY_PROOF_JOBS=N`` decides instead."""
+    forced = os.environ.get("CARRY_PROOF_JOBS", "")
+    if forced:
+        try:
+            return max(1, int(forced))
+        except ValueError:
+            raise UsageError(f"CARRY_PROOF_JOBS={forced!r} is not a number of runs",
+                             hint="set it to a whole number such as 2, or unset it") from None
+    cores = usable_cores()
+    return min(cores, max(2, cores // 2))
+
+
+def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout: float,
+              log_dir: Path | None = None, label: str = "", proof: str | None = None,
+              cache: Path | None = None) -> Outcome:
+    """Run one proof (by default the patch's first) against the given trees; classify from JUnit XML.
+
+    With ``cache``, a proof whose folder pins its own requirements runs in the environment
+    carry.evidence.proofenv builds from them (else in this interpreter). The path is: the proofs folder,
+    the trees, the TransformerEngine site (carry.evidence.tesite), the plugin, then the caller's PYTHONPATH.
+    """
+    proof = proof or patch.proof
+    assert proof
+    try:
+        python = proofenv.python_for(series, proof, cache) if cache is not None else None
+    except SourceError as exc:
+        return Outcome("error", f"environment: {exc.message}")
+    proofs_dir = series.root / "proofs"
+    target = series.root / proof.split("::")[0]
+    tree_paths = []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CARRY_TREE_")}
+    for up in series.upstreams:
+        if up.name in trees:
+            root = trees[up.name]
+            tree_paths.append(str((root / up.python_path).resolve()))
+            env[env_name(up.name)] = str(root.resolve())
+    te = tesite.site()
+    # The trees go first; whatever the caller had (e.g. a TransformerEngine install) stays after them.
+    paths = [str(proofs_dir), *tree_paths, *([str(te)] if te else []), str(PLUGIN_DIR)]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["CARRY_PROOF_TREES"] = os.pathsep.join(tree_paths)
+    with tempfile.TemporaryDirectory(prefix="carry-proof-") as tmp:
+        xml = Path(tmp) / "junit.xml"
+        events = Path(tmp) / "events.jsonl"
+        env["CARRY_PROOF_EVENTS"] = str(events)
+        argv = [python or sys.executable, "-m", "pytest", "-q", "-c", str(proofs_dir / "pytest.ini"),
+                "--rootdir", str(proofs_dir), "-p", "carry_proof_plugin", f"--junitxml={xml}",
+                "-o", "junit_family=xunit1",
+                str(target) + ("::" + proof.split("::", 1)[1] if "::" in proof else "")]
+        t0 = time.monotonic()
+        try:
+            # Its own process group: a timeout kills its ranks (and a forkserver) with it.
+            res = run(argv, env=env, cwd=series.root.parents[1], check=False, timeout=timeout, group=True)
+            rc, output = res.returncode, res.stdout + res.stderr
+            log_text = output
+        except CommandError as exc:  # a timeout, or no interpreter: an outcome, not a crash of ours
+            rc, output = None, f"did not finish: {exc.message}"
+            log_text = "".join(getattr(exc, "partial", ())) + "\n" + output  # what it said before it was killed
+        secs = time.monotonic() - t0
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            stem = Path(proof.split("::")[0]).stem
+            (log_dir / f"{patch.id}.{stem}.{label}.log").write_text(log_text)
+        return _classify(rc, xml, output, secs, _events(events))
+
+
+def _events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line torn by a killed interpreter
+    return out
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:E\s+)?([A-Za-z_.]*(?:Error|Exception|Failed|Interrupted)\b.*)$")
+
+
+def _headline(text: str) -> str:
+    """The most telling line of a failure: the innermost 'SomethingError: ...' (a rank's own)."""
+    hits = [m.group(1).strip() for line in text.splitlines() if (m := _ERROR_LINE.match(line))]
+    hits = [h for h in hits if not h.endswith("failed:")] or hits
+    if hits:
+        return hits[-1][:300]
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    return lines[0][:300] if lines else ""
+
+
+def _classify(rc: int | None, xml: Path, output: str, secs: float, events: list[dict] = ()) -> Outcome:
+    """``rc`` None: the run did not finish (``output`` says why)."""
+    environment = [e for e in events if e.get("event") == "error" and e.get("kind") == "environment"]
+    if environment:
+        e = environment[0]
+        return Outcome("error", f"environment ({e.get('phase')} of {e.get('nodeid') or 'the proof'}): "
+                                f"{e.get('reason')}", secs)
+    bodies = [e["nodeid"] for e in events if e.get("event") == "body"]
+    tail = " | ".join(output.strip().splitlines()[-3:])[-400:]
+    if rc is None or not xml.exists():
+        what = output if rc is None else f"the interpreter exited {rc} without a report: {tail}"
+        if bodies:  # it died or hung in a test body: that body's result
+            return Outcome("fail", f"{what} (in {bodies[-1]})", secs)
+        return Outcome("error", f"environment: no test body ran: {what}", secs)
+    tests = failed = skipped = 0
+    first_failure = skip_note = ""
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        tests += 1
+        for child in case:
+            line = _headline((child.get("message") or "") + "\n" + (child.text or "")) or child.tag
+            if child.tag in ("failure", "error"):
+                failed += 1
+                first_failure = first_failure or line
+            elif child.tag == "skipped":
+                skipped += 1
+                skip_note = skip_note or line
+    if rc == 0 and tests and skipped == tests:
+        return Outcome("skipped", skip_note or "all tests skipped", secs)
+    if rc == 0 and tests > skipped:
+        return Outcome("pass", f"{tests - skipped} passed" + (f", {skipped} skipped" if skipped else ""), secs)
+    if rc in (1, 2) and failed:
+        # rc 2 with a recorded error is a collection error: the tree lacks what the proof imports
+        # (an import the trees cannot provide was an environment error above).
+        return Outcome("fail", first_failure, secs)
+    return Outcome("error", f"environment: pytest exited {rc}: {tail}", secs)
+
+
+def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float, cache: Path,
+          log_dir: Path | None = None, lock_timeout: float = LOCK_TIMEOUT) -> ProveReport:
+    wd = WorkDir(workdir)
+    chosen = series.select(only) if only else list(series.patches)
+    if only:
+        named = set(only)
+        chosen = [p for p in chosen if p.id in named or p.upstream in named]
+    with_proof = [p for p in chosen if p.proofs]
+    if not with_proof:
+        raise UsageError("no selected patch has a proof", hint="check --only and the proof keys in series.toml")
+    wd.require(series)
+    report = ProveReport(series=series.name)
+    # Hold the work directory's lock: an apply must not swap trees under a running proof. The
+    # record is read under it, after finishing a swap a killed apply left journalled: read before,
+    # it could name commits the workspaces no longer have.
+    with wd.lock(lock_timeout), tempfile.TemporaryDirectory(prefix="carry-prove-") as tmp:
+        finished = wd.recover()
+        if finished:
+            progress.say(f"finished the swap of {', '.join(finished)} that an interrupted apply left")
+        state = wd.require(series)
+        tmpd = Path(tmp)
+        pairs = []  # (patch, proof, pristine trees, patched trees), in series order
+        for p in with_proof:
+            rec = state.record(p.upstream)
+            if rec is None:
+                raise UsageError(f"{p.upstream}: no workspace in {workdir} for proof of {p.id}",
+                                 hint=f"`{command('apply', series, '--workdir', wd.root)}` first")
+            commit = rec.commit_of(p.id)
+            if commit is None:
+                raise UsageError(f"{p.upstream}: patch {p.id} is not applied in {workdir}",
+                                 hint=f"`{command('apply', series, '--workdir', wd.root, '--only', p.id)}` first")
+            repo = wd.workspace(p.upstream)
+            others = {u: wd.workspace(u) for u, _ in state.records() if u != p.upstream}
+            pristine_tree = tmpd / f"{p.upstream}-base"
+            if not pristine_tree.exists():
+                extract(repo, rec.base_commit, pristine_tree)
+            patched_tree = extract(repo, commit, tmpd / f"{p.upstream}-{p.id}")
+            for proof in p.proofs:
+                pairs.append((p, proof, {**others, p.upstream: pristine_tree}, {**others, p.upstream: patched_tree}))
+        for p, proof, _, _ in pairs:
+            try:  # built here, once, before runs share it (a build's lock wait is this thread's setting)
+                proofenv.python_for(series, proof, cache)
+            except SourceError:
+                pass  # each of its runs reports it as an environment error
+        n = jobs()
+        progress.say(f"{len(pairs)} proofs, each on the pristine base and on the patched tree: "
+                     f"{2 * len(pairs)} runs, {n} at a time")
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            runs = [(pool.submit(run_proof, series, p, pristine, timeout, log_dir, "pristine", proof, cache),
+                     pool.submit(run_proof, series, p, patched, timeout, log_dir, "patched", proof, cache))
+                    for p, proof, pristine, patched in pairs]
+            for (p, proof, _, _), (first, second) in zip(pairs, runs):  # series order, whatever finishes first
+                a, b = first.result(), second.result()
+                progress.say(f"{p.id}: {proof}: pristine {a.result}, patched {b.result}")
+                if "error" in (a.result, b.result):
+                    ok = None  # it could not run here: no evidence either way (an environment error)
+                    report.errors.append(p.id)
+                elif a.result == "skipped" and b.result == "skipped":
+                    ok = None
+                else:
+                    ok = a.result == "fail" and b.result == "pass"
+                report.proofs.append(ProofResult(p.id, proof, a.result, b.result, ok, a.detail, b.detail,
+                                                 round(a.seconds + b.seconds, 1)))
+    report.ok = all(r.ok is not False for r in report.proofs) and not report.errors
+    return report

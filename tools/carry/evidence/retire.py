@@ -1,0 +1,288 @@
+"""Retire: decide, with evidence, which patches an upstream base already has.
+
+Three kinds of evidence per patch, reported side by side:
+  text       the patch reverse-applies on the new base, or applying it finds
+             it already there, or (git) an upstream commit in the new range
+             has the same `git patch-id --stable`;
+  behaviour  the patch's proof passes on the pristine new base: the bug is
+             gone upstream even if upstream fixed it differently (a proof
+             that could not run there, carry.evidence.prove's ``error``, is no
+             evidence either way);
+  link       (git) the recorded upstream merge commit is an ancestor of the
+             new base.
+Disagreements are reported, not hidden. ``--write`` retires the landed
+patches, re-pins the upstream and re-applies the rest on the new base; if
+that fails nothing is written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .. import progress
+from ..errors import OperationError, UsageError
+from ..files import write_atomic
+from ..runner import Git
+from ..series import edit as seriesedit
+from ..series.manifest import PatchMeta, Series
+from ..workspace import sources, trial
+from ..workspace.am import am_each, older_bases
+from ..workspace.apply import Options, apply_series
+from ..workspace.workdir import WorkDir
+from .prove import extract, run_proof
+
+
+@dataclass
+class Verdict:
+    id: str
+    verdict: str                  # landed | needed | conflicts | unknown
+    text: str                     # landed | applies | conflicts | n/a
+    behaviour: str                # pass | fail | skipped | error | no-proof
+    link: str = "n/a"             # landed | not-yet | n/a
+    candidate: bool = False       # landed by behaviour only while the text still applies
+    evidence: list[str] = field(default_factory=list)
+    disagreements: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RetireReport:
+    series: str
+    upstream: str
+    against: str
+    new_base: str
+    ok: bool = True
+    written: bool = False
+    patches: list[Verdict] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _text_signal(series: Series, p: PatchMeta, base_repo: Path, scratch: Path,
+                 seq_status: str, range_ids: dict[str, str], seq_detail: str = "") -> tuple[str, list[str]]:
+    ev = []
+    tree = scratch / "probe"
+    g = Git(tree) if tree.exists() else Git.clone(base_repo, tree, branch="main")
+    path = series.patch_path(p)
+    if g("apply", "--reverse", "--check", str(path), check=False).ok:
+        ev.append("text: the patch reverse-applies cleanly on the new base")
+        return "landed", ev
+    if seq_status == "already-applied":
+        ev.append("text: applying it on the new base (3-way) finds the change already there")
+        return "landed", ev
+    ids = g.patch_ids(path.read_bytes())
+    if ids and ids[0][0] in range_ids:
+        ev.append(f"text: upstream commit {range_ids[ids[0][0]][:12]} has the same patch-id")
+        return "landed", ev
+    if seq_status == "applied":
+        ev.append("text: the patch still applies on the new base")
+        return "applies", ev
+    ev.append("text: the patch conflicts with the new base" + (f" ({seq_detail})" if seq_detail else ""))
+    return "conflicts", ev
+
+
+def link_signal(p: PatchMeta, new_commit: str | None, history: list[Path], ev: list[str]) -> str:
+    """landed | not-yet | n/a: whether the patch's merged_in is an ancestor of the new base."""
+    holder = next((Git(h) for h in history if new_commit and p.merged_in and Git(h).has_commit(new_commit)
+                   and Git(h).has_commit(p.merged_in)), None)
+    if not p.merged_in or holder is None:
+        return "n/a"
+    anc = holder("merge-base", "--is-ancestor", p.merged_in, new_commit, check=False).ok
+    ev.append(f"link: {p.merged_in[:12]} is {'an' if anc else 'not an'} ancestor of the new base")
+    return "landed" if anc else "not-yet"
+
+
+def _range_patch_ids(old_commit: str | None, new_commit: str, history: list[Path]) -> dict[str, str]:
+    """patch-id -> upstream commit, for every commit between the old pin and the new base.
+
+    ``history`` are repositories that may hold both commits (the new base itself, a checkout).
+    """
+    for repo in history if old_commit else []:
+        g = Git(repo)
+        if g.has_commit(old_commit) and g.has_commit(new_commit):
+            # `git patch-id` reads a whole `git log -p` stream and prints "<patch-id> <commit>" per commit.
+            return dict(g.patch_ids(g.log_patches(f"{old_commit}..{new_commit}")))
+    return {}
+
+
+def _decide(text: str, behaviour: str, link: str) -> tuple[str, bool, list[str]]:
+    dis = []
+    if behaviour == "error":
+        # carry.evidence.prove's environment errors: the proof could not run, so it says nothing either way.
+        return "unknown", False, ["the proof could not run on the new base (an error of its environment, "
+                                  "not a red proof): no behaviour evidence"]
+    if behaviour == "pass":
+        if text == "applies" and link != "landed":
+            dis.append("the proof passes upstream but the patch still applies: upstream fixed it some other way "
+                       "(a candidate, not a certainty)")
+            return "landed", True, dis
+        if text == "conflicts":
+            dis.append("the patch no longer applies, but the bug is gone: upstream fixed it differently")
+        return "landed", False, dis
+    if behaviour == "fail":
+        if text == "landed" or link == "landed":
+            dis.append("the text is upstream but the proof still fails there: the fix may be incomplete "
+                       "upstream, or the proof depends on another patch")
+            return "needed", False, dis
+        return ("conflicts" if text == "conflicts" else "needed"), False, dis
+    # no behaviour evidence (no proof, or a GPU proof without a GPU)
+    if text == "landed" or link == "landed":
+        return "landed", False, dis
+    if text == "conflicts":
+        return "conflicts", False, dis
+    if text == "applies":
+        return "needed", False, dis
+    return "unknown", False, dis
+
+
+def retire(series: Series, name: str, target: str, cache: Path, write: bool, workdir: Path | None,
+           source_paths: dict[str, Path], timeout: float, accept_candidates: bool = False) -> RetireReport:
+    """``source_paths``: --source NAME=PATH; NAME's is the new base, the others' build their trees."""
+    up = series.upstream(name)
+    mine = series.patches_for(name)
+    if not mine:
+        raise UsageError(f"{name} has no patch in series {series.name}")
+    source = source_paths.get(name)
+    stuck = sources.pin_can_move(up, source) if write else None
+    if stuck:
+        raise UsageError(f"--write: {stuck}; nothing was written",
+                         hint=f"retire against a release (`--against {name}=VERSION`, or its wheel with "
+                              f"`--source {name}=WHEEL`), or drop --write for the verdicts alone")
+    new_up, base = sources.retarget(up, target, cache, source)
+    rep = RetireReport(series.name, name, target, base.describe)
+    with tempfile.TemporaryDirectory(prefix="carry-retire-") as tmp:
+        tmpd = Path(tmp)
+        Git.clone(base.repo, tmpd / "seq", branch="main")
+        seq = {r.id: r for r in am_each(tmpd / "seq", series, mine, older_bases(base))}
+        history = [base.repo]
+        if up.git:
+            history.append(sources.mirror_path(up, cache))
+        if source is not None and source.is_dir():
+            history.append(source)
+        old_commit = up.git.commit if up.git else None
+        new_commit = new_up.git.commit if new_up.git else None
+        range_ids = _range_patch_ids(old_commit, new_commit, history) if new_commit else {}
+        trees = _other_trees(series, name, workdir, cache, tmpd, source_paths)
+        pristine = extract(base.repo, base.commit, tmpd / "pristine")
+        for p in mine:
+            applied = seq.get(p.id)
+            text, ev = _text_signal(series, p, base.repo, tmpd, applied.status if applied else "failed",
+                                    range_ids, applied.detail if applied and applied.status == "failed" else "")
+            behaviour = _behaviour(series, p, {**trees, name: pristine}, timeout, ev, cache)
+            link = link_signal(p, new_commit, history, ev)
+            verdict, candidate, dis = _decide(text, behaviour, link)
+            rep.patches.append(Verdict(p.id, verdict, text, behaviour, link, candidate, ev, dis))
+    landed = [v.id for v in rep.patches if v.verdict == "landed" and (accept_candidates or not v.candidate)]
+    if write:
+        _write(series, new_up, landed, rep, cache, source)
+    return rep
+
+
+def _behaviour(series: Series, p: PatchMeta, trees: dict[str, Path], timeout: float, ev: list[str],
+               cache: Path) -> str:
+    """All of a patch's proofs on the new base: any crash -> error, any fail -> fail, a pass -> pass."""
+    if not p.proofs:
+        return "no-proof"
+    results = []
+    for proof in p.proofs:
+        progress.say(f"{p.id}: {proof} on the new base")
+        out = run_proof(series, p, trees, timeout, proof=proof, cache=cache)
+        ev.append(f"behaviour: {proof} {out.result} on the new base ({out.detail})")
+        results.append(out.result)
+    for kind in ("error", "fail", "pass"):
+        if kind in results:
+            return kind
+    return "skipped"
+
+
+def _other_trees(series: Series, name: str, workdir: Path | None, cache: Path, tmpd: Path,
+                 source_paths: dict[str, Path]) -> dict[str, Path]:
+    """Patched trees of the other upstreams, for proofs that import them."""
+    if workdir is not None:
+        wd = WorkDir(workdir)
+        return {u: wd.workspace(u) for u, _ in wd.load_state().records() if u != name}
+    others = [u.name for u in series.upstreams if u.name != name and (u.sources[0] == "pypi" or u.name in source_paths)]
+    if not others:
+        return {}
+    wd_path = tmpd / "others"
+    try:
+        apply_series(series, Options(workdir=wd_path, cache=cache, only=others,
+                                     sources={u: source_paths[u] for u in others if u in source_paths}))
+    except OperationError as exc:
+        progress.say(f"other upstreams unavailable for proofs: {exc.message}")
+        return {}
+    return {u: wd_path / u for u in others}
+
+
+def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: Path,
+           source: Path | None) -> None:
+    """Retire, re-pin, re-apply in a scratch copy; only then touch the real series."""
+    root = series.root
+    text = (root / "series.toml").read_text()
+    if landed:
+        text = seriesedit.remove_patches(text, set(landed))
+    text = seriesedit.repin(text, new_up, new_up.sources[0])
+    check = trial.trial_apply(series, text, {}, new_up.name, cache, source)
+    if not check.ok:
+        rep.ok = False
+        rep.error = "the remaining series does not apply on the new base; nothing was written:\n" + (check.error or "")
+        return
+    commit_retirement(series, text, [v for v in rep.patches if v.id in landed], rep.new_base, rep.against)
+    rep.retired = landed
+    rep.written = True
+
+
+def commit_retirement(series: Series, text: str, landed: list[Verdict], new_base: str, against: str) -> None:
+    """Write the edited manifest ``text`` and move the ``landed`` patches to retired/ with their records.
+
+    The manifest is the commit point: a run killed before it leaves the series as it was.
+    Used by retire --write and by rebase (a patch upstream merged in its own words).
+    """
+    root = series.root
+    today = dt.date.today().isoformat()
+    by_id = {v.id: v for v in landed}
+    landed_ids = [v.id for v in landed]
+    staged = root / "retired" / f".staging-{os.getpid()}"
+    staged.mkdir(parents=True, exist_ok=True)
+    moves = []
+    for pid in landed_ids:
+        meta = series.patch(pid)
+        dest = staged / pid
+        dest.mkdir()
+        shutil.copy2(series.patch_path(meta), dest / Path(meta.file).name)
+        moves.append(series.patch_path(meta))
+        for ref in meta.proofs:
+            proof = root / ref.split("::")[0]
+            shutil.copy2(proof, dest / proof.name)
+            users = [q for q in series.patches if any(r.split("::")[0] == ref.split("::")[0] for r in q.proofs)]
+            if len(users) == 1:
+                moves.append(proof)
+        v = by_id[pid]
+        (dest / "record.toml").write_text(
+            f'id = "{pid}"\ntitle = {seriesedit.toml_str(meta.title)}\nupstream = "{meta.upstream}"\n'
+            f'retired_on = "{today}"\nnew_base = {seriesedit.toml_str(new_base)}\n'
+            f'against = {seriesedit.toml_str(against)}\nverdict = "{v.verdict}"\n'
+            f'text = "{v.text}"\nbehaviour = "{v.behaviour}"\nlink = "{v.link}"\n'
+            "evidence = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.evidence) + "]\n"
+            "disagreements = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.disagreements) + "]\n")
+    # The commit point: the manifest. Before it, the series is unchanged.
+    write_atomic(root / "series.toml", text)
+    for pid in landed_ids:
+        final = root / "retired" / pid
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(staged / pid, final)
+    shutil.rmtree(staged, ignore_errors=True)
+    try:
+        staged.parent.rmdir()  # nothing was retired: no empty retired/ folder either
+    except OSError:
+        pass
+    for path in moves:
+        path.unlink(missing_ok=True)

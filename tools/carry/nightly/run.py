@@ -1,0 +1,271 @@
+"""The nightly: every (series x image x test) cell of integration/nightly.toml, judged.
+
+For each series the patched trees are built (carry.workspace.apply, all upstreams); then
+each cell (carry.nightly.plan) runs where its image says (this machine, ``docker run``, ``srun``
+with a squashfs), bounded by a timeout, and is judged by carry.nightly.judge from
+what it left: exit status, log, metrics. A failed cell is bisected over the
+series (carry.evidence.bisect) when its check depends on the trees. Results go to
+``OUT/cells/<cell>/run.json``, ``OUT/nightly.json``, ``OUT/junit.xml``,
+``OUT/summary.md`` and one line per cell appended to the history file.
+
+Test kinds:
+- ``functional``: a NeMo-RL functional test script inside an image, through
+  integration/nemo_rl_gtp/run-in-image.sh (capability guard, run.log and
+  metrics.json collected);
+- ``command``: any command line (e.g. integration/gtp_refit_mini/run.py);
+- ``proof``: the series' proofs via carry.evidence.prove.run_proof, on the patched
+  trees (must pass) and the pristine base (must fail, else ``vacuous``); a proof
+  that cannot run on this host (carry.evidence.prove's environment errors) is ``error``,
+  counts as not green and is not bisected.
+
+Statuses: those of carry.nightly.judge, plus ``error``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .. import progress
+from ..errors import CarryError
+from ..evidence import canary
+from ..evidence.bisect import BisectResult, PrefixTrees, bisect
+from ..evidence.prove import jobs, run_proof
+from ..files import write_json
+from ..runner import run
+from ..workspace.apply import Options as ApplyOptions
+from ..workspace.apply import apply_series
+from . import report as reports
+from .config import NightlyConfig
+from .judge import Verdict, deterministic_flags, judge
+from .launch import docker_killer, run_logged
+from .plan import Cell, Options, cells, plan, timeout_for
+from .runlog import result_line
+
+NOT_GREEN = ("failed", "vacuous", "error")
+
+
+def visible_gpus() -> int:
+    try:
+        res = run(["nvidia-smi", "-L"], check=False, timeout=60)
+    except CarryError:
+        return 0
+    return sum(1 for line in res.stdout.splitlines() if line.startswith("GPU ")) if res.ok else 0
+
+
+# -- running one check ---------------------------------------------------------------------------
+def run_check(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, timeout: float) -> tuple[Verdict, dict]:
+    """Run the cell's check once on the given trees; judge it. Used for the run and for bisection."""
+    if out.exists():
+        shutil.rmtree(out)  # never judge what an earlier run left here
+    out.mkdir(parents=True)
+    if cell.spec.kind == "proof":
+        assert cell.patch is not None
+        if cell.patch.upstream not in trees:
+            return Verdict(status="skipped", reason=f"{cell.patch.upstream} was not applied in this run "
+                                                    f"(--only): its proof has no tree"), {}
+        o = run_proof(cell.series, cell.patch, trees, timeout, out, "patched", proof=cell.proof, cache=opts.cache)
+        # An environment error (carry.evidence.prove) is named as such and never bisected: no prefix of the
+        # series changes what the host lacks.
+        v = Verdict(status={"pass": "passed", "skipped": "skipped", "error": "error"}.get(o.result, "failed"),
+                    reason=o.detail)
+        return v, {"seconds": round(o.seconds, 1), "proof": cell.proof,
+                   "log": str(out / f"{cell.patch.id}.patched.log")}
+    need = cell.spec.gpus or (cell.image.gpus if cell.launcher == "local" else 0)
+    if need and cell.launcher == "local":
+        have = visible_gpus()
+        if have < need:
+            return Verdict(status="skipped", reason=f"needs {need} GPU(s), {have} visible (nvidia-smi)"), {}
+    p = plan(cell, trees, out, opts, timeout)
+    log = out / "console.log"
+    killer = docker_killer(p.container) if p.container else None
+    fin = run_logged(p, log, timeout=timeout, on_timeout=killer)
+    text = log.read_text(errors="replace")
+    # The document as read: the judge names a value that is not a number rather than lose it.
+    metrics: dict = {}
+    src = cell.spec.metrics
+    if src == "result-line":
+        metrics = result_line(text) or {}
+    elif src.startswith("file:"):
+        f = out / src[5:]
+        if f.exists():
+            try:
+                doc = json.loads(f.read_text())
+            except ValueError as exc:
+                text += f"\n[carry] {f.name} is not valid JSON: {exc}\n"
+            else:
+                if isinstance(doc, dict):
+                    metrics = doc
+                else:
+                    text += f"\n[carry] {f.name} is not a JSON object (a {type(doc).__name__})\n"
+    marker_text = text
+    run_log = out / "run.log"
+    if run_log.exists():
+        marker_text = run_log.read_text(errors="replace")
+    v = judge(rc=fin.returncode, timed_out=fin.timed_out, text=text, metrics=metrics, gates=cell.spec.gates,
+              markers=cell.spec.markers, timeout_s=timeout, launch_error=fin.error, marker_text=marker_text,
+              step_markers=cell.spec.step_markers, metrics_source=src)
+    info = {"seconds": round(fin.seconds, 1), "command": p.shell(), "log": str(log), "returncode": fin.returncode,
+            "timed_out": fin.timed_out,
+            "artifacts": sorted(str(x.relative_to(out)) for x in out.rglob("*") if x.is_file())}
+    return v, info
+
+
+def _proof_pristine(cell: Cell, trees: dict[str, Path], prefix: PrefixTrees, out: Path,
+                    timeout: float, cache: Path) -> Verdict | None:
+    """A passing proof must fail on its pristine base; else it proves nothing (vacuous)."""
+    assert cell.patch is not None
+    base = {**trees, cell.patch.upstream: prefix.pristine(cell.patch.upstream)}
+    o = run_proof(cell.series, cell.patch, base, timeout, out, "pristine", proof=cell.proof, cache=cache)
+    if o.result == "fail":
+        return None
+    if o.result == "error":
+        return Verdict(status="error", reason=f"on the pristine base: {o.detail}")
+    return Verdict(status="vacuous",
+                   reason=f"the proof does not fail on the pristine base ({o.result}: {o.detail[:200]})")
+
+
+def depends_on_trees(cell: Cell) -> str | None:
+    """Why bisecting this cell is pointless, or None when its check depends on the trees."""
+    if cell.spec.kind == "proof" or cell.image.swaps_trees:
+        return None
+    if any("{tree:" in a for a in cell.spec.argv + cell.image.functional) or any("{tree:" in v for _, v in cell.spec.env):
+        return None
+    return (f"neither the test nor image {cell.image.name!r} puts the series' trees in play "
+            f"({{tree:NAME}}, pythonpath, tree_mounts): a prefix would change nothing")
+
+
+# -- the whole night -----------------------------------------------------------------------------
+def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[str] | None = None) -> list[dict]:
+    """Run every selected cell; ``warnings`` (when given) collects what was wrong with the history."""
+    history, bad = reports.read_history(opts.history)
+    for w in bad:
+        print(f"warning: {w}", file=sys.stderr, flush=True)
+    if warnings is not None:
+        warnings.extend(bad)
+    runs: list[dict] = []
+    for sname in opts.series or list(cfg.series):
+        series = load_series(sname, cfg)
+        wd_path = opts.workdir / series.name
+        apply_error, digest, trees = None, "", {}
+        try:
+            rep = apply_series(series, ApplyOptions(workdir=wd_path, cache=opts.cache, sources=dict(opts.sources),
+                                             only=opts.only))
+            digest = rep.digest
+            if rep.ok:
+                trees = {u.name: Path(u.workspace) for u in rep.upstreams}
+            else:
+                apply_error = rep.error or "apply failed"
+        except CarryError as exc:
+            apply_error = exc.message
+        scratch = opts.out / "trees" / series.name
+        prefix = PrefixTrees(series, wd_path, scratch) if not apply_error else None
+        planned = list(cells(cfg, series, opts))
+        pool = ThreadPoolExecutor(max_workers=jobs()) if not apply_error and jobs() > 1 else None
+        ahead = _proofs_ahead(planned, trees, prefix, opts, cfg, pool) if pool else {}
+        for i, cell in enumerate(planned):
+            progress.say(f"{cell.id}: running")
+            timeout = timeout_for(cell, opts, cfg.timeout_s)
+            cell_out = opts.out / "cells" / cell.id
+            t0 = time.monotonic()
+            if i not in ahead and ahead:
+                wait([f for pair in ahead.values() for f in pair])  # no other cell shares the host with proofs
+            if apply_error:
+                v, info = Verdict(status="failed", reason=f"the series did not apply: {apply_error}"), {}
+                cell_out.mkdir(parents=True, exist_ok=True)
+            else:
+                try:
+                    if i in ahead:
+                        # Both runs went at once with other cells' runs; the pristine one decides only a pass.
+                        (v, info), pv = ahead[i][0].result(), ahead[i][1].result()
+                        if v.status == "passed":
+                            v = pv or v
+                    else:
+                        v, info = run_check(cell, trees, cell_out / "artifacts", opts, timeout)
+                        if cell.spec.kind == "proof" and v.status == "passed":
+                            v = _proof_pristine(cell, trees, prefix, cell_out / "pristine", timeout, opts.cache) or v
+                except CarryError as exc:
+                    v, info = Verdict(status="failed", reason=f"could not run: {exc.message}"), {}
+            record = {
+                "run_id": opts.run_id, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "cell": cell.id, "series": series.name, "image": cell.image.name, "test": cell.test,
+                "kind": cell.spec.kind, "launcher": cell.launcher, "digest": digest, "seed": opts.seed,
+                "patch": cell.patch.id if cell.patch else None, "watched": list(cell.spec.watched),
+                **v.to_dict(), **info,
+            }
+            record["seconds"] = info.get("seconds", round(time.monotonic() - t0, 1))
+            record["flags"] = list(v.flags) + deterministic_flags(
+                v.metrics, reports.previous_run(history, cell.id, opts.run_id), cell.spec.watched)
+            if v.status == "failed" and not apply_error and opts.bisect and cfg.bisect and cell.spec.bisect:
+                why_not = depends_on_trees(cell)
+                if why_not:
+                    record["bisect"] = BisectResult(target=v.signature(), note=f"not bisected: {why_not}").to_dict()
+                else:
+                    record["bisect"] = _bisect(cell, v, prefix, cell_out / "bisect", opts, timeout).to_dict()
+            write_json(cell_out / "run.json", record)
+            runs.append(record)
+        if pool:
+            pool.shutdown()
+    return runs
+
+
+def _proofs_ahead(planned: list[Cell], trees: dict[str, Path], prefix: PrefixTrees, opts: Options,
+                  cfg: NightlyConfig, pool: ThreadPoolExecutor) -> dict[int, tuple[Future, Future]]:
+    """Each proof cell's two runs (patched, pristine), all submitted at once to ``pool``
+    (carry.evidence.prove.jobs() wide): no cell's runs depend on another's, and on a GPU host they are
+    most of the proofs' time."""
+    ahead = {}
+    for i, cell in enumerate(planned):
+        if cell.spec.kind != "proof" or cell.patch.upstream not in trees:
+            continue
+        prefix.pristine(cell.patch.upstream)  # extracted here, once, not by two threads at a time
+        timeout = timeout_for(cell, opts, cfg.timeout_s)
+        out = opts.out / "cells" / cell.id
+        ahead[i] = (pool.submit(run_check, cell, trees, out / "artifacts", opts, timeout),
+                    pool.submit(_proof_pristine, cell, trees, prefix, out / "pristine", timeout, opts.cache))
+    return ahead
+
+
+def _bisect(cell: Cell, v: Verdict, prefix: PrefixTrees, out: Path, opts: Options, timeout: float) -> BisectResult:
+    order = prefix.order
+
+    def probe(k: int) -> tuple[str, str, str]:
+        progress.say(f"{cell.id}: bisect: patches 1..{k}")
+        try:
+            pv, _ = run_check(cell, prefix.trees(k), out / f"k{k:03d}", opts, timeout)
+        except CarryError as exc:
+            pv = Verdict(status="failed", reason=f"could not run: {exc.message}")
+        return pv.signature(), pv.status, pv.reason
+
+    return bisect(order, v.signature(), probe)
+
+
+def run_canaries(cfg: NightlyConfig, opts: Options, load_series) -> list[canary.UpstreamCanary]:
+    """The canary (carry.evidence.canary) of each series against the upstream main heads of --canary."""
+    found = []
+    for sname in opts.series or list(cfg.series):
+        series = load_series(sname, cfg)
+        heads = {n: p for n, p in opts.canary.items() if n in {u.name for u in series.upstreams}}
+        found += canary.run(series, heads, opts.cache, opts.timeout or cfg.timeout_s, opts.workdir / series.name,
+                            dict(opts.sources))
+    return found
+
+
+def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig, warnings: list[str] = (),
+                  canaries: list[canary.UpstreamCanary] | None = None) -> None:
+    # The canary's warnings stay out of ok: the release cells alone judge the night.
+    ok = not any(r["status"] in NOT_GREEN for r in runs)
+    write_json(opts.out / "nightly.json", {"ok": ok, "run_id": opts.run_id, "seed": opts.seed,
+                                           "config": str(cfg.path), "runs": runs,
+                                           "history_warnings": list(warnings),
+                                           "canary": canary.to_dicts(canaries or [])})
+    (opts.out / "junit.xml").write_text(reports.junit(runs))
+    (opts.out / "summary.md").write_text(reports.summary(runs, opts.run_id, {
+        "seed": opts.seed, "history": opts.history.name, "cells": len(runs)}, warnings)
+        + "\n".join(canary.summary_lines(canaries or [])) + ("\n" if canaries else ""))
+    reports.append_history(opts.history, [reports.history_record(r) for r in runs])

@@ -1,0 +1,69 @@
+"""This repository: where its series live, and how to spell one of its commands for a person.
+
+Every ``next:`` hint that names one of our commands is spelled here, in full
+(``--series`` included) and runnable as written from the directory the user
+is in, so that the hints and the README agree with the real command line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+from ..errors import UsageError
+from . import manifest
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+PATCHES = REPO_ROOT / "patches"
+
+
+def series_names() -> list[str]:
+    return sorted(p.parent.name for p in PATCHES.glob("*/series.toml"))
+
+
+def default_series() -> str | None:
+    """The repository's series when it has exactly one (then ``--series`` may be left out)."""
+    names = series_names()
+    return names[0] if len(names) == 1 else None
+
+
+def series_dir(value: str) -> Path:
+    """``--series``: a name (a folder patches/NAME/) or a path to a folder with series.toml."""
+    path = Path(value)
+    if "/" in value or (path.is_dir() and (path / "series.toml").exists()):
+        return path.resolve()
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", value):
+        raise UsageError(f"bad series name {value!r}")
+    return PATCHES / value
+
+
+def load_series(value: str, *, check: bool = True) -> manifest.Series:
+    return manifest.load(series_dir(value), check=check)
+
+
+def series_arg(series: manifest.Series) -> str:
+    """How --series names this series: its name when it is one of ours, else its folder."""
+    return series.name if series.root.resolve() == (PATCHES / series.name).resolve() else str(series.root)
+
+
+def tool_path(verb: str) -> str:
+    """tools/<verb>.py as reachable from the current directory."""
+    path = REPO_ROOT / "tools" / f"{verb}.py"
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else str(path)
+
+
+def command(verb: str, series: manifest.Series | None, *args: object) -> str:
+    """``python3 tools/<verb>.py --series S ARGS...``, quoted for a POSIX shell."""
+    parts = ["python3", tool_path(verb)]
+    if series is not None:
+        parts += ["--series", series_arg(series)]
+    parts += [str(a) for a in args]
+    return " ".join(_quote(p) for p in parts)
+
+
+def _quote(part: str) -> str:
+    # NAME=VERSION-style placeholders read better unquoted; they hold no shell characters.
+    return part if re.fullmatch(r"[A-Za-z0-9_./=:,+@-]+", part) else shlex.quote(part)

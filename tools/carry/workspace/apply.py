@@ -1,0 +1,250 @@
+"""Applying a series: pinned bases + patches -> patched workspaces, as one transaction.
+
+All-or-nothing across upstreams: every selected upstream is rebuilt in
+staging first; only when all of them applied cleanly are they swapped in.
+An upstream whose workspace already matches (same base, same patch bytes,
+untouched) is reported ``already-applied`` and not rebuilt. The plumbing
+(clone a base, ``git am``) is carry.workspace.am; this module is the transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import progress
+from ..errors import DirtyTreeError, PatchFormatError, UsageError
+from ..files import write_json
+from ..lock import LOCK_TIMEOUT
+from ..report import ApplyReport, PatchResult, UpstreamResult
+from ..runner import Git
+from ..series.manifest import PatchMeta, Series
+from ..series.patchfile import parse_file, safety_problems
+from ..series.repo import command
+from . import sources, wheels
+from .am import am_patches, clone_base, older_bases
+from .workdir import PatchRecord, UpstreamRecord, WorkDir
+
+
+@dataclass
+class Options:
+    workdir: Path
+    cache: Path
+    only: list[str] | None = None
+    sources: dict[str, Path] = field(default_factory=dict)
+    into: dict[str, Path] = field(default_factory=dict)
+    check: bool = False
+    wheels_dir: Path | None = None
+    lock_timeout: float = LOCK_TIMEOUT
+
+
+def _targets(series: Series, selected: list[PatchMeta], opts: Options) -> list[str]:
+    if not opts.only:
+        return [u.name for u in series.upstreams]
+    names = {p.upstream for p in selected}
+    names.update(x for x in opts.only if x in [u.name for u in series.upstreams])
+    return [u.name for u in series.upstreams if u.name in names]
+
+
+def apply_series(series: Series, opts: Options) -> ApplyReport:
+    selected = series.select(opts.only)
+    for name in list(opts.sources) + list(opts.into):
+        series.upstream(name)  # unknown names are usage errors
+    for p in selected:
+        if not series.patch_path(p).exists():
+            raise UsageError(f"{p.upstream}: patch {p.id} names {p.file}, which does not exist",
+                             hint=f"`{command('lint', series)}` lists every such problem")
+        unsafe = safety_problems(parse_file(series.patch_path(p)))  # malformed -> PatchFormatError
+        if unsafe:
+            raise PatchFormatError(f"{p.upstream}: patch {p.id} ({p.file}) is unsafe: {'; '.join(unsafe)}",
+                                   hint="a patch may only edit regular files inside its upstream's tree")
+    targets = _targets(series, selected, opts)
+    for name in targets:  # a bad pin is bad input, before any work (warm cache or cold)
+        if name not in opts.into:
+            sources.check_pins(series.upstream(name), opts.sources.get(name))
+    report = ApplyReport(series=series.name, check=opts.check, digest=series.digest(selected)[:12])
+    wd = WorkDir(opts.workdir)
+    with wd.lock(opts.lock_timeout):  # which bounds the cache's locks too
+        wd.recover()
+        state = wd.load_state()
+        staging = None
+        rebuilt: list[str] = []
+        new_records: dict[str, UpstreamRecord] = {}
+        into_done: list[tuple[Path, str]] = []
+        built: dict[str, str] = {}  # the heads this run made; they become the workspaces' only on success
+        try:
+            for name in targets:
+                up = series.upstream(name)
+                mine = [p for p in selected if p.upstream == name]
+                everyone = series.patches_for(name)
+                if name in opts.into:
+                    # The checkout is the base: nothing to fetch.
+                    digest = series.upstream_digest(name, mine, "into")
+                    ur = _apply_into(series, name, opts.into[name], mine, digest, opts.check, into_done, built)
+                else:
+                    base = sources.ready_base(up, opts.cache, opts.sources.get(name))
+                    digest = series.upstream_digest(name, mine, base.key)
+                    recorded = state.record(name)
+                    ours = wd.check_untouched(name, recorded, series)
+                    # The workspace's own HEAD: what it is now, and stays unless this run succeeds.
+                    ur = UpstreamResult(name=name, base=base.describe, workspace=str(wd.workspace(name)),
+                                        base_commit=base.commit, head=recorded.head if ours and recorded else None)
+                    if ours and recorded and recorded.digest == digest:
+                        ur.patches = [PatchResult(p.id, p.file, "already-applied", "workspace is up to date")
+                                      for p in mine]
+                    else:
+                        wd.check_swappable([name])
+                        if staging is None:
+                            staging = wd.new_staging()
+                        progress.say(f"{name}: applying {len(mine)} patch(es) on {base.describe}")
+                        ws = clone_base(base, staging / name).path
+                        ur.patches = am_patches(ws, series, mine, older_bases(base))
+                        if ours and recorded:
+                            ur.saved = wd.keep_unknown_commits(name, recorded, ws)
+                        rebuilt.append(name)
+                        new_records[name] = _record(base, digest, ws, mine, ur)
+                        built[name] = new_records[name].head
+                selected_ids = {p.id for p in mine}
+                ur.patches += [PatchResult(p.id, p.file, "not-attempted", "not selected (--only)")
+                               for p in everyone if p.id not in selected_ids]
+                order = {p.id: i for i, p in enumerate(everyone)}
+                ur.patches.sort(key=lambda r: order.get(r.id, 0))
+                report.upstreams.append(ur)
+            progress.checkpoint("staged")
+            failed = [u for u in report.upstreams if u.failed]
+            if failed or opts.check:
+                report.ok = not failed
+                for u in report.upstreams:
+                    u.saved = []  # the workspaces stay as they are: nothing was set aside
+                _rollback_into(into_done)
+                if failed:
+                    report.error, report.next = _conflict_message(series, failed, opts)
+                return report
+            if rebuilt:
+                assert staging is not None
+                # From the journal on, the staged trees are the swap's: an interruption is finished
+                # (or undone) by the next run, so this run must not delete them on its way out.
+                swapping, staging = staging, None
+                wd.commit(swapping, rebuilt, state.with_upstreams(series, new_records))
+            for u in report.upstreams:
+                u.head = built.get(u.name, u.head)
+            _finish_into(into_done)
+        except BaseException:
+            _rollback_into(into_done)
+            raise
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+        if opts.wheels_dir is not None:
+            for u in report.upstreams:
+                up = series.upstream(u.name)
+                if up.pypi is None or u.name in opts.into:
+                    continue
+                made = wheels.build(series, up, Path(u.workspace), u.base_commit or "", u.head or "", opts.cache,
+                                    opts.wheels_dir, f"{series.name}.{report.digest}")
+                u.wheels = [str(w) for w in made.written]
+                u.wheels_skipped = made.skipped
+    return report
+
+
+def _record(base: sources.Base, digest: str, ws: Path, mine: list[PatchMeta], ur: UpstreamResult) -> UpstreamRecord:
+    head = Git(ws).head() or base.commit
+    commits = Git(ws).rev_list(f"{base.commit}..HEAD") if head != base.commit else []
+    applied = [r for r in ur.patches if r.status == "applied"]
+    return UpstreamRecord(base=base.describe, base_key=base.key, base_commit=base.commit, digest=digest, head=head,
+                          selected=[p.id for p in mine],
+                          patches=[PatchRecord(r.id, r.file, c) for r, c in zip(applied, commits)], made=commits)
+
+
+def _conflict_message(series: Series, failed: list[UpstreamResult], opts: Options) -> tuple[str, str]:
+    lines = []
+    for u in failed:
+        for p in u.patches:
+            if p.status == "failed":
+                lines.append(f"{u.name}: patch {p.id} ({p.file}) does not apply: {p.detail}")
+    lines.append("nothing was changed")
+    hints = []
+    for u in failed:
+        up = series.upstream(u.name)
+        pin = up.pypi.version if up.pypi and up.sources[0] == "pypi" else (up.git.commit or up.git.ref)
+        args = ["--onto", f"{u.name}={pin}"]
+        if u.name in opts.sources:
+            args += ["--source", f"{u.name}={opts.sources[u.name].expanduser().resolve()}"]
+        hints.append(f"`{command('rebase', series, *args)}` re-applies {u.name}'s patches with 3-way merges "
+                     "and stops at the conflict for you to resolve")
+    return "\n".join(lines), "; ".join(hints)
+
+
+# -- --into: applying onto an existing checkout --------------------------------------
+def _apply_into(series: Series, name: str, target: Path, mine: list[PatchMeta], digest: str,
+                check: bool, done: list[tuple[Path, str]], built: dict[str, str]) -> UpstreamResult:
+    target = target.expanduser().resolve()
+    g = Git(target)
+    if not target.exists() or not g("rev-parse", "--git-dir", check=False).ok:
+        raise UsageError(f"--into {name}={target}: not a git checkout")
+    ur = UpstreamResult(name=name, base=f"the checkout {target}", workspace=str(target))
+    git_dir = g.git_dir()
+    if (git_dir / "rebase-apply").exists():
+        g("am", "--abort", check=False)
+    journal = git_dir / "carry-into-journal.json"
+    if journal.exists():  # a killed run: go back to where it started
+        g("reset", "-q", "--hard", _read_record(journal, target)["start"])
+        journal.unlink()
+    dirty = g.status_porcelain()
+    if dirty:
+        shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
+        raise DirtyTreeError(f"{name}: --into target {target} has uncommitted changes: {shown}",
+                             hint=f"commit them, or put them aside with `git -C {target} stash -u`")
+    state_path = git_dir / "carry-state.json"
+    head = g.head()
+    recorded = _read_record(state_path, target) if state_path.exists() else None
+    ur.head = head
+    if recorded and recorded.get("head") == head and recorded.get("digest") == digest:
+        ur.base_commit = recorded.get("start")
+        ur.patches = [PatchResult(p.id, p.file, "already-applied", "checkout is up to date") for p in mine]
+        return ur
+    start = recorded["start"] if recorded and recorded.get("head") == head else head
+    if start != head:
+        g("reset", "-q", "--hard", start)  # re-apply a changed series from where we started
+    write_json(journal, {"start": head})
+    done.append((target, head or ""))
+    ur.base_commit = start
+    ur.patches = am_patches(target, series, mine)
+    after = g.head()
+    if not ur.failed and not check and after:
+        write_json(state_path, {"series": series.name, "digest": digest, "start": start, "head": after})
+        built[name] = after
+    return ur
+
+
+def _read_record(path: Path, target: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text())
+        if not isinstance(doc, dict) or "start" not in doc:
+            raise ValueError("no 'start'")
+        return doc
+    except ValueError as exc:
+        raise DirtyTreeError(f"{path} is unreadable ({exc})",
+                             hint=f"`rm {path}` (and check `git -C {target} log` for where the series started)") from None
+
+
+def _rollback_into(done: list[tuple[Path, str]]) -> None:
+    for target, head in reversed(done):
+        g = Git(target)
+        g("am", "--abort", check=False)
+        if head:
+            g("reset", "-q", "--hard", head)
+        _journal(g).unlink(missing_ok=True)
+    done.clear()
+
+
+def _finish_into(done: list[tuple[Path, str]]) -> None:
+    for target, _ in done:
+        _journal(Git(target)).unlink(missing_ok=True)
+    done.clear()
+
+
+def _journal(g: Git) -> Path:
+    return g.git_dir() / "carry-into-journal.json"

@@ -1,0 +1,185 @@
+"""Pinned PyPI artifacts: downloaded once with pip, hash-checked, cached, unpacked.
+
+``fetch_artifact`` gives the pinned file from ``CACHE/artifacts/<sha256>/``,
+downloading it the first time (in a scratch folder under a lock, so a killed
+download leaves nothing the next run keeps); every use re-checks its sha256.
+``unpack_wheel`` lays a wheel out in the upstream's git layout (the pin's
+``map``). ``download_version`` fetches another release like the pinned ones,
+for moving a pin.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import sys
+import zipfile
+import zlib
+from pathlib import Path
+
+from .. import progress
+from ..errors import ConfigError, IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
+from ..lock import building
+from ..runner import run
+from ..series.manifest import Artifact, PyPISource
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def artifact_version(file: str) -> str | None:
+    """The version a wheel or sdist file name says (``name-1.2.3-py3-none-any.whl``, ``name-1.2.3.tar.gz``)."""
+    if file.endswith(".whl"):
+        parts = file[:-4].split("-")
+        return parts[1] if len(parts) in (5, 6) else None
+    for ext in (".tar.gz", ".tar.bz2", ".tgz", ".zip"):
+        if file.endswith(ext):
+            name, sep, version = file[:-len(ext)].rpartition("-")
+            return version if sep and name else None
+    return None
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        return a == b
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def check_pin(upstream: str, pypi: PyPISource) -> None:
+    """A pin's version must be its files' own: else a warm cache would use the files' tree and a cold
+    one would ask the index for a version with another version's hash (rc 0 or 1 by chance)."""
+    wrong = [(a.file, v) for a in pypi.artifacts if (v := artifact_version(a.file)) and not _same_version(v, pypi.version)]
+    if wrong:
+        shown = ", ".join(f"{f} is version {v}" for f, v in wrong)
+        raise ConfigError(f"{upstream}: the pin says {pypi.name} version {pypi.version}, but its artifact {shown}",
+                          hint=f"make [upstreams.{upstream}.pypi] agree: either version = \"{wrong[0][1]}\", or the "
+                               f"files of {pypi.version} with their sha256")
+
+
+def _pip_download_args(art: Artifact) -> list[str]:
+    """pip flags that make exactly the pinned wheel the only candidate."""
+    if not art.file.endswith(".whl"):
+        return ["--no-binary=:all:"]
+    parts = art.file[:-4].split("-")
+    pytag, abi, plats = parts[-3], parts[-2], parts[-1]
+    if plats == "any":
+        return ["--only-binary=:all:"]
+    args = ["--only-binary=:all:", "--implementation", pytag[:2], "--abi", abi,
+            "--python-version", pytag[2:3] + "." + pytag[3:]]
+    for plat in plats.split("."):
+        args += ["--platform", plat]
+    return args
+
+
+def fetch_artifact(upstream: str, pypi: PyPISource, art: Artifact, cache: Path) -> Path:
+    """The pinned artifact from the cache, downloading it once; always hash-checked."""
+    dest = cache / "artifacts" / art.sha256 / art.file
+    if not dest.exists():
+        with building(dest.parent) as tmp:
+            if not dest.exists():  # another run may have fetched it while this one waited
+                _download(upstream, pypi, art, tmp, dest)
+    got = sha256_file(dest)
+    if got != art.sha256:
+        raise IntegrityError(
+            f"{upstream}: cached artifact {dest} has sha256 {got}, the pin says {art.sha256}",
+            hint=f"the cache was modified or corrupted: `rm -rf {dest.parent}` and run again")
+    return dest
+
+
+def _download(upstream: str, pypi: PyPISource, art: Artifact, tmp: Path, dest: Path) -> None:
+    req = tmp / "req.txt"
+    req.write_text(f"{pypi.name}=={pypi.version} --hash=sha256:{art.sha256}\n")
+    progress.say(f"{upstream}: downloading {art.file}")
+    res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python",
+               "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
+               "--dest", tmp, "--require-hashes", "-r", str(req), *_pip_download_args(art)],
+              check=False)
+    got_path = tmp / art.file
+    if not res.ok or not got_path.exists():
+        tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
+        if says_no_space(res.stderr + res.stdout):  # not "unreachable": no other source would fit either
+            raise NoSpaceError(f"{upstream}: no space left on the device holding {tmp.parent} to download {art.file}",
+                               hint="free some space there (or point --cache at another disk) and run the command again")
+        if "HASHES" in res.stderr.upper() and "DO NOT MATCH" in res.stderr.upper():
+            raise IntegrityError(f"{upstream}: {art.file} downloaded with a different sha256 than pinned: {tail}")
+        raise SourceError(f"{upstream}: could not download {pypi.name}=={pypi.version} ({art.file}): {tail}",
+                          hint=f"check network access to the package index, or run the command again with "
+                               f"`--source {upstream}=PATH`, PATH a wheel file, a checkout or an unpacked tree")
+    progress.checkpoint("downloaded")
+    got = sha256_file(got_path)
+    if got != art.sha256:
+        raise IntegrityError(f"{upstream}: downloaded {art.file} has sha256 {got}, the pin says {art.sha256}")
+    os.replace(got_path, dest)
+
+
+def _map_member(name: str, pypi_map: tuple[tuple[str, str], ...], exclude: tuple[str, ...]) -> str | None:
+    best = None
+    for src, dst in pypi_map:
+        if name.startswith(src) and (best is None or len(src) > len(best[0])):
+            best = (src, dst)
+    if best is None:
+        return None
+    out = best[1] + name[len(best[0]):]
+    if any(fnmatch.fnmatch(out, pat) or fnmatch.fnmatch(os.path.basename(out), pat) for pat in exclude):
+        return None
+    return out
+
+
+def unpack_wheel(wheel: Path, dest: Path, pypi: PyPISource) -> int:
+    try:
+        return _unpack(wheel, dest, pypi)
+    except (zipfile.BadZipFile, zlib.error) as exc:  # pinned artifacts are hash-checked: a --source wheel
+        raise UsageError(f"{wheel} is not a valid wheel ({exc})",
+                         hint="give --source a wheel that pip downloaded or built, a checkout or an unpacked tree") from None
+
+
+def _unpack(wheel: Path, dest: Path, pypi: PyPISource) -> int:
+    count = 0
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            if info.is_dir():
+                continue
+            out = _map_member(info.filename, pypi.map, pypi.exclude)
+            if out is None:
+                continue
+            if out.startswith("/") or ".." in Path(out).parts:
+                raise IntegrityError(f"{wheel.name}: member {info.filename!r} escapes the tree")
+            target = dest / out
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(zf.read(info))
+            mode = (info.external_attr >> 16) & 0o777
+            if mode & 0o111:
+                target.chmod(0o755)
+            count += 1
+    return count
+
+
+def download_version(upstream: str, pypi: PyPISource, art: Artifact, version: str, cache: Path) -> Artifact:
+    guess = art.file.replace(f"-{pypi.version}-", f"-{version}-", 1)
+    with building(cache / "downloads") as tmp:
+        progress.say(f"{upstream}: downloading {pypi.name}=={version} ({guess})")
+        res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python",
+                   "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--dest", tmp,
+                   f"{pypi.name}=={version}", *_pip_download_args(Artifact(guess, "0" * 64))], check=False)
+        got = sorted(tmp.glob("*"))
+        if not res.ok or len(got) != 1:
+            tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
+            raise SourceError(f"{upstream}: could not download {pypi.name}=={version} like {art.file}: {tail}",
+                              hint=f"check the version, or run the command again with `--source {upstream}=PATH`, "
+                                   "PATH a wheel or a checkout of that version")
+        sha = sha256_file(got[0])
+        dest = cache / "artifacts" / sha / got[0].name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(got[0], dest)
+    return Artifact(dest.name, sha, art.tree)

@@ -1,0 +1,131 @@
+"""Export: workspace commits -> normalised patch files.
+
+Normalised means re-exporting an unchanged workspace changes no byte: no
+commit ids, no signature, no diffstat, full blob ids (so ``git am --3way``
+can find the pre-image), and a fixed identity and date in the header.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import progress
+from ..errors import DirtyTreeError, DriftError, UsageError
+from ..files import write_atomic
+from ..lock import LOCK_TIMEOUT
+from ..runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
+from ..series.manifest import Series, load
+from ..series.repo import command
+from .workdir import PatchRecord, UpstreamRecord, WorkDir
+
+_FIXED_FROM = f"From: {IDENTITY_NAME} <{IDENTITY_EMAIL}>"
+_FIXED_DATE_HDR = "Date: Sat, 1 Jan 2000 00:00:00 +0000"
+
+
+def format_patch(repo: Path, commit: str) -> str:
+    text = Git(repo)("format-patch", "-1", "--stdout", "--zero-commit", "--no-signature", "--no-stat",
+                     "--full-index", "--no-numbered", "--subject-prefix=PATCH", "--encode-email-headers",
+                     "-U3", commit).stdout
+    head, sep, body = text.partition("\n\n")
+    head = re.sub(r"(?m)^From: .*(\n[ \t].*)*$", _FIXED_FROM, head, count=1)
+    head = re.sub(r"(?m)^Date: .*$", _FIXED_DATE_HDR, head, count=1)
+    return head + sep + body
+
+
+@dataclass
+class ExportResult:
+    written: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    drift: list[str] = field(default_factory=list)
+
+
+def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOCK_TIMEOUT) -> ExportResult:
+    wd = WorkDir(workdir)
+    wd.require(series)
+    result = ExportResult()
+    with wd.lock(lock_timeout):
+        wd.recover()
+        state = wd.load_state()
+        pending: list[tuple[Path, str]] = []
+        added = False
+        exported: dict[str, list[str]] = {}  # per upstream, the commit each patch was written from
+        for name, rec in state.records():
+            ws = wd.workspace(name)
+            g = Git(ws)
+            dirty = g.status_porcelain()
+            if dirty:
+                raise DirtyTreeError(f"{name}: {ws} has uncommitted changes ({dirty[0][3:]} ...)",
+                                     hint="commit them into the patch they belong to first "
+                                          f"(`git -C {ws} commit -a --amend --no-edit` for the last one)")
+            commits = g.rev_list(f"{rec.base_commit}..HEAD")
+            new = _new_entries(series, name, rec, len(commits) - len(rec.patches))
+            if new:
+                added = True
+                # Commits made for entries added to series.toml since apply: they become those patches.
+                state.add_new_patches(series, name, [PatchRecord(meta.id, meta.file, commit)
+                                                     for meta, commit in zip(new, commits[len(rec.patches):])])
+            if len(commits) != len(rec.patches):
+                raise UsageError(
+                    f"{name}: the workspace has {len(commits)} commit(s) on its base but the series applied "
+                    f"{len(rec.patches)} patch(es) there",
+                    hint="a new patch needs a [[patches]] entry in series.toml (then apply); fixup! commits "
+                         f"fold into the patch they fix with `GIT_SEQUENCE_EDITOR=: git -C {ws} rebase -q -i "
+                         f"--autosquash {rec.base_commit}`")
+            exported[name] = commits
+            for commit, applied in zip(commits, rec.patches):
+                meta = series.patch(applied.id)
+                path = series.patch_path(meta)
+                text = format_patch(ws, commit)
+                old = path.read_text() if path.exists() else None
+                if old == text:
+                    result.unchanged.append(meta.file)
+                else:
+                    (result.drift if check else result.written).append(meta.file)
+                    pending.append((path, text))
+        if check:
+            if result.drift:
+                raise DriftError("patch files differ from the workspace: " + ", ".join(result.drift),
+                                 files=result.drift,
+                                 hint=_drift_hint(series, wd.root, [n for n, _ in state.records()]))
+            return result
+        for path, text in pending:
+            write_atomic(path, text)
+        progress.checkpoint("exported-files")
+        # The workspace now matches the files: record that, so apply sees it as up to date. Also
+        # when nothing was written: a run killed after the files but before the record left them
+        # equal and the record behind, and apply would send the user back here forever.
+        fresh = load(series.root)
+        before = state.to_dict()
+        for name, rec in state.records():
+            chosen = [fresh.patch(pid) for pid in rec.selected]
+            state.mark_exported(name, fresh.upstream_digest(name, chosen, rec.base_key),
+                                Git(wd.workspace(name)).head() or rec.head, exported[name])
+        if pending or state.to_dict() != before or added:
+            wd.save_state(state)
+    return result
+
+
+def _drift_hint(series: Series, root: Path, upstreams: list[str]) -> str:
+    """Both ways out of drift: keep the workspace's change, or drop it (e.g. after the files
+    export wrote were discarded, `git checkout patches/`): apply rebuilds from the files."""
+    keep = f"`{command('export', series, '--workdir', root)}`, then commit the files"
+    drop = f"`{command('apply', series, '--workdir', root, '--only', ','.join(upstreams))}`"
+    return (f"to keep the workspace's change: {keep}; to drop it and go back to the patch files: {drop} "
+            "(with the --source options you applied with)")
+
+
+def _new_entries(series: Series, upstream: str, rec: UpstreamRecord, extra: int) -> list:
+    """The series entries that ``extra`` new workspace commits stand for, or [] if that is unclear.
+
+    Only when the applied patches are the upstream's first entries in series order and exactly
+    ``extra`` entries follow them: then the new commits are those entries, oldest first.
+    """
+    if extra <= 0:
+        return []
+    mine = [p for p in series.patches if p.upstream == upstream]
+    applied = [p.id for p in rec.patches]
+    if [p.id for p in mine[:len(applied)]] != applied or len(mine) - len(applied) != extra:
+        return []
+    return mine[len(applied):]

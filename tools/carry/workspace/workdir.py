@@ -1,0 +1,336 @@
+"""Work directories: one git workspace per upstream, the record of what was applied, a journal.
+
+``DIR/<upstream>`` is the patched tree in the upstream's git layout: the
+pinned base commit, then one commit per patch. ``DIR/.carry/state.json`` is
+the workspace record (``State``, carry.workspace.record). This module owns the file:
+it loads, saves and journals it, and swaps the trees it describes.
+
+New trees are built under ``DIR/.carry/staging-*`` and swapped in only when
+every upstream succeeded; the swap is journalled, so a run killed half-way
+through it is rolled forward by the next run. Until then the previous
+workspaces stay exactly as they were.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from .. import progress
+from ..errors import DirtyTreeError, OperationError, UsageError
+from ..files import fsync_dir, write_json
+from ..lock import LOCK_TIMEOUT, DirLock, patience
+from ..runner import Git
+from ..series.manifest import Series
+from ..series.repo import command
+from .am import BASE_TAG
+from .record import STATE_VERSION, PatchRecord, State, UpstreamRecord  # noqa: F401  (imported from here)
+
+SAVED_PREFIX = "refs/carry/saved/"
+_STAGING_NAME = re.compile(r"staging-[A-Za-z0-9_]+")
+_SIMPLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+class SwapError(OperationError):
+    """The new trees could not be renamed into place; the previous ones were put back."""
+
+
+def _mount_points() -> set[str]:
+    """Where something is mounted (Linux); a bind mount from the same file system has the same st_dev."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return set()
+    # field 5 is the mount point, with space, tab, newline and backslash written as octal escapes
+    unescape = re.compile(r"\\([0-7]{3})")
+    return {unescape.sub(lambda m: chr(int(m[1], 8)), f[4]) for f in (line.split() for line in lines) if len(f) > 4}
+
+
+def _swap_hint(exc: OSError, root: Path) -> str:
+    if exc.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
+        return f"make {root} writable (`lsattr -d {root}` shows an immutable flag), then run the command again"
+    if exc.errno in (errno.EBUSY, errno.EXDEV):
+        return f"a workspace in {root} is a mount point or on another file system: unmount it, or choose another --workdir"
+    return "fix the cause above, then run the command again"
+
+
+class WorkDir:
+    def __init__(self, root: Path):
+        self.root = root.resolve() if root.exists() else root.absolute()
+        self.meta = self.root / ".carry"
+
+    @property
+    def state_file(self) -> Path:
+        return self.meta / "state.json"
+
+    @property
+    def journal_file(self) -> Path:
+        return self.meta / "journal.json"
+
+    def workspace(self, name: str) -> Path:
+        return self.root / name
+
+    def exists(self) -> bool:
+        return self.state_file.exists()
+
+    @contextmanager
+    def lock(self, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+        """Hold DIR's lock; a DIR made only to hold the lock is removed again afterwards."""
+        made = not self.root.exists()
+        try:
+            # The cache's locks taken meanwhile (bases, downloads) wait no longer than this one.
+            with DirLock(self.meta / "lock", timeout, what=self.root), patience(timeout):
+                progress.checkpoint("locked")
+                yield
+        finally:
+            if made:
+                try:
+                    self.root.rmdir()  # only when the run left nothing in it
+                except OSError:
+                    pass
+
+    # -- the record ------------------------------------------------------------------------
+    def load_state(self) -> State:
+        try:
+            text = self.state_file.read_text()
+        except FileNotFoundError:
+            return State()
+        try:
+            return State.from_dict(json.loads(text))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise DirtyTreeError(f"{self.state_file} is not a workspace record this tool can read ({exc!r})",
+                                 hint=f"`rm -rf {self.root}`, then apply the series again") from None
+
+    def save_state(self, state: State) -> None:
+        write_json(self.state_file, state.to_dict())
+
+    # -- staging and the swap ---------------------------------------------------------------
+    def new_staging(self) -> Path:
+        self.meta.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(dir=self.meta, prefix="staging-"))
+
+    def recover(self) -> list[str]:
+        """Finish or undo a swap a killed run started; remove what killed runs left. Under the lock.
+
+        The swap is rolled forward when every new tree is still staged or already in place;
+        otherwise (its staging was lost) it is undone: the previous trees go back. Either
+        way the work directory ends in the old state or the new one, never between.
+        """
+        done: list[str] = []
+        if self.journal_file.exists():
+            staging, names, state = self._read_journal()
+            if all((staging / n).is_dir() or self._holds(n, state) for n in names):
+                self._finish(staging, names, state)
+                done = names
+            else:
+                self._undo(staging, names, state)
+        if self.meta.exists():
+            for stale in [*self.meta.glob("staging-*"), *self.meta.glob("trash-*")]:
+                shutil.rmtree(stale, ignore_errors=True)
+        return done
+
+    def _read_journal(self) -> tuple[Path, list[str], State]:
+        try:
+            journal = json.loads(self.journal_file.read_text())
+            recorded, names = journal["staging"], list(journal["names"])
+            state = State.from_dict(journal["state"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise DirtyTreeError(
+                f"{self.journal_file} is unreadable ({exc!r}): a swap of workspaces may be half done",
+                hint=f"`rm -rf {self.root}`, then apply the series again") from None
+        # Only a staging folder of this work directory is ever moved in. A journal copied with
+        # its work directory (`cp -a`) names the original's folder by an absolute path: its
+        # name is the copy's own folder. Anything else was not written by a swap of ours.
+        name = Path(str(recorded)).name
+        bad = [n for n in names if not isinstance(n, str) or not _SIMPLE_NAME.fullmatch(n)]
+        if not _STAGING_NAME.fullmatch(name) or bad:
+            what = f"names {', '.join(map(repr, bad))}" if bad else f"names the folder {recorded}"
+            raise DirtyTreeError(
+                f"{self.journal_file} {what}, which is not a staging folder of {self.meta}: not trusted, "
+                "nothing was moved",
+                hint=f"`rm {self.journal_file}`, then run the command again")
+        return self.meta / name, names, state
+
+    def _holds(self, name: str, state: State) -> bool:
+        """DIR/name is the tree the journal's record says it will be (moved in already)."""
+        rec = state.record(name)
+        ws = self.workspace(name)
+        return rec is not None and (ws / ".git").exists() and Git(ws).head() == rec.head
+
+    def check_swappable(self, names: list[str]) -> None:
+        """The swap renames DIR/name; a workspace on another mount than DIR/.carry cannot be renamed."""
+        for name in names:
+            ws = self.workspace(name)
+            if not ws.exists() or ws.is_symlink():
+                continue
+            if os.path.ismount(ws) or ws.stat().st_dev != self.root.stat().st_dev or str(ws) in _mount_points():
+                raise UsageError(
+                    f"{name}: workspace {ws} is a mount point; apply replaces a workspace by renaming a new "
+                    "tree into its place, which a mount point does not allow",
+                    hint=f"unmount it (`umount {ws}`) and mount the work directory itself, or choose "
+                         "another --workdir")
+
+    def commit(self, staging: Path, names: list[str], state: State) -> None:
+        """Swap the staged trees in. From here on the staging folder is the journal's: only a
+        finished swap or an undone one removes it (a run interrupted here is finished by the next)."""
+        try:
+            write_json(self.journal_file, {"staging": staging.name, "names": names, "state": state.to_dict()})
+        except BaseException:
+            self.journal_file.unlink(missing_ok=True)
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        progress.checkpoint("journalled")
+        self._finish(staging, names, state)
+
+    def _finish(self, staging: Path, names: list[str], state: State) -> None:
+        try:
+            self._swap(staging, names, state)
+        except OSError as exc:
+            # The same error would stop every later run: undo, so that the next run starts clean.
+            try:
+                self._undo(staging, names, state)
+            except OSError as again:
+                raise DirtyTreeError(
+                    f"could not swap the new workspaces into {self.root} ({exc.strerror or exc}: {exc.filename}), "
+                    f"nor put the previous ones back ({again.strerror or again}: {again.filename}); "
+                    f"the journal {self.journal_file} is kept",
+                    hint=f"{_swap_hint(exc, self.root)}; the next run finishes or undoes the swap") from None
+            raise SwapError(
+                f"could not swap the new workspaces into {self.root} ({exc.strerror or exc}: "
+                f"{exc.filename}); nothing was changed",
+                hint=_swap_hint(exc, self.root)) from None
+
+    def _swap(self, staging: Path, names: list[str], state: State) -> None:
+        trash = self.meta / f"trash-{staging.name}"
+        trash.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            new = staging / name
+            if not new.exists():
+                continue  # already moved in by the interrupted run
+            ws = self.workspace(name)
+            if (ws.exists() or ws.is_symlink()) and not (trash / name).exists():
+                os.rename(ws, trash / name)
+            os.rename(new, ws)
+            progress.checkpoint("swapping")
+        self.save_state(state)
+        self.journal_file.unlink(missing_ok=True)
+        fsync_dir(self.meta)
+        shutil.rmtree(trash, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def _undo(self, staging: Path, names: list[str], state: State) -> None:
+        """Put the previous trees back (the record was never replaced); drop the journal."""
+        trash = self.meta / f"trash-{staging.name}"
+        for name in reversed(names):
+            ws, old = self.workspace(name), trash / name
+            if old.exists() or old.is_symlink():
+                if ws.exists():
+                    shutil.rmtree(ws)  # the new tree, moved in already
+                os.rename(old, ws)
+            elif self._holds(name, state):
+                before = self.load_state().record(name)
+                if before is None or before.head != state.upstreams[name].head:
+                    shutil.rmtree(ws)  # a new tree where there was none before
+        self.journal_file.unlink(missing_ok=True)
+        fsync_dir(self.meta)
+        shutil.rmtree(trash, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
+
+    # -- guarding the user's work -------------------------------------------------------------
+    def check_untouched(self, name: str, recorded: UpstreamRecord | None, series: Series) -> bool:
+        """True when DIR/name is ours and unchanged; False when absent; raises otherwise."""
+        ws = self.workspace(name)
+        export_cmd = command("export", series, "--workdir", self.root)
+        if not ws.exists():
+            return False
+        g = Git(ws)
+        if recorded is None or not (ws / ".git").exists():
+            raise DirtyTreeError(f"{ws} exists but was not made by tools/apply.py",
+                                 hint="move it away or choose another --workdir")
+        head = g.head()
+        if head != recorded.head and not g.has_commit(recorded.head):
+            # A `git reset --hard` to the recorded head cannot work: the record is not this tree's.
+            raise DirtyTreeError(
+                f"{name}: the record {self.state_file} names HEAD {recorded.head[:12]}, which workspace {ws} "
+                f"does not have (its HEAD is {str(head)[:12]})",
+                hint=f"move the workspace aside (`mv {ws} {ws}.old`; its commits stay there), then "
+                     f"`{command('apply', series, '--workdir', self.root)}` rebuilds it")
+        if head != recorded.head:
+            raise DirtyTreeError(
+                f"{name}: workspace {ws} has commits the series does not know "
+                f"(HEAD {str(head)[:12]}, applied {recorded.head[:12]})",
+                hint=f"`{export_cmd}` writes amended patch commits to the patch files (a new commit needs a "
+                     f"[[patches]] entry first); `git -C {ws} reset -q --hard {recorded.head}` drops them")
+        dirty = g.status_porcelain()
+        if dirty:
+            shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
+            raise DirtyTreeError(
+                f"{name}: workspace {ws} has uncommitted changes: {shown}",
+                hint=f"commit them into the patch they belong to (`git -C {ws} commit -a --amend --no-edit` "
+                     f"for the last one) and run `{export_cmd}`, or discard them with "
+                     f"`git -C {ws} reset -q --hard && git -C {ws} clean -fdq`")
+        return True
+
+    def keep_unknown_commits(self, name: str, recorded: UpstreamRecord, new: Path) -> list[dict[str, str]]:
+        """Fetch the commits of DIR/name that apply did not make into the rebuilt tree ``new``.
+
+        A rebuild replaces the whole repository; a commit of the user's (an exported fixup whose
+        patch file was then discarded, a branch, a stash) would become unreachable. Each such tip
+        is kept as refs/carry/saved/<UTC time>[-N] in the new workspace, and refs saved by earlier
+        rebuilds move along. Returns {"ref", "from", "commits"} per tip kept.
+        """
+        old = Git(self.workspace(name))
+        made = sorted(c for c in {recorded.base_commit, *recorded.made} if c)
+        present = old("cat-file", "--batch-check", input="".join(f"{c}\n" for c in made)).stdout.splitlines()
+        known = [line.split()[0] for line in present if line.split()[1:2] == ["commit"]]
+        refs = old("for-each-ref", "--format=%(refname)").stdout.split()
+        g = Git(new)
+        if any(r.startswith(SAVED_PREFIX) for r in refs):
+            g("fetch", "-q", "--no-tags", str(old.path), f"+{SAVED_PREFIX}*:{SAVED_PREFIX}*")
+        taken = set(g("for-each-ref", "--format=%(refname)", SAVED_PREFIX).stdout.split())
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        kept: list[dict[str, str]] = []
+        seen: set[str] = set()
+        rebuilt = {_patch_id(g, c) for c in g.rev_list(f"refs/tags/{BASE_TAG}..HEAD")} - {None}  # its own base
+        for ref in ["HEAD", *(r for r in refs if not r.startswith(SAVED_PREFIX) and r != f"refs/tags/{BASE_TAG}")]:
+            tip = old.rev_parse(ref)
+            if not tip or tip in seen:
+                continue
+            seen.add(tip)
+            mine = old("rev-list", tip, "--not", *known).stdout.split()
+            # A commit whose change the rebuilt tree holds (an exported amend, re-applied from its
+            # file) is not lost: only the others are kept.
+            count = len([c for c in mine if _patch_id(old, c) not in rebuilt]) if mine else 0
+            if not count:
+                continue
+            n, saved = 1, SAVED_PREFIX + stamp
+            while saved in taken:
+                n += 1
+                saved = f"{SAVED_PREFIX}{stamp}-{n}"
+            taken.add(saved)
+            g("fetch", "-q", "--no-tags", str(old.path), f"+{tip}:{saved}")
+            kept.append({"ref": saved, "from": ref, "commits": str(count)})
+        return kept
+
+    def require(self, series: Series) -> State:
+        """The record of a work directory that must exist (export, prove, bisect)."""
+        if not self.exists():
+            raise UsageError(f"{self.root} holds no workspace made by tools/apply.py",
+                             hint=f"`{command('apply', series, '--workdir', self.root)}` first")
+        return self.load_state()
+
+
+def _patch_id(g: Git, commit: str) -> str | None:
+    """git's stable patch id of one commit's change (None for a commit that changes nothing)."""
+    diff = g("show", "--format=", "--no-color", "--no-ext-diff", commit).stdout
+    out = g("patch-id", "--stable", input=diff).stdout.split()
+    return out[0] if out else None
+

@@ -1,10 +1,10 @@
 """The marker check of the carried NeMo-RL functional test (nemo-rl/0004), read from the patch.
 
 grpo_megatron_generation_gtp.sh gates its run on two log markers as well as on its metrics. It
-must count a marker by the nightly's own rule (carry.runlog, "Lines"): a whole line printed by
+must count a marker by the nightly's own rule (carry.nightly.runlog, "Lines"): a whole line printed by
 the run that starts with it, after ANSI colours and one Ray worker prefix; not a quote of it
 inside another message, which a failing run prints too. Each log below is run through the
-script's own ``require_marker`` (bash, from the patch's text) and through carry.runlog.
+script's own ``require_marker`` (bash, from the patch's text) and through carry.nightly.runlog.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from carry.runlog import markers_found
+from carry.nightly.runlog import markers_found
 from helpers import SERIES
 
 PATCH = SERIES / "nemo-rl" / "0004-functional-test-grpo-megatron-generation-gtp.patch"

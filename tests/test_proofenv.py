@@ -158,7 +158,7 @@ def test_a_conflict_names_who_wants_what(tmp_path, monkeypatch):
     """Offline, a pin that no wheel beside the host's packages can satisfy: the error says which
     packages want which versions of what (before: only pip's last lines, "ResolutionImpossible",
     and a hint about network access that did not apply)."""
-    from carry import proofenv
+    from carry.evidence import proofenv
     from carry.errors import SourceError
 
     wheels = tmp_path / "wheels"

@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Iterable
 
-from .files import json_text
+from ..files import json_text
 from .judge import STATUSES as JUDGED
 
 # carry.nightly.run adds "error": a proof that could not run on this host (its environment).

@@ -119,3 +119,18 @@ def tiny_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] 
         z.writestr(f"{info}/RECORD", "")
     return path
 
+
+HOST_PACKAGES = ROOT / "integration" / "proofs" / "h200-host-packages.txt"
+
+
+def pins(path: Path) -> dict[str, str]:
+    """A NAME==VERSION list (comments and blank lines skipped) by canonical package name."""
+    from packaging.utils import canonicalize_name
+
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.strip().split("==")
+            out[canonicalize_name(name)] = version
+    return out
+

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from fakeup import add_proofs
-from helpers import SERIES, apply_demo, read_json, tiny_wheel, tool
+from helpers import HOST_PACKAGES, SERIES, apply_demo, pins, read_json, tiny_wheel, tool
 
 network = pytest.mark.network
+BRIDGE_WHEELS = SERIES.parents[1] / "integration" / "proofs" / "megatron-bridge-py312-wheels.txt"
 
 NEEDS_PACKAGE = '''
 import inflection
@@ -139,18 +140,16 @@ def test_the_bridge_folder_pins_what_the_test_extra_holds():
     """The Bridge proof's environment pins its import dependencies at the test extra's versions."""
     import tomllib
 
-    req = (SERIES / "proofs" / "megatron_bridge" / "requirements.txt").read_text()
-    pins = dict(line.split("==") for line in req.splitlines() if line and not line.startswith("#"))
-    assert "omegaconf" in pins and "datasets" in pins, pins
+    pinned = pins(SERIES / "proofs" / "megatron_bridge" / "requirements.txt")
+    assert "omegaconf" in pinned and "datasets" in pinned, pinned
     extra = tomllib.loads((SERIES.parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     held = dict(x.split("==") for x in extra if "==" in x)
-    for name, version in pins.items():
+    for name, version in pinned.items():
         if name in held:
             assert held[name] == version, (name, version, held[name])
     # The wheels staged for an offline GPU host (integration/README.md) carry the same pins.
-    listed = (SERIES.parents[1] / "integration" / "proofs" / "megatron-bridge-py312-wheels.txt").read_text()
-    staged = dict(line.split("==") for line in listed.splitlines() if line and not line.startswith("#"))
-    for name, version in pins.items():
+    staged = pins(BRIDGE_WHEELS)
+    for name, version in pinned.items():
         assert staged.get(name) == version, (name, version, staged.get(name))
 
 
@@ -179,21 +178,6 @@ def test_a_conflict_names_who_wants_what(tmp_path, monkeypatch):
     assert not [p for p in (tmp_path / "cache" / "proof-envs").glob("*") if not p.name.startswith(".")]
 
 
-HOST_PACKAGES = SERIES.parents[1] / "integration" / "proofs" / "h200-host-packages.txt"
-BRIDGE_WHEELS = SERIES.parents[1] / "integration" / "proofs" / "megatron-bridge-py312-wheels.txt"
-
-
-def _pins(path: Path) -> dict[str, str]:
-    import re
-
-    out = {}
-    for line in path.read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, version = line.split("==")
-            out[re.sub(r"[-_.]+", "-", name).lower()] = version
-    return out
-
-
 @network
 def test_the_staged_bridge_wheels_hold_what_the_gpu_hosts_pip_wants(tmp_path):
     """The wheel list staged for the offline H200 (integration/README.md) covers what pip installs
@@ -205,9 +189,11 @@ def test_the_staged_bridge_wheels_hold_what_the_gpu_hosts_pip_wants(tmp_path):
     import subprocess
     import sys
 
+    from packaging.utils import canonicalize_name
+
     site_dir = tmp_path / "host-site"
     site_dir.mkdir()
-    for name, version in _pins(HOST_PACKAGES).items():
+    for name, version in pins(HOST_PACKAGES).items():
         if name == "pip":  # the environment's own pip runs the resolution
             continue
         info = site_dir / f"{name.replace('-', '_')}-{version}.dist-info"
@@ -229,14 +215,8 @@ def test_the_staged_bridge_wheels_hold_what_the_gpu_hosts_pip_wants(tmp_path):
                           "--only-binary=:all:", "--report", str(report), "-r", str(req), "-c", str(BRIDGE_WHEELS)],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    listed = _pins(BRIDGE_WHEELS)
-    wanted = {_pins_name(i["metadata"]["name"]): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    listed = pins(BRIDGE_WHEELS)
+    wanted = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
     missing = {n: v for n, v in wanted.items() if listed.get(n) != v}
     assert not missing, f"the host's pip would need wheels the staged list lacks: {missing}"
     assert {"datasets", "megatron-energon", "omegaconf"} <= set(wanted), sorted(wanted)
-
-
-def _pins_name(name: str) -> str:
-    import re
-
-    return re.sub(r"[-_.]+", "-", name).lower()

@@ -24,12 +24,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, read_json, tool
+from helpers import HOST_PACKAGES, ROOT, pins, read_json, tool
 
 NRL = ROOT / "integration" / "nemo_rl_gtp"
 sys.path.insert(0, str(NRL))
 
-from carry.errors import IntegrityError  # noqa: E402
+from carry.errors import IntegrityError, OperationError  # noqa: E402
 from harness import caserun, ferry, fixtures, hostsetup, wheel_lock, wheels  # noqa: E402
 from harness import cases as casing  # noqa: E402
 
@@ -67,14 +67,9 @@ def test_the_dry_runs_stand_in_is_the_measured_host():
     newest in the stand-in, e.g. filelock 4.x where the host has 3.32.5, the very difference that
     stopped the Bridge proof's environment on the host. pydantic comes with the te ferry
     (shared/gpu/stage-te.sh pins it), not with the host's image."""
-    import re
+    from packaging.utils import canonicalize_name as norm
 
-    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
-    host = {}
-    for line in (ROOT / "integration" / "proofs" / "h200-host-packages.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, version = line.split("==")
-            host[norm(name)] = version
+    host = pins(HOST_PACKAGES)
     te_ferry = {"pydantic": "2.14.4", "pydantic-core": "2.50.5"}
     lk = wheel_lock.load(NRL / "wheels.toml")
     assert lk.host_torch == host["torch"]
@@ -366,6 +361,11 @@ def test_the_dry_run_names_a_staged_wheel_that_wants_another_version_than_the_ho
     clash = staged_version_conflicts(vpy, [w.name for w in staged])
     assert len(clash) == 1 and clash[0].startswith("carrystagedstore 1.0 has requirement carryhostlock"), clash
     assert "carryhostlock 3.0" in clash[0]
+    # A pip check that cannot run (no pip in that interpreter) is an error, never "no conflicts".
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    with pytest.raises(OperationError, match="pip check in the stand-in did not report"):
+        staged_version_conflicts(str(bare / "bin" / "python"), [w.name for w in staged])
 
 
 def _fake_nrl_ferry(root: Path, damaged: bool = False) -> None:

@@ -137,14 +137,20 @@ def staged_version_conflicts(vpy: str, wheel_files: list[str]) -> list[str]:
     requires another version of something the host (or another staged wheel) holds. The host
     installs them --no-deps, so nothing else would notice before an import fails there. A
     requirement that is not installed at all is not counted: wheels.toml leaves some declared
-    ones out on purpose (its ``why``)."""
-    import re
+    ones out on purpose (its ``why``). A pip check that could not run is an error, never "none"."""
+    from packaging.utils import canonicalize_name
 
-    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
-    staged = {norm(f.split("-")[0]) for f in wheel_files}
-    out = run([vpy, "-m", "pip", "check", "--disable-pip-version-check"], check=False).stdout
-    return [line.strip() for line in out.splitlines()
-            if " has requirement " in line and norm(line.split()[0]) in staged]
+    staged = {canonicalize_name(f.split("-")[0]) for f in wheel_files}
+    res = run([vpy, "-m", "pip", "check", "--disable-pip-version-check"], check=False)
+    lines = [line.strip() for line in res.stdout.splitlines() if line.strip()]
+    if res.returncode == 0:
+        return []
+    # pip check exits 1 for any problem and names each on a line of its own; anything else is its failure.
+    problems = [line for line in lines if " has requirement " in line or " requires " in line]
+    if res.returncode != 1 or not lines or len(problems) != len(lines):
+        raise OperationError(f"pip check in the stand-in did not report as it should (exit {res.returncode}): "
+                             f"{(res.stderr or res.stdout).strip()[-300:]}")
+    return [line for line in problems if " has requirement " in line and canonicalize_name(line.split()[0]) in staged]
 
 
 def _env_for(venv: Path, pythonpath: list[Path], extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -299,16 +299,21 @@ class WorkDir:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         kept: list[dict[str, str]] = []
         seen: set[str] = set()
-        rebuilt = {_patch_id(g, c) for c in g.rev_list(f"refs/tags/{BASE_TAG}..HEAD")} - {None}  # its own base
+        rebuilt: set[str] | None = None  # the rebuilt tree's patch ids, read once if a tip needs them
         for ref in ["HEAD", *(r for r in refs if not r.startswith(SAVED_PREFIX) and r != f"refs/tags/{BASE_TAG}")]:
             tip = old.rev_parse(ref)
             if not tip or tip in seen:
                 continue
             seen.add(tip)
             mine = old("rev-list", tip, "--not", *known).stdout.split()
+            if not mine:
+                continue
             # A commit whose change the rebuilt tree holds (an exported amend, re-applied from its
             # file) is not lost: only the others are kept.
-            count = len([c for c in mine if _patch_id(old, c) not in rebuilt]) if mine else 0
+            if rebuilt is None:
+                rebuilt = set(_patch_ids(g, f"refs/tags/{BASE_TAG}..HEAD").values())  # on its own base
+            ids = _patch_ids(old, "--no-walk=unsorted", *mine)
+            count = sum(1 for c in mine if ids.get(c) not in rebuilt)
             if not count:
                 continue
             n, saved = 1, SAVED_PREFIX + stamp
@@ -328,9 +333,9 @@ class WorkDir:
         return self.load_state()
 
 
-def _patch_id(g: Git, commit: str) -> str | None:
-    """git's stable patch id of one commit's change (None for a commit that changes nothing)."""
-    diff = g("show", "--format=", "--no-color", "--no-ext-diff", commit).stdout
-    out = g("patch-id", "--stable", input=diff).stdout.split()
-    return out[0] if out else None
-
+def _patch_ids(g: Git, *revs: str) -> dict[str, str]:
+    """git's stable patch id of each commit ``revs`` name, by commit, from one ``git log -p`` (a
+    commit that changes nothing has none)."""
+    log = g("log", "-p", "--no-color", "--no-ext-diff", "--format=commit %H", *revs).stdout
+    pairs = (line.split() for line in g("patch-id", "--stable", input=log).stdout.splitlines())
+    return {commit: pid for pid, commit in pairs}

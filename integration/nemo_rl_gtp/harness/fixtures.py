@@ -238,9 +238,15 @@ def main(argv: list[str]) -> int:
         doc = {"seed": a.seed, **build_all(a.dir, a.seed, prompt)}
     else:
         doc = build_weights(a.dir, a.seed)
+    return print_report(doc, a.json)
+
+
+def print_report(doc: dict, json_path: Path | None) -> int:
+    """What a weights build reports, on stdout and (``--json FILE``) in FILE, which the host's
+    setup reads (hostsetup.build_weights_from_stage)."""
     text = json.dumps(doc, sort_keys=True)
-    if a.json:
-        a.json.write_text(text + "\n")
+    if json_path:
+        json_path.write_text(text + "\n")
     print(text)
     return 0
 

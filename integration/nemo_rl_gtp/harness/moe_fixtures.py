@@ -181,12 +181,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
-    doc = build_weights(a.model_dir, a.seed)
-    text = json.dumps(doc, sort_keys=True)
-    if a.json:
-        a.json.write_text(text + "\n")
-    print(text)
-    return 0
+    return fixtures.print_report(build_weights(a.model_dir, a.seed), a.json)
 
 
 if __name__ == "__main__":

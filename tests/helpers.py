@@ -134,3 +134,16 @@ def pins(path: Path) -> dict[str, str]:
             out[canonicalize_name(name)] = version
     return out
 
+
+def proofs_matrix(series: str, *, timeout_s: int | None = 300, patches: list[str] | None = None,
+                  proof_timeout_s: int | None = None) -> str:
+    """The head of a nightly.toml: one series, the local host image, and its proofs cell (the
+    caller appends its own [[tests]])."""
+    lines = ["[nightly]", f"series = [{json.dumps(series)}]"]
+    lines += [f"timeout_s = {timeout_s}"] if timeout_s is not None else []
+    lines += ["", "[images.host]", 'launcher = "local"', "", "[[tests]]", 'name = "proofs"', 'kind = "proof"',
+              'images = ["host"]']
+    lines += [f"patches = {json.dumps(patches)}"] if patches is not None else []
+    lines += [f"timeout_s = {proof_timeout_s}"] if proof_timeout_s is not None else []
+    return "\n".join(lines) + "\n"
+

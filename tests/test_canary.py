@@ -5,31 +5,16 @@ carry.evidence.retire; the canary states them for main and never fails the night
 
 from __future__ import annotations
 
-import json
 
 from fakeup import GOOD, GPU, add_proofs
-from helpers import SERIES, read_json, tool
+from helpers import SERIES, proofs_matrix, read_json, tool
 
 
 def test_canary_verdicts_beside_the_release_cells(demo, tmp_path):
     sdir = demo["series"]
     add_proofs(sdir, {"good": GOOD, "gpu": GPU}, {"clean": "good", "threeway": "gpu"}, SERIES / "proofs" / "pytest.ini")
     config = tmp_path / "nightly.toml"
-    config.write_text(f'''
-[nightly]
-series = [{json.dumps(str(sdir))}]
-timeout_s = 300
-
-[images.host]
-launcher = "local"
-
-[[tests]]
-name = "proofs"
-kind = "proof"
-images = ["host"]
-patches = ["clean"]
-timeout_s = 120
-''')
+    config.write_text(proofs_matrix(str(sdir), patches=["clean"], proof_timeout_s=120))
     out = tmp_path / "n"
     res = tool("nightly", "--config", config, "--out", out, "--workdir", tmp_path / "nwork", "--cache", demo["cache"],
                "--source", f"megatron-lm={demo['up']}", "--history", tmp_path / "h.jsonl",

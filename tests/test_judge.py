@@ -18,7 +18,7 @@ from carry.errors import ConfigError
 from carry.nightly.judge import judge, parse_gate, parse_step_marker
 from carry.nightly.config import load as load_matrix
 from carry.nightly.runlog import markers_found, result_line
-from helpers import ROOT, tool
+from helpers import ROOT, proofs_matrix, tool
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization"
 MARK_RESHARD = "[colocated-reshard] building dedicated inference model"
@@ -306,18 +306,7 @@ def test_a_bad_step_marker_is_refused(regex, why):
 
 
 # -- 4. the matrix refuses a test that could only pass on its exit status ------------------------
-BASE = '''
-[nightly]
-series = ["gtp"]
-
-[images.host]
-launcher = "local"
-
-[[tests]]
-name = "proofs"
-kind = "proof"
-images = ["host"]
-'''
+BASE = proofs_matrix("gtp", timeout_s=None)
 
 
 def _matrix(tmp_path: Path, body: str) -> Path:

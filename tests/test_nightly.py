@@ -18,7 +18,7 @@ import pytest
 
 from carry.nightly.judge import judge, numeric_metrics, parse_gate
 from carry.nightly.runlog import result_line
-from helpers import MINI, ROOT, SERIES, mini_test_module, read_json, tool
+from helpers import MINI, ROOT, SERIES, mini_test_module, proofs_matrix, read_json, tool
 from fakeup import add_proofs
 from fakeup import GOOD, GPU, MISSING_DEPENDENCY, SITE_PROOF, VACUOUS
 
@@ -492,7 +492,9 @@ def test_hostile_runs_fail_through_the_nightly_with_their_reason_in_the_summary(
     doc = strict((out / "nightly.json").read_text())
     (nan_run,) = [r for r in doc["runs"] if r["test"] == "fn-nan"]
     assert "NaN" in json.dumps(nan_run["metrics"]), nan_run["metrics"]
-    for run_json in (out / "cells").glob("*/run.json"):
+    cells = list((out / "cells").glob("*/run.json"))
+    assert len(cells) == len(doc["runs"]), cells
+    for run_json in cells:
         strict(run_json.read_text())
     for line in (night["tmp"] / "history.jsonl").read_text().splitlines():
         strict(line)
@@ -510,20 +512,7 @@ def test_proof_cells_with_the_te_site_and_an_environment_error(demo, tmp_path, m
                {"clean": "site", "threeway": "dep"}, SERIES / "proofs" / "pytest.ini")
     check = ["{python}", "-c", f"import sys; assert {str(site.resolve())!r} in sys.path, sys.path; print('site on path')"]
     config = tmp_path / "nightly.toml"
-    config.write_text(f'''
-[nightly]
-series = [{json.dumps(str(demo["series"]))}]
-timeout_s = 300
-
-[images.host]
-launcher = "local"
-
-[[tests]]
-name = "proofs"
-kind = "proof"
-images = ["host"]
-patches = ["clean", "threeway"]
-
+    config.write_text(proofs_matrix(str(demo["series"]), patches=["clean", "threeway"]) + f'''
 [[tests]]
 name = "site-on-path"
 kind = "command"

@@ -34,6 +34,7 @@ import gc
 import os
 import time
 
+import sharedgpu
 import torch
 from bugs import KnownBug, check
 from ckpt import check_loaded, load, logprobs_of, save
@@ -215,11 +216,23 @@ def seed_like_training(seed: int) -> None:
     model_parallel_cuda_manual_seed(seed)
 
 
-def run_rank(rank: int, world: int, port: int, s, ckpt_dir: str) -> dict:
+def join_world(rank: int, world: int, port: int, backend: str, mode: str) -> None:
+    """Pick this rank's device and join the parent's rendezvous store (run.py's rank_store)."""
+    torch.cuda.set_device(rank if mode == "gpu-per-rank" else 0)
+    if mode == "shared-gpu":
+        sharedgpu.enter()   # before NCCL reads NCCL_HOSTID: at the first collective
+    connect(rank, world, port, backend)
+
+
+def connect(rank: int, world: int, port: int, backend: str) -> None:
     import torch.distributed as dist
 
-    torch.cuda.set_device(0 if s.backend == "gloo" else rank)
-    dist.init_process_group(s.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+
+
+def run_rank(rank: int, world: int, port: int, s, ckpt_dir: str, mode: str) -> dict:
+    join_world(rank, world, port, s.backend, mode)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.generalized_tensor_parallelism import GTP_CONFIG
     from megatron.core.tensor_parallel.gtp_api import HAVE_GTP

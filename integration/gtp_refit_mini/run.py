@@ -23,9 +23,18 @@ prints ``BUG_HIT: <patch id>: <message>`` (ids as in patches/gtp/series.toml).
 Without CUDA, or where megatron-core reports ``HAVE_GTP`` False, it prints ``SKIP: <reason>``
 and exits 0: a skip, never a pass.
 
-Run (one GPU, two gloo ranks on cuda:0; or two GPUs with NCCL, rank r on cuda:r):
+Run (one GPU, two gloo ranks on cuda:0; or two GPUs with NCCL, rank r on cuda:r; or, with
+``--shared-gpu``, two NCCL ranks on one GPU):
     PYTHONPATH=<megatron-lm tree>:<TE site> python integration/gtp_refit_mini/run.py --nproc 2 --backend gloo
     PYTHONPATH=<megatron-lm tree>:<TE site> python integration/gtp_refit_mini/run.py --nproc 2 --backend nccl --dtype bf16
+    PYTHONPATH=<megatron-lm tree>:<TE site> python integration/gtp_refit_mini/run.py --nproc 2 --backend nccl --shared-gpu
+
+The shared-GPU mode (``--shared-gpu``, or ``CARRY_SHARED_GPU=1`` in the environment, which is how
+tools/nightly.py --shared-gpu turns it on): every NCCL rank runs on cuda:0, each process with an
+``NCCL_HOSTID`` of its own set before its process group exists, so NCCL takes the ranks for two hosts
+and joins them over its socket transport instead of refusing a duplicate GPU. What is exact is
+exact in that mode, and each process has its own allocator, so per-rank memory still counts; its
+times and bandwidths are not GTP's price, and the result line says so (``gpu_mode``, ``timing_note``).
 ``--dry-check`` validates the arguments, the imports and the megatron-core APIs used, without CUDA.
 
 The test is split by concept (bugs, model, refit, grpo, ckpt, rank) beside this launcher and
@@ -36,11 +45,11 @@ folder inside any image.
 from __future__ import annotations
 
 import argparse
+import datetime
 import inspect
 import json
 import os
 import queue as queue_mod
-import socket
 import sys
 import tempfile
 import time
@@ -51,6 +60,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import sharedgpu  # noqa: E402
 from bugs import CheckFailed, classify  # noqa: E402
 from rank import MARK_EXPERT, MARK_GTP, MARK_RESHARD, run_rank  # noqa: E402
 
@@ -88,6 +98,7 @@ class Settings:
     precision_aware_optimizer: bool = True
     seed: int = 1234
     timeout: float = 900.0
+    shared_gpu: bool = False
     out: str | None = None
     ckpt_dir: str | None = None
 
@@ -148,6 +159,9 @@ def parse_args(argv: list[str]) -> tuple[Settings, bool]:
                         "turns it on; this is for narrowing down a failure, not for a green run)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--timeout", type=float, default=d.timeout, help="seconds before the ranks count as hung")
+    p.add_argument("--shared-gpu", action="store_true",
+                   help="NCCL ranks all on cuda:0, each process its own NCCL_HOSTID (also on for --backend nccl "
+                        f"when {sharedgpu.ENV}=1); times in this mode are not GTP's price, per-rank memory is")
     p.add_argument("--out", help="also write the result JSON to OUT/result.json")
     p.add_argument("--ckpt-dir", help="where the checkpoints go (default: a temporary folder, removed)")
     p.add_argument("--dry-check", action="store_true",
@@ -156,6 +170,8 @@ def parse_args(argv: list[str]) -> tuple[Settings, bool]:
     if shape:
         p.set_defaults(**SHAPES[shape])
     a = p.parse_args(argv)
+    if a.backend == "nccl" and sharedgpu.requested():
+        a.shared_gpu = True   # the night's mode: every NCCL run shares the GPU; gloo ranks do anyway
     s = Settings(**{k: getattr(a, k) for k in Settings.__dataclass_fields__})
     problems = []
     if s.gtp < 2:
@@ -185,6 +201,8 @@ def parse_args(argv: list[str]) -> tuple[Settings, bool]:
         problems.append("--steps must be at least 2 (a refit after an optimiser step is the point)")
     if s.lr <= 0:
         problems.append("--lr must be positive")
+    if s.shared_gpu and s.backend != "nccl":
+        problems.append("--shared-gpu is for --backend nccl (gloo ranks share cuda:0 already)")
     if problems:
         p.error("; ".join(problems))
     return s, a.dry_check
@@ -194,7 +212,7 @@ def rank_entry(rank: int, world: int, port: int, s: Settings, ckpt_dir: str, res
     import torch.distributed as dist
 
     try:
-        results.put((rank, "ok", run_rank(rank, world, port, s, ckpt_dir)))
+        results.put((rank, "ok", run_rank(rank, world, port, s, ckpt_dir, gpu_mode(s))))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         tb = "".join(traceback.format_exception(exc))
         bug = classify(exc, tb)
@@ -211,18 +229,39 @@ def rank_entry(rank: int, world: int, port: int, s: Settings, ckpt_dir: str, res
 
 
 # -- the parent ---------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def gpu_mode(s: Settings) -> str:
+    """How the ranks sit on GPUs: ``gloo-one-gpu``, ``gpu-per-rank`` (NCCL) or ``shared-gpu`` (NCCL)."""
+    if s.backend == "gloo":
+        return "gloo-one-gpu"
+    return "shared-gpu" if s.shared_gpu else "gpu-per-rank"
+
+
+def rank_store(nproc: int):
+    """The rendezvous store, bound by the parent on a port the kernel picks (port 0) and held open
+    while the ranks run: no port is chosen free and bound later, which another process could take
+    in between (EADDRINUSE, seen on the H200 with two runs in one call)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, nproc + 1, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=300))
+
+
+def gpu_shortfall(s: Settings, visible: int) -> str | None:
+    """Why ``visible`` GPUs cannot hold this run's ranks, or None; a NCCL run names the shared-GPU mode."""
+    need = 1 if gpu_mode(s) != "gpu-per-rank" else s.nproc
+    if visible >= need:
+        return None
+    more = (f" (--shared-gpu, or {sharedgpu.ENV}=1, runs the {s.nproc} NCCL ranks on one GPU)"
+            if s.backend == "nccl" and not s.shared_gpu and visible >= 1 else "")
+    return f"--backend {s.backend} with --nproc {s.nproc} needs {need} GPU(s), {visible} visible{more}"
 
 
 def skip_reason(s: Settings) -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA device (the GTP path runs on GPUs only)"
-    need = 1 if s.backend == "gloo" else s.nproc
-    if torch.cuda.device_count() < need:
-        return f"--backend {s.backend} with --nproc {s.nproc} needs {need} GPU(s), {torch.cuda.device_count()} visible"
+    short = gpu_shortfall(s, torch.cuda.device_count())
+    if short:
+        return short
     try:
         from megatron.core.tensor_parallel.gtp_api import HAVE_GTP
     except ImportError as exc:
@@ -237,8 +276,9 @@ def run_ranks(s: Settings, ckpt_dir: str) -> tuple[dict[int, dict], dict[int, tu
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=rank_entry, args=(r, s.nproc, port, s, ckpt_dir, results)) for r in range(s.nproc)]
+    store = rank_store(s.nproc)
+    procs = [ctx.Process(target=rank_entry, args=(r, s.nproc, store.port, s, ckpt_dir, results))
+             for r in range(s.nproc)]
     for p in procs:
         p.start()
     ok: dict[int, dict] = {}
@@ -356,7 +396,10 @@ def summarize(ok: dict[int, dict], s: Settings) -> tuple[dict, list[str]]:
 
 def launch(s: Settings) -> int:
     base = {"test": "gtp_refit_mini", "backend": s.backend, "nproc": s.nproc, "gtp_remat_size": s.gtp,
-            "expert_gtp_remat_size": s.expert_gtp, "dtype": s.dtype, "steps": s.steps, "seed": s.seed}
+            "expert_gtp_remat_size": s.expert_gtp, "dtype": s.dtype, "steps": s.steps, "seed": s.seed,
+            "gpu_mode": gpu_mode(s)}
+    if s.shared_gpu:
+        base["timing_note"] = sharedgpu.NOTE
     reason = skip_reason(s)
     if reason:
         print(f"SKIP: gtp_refit_mini: {reason}", flush=True)

@@ -86,8 +86,10 @@ def copy_tree(src: Path, dest: Path, script_from: Path | None) -> Path:
 
 
 def case_env(lay: Layout, trees: Trees, nrl: Path, out: Path, *, record: Path | None = None,
-             case: casing.Case | None = None) -> dict[str, str]:
-    hooks = [str(HOOKS)] if case is not None and case.refit_check else []
+             case: casing.Case | None = None, shared_gpu: bool = False) -> dict[str, str]:
+    # The hooks' sitecustomize runs in every Python of the case, Ray's workers included: the refit
+    # check, and the shared-GPU mode's NCCL_HOSTID per process.
+    hooks = [str(HOOKS)] if shared_gpu or (case is not None and case.refit_check) else []
     pythonpath = [str(p) for p in trees.front] + [str(nrl), str(STUBS), *hooks]
     env = {
         "PATH": f"{lay.venv / 'bin'}:{SHIMS}:{os.environ.get('PATH', '')}",
@@ -104,6 +106,8 @@ def case_env(lay: Layout, trees: Trees, nrl: Path, out: Path, *, record: Path | 
         # Every rank's refit-check line must reach run.log as printed: Ray would fold lines that differ
         # only in their numbers ("[repeated 2x across cluster]").
         env["RAY_DEDUP_LOGS"] = "0"
+    if shared_gpu:
+        env[SHARED_GPU_ENV] = "1"
     if case is not None:
         env.update(casing.case_env(case))
     if record is not None:
@@ -111,9 +115,27 @@ def case_env(lay: Layout, trees: Trees, nrl: Path, out: Path, *, record: Path | 
     return child_env(env)
 
 
-def ray_start(env: dict[str, str], log, gpus: int) -> int:
+SHARED_GPU_ENV = "CARRY_SHARED_GPU"
+SHARED_GPU_NOTE = ("shared-gpu: the Megatron workers share GPU 0, each process with its own "
+                   "NCCL_HOSTID (NCCL over its socket transport); times are not GTP's price, per-rank memory is")
+
+
+def ray_env(env: dict[str, str], gpus: int, shared_gpu: bool) -> dict[str, str]:
+    """``ray start``'s environment. In the shared-GPU mode Ray's GPU ids 0..gpus-1 all name the one
+    physical GPU 0: Ray maps the ids it assigns through the CUDA_VISIBLE_DEVICES it started with
+    (``get_gpu_ids()`` returns ``CUDA_VISIBLE_DEVICES[i]``), so ``CUDA_VISIBLE_DEVICES=0,0`` gives
+    every Megatron worker ``ray.get_gpu_ids() == ['0']``, and NeMo-RL's ``set_device(gpu_ids[0])``
+    and its ``current_device() == local_rank`` check hold unchanged. Otherwise the variable is left
+    out (Ray counts the GPUs itself)."""
+    env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if shared_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(["0"] * gpus)
+    return env
+
+
+def ray_start(env: dict[str, str], log, gpus: int, shared_gpu: bool = False) -> int:
     return stream(["ray", "start", "--head", f"--num-gpus={gpus}", "--include-dashboard=false",
-                    "--disable-usage-stats"], log, env)
+                    "--disable-usage-stats"], log, ray_env(env, gpus, shared_gpu))
 
 
 def ray_stop(env: dict[str, str], log) -> int:
@@ -121,7 +143,7 @@ def ray_stop(env: dict[str, str], log) -> int:
 
 
 def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None = None, timeout: float = 540,
-             gpus: int = 2, model_form: str = "default") -> dict:
+             gpus: int = 2, model_form: str = "default", shared_gpu: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("run.log", "metrics.json", "exit_status", "case.json", "case.log", "script-metrics.json",
                   "pretrain.json"):
@@ -135,13 +157,15 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
         shutil.rmtree(ckpt)
     if case.checkpoint == "resume":
         ckpt = resume_folder(lay, case)
-    env = case_env(lay, t, nrl, out, case=case)
+    env = case_env(lay, t, nrl, out, case=case, shared_gpu=shared_gpu)
     console = out / "case.log"
     t0 = time.monotonic()
     args: list[str] = []
     with open(console, "w") as log:
         log.write(f"[run-on-gpu-host] case {case.name}: {case.shows}\n[run-on-gpu-host] trees: nemo-rl "
                   f"{t.nemo_rl}, first on PYTHONPATH: {[str(p) for p in t.front] or 'none (the venv)'}\n")
+        if shared_gpu:
+            log.write(f"[run-on-gpu-host] {SHARED_GPU_NOTE}\n")
         rc = None
         try:
             try:
@@ -151,7 +175,7 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
                 raise _NoRun(1) from None
             env.update(more_env)
             args = casing.script_args(case, model, str(data), str(ckpt))
-            rc_ray = ray_start(env, log, gpus)
+            rc_ray = ray_start(env, log, gpus, shared_gpu)
             if rc_ray != 0:
                 rc = rc_ray
                 log.write(f"[run-on-gpu-host] ray start failed (exit {rc_ray})\n")
@@ -171,6 +195,8 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
     result = {"case": case.name, "expect": case.expect, "shows": case.shows, "exit_status": rc,
               "seconds": round(time.monotonic() - t0, 1), "args": args, "nemo_rl_tree": str(t.nemo_rl),
               "front": [str(p) for p in t.front],
+              "gpu_mode": "shared-gpu" if shared_gpu else "gpu-per-rank",
+              **({"timing_note": SHARED_GPU_NOTE} if shared_gpu else {}),
               "checkpoints": sorted(p.name for p in ckpt.glob("step_*")) if case.checkpoint != "none" else None}
     result.update(summarize(case, out, rc))
     (out / "case.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -106,6 +106,10 @@ def gpuhost_main(argv: list[str]) -> int:
     p.add_argument("--timeout", type=float, default=480.0, help="seconds per case before it is killed (default 480)")
     p.add_argument("--gpus", type=int, default=2, help="GPUs given to ray start (default 2)")
     p.add_argument("--skip-setup", action="store_true", help="use the environment an earlier call built")
+    p.add_argument("--shared-gpu", action="store_true", default=os.environ.get("CARRY_SHARED_GPU") == "1",
+                   help="the shared-GPU mode: the --gpus Megatron workers all on GPU 0, each process with its own "
+                        "NCCL_HOSTID (default: on when CARRY_SHARED_GPU=1, as tools/nightly.py --shared-gpu sets "
+                        "it); times are then not GTP's price, per-rank memory is")
     p.add_argument("--pretrain-only", action="store_true",
                    help="after the setup (or with --skip-setup), only the learning cases' pretrain step on GPU 0 "
                         "(cached by its inputs' sha256): OUT/pretrain.log and OUT/pretrain.json; exit 1 if not accepted")
@@ -154,7 +158,8 @@ def gpuhost_main(argv: list[str]) -> int:
     failed = []
     for case in selected:
         where = out if len(selected) == 1 else out / case.name
-        res = caserun.run_case(lay, case, where, trees=trees, timeout=a.timeout, gpus=a.gpus, model_form=a.model)
+        res = caserun.run_case(lay, case, where, trees=trees, timeout=a.timeout, gpus=a.gpus, model_form=a.model,
+                               shared_gpu=a.shared_gpu)
         report["cases"].append(res)
         print(f"[run-on-gpu-host] {case.name}: exit {res['exit_status']} in {res['seconds']:.0f}s "
               f"(expected {case.expect}); results in {where}", flush=True)

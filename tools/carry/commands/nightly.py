@@ -69,6 +69,10 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--seed", type=int, help="the {seed} placeholder (default: derived from the run id)")
     p.add_argument("--timeout", type=float, help="seconds per check, overriding the matrix")
     p.add_argument("--no-bisect", action="store_true", help="do not bisect failed cells")
+    p.add_argument("--shared-gpu", action="store_true",
+                   help="the shared-GPU mode: a cell whose ranks take a GPU each runs them all on one GPU, each "
+                        "process with its own NCCL_HOSTID (CARRY_SHARED_GPU=1 in its environment); its times are "
+                        "marked as not GTP's price, its per-rank memory counts (integration/README.md)")
     p.add_argument("--print-commands", action="store_true",
                    help="print each cell's command line (docker run / srun / local) and exit")
     tesite.add_option(p)
@@ -83,7 +87,8 @@ def main(argv: list[str], prog: str) -> int:
                    sources=options.name_paths(a.source, "--source"), only=options.comma_list(a.only),
                    series=options.comma_list(a.series, "--series"), images=options.comma_list(a.images, "--images"),
                    tests=options.comma_list(a.tests, "--tests"), launcher=a.launcher,
-                   bisect=not a.no_bisect, timeout=a.timeout, canary=options.name_paths(a.canary, "--canary"))
+                   bisect=not a.no_bisect, timeout=a.timeout, canary=options.name_paths(a.canary, "--canary"),
+                   shared_gpu=a.shared_gpu)
     for name in opts.images or []:
         if name not in cfg.images:
             raise ConfigError(f"--images names an unknown image {name!r}", hint=f"known: {', '.join(cfg.images)}")

@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from ..series.manifest import PatchMeta, Series
 from ..series.repo import REPO_ROOT
 from .config import Image, NightlyConfig, Spec, expand, expand_env
+from .gpus import SHARED_GPU_ENV, needs_gpus
 from .launch import CONTAINER_ROOT, Mount, Plan, docker_plan, local_plan, slurm_plan
 
 FUNCTIONAL_WRAPPER = "integration/nemo_rl_gtp/run-in-image.sh"
@@ -42,6 +43,7 @@ class Options:
     bisect: bool = True
     timeout: float | None = None
     canary: dict[str, Path] = field(default_factory=dict)  # NAME -> checkout of its main (carry.evidence.canary)
+    shared_gpu: bool = False  # the shared-GPU mode: a cell's ranks share one GPU (gpus.py)
 
 
 @dataclass
@@ -115,6 +117,8 @@ def plan(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, timeout: 
         values.update(python=image.python or "python3", repo=f"{CONTAINER_ROOT}/repo", out=f"{CONTAINER_ROOT}/out")
         values.update({f"tree:{k}": f"{CONTAINER_ROOT}/trees/{k}" for k in trees})
     env = {k: _tidy(k, expand(v, values, f"{where}: env {k}")) for k, v in spec.env}
+    if opts.shared_gpu and needs_gpus(cell):
+        env[SHARED_GPU_ENV] = "1"
     if image.pythonpath:
         # The trees go first, so they win over the image's installed copies (megatron is a
         # namespace package: megatron.core and megatron.bridge may come from different trees).

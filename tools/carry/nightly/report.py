@@ -87,7 +87,7 @@ def append_history(path: Path, records: Iterable[dict]) -> None:
 
 def history_record(run: dict) -> dict:
     keep = ("run_id", "time", "cell", "series", "image", "test", "launcher", "status", "reason", "bug",
-            "metrics", "flags", "seconds", "digest")
+            "metrics", "flags", "seconds", "digest", "gpu_mode")
     rec = {k: run.get(k) for k in keep}
     if run.get("bisect"):
         rec["first_patch"] = run["bisect"].get("first_patch")
@@ -124,6 +124,38 @@ def junit(runs: list[dict], name: str = "gtp-carry-nightly") -> str:
 
 
 # -- markdown --------------------------------------------------------------------------------
+# GTP's cost against GTP off (gtp_refit_mini --compare-gtp-off): per rank, the worst rank of each arm.
+COST_ROWS = (("setup_mib", "params + grads (MiB)", False), ("train_state_mib", "+ optimiser state (MiB)", False),
+             ("peak_mib", "peak (MiB)", False), ("step_seconds", "step (s)", True),
+             ("refit_seconds", "refit (s)", True), ("refit_bytes_received", "refit bytes received", False))
+
+
+def cost_section(runs: list[dict]) -> list[str]:
+    """One table per cell that measured both arms; a time measured in the shared-GPU mode says so."""
+    out: list[str] = []
+    for r in runs:
+        m = r.get("metrics") or {}
+        if not any(isinstance(m.get(f"ratio_{k}"), (int, float)) for k, _, _ in COST_ROWS):
+            continue
+        shared = r.get("gpu_mode") == "shared-gpu"
+        out += ["", f"## GTP's cost: `{r['cell']}`", "", "| per rank | GTP | GTP off | ratio |",
+                "| --- | --- | --- | --- |"]
+        for key, label, is_time in COST_ROWS:
+            gtp, off, ratio = m.get(f"gtp_{key}"), m.get(f"off_{key}"), m.get(f"ratio_{key}")
+            if not isinstance(gtp, (int, float)):
+                continue
+            mark = " (shared-GPU: not GTP's price)" if is_time and shared else ""
+            out.append(f"| {label}{mark} | {gtp:.6g} | {_num(off)} | {_num(ratio, 4)} |")
+        if shared:
+            out.append("")
+            out.append(f"{r.get('timing_note') or 'shared-gpu'}.")
+    return out
+
+
+def _num(value: Any, digits: int = 6) -> str:
+    return f"{value:.{digits}g}" if isinstance(value, (int, float)) else "-"
+
+
 def _cell(text: Any, limit: int = 160) -> str:
     s = " ".join(str(text).split())
     s = s if len(s) <= limit else s[: limit - 3] + "..."
@@ -147,6 +179,7 @@ def summary(runs: list[dict], run_id: str, header: dict[str, Any], warnings: Ite
     for r in runs:
         lines.append(f"| {r['series']} | {r['image']} | {r['test']} | {ICONS[r['status']]} | "
                      f"{_cell(_metrics(r, r.get('watched') or []) or '-')} | {_cell(r.get('reason') or '')} |")
+    lines += cost_section(runs)
     warnings = list(warnings)
     if warnings:
         lines += ["", "## History warnings", ""]

@@ -37,9 +37,9 @@ from ..evidence import canary
 from ..evidence.bisect import BisectResult, PrefixTrees, bisect
 from ..evidence.prove import jobs, run_proof
 from ..files import write_json
-from ..runner import run
 from ..workspace.apply import Options as ApplyOptions
 from ..workspace.apply import apply_series
+from . import gpus
 from . import report as reports
 from .config import NightlyConfig
 from .judge import Verdict, deterministic_flags, judge
@@ -48,14 +48,6 @@ from .plan import Cell, Options, cells, plan, timeout_for
 from .runlog import result_line
 
 NOT_GREEN = ("failed", "vacuous", "error")
-
-
-def visible_gpus() -> int:
-    try:
-        res = run(["nvidia-smi", "-L"], check=False, timeout=60)
-    except CarryError:
-        return 0
-    return sum(1 for line in res.stdout.splitlines() if line.startswith("GPU ")) if res.ok else 0
 
 
 # -- running one check ---------------------------------------------------------------------------
@@ -76,11 +68,10 @@ def run_check(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, time
                     reason=o.detail)
         return v, {"seconds": round(o.seconds, 1), "proof": cell.proof,
                    "log": str(out / f"{cell.patch.id}.patched.log")}
-    need = cell.spec.gpus or (cell.image.gpus if cell.launcher == "local" else 0)
-    if need and cell.launcher == "local":
-        have = visible_gpus()
-        if have < need:
-            return Verdict(status="skipped", reason=f"needs {need} GPU(s), {have} visible (nvidia-smi)"), {}
+    if gpus.needs_gpus(cell) and cell.launcher == "local":
+        short = gpus.shortfall(cell, opts.shared_gpu, gpus.visible_gpus())
+        if short:
+            return Verdict(status="skipped", reason=short), {}
     p = plan(cell, trees, out, opts, timeout)
     log = out / "console.log"
     killer = docker_killer(p.container) if p.container else None
@@ -199,6 +190,11 @@ def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[s
                 **v.to_dict(), **info,
             }
             record["seconds"] = info.get("seconds", round(time.monotonic() - t0, 1))
+            mode = gpus.gpu_mode(cell, opts.shared_gpu)
+            if mode:
+                record["gpu_mode"] = mode
+            if mode == gpus.SHARED_GPU:
+                record["timing_note"] = gpus.TIMING_NOTE
             record["flags"] = list(v.flags) + deterministic_flags(
                 v.metrics, reports.previous_run(history, cell.id, opts.run_id), cell.spec.watched)
             if v.status == "failed" and not apply_error and opts.bisect and cfg.bisect and cell.spec.bisect:
@@ -265,7 +261,9 @@ def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig, warnings:
                                            "history_warnings": list(warnings),
                                            "canary": canary.to_dicts(canaries or [])})
     (opts.out / "junit.xml").write_text(reports.junit(runs))
-    (opts.out / "summary.md").write_text(reports.summary(runs, opts.run_id, {
-        "seed": opts.seed, "history": opts.history.name, "cells": len(runs)}, warnings)
+    header = {"seed": opts.seed, "history": opts.history.name, "cells": len(runs)}
+    if any(r.get("gpu_mode") == gpus.SHARED_GPU for r in runs):
+        header["gpu mode"] = gpus.TIMING_NOTE
+    (opts.out / "summary.md").write_text(reports.summary(runs, opts.run_id, header, warnings)
         + "\n".join(canary.summary_lines(canaries or [])) + ("\n" if canaries else ""))
     reports.append_history(opts.history, [reports.history_record(r) for r in runs])

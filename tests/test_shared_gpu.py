@@ -1,0 +1,233 @@
+"""The shared-GPU mode: two-rank runs on one GPU, every rank's process with its own NCCL_HOSTID.
+
+What runs here without a GPU, for real: the mini test's argument handling and skip reasons, its
+rendezvous (a parent-held store on a kernel-chosen port, two spawned gloo ranks joining it), the
+per-process NCCL_HOSTID of the mini test's ranks and of the NeMo-RL hooks' sitecustomize (real
+interpreters, an inherited value overwritten), the harness's Ray and case environments, and the
+nightly end to end: the plan puts the mode into the cells that need GPUs, a skip names it, and
+run.json, the history and the summary carry its label and the note on times.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from carry.nightly import gpus as nightly_gpus
+from carry.nightly import report
+from helpers import MINI, ROOT, mini_test_module, read_json, tool
+
+HOOKS = ROOT / "integration" / "nemo_rl_gtp" / "hooks"
+NCCL_CELLS = ("gtp-refit-mini-nccl-bf16", "gtp-refit-mini-moe-nccl", "gtp-refit-mini-cost")
+
+
+@pytest.fixture
+def mini(monkeypatch):
+    monkeypatch.delenv("CARRY_SHARED_GPU", raising=False)
+    with mini_test_module("shared_gpu_mini") as run:
+        yield run
+
+
+def test_the_mode_is_opt_in_and_only_for_nccl(mini, monkeypatch):
+    s, _ = mini.parse_args(["--backend", "nccl"])
+    assert not s.shared_gpu and mini.gpu_mode(s) == "gpu-per-rank"
+    s, _ = mini.parse_args(["--backend", "nccl", "--shared-gpu"])
+    assert s.shared_gpu and mini.gpu_mode(s) == "shared-gpu"
+    monkeypatch.setenv("CARRY_SHARED_GPU", "1")   # the night's switch: NCCL runs share, gloo runs are as ever
+    assert mini.parse_args(["--backend", "nccl"])[0].shared_gpu
+    s, _ = mini.parse_args(["--backend", "gloo"])
+    assert not s.shared_gpu and mini.gpu_mode(s) == "gloo-one-gpu"
+    res = subprocess.run([sys.executable, str(MINI), "--backend", "gloo", "--shared-gpu"], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "--shared-gpu is for --backend nccl" in res.stderr
+
+
+def test_nccl_on_too_few_gpus_skips_naming_the_mode(mini):
+    plain = mini.parse_args(["--backend", "nccl", "--nproc", "2"])[0]
+    why = mini.gpu_shortfall(plain, 1)
+    assert why.startswith("--backend nccl with --nproc 2 needs 2 GPU(s), 1 visible") and "--shared-gpu" in why
+    assert mini.gpu_shortfall(plain, 2) is None
+    shared = mini.parse_args(["--backend", "nccl", "--nproc", "2", "--shared-gpu"])[0]
+    assert mini.gpu_shortfall(shared, 1) is None
+    assert "needs 1 GPU(s), 0 visible" in mini.gpu_shortfall(shared, 0)
+
+
+def test_a_skipped_shared_run_carries_its_label_and_the_note_on_times(tmp_path):
+    res = subprocess.run([sys.executable, str(MINI), "--backend", "nccl", "--shared-gpu", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads((tmp_path / "result.json").read_text())
+    assert doc["status"] == "skipped" and doc["gpu_mode"] == "shared-gpu"
+    assert "not GTP's price" in doc["timing_note"] and "per-rank memory" in doc["timing_note"]
+
+
+HOSTID_PROBE = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import sharedgpu
+before = os.environ.get("NCCL_HOSTID")
+sharedgpu.enter()
+print(json.dumps({"pid": os.getpid(), "before": before, "after": os.environ["NCCL_HOSTID"]}))
+"""
+
+
+def _two(cmd: list[str], env: dict[str, str]) -> list[dict]:
+    outs = []
+    for _ in range(2):
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert res.returncode == 0, res.stderr
+        outs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    return outs
+
+
+def test_each_mini_rank_process_gets_its_own_nccl_hostid_over_an_inherited_one():
+    env = {**os.environ, "NCCL_HOSTID": "inherited-from-the-parent"}
+    a, b = _two([sys.executable, "-c", HOSTID_PROBE, str(MINI.parent)], env)
+    assert a["before"] == b["before"] == "inherited-from-the-parent"
+    assert a["after"] != b["after"] and "inherited" not in a["after"] + b["after"]
+    assert a["after"].endswith(f"-{a['pid']}") and a["after"].startswith(socket.gethostname())
+
+
+ENV_PROBE = "import json, os; print(json.dumps({'pid': os.getpid(), 'id': os.environ.get('NCCL_HOSTID')}))"
+
+
+def test_the_hooks_give_every_python_of_a_case_its_own_nccl_hostid():
+    """sitecustomize runs at interpreter start in every Python with the hooks on PYTHONPATH (Ray's
+    workers too): in the mode it overwrites what the driver's environment handed down."""
+    env = {**os.environ, "PYTHONPATH": str(HOOKS), "NCCL_HOSTID": "driver", "CARRY_SHARED_GPU": "1"}
+    env.pop("CARRY_REFIT_CHECK", None)
+    a, b = _two([sys.executable, "-c", ENV_PROBE], env)
+    assert a["id"] != b["id"] and "driver" not in (a["id"], b["id"])
+    assert a["id"].endswith(f"-{a['pid']}") and b["id"].endswith(f"-{b['pid']}")
+    off = {**env, "CARRY_SHARED_GPU": "0"}
+    assert {x["id"] for x in _two([sys.executable, "-c", ENV_PROBE], off)} == {"driver"}
+
+
+RANK = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch, torch.distributed as dist
+import rank
+r, port = int(sys.argv[2]), int(sys.argv[3])
+rank.connect(r, 2, port, "gloo")
+t = torch.tensor([float(r + 1)])
+dist.all_reduce(t)
+print(f"rank {r} sum {t.item()}")
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_join_a_store_the_parent_holds_on_a_port_the_kernel_chose(mini):
+    """No port is picked free and bound later (the EADDRINUSE race seen on the H200): the parent's
+    store listens before any rank starts, so nothing else can take the port in between."""
+    store = mini.rank_store(2)
+    port = store.port
+    assert port > 0
+    with socket.socket() as other, pytest.raises(OSError) as taken:
+        other.bind(("127.0.0.1", port))
+    assert taken.value.errno == errno.EADDRINUSE
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(MINI.parent), str(r), str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    assert sorted(o.strip() for o, _ in outs) == ["rank 0 sum 3.0", "rank 1 sum 3.0"]
+    del store
+
+
+def _harness():
+    sys.path[:0] = [str(ROOT / "integration" / "nemo_rl_gtp")]
+    try:
+        from harness import caserun
+    finally:
+        del sys.path[0]
+    return caserun
+
+
+def test_ray_maps_every_logical_gpu_onto_gpu_0_in_the_mode():
+    caserun = _harness()
+    env = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "3"}
+    assert caserun.ray_env(env, 2, True)["CUDA_VISIBLE_DEVICES"] == "0,0"
+    assert caserun.ray_env(env, 4, True)["CUDA_VISIBLE_DEVICES"] == "0,0,0,0"
+    assert "CUDA_VISIBLE_DEVICES" not in caserun.ray_env(env, 2, False)
+
+
+def test_a_case_in_the_mode_runs_the_hooks_and_says_so(tmp_path):
+    caserun = _harness()
+    from harness import cases as casing
+    from harness.hostsetup import Layout
+
+    lay = Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te")
+    trees = caserun.Trees(tmp_path / "nrl", [])
+    patched = casing.CASES["patched"]
+    env = caserun.case_env(lay, trees, tmp_path / "nrl", tmp_path / "out", case=patched, shared_gpu=True)
+    assert env["CARRY_SHARED_GPU"] == "1" and str(HOOKS) in env["PYTHONPATH"].split(":")
+    plain = caserun.case_env(lay, trees, tmp_path / "nrl", tmp_path / "out", case=patched)
+    assert "CARRY_SHARED_GPU" not in plain and str(HOOKS) not in plain["PYTHONPATH"].split(":")
+
+
+def test_the_nightly_plan_puts_the_mode_into_the_gpu_cells_only(tmp_path, pin_cache):
+    shared = tool("nightly", "--images", "host", "--out", tmp_path / "out", "--print-commands", "--shared-gpu",
+                  "--only", "megatron-lm,megatron-bridge", "--cache", pin_cache, check=0).stdout
+    plain = tool("nightly", "--images", "host", "--out", tmp_path / "out2", "--print-commands",
+                 "--only", "megatron-lm,megatron-bridge", "--cache", pin_cache, check=0).stdout
+    for name in NCCL_CELLS:
+        assert name in shared
+    assert "CARRY_SHARED_GPU" not in plain
+    # the GPU command cells of the host image carry the switch (the gloo ones ignore it); proofs do not
+    gpu_cells = [line for line in shared.splitlines() if "gtp_refit_mini/run.py" in line]
+    assert len(gpu_cells) == len(NCCL_CELLS) + 2
+    assert all("CARRY_SHARED_GPU=1" in line for line in gpu_cells)
+    assert shared.count("CARRY_SHARED_GPU=1") == len(gpu_cells)
+
+
+def test_the_qwen_shape_is_what_the_nccl_bf16_cell_runs():
+    from carry.nightly.config import load
+
+    cells = {t.name: t for t in load(ROOT / "integration" / "nightly.toml").tests}
+    argv = cells["gtp-refit-mini-nccl-bf16"].argv
+    assert argv[argv.index("--shape") + 1] == "qwen2.5-0.5b" and "nccl" in argv and "bf16" in argv
+
+
+def test_a_night_in_the_mode_labels_its_cells_and_summary(tmp_path, pin_cache):
+    """On this CPU machine: the NCCL cell skips, naming the mode's need (a GPU to share), and its
+    run.json, the history line and the summary carry the label and the note on times."""
+    out = tmp_path / "out"
+    tool("nightly", "--images", "host", "--tests", "gtp-refit-mini-nccl-bf16", "--out", out, "--shared-gpu",
+         "--only", "megatron-lm,megatron-bridge", "--no-bisect", "--run-id", "shared", "--cache", pin_cache,
+         check=0, timeout=900)
+    cell = read_json(out / "cells" / "gtp--host--gtp-refit-mini-nccl-bf16" / "run.json")
+    assert cell["status"] == "skipped" and "needs a GPU for its 2 rank(s) to share" in cell["reason"]
+    assert cell["gpu_mode"] == "shared-gpu" and "not GTP's price" in cell["timing_note"]
+    hist = [json.loads(x) for x in (tmp_path / "nightly-history.jsonl").read_text().splitlines()]
+    assert hist[-1]["gpu_mode"] == "shared-gpu"
+    assert "- gpu mode: shared-gpu" in (out / "summary.md").read_text()
+    tool("nightly", "--images", "host", "--tests", "gtp-refit-mini-nccl-bf16", "--out", tmp_path / "plain",
+         "--only", "megatron-lm,megatron-bridge", "--no-bisect", "--run-id", "plain", "--cache", pin_cache,
+         check=0, timeout=900)
+    plain = read_json(tmp_path / "plain" / "cells" / "gtp--host--gtp-refit-mini-nccl-bf16" / "run.json")
+    assert plain["gpu_mode"] == "gpu-per-rank" and "timing_note" not in plain
+    assert "needs 2 GPU(s), 0 visible" in plain["reason"]
+
+
+def test_the_cost_table_marks_shared_gpu_times_and_keeps_memory_plain():
+    m = {"gtp_setup_mib": 600.0, "off_setup_mib": 1000.0, "ratio_setup_mib": 0.6,
+         "gtp_train_state_mib": 900.0, "off_train_state_mib": 2000.0, "ratio_train_state_mib": 0.45,
+         "gtp_peak_mib": 3000.0, "off_peak_mib": 4000.0, "ratio_peak_mib": 0.75,
+         "gtp_step_seconds": 0.5, "off_step_seconds": 0.25, "ratio_step_seconds": 2.0}
+    run = {"cell": "gtp--host--gtp-refit-mini-cost", "metrics": m, "gpu_mode": nightly_gpus.SHARED_GPU,
+           "timing_note": nightly_gpus.TIMING_NOTE}
+    lines = report.cost_section([run])
+    table = "\n".join(lines)
+    assert "| + optimiser state (MiB) | 900 | 2000 | 0.45 |" in table
+    assert "| step (s) (shared-GPU: not GTP's price) | 0.5 | 0.25 | 2 |" in table
+    assert "peak (MiB) (shared" not in table and nightly_gpus.TIMING_NOTE in table
+    own = report.cost_section([{**run, "gpu_mode": "gpu-per-rank"}])
+    assert not any("shared" in x for x in own)
+    assert report.cost_section([{"cell": "x", "metrics": {"token_mult_prob_error": 1.0}}]) == []

@@ -103,7 +103,9 @@ def gpuhost_main(argv: list[str]) -> int:
     p.add_argument("--parts", type=Path, default=Path("/tmp/nrl"), help="where recv.sh unpacked the nrl ferry")
     p.add_argument("--te", type=Path, default=Path("/tmp/te/te"), help="the unpacked te ferry's te/ folder")
     p.add_argument("--root", type=Path, default=Path("/tmp/nrl-run"), help="run root: the environment and scratch")
-    p.add_argument("--timeout", type=float, default=480.0, help="seconds per case before it is killed (default 480)")
+    p.add_argument("--timeout", type=float, default=float(os.environ.get("CARRY_NRL_CASE_TIMEOUT") or 480.0),
+                   help="seconds per case before it is killed (default $CARRY_NRL_CASE_TIMEOUT, else 480; the "
+                        "nightly's gpu-host cells inherit the variable)")
     p.add_argument("--gpus", type=int, default=2, help="GPUs given to ray start (default 2)")
     p.add_argument("--skip-setup", action="store_true", help="use the environment an earlier call built")
     p.add_argument("--shared-gpu", action="store_true", default=os.environ.get("CARRY_SHARED_GPU") == "1",

@@ -150,11 +150,34 @@ def _harness():
     return caserun
 
 
-def test_ray_maps_every_logical_gpu_onto_gpu_0_in_the_mode():
+RAY_STAND_IN = """
+def get_gpu_ids():
+    import os
+    return [os.environ["LOGICAL_GPU"]]
+"""
+GPU_PROBE = ("import json, os, ray; "
+             "print(json.dumps({'ids': ray.get_gpu_ids(), 'id': os.environ.get('NCCL_HOSTID')}))")
+
+
+def test_every_logical_ray_gpu_is_gpu_0_in_the_mode(tmp_path):
+    """The hook wraps ``ray.get_gpu_ids`` as ``ray`` is imported (a stand-in package here: Ray is not
+    installed on this machine; on the H200 it is the real one), so NeMo-RL's worker sets device 0
+    whichever logical GPU Ray gave it; without the mode Ray's answer is untouched."""
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text(RAY_STAND_IN)
+    base = {**os.environ, "PYTHONPATH": f"{HOOKS}:{tmp_path}", "NCCL_HOSTID": "driver"}
+    base.pop("CARRY_REFIT_CHECK", None)
+    for logical in ("0", "1"):
+        on = _two([sys.executable, "-c", GPU_PROBE], {**base, "CARRY_SHARED_GPU": "1", "LOGICAL_GPU": logical})
+        assert [x["ids"] for x in on] == [["0"], ["0"]] and len({x["id"] for x in on}) == 2
+        off = _two([sys.executable, "-c", GPU_PROBE], {**base, "LOGICAL_GPU": logical})
+        assert [x["ids"] for x in off] == [[logical], [logical]] and {x["id"] for x in off} == {"driver"}
+
+
+def test_ray_start_counts_gpus_itself(tmp_path):
     caserun = _harness()
-    env = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "3"}
-    assert caserun.ray_env(env, 2, True)["CUDA_VISIBLE_DEVICES"] == "0,0"
-    assert caserun.ray_env(env, 4, True)["CUDA_VISIBLE_DEVICES"] == "0,0,0,0"
+    env = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,0"}
+    assert "CUDA_VISIBLE_DEVICES" not in caserun.ray_env(env, 2, True)
     assert "CUDA_VISIBLE_DEVICES" not in caserun.ray_env(env, 2, False)
 
 

@@ -121,16 +121,11 @@ SHARED_GPU_NOTE = ("shared-gpu: the Megatron workers share GPU 0, each process w
 
 
 def ray_env(env: dict[str, str], gpus: int, shared_gpu: bool) -> dict[str, str]:
-    """``ray start``'s environment. In the shared-GPU mode Ray's GPU ids 0..gpus-1 all name the one
-    physical GPU 0: Ray maps the ids it assigns through the CUDA_VISIBLE_DEVICES it started with
-    (``get_gpu_ids()`` returns ``CUDA_VISIBLE_DEVICES[i]``), so ``CUDA_VISIBLE_DEVICES=0,0`` gives
-    every Megatron worker ``ray.get_gpu_ids() == ['0']``, and NeMo-RL's ``set_device(gpu_ids[0])``
-    and its ``current_device() == local_rank`` check hold unchanged. Otherwise the variable is left
-    out (Ray counts the GPUs itself)."""
-    env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
-    if shared_gpu:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(["0"] * gpus)
-    return env
+    """``ray start``'s environment, without CUDA_VISIBLE_DEVICES: Ray counts the GPUs itself, and
+    in the shared-GPU mode takes ``--num-gpus`` logical GPUs over the one it counts (it refuses more
+    than a CUDA_VISIBLE_DEVICES lists). The hooks' carry_shared_gpu then puts every logical GPU id on
+    GPU 0 in each worker."""
+    return {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
 
 
 def ray_start(env: dict[str, str], log, gpus: int, shared_gpu: bool = False) -> int:

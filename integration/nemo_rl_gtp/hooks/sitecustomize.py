@@ -1,7 +1,7 @@
 """Runs at the start of every Python whose PYTHONPATH has this folder: run-on-gpu-host puts it there for
 the cases that check their refit and in the shared-GPU mode (the Ray workers inherit PYTHONPATH, and with
-NEMO_RL_PY_EXECUTABLES_SYSTEM=1 they run the case's venv Python). With CARRY_SHARED_GPU=1 it gives this
-process its own NCCL_HOSTID; with CARRY_REFIT_CHECK=1 it installs carry_refit_check's import hook; it
+NEMO_RL_PY_EXECUTABLES_SYSTEM=1 they run the case's venv Python). With CARRY_SHARED_GPU=1 it installs
+carry_shared_gpu (this process's own NCCL_HOSTID, Ray's GPU ids on GPU 0); with CARRY_REFIT_CHECK=1 it installs carry_refit_check's import hook; it
 then runs the sitecustomize this one shadows, if any (Ubuntu's)."""
 
 import importlib.machinery
@@ -11,12 +11,9 @@ import sys
 
 _here = os.path.dirname(os.path.abspath(__file__))
 if os.environ.get("CARRY_SHARED_GPU") == "1":
-    # The shared-GPU mode: every rank's process on GPU 0 needs a NCCL_HOSTID of its own, or NCCL refuses
-    # two ranks on one device ("Duplicate GPU detected"). Ray copies the driver's environment into each
-    # worker, so an inherited value is overwritten here, at interpreter start, before NCCL can read it.
-    import socket as _socket
+    import carry_shared_gpu
 
-    os.environ["NCCL_HOSTID"] = f"{_socket.gethostname()}-carry-shared-gpu-{os.getpid()}"
+    carry_shared_gpu.install()
 if os.environ.get("CARRY_REFIT_CHECK") == "1":
     import carry_refit_check
 

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The two-rank matrix on one H200 in the shared-GPU mode, as device calls (integration/README.md,
+# "Two ranks on one GPU"). Run from the checkout's root on the GPU machine, after the te ferry
+# (TE in /tmp/site) and with the nrl ferry in /tmp/nrl. Each step packs what it leaves into one
+# $OUT/<step>.tgz (the device returns few files).
+#
+#   setup-pretrain  in the background (setsid): run-on-gpu-host's setup, then the learning cases'
+#                   pretrain step (/tmp/o/pretrain)
+#   mini            the NCCL mini cells judged by the nightly: nccl-bf16 (Qwen2.5-0.5B shape),
+#                   moe-nccl, cost
+#   learning-bg     in the background: once the pretrain is done, the nightly's learning cell
+#   red             the NCCL mini cells on pristine megatron-core 0.19.2, and the nccl-bf16 cell on
+#                   the series without mlm-gtp-tied-dummy-wgrad, bisected
+#   cost            GTP's cost (--compare-gtp-off) once more, for the spread
+#   wait-learning   wait for the learning cell (at most $2 seconds), then pack it
+#   case-bg NAME    in the background: one harness case (a mutation, a matrix case, moe)
+#   wait-case NAME  wait for it (at most $3 seconds), then pack it
+set -uo pipefail
+cd "$(dirname "$0")/.."
+S=/tmp/nrl-run/payload/sources
+MC=$S/megatron_core-0.19.2-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl
+MB=$S/megatron_bridge-0.6.2-py3-none-any.whl
+SRC=(--source "megatron-lm=$MC" --source "megatron-bridge=$MB")
+export GTP_CARRY_VERBOSE=1 PYTHONUNBUFFERED=1
+mkdir -p /tmp/o
+OUT=${OUT:-/tmp/o/out}; mkdir -p "$OUT"
+
+stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
+wait_for() {  # wait_for SECONDS TEST...: until the test holds or the time is up
+  local limit=$1; shift
+  for _ in $(seq 1 "$limit"); do "$@" && return 0; sleep 1; done; return 1
+}
+alive() { [ -e "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+pack() {  # pack NAME PATH...: the small files only (logs, JSON, markdown)
+  local name=$1; shift
+  find "$@" -type f -size -4096k -not -path '*/nemo-rl/*' -not -path '*/megatron-from-hf/*' \
+    -not -path '*/hf-datasets/*' -not -path '*/work/*' -not -path '*/trees/*' \
+    \( -name '*.json' -o -name '*.log' -o -name '*.md' -o -name '*.xml' \
+    -o -name '*.stdout' -o -name '*.console' -o -name exit_status -o -name '*.jsonl' \) 2>/dev/null \
+    | tar -czf "$OUT/$name.tgz" -T - && stamp "packed $OUT/$name.tgz"
+}
+
+case ${1:?step} in
+  setup-pretrain)
+    setsid nohup python3 integration/nemo_rl_gtp/run-on-gpu-host --pretrain-only --out /tmp/o/pretrain \
+      > /tmp/o/pretrain.console 2>&1 < /dev/null &
+    echo $! > /tmp/o/pretrain.pid; stamp "setup + pretrain started (pid $!)" ;;
+  mini)
+    wait_for 300 test -e /tmp/nrl-run/.payload-ok || { stamp "no payload unpacked"; exit 1; }
+    stamp "mini cells"
+    timeout -k 10 540 python3 tools/nightly.py --images host --shared-gpu --te-site /tmp/site --no-bisect \
+      --only megatron-lm,megatron-bridge --tests gtp-refit-mini-nccl-bf16,gtp-refit-mini-moe-nccl,gtp-refit-mini-cost \
+      "${SRC[@]}" --cache /tmp/carry-cache --out /tmp/nightly-mini > /tmp/nightly-mini.console 2>&1
+    stamp "nightly exit $?"; cat /tmp/nightly-mini.console | tail -20
+    pack mini /tmp/nightly-mini /tmp/nightly-mini.console /tmp/o/pretrain.console /tmp/o/pretrain ;;
+  learning-bg)
+    setsid nohup bash -c '
+      while [ -e /tmp/o/pretrain.pid ] && kill -0 "$(cat /tmp/o/pretrain.pid)" 2>/dev/null; do sleep 2; done
+      echo "[$(date -u +%H:%M:%S)] pretrain done; the learning cell"
+      CARRY_NRL_CASE_TIMEOUT=840 python3 tools/nightly.py --images gpu-host --shared-gpu --no-bisect --timeout 900 \
+        --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl='"$S"'/nemo-rl.git \
+        --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning
+      echo "[$(date -u +%H:%M:%S)] learning nightly exit $?"' learning "${SRC[@]}" \
+      > /tmp/o/learning.console 2>&1 < /dev/null &
+    echo $! > /tmp/o/learning.pid; stamp "learning cell queued (pid $!)" ;;
+  red)
+    rm -rf /tmp/pristine-mcore && mkdir -p /tmp/pristine-mcore && python3 -m zipfile -e "$MC" /tmp/pristine-mcore
+    mkdir -p /tmp/o/red
+    for shape in qwen2.5-0.5b moe-tiny; do
+      stamp "pristine megatron-core, --shape $shape"
+      PYTHONPATH=/tmp/pristine-mcore:/tmp/site timeout -k 10 240 python3 integration/gtp_refit_mini/run.py \
+        --nproc 2 --backend nccl --dtype bf16 --steps 3 --shape "$shape" --shared-gpu --seed 1234 \
+        > "/tmp/o/red/pristine.$shape.stdout" 2>&1
+      stamp "exit $?"; grep -E "^(BUG_HIT|FAIL|SKIP)" "/tmp/o/red/pristine.$shape.stdout" | head -3
+    done
+    stamp "the series without mlm-gtp-tied-dummy-wgrad, bisected"
+    timeout -k 10 420 python3 tools/nightly.py --images host --shared-gpu --te-site /tmp/site \
+      --only mlm-pg-collection,mlm-inference-pg,mlm-tied-weight-guard,mlm-te-bias-sizing,mlm-gtp-tied-prefetch,mlm-gtp-ckpt-without-te,mlm-gtp-swiglu-ckpt,mlm-gtp-refit-plan,mlm-dataset-helpers-wheel \
+      --tests gtp-refit-mini-nccl-bf16 "${SRC[@]}" --cache /tmp/carry-cache --out /tmp/nightly-bisect \
+      > /tmp/nightly-bisect.console 2>&1
+    stamp "nightly exit $?"; tail -8 /tmp/nightly-bisect.console
+    pack red /tmp/o/red /tmp/nightly-bisect /tmp/nightly-bisect.console /tmp/o/learning.console ;;
+  cost)
+    stamp "GTP's cost, second run"
+    PYTHONPATH=/tmp/nightly-mini/work/gtp/megatron-lm:/tmp/site timeout -k 10 400 python3 \
+      integration/gtp_refit_mini/run.py --nproc 2 --backend nccl --dtype bf16 --compare-gtp-off --steps 4 \
+      --shape qwen2.5-0.5b --shared-gpu --seed 4321 > /tmp/o/cost2.stdout 2>&1
+    stamp "exit $?"; tail -c 1500 /tmp/o/cost2.stdout
+    pack cost /tmp/o/cost2.stdout ;;
+  wait-learning)
+    wait_for "${2:-540}" bash -c '! kill -0 "$(cat /tmp/o/learning.pid)" 2>/dev/null'
+    stamp "learning: $(tail -1 /tmp/o/learning.console)"
+    tail -25 /tmp/o/learning.console
+    pack learning /tmp/nightly-learning /tmp/o/learning.console ;;
+  case-bg)
+    name=${2:?case}
+    setsid nohup env CARRY_NRL_CASE_TIMEOUT=840 python3 integration/nemo_rl_gtp/run-on-gpu-host --skip-setup \
+      --shared-gpu --cases "$name" --out "/tmp/o/case-$name" > "/tmp/o/case-$name.console" 2>&1 < /dev/null &
+    echo $! > "/tmp/o/case-$name.pid"; stamp "case $name started (pid $!)" ;;
+  wait-case)
+    name=${2:?case}
+    wait_for "${3:-540}" bash -c "! kill -0 \$(cat /tmp/o/case-$name.pid) 2>/dev/null"
+    tail -5 "/tmp/o/case-$name.console"
+    pack "case-$name" "/tmp/o/case-$name" "/tmp/o/case-$name.console" ;;
+  *) echo "unknown step $1" >&2; exit 2 ;;
+esac

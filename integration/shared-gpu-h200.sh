@@ -14,7 +14,8 @@
 #   cost            GTP's cost (--compare-gtp-off) once more, for the spread
 #   wait-learning   wait for the learning cell (at most $2 seconds), then pack it
 #   case-bg NAME    in the background: one harness case (a mutation, a matrix case, moe)
-#   wait-case NAME  wait for it (at most $3 seconds), then pack it
+#   wait-case NAME  wait for it (at most $3 seconds), then pack it; exit 3 while it still runs
+#                   (case-bg refuses to start a case while another still runs: one Ray at a time)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 S=/tmp/nrl-run/payload/sources
@@ -88,19 +89,24 @@ case ${1:?step} in
     stamp "exit $?"; tail -c 1500 /tmp/o/cost2.stdout
     pack cost /tmp/o/cost2.stdout ;;
   wait-learning)
-    wait_for "${2:-540}" bash -c '! kill -0 "$(cat /tmp/o/learning.pid)" 2>/dev/null'
+    done=0; wait_for "${2:-540}" bash -c '! kill -0 "$(cat /tmp/o/learning.pid)" 2>/dev/null' && done=1
     stamp "learning: $(tail -1 /tmp/o/learning.console)"
     tail -25 /tmp/o/learning.console
-    pack learning /tmp/nightly-learning /tmp/o/learning.console ;;
+    pack learning /tmp/nightly-learning /tmp/o/learning.console
+    if [ "$done" = 0 ]; then stamp "the learning cell still runs: wait-learning again in the next call"; exit 3; fi ;;
   case-bg)
     name=${2:?case}
+    for pid in /tmp/o/*.pid; do   # one case at a time: each starts and stops its own Ray
+      if alive "$pid"; then stamp "refused: $pid still runs; wait for it first"; exit 1; fi
+    done
     setsid nohup env CARRY_NRL_CASE_TIMEOUT=840 python3 integration/nemo_rl_gtp/run-on-gpu-host --skip-setup \
       --shared-gpu --cases "$name" --out "/tmp/o/case-$name" > "/tmp/o/case-$name.console" 2>&1 < /dev/null &
     echo $! > "/tmp/o/case-$name.pid"; stamp "case $name started (pid $!)" ;;
   wait-case)
     name=${2:?case}
-    wait_for "${3:-540}" bash -c "! kill -0 \$(cat /tmp/o/case-$name.pid) 2>/dev/null"
+    done=0; wait_for "${3:-540}" bash -c "! kill -0 \$(cat /tmp/o/case-$name.pid) 2>/dev/null" && done=1
     tail -5 "/tmp/o/case-$name.console"
-    pack "case-$name" "/tmp/o/case-$name" "/tmp/o/case-$name.console" ;;
+    pack "case-$name" "/tmp/o/case-$name" "/tmp/o/case-$name.console"
+    if [ "$done" = 0 ]; then stamp "case $name still runs: wait-case again in the next call"; exit 3; fi ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac

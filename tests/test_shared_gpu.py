@@ -254,3 +254,36 @@ def test_the_cost_table_marks_shared_gpu_times_and_keeps_memory_plain():
     own = report.cost_section([{**run, "gpu_mode": "gpu-per-rank"}])
     assert not any("shared" in x for x in own)
     assert report.cost_section([{"cell": "x", "metrics": {"token_mult_prob_error": 1.0}}]) == []
+
+
+RAY_PROGRAM = """#!/bin/sh
+echo "$@" >> "$RAY_CALLS"
+if [ "$1" = start ] && [ -n "$RAY_ALREADY_RUNNING" ]; then
+  echo "ConnectionError: Ray is trying to start at 127.0.0.1:6379, but is already running at 127.0.0.1:6379."
+  exit 1
+fi
+exit 0
+"""
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_a_case_stops_only_the_ray_it_started(tmp_path, running):
+    """A stand-in ``ray`` program (Ray is not installed here) that answers ``start`` as Ray does when
+    another cluster runs there: the case must not ``ray stop --force`` that cluster."""
+    caserun = _harness()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ray").write_text(RAY_PROGRAM)
+    (bin_dir / "ray").chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RAY_CALLS": str(calls)}
+    if running:
+        env["RAY_ALREADY_RUNNING"] = "1"
+    log_path = tmp_path / "case.log"
+    with open(log_path, "w") as log, pytest.raises(RuntimeError, match="the case failed"):
+        with caserun.ray_cluster(env, log, 2, True) as rc:
+            assert (rc != 0) == running
+            raise RuntimeError("the case failed")
+    verbs = [line.split()[0] for line in calls.read_text().splitlines()]
+    assert verbs == (["start"] if running else ["start", "stop"])
+    assert ("not stopping Ray" in log_path.read_text()) == running

@@ -7,6 +7,7 @@ then :func:`summarize` says what the case showed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -133,6 +134,22 @@ def ray_start(env: dict[str, str], log, gpus: int, shared_gpu: bool = False) -> 
                     "--disable-usage-stats"], log, ray_env(env, gpus, shared_gpu))
 
 
+@contextlib.contextmanager
+def ray_cluster(env: dict[str, str], log, gpus: int, shared_gpu: bool):
+    """``ray start`` for one case, and ``ray stop --force`` after it, whatever happens in between, but
+    only for a cluster this case started: when ``ray start`` fails (one is already running: another
+    case's, another user's), stopping would kill that one ("Stopped all 32 Ray processes", seen on the
+    H200 when a case started while another still ran). Yields ray start's exit status."""
+    rc = ray_start(env, log, gpus, shared_gpu)
+    try:
+        yield rc
+    finally:
+        if rc == 0:
+            ray_stop(env, log)
+        else:
+            log.write("[run-on-gpu-host] not stopping Ray: this case did not start it\n")
+
+
 def ray_stop(env: dict[str, str], log) -> int:
     return stream(["ray", "stop", "--force"], log, env, timeout=120)
 
@@ -170,16 +187,14 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
                 raise _NoRun(1) from None
             env.update(more_env)
             args = casing.script_args(case, model, str(data), str(ckpt))
-            rc_ray = ray_start(env, log, gpus, shared_gpu)
-            if rc_ray != 0:
-                rc = rc_ray
-                log.write(f"[run-on-gpu-host] ray start failed (exit {rc_ray})\n")
-            else:
-                rc = stream(["bash", casing.SCRIPT, *args], log, env, cwd=nrl, timeout=timeout)
+            with ray_cluster(env, log, gpus, shared_gpu) as rc_ray:
+                if rc_ray != 0:
+                    rc = rc_ray
+                    log.write(f"[run-on-gpu-host] ray start failed (exit {rc_ray})\n")
+                else:
+                    rc = stream(["bash", casing.SCRIPT, *args], log, env, cwd=nrl, timeout=timeout)
         except _NoRun as no:
             rc = no.rc
-        finally:
-            ray_stop(env, log)
     exp_dir = nrl / Path(casing.SCRIPT).parent / Path(casing.SCRIPT).stem
     for name in ("run.log", "metrics.json"):
         if (exp_dir / name).exists():

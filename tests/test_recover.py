@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from fakeup import NO_PROOF, patch_entry, series_toml
+from carry.runner import Git
 from helpers import TOOLS, git, kill_at, read_json, tool
 
 ML, BR = "megatron-lm", "megatron-bridge"
@@ -200,3 +201,55 @@ def test_prove_after_an_interrupted_first_apply_finishes_the_swap(demo):
     assert "holds no workspace" not in res.stderr, res.stderr
     assert (d["work"] / ".carry" / "state.json").exists(), res.stderr
     assert not (d["work"] / ".carry" / "journal.json").exists()
+
+
+# -- --into: a killed run's journal never discards the checkout's edits (item 2) ------------------
+def _into(demo: dict, target: Path, check: int | None = None):
+    return tool("apply", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+                "--into", f"{ML}={target}", check=check)
+
+
+def _killed_into(demo: dict, tmp_path: Path) -> tuple[Path, str]:
+    target = tmp_path / "checkout"
+    git(tmp_path, "clone", "-q", str(demo["up"]), str(target))
+    git(target, "checkout", "-q", demo["v0"])
+    kill_at("staged", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+            "--into", f"{ML}={target}")
+    assert (Git(target).git_dir() / "carry-into-journal.json").exists()
+    assert git(target, "rev-parse", "HEAD") != demo["v0"]  # the killed run's commits are in
+    return target, git(target, "rev-parse", "HEAD")
+
+
+def test_into_after_a_kill_refuses_uncommitted_edits_and_keeps_them(demo, tmp_path):
+    target, _ = _killed_into(demo, tmp_path)
+    (target / "README.md").write_text("my edit after the kill\n")
+    (target / "mine.txt").write_text("mine\n")
+    res = _into(demo, target, check=1)
+    assert "uncommitted changes" in res.stderr and "README.md" in res.stderr, res.stderr
+    assert (target / "README.md").read_text() == "my edit after the kill\n" and (target / "mine.txt").exists()
+    _paste(res.stderr.split("next: ", 1)[1])
+    _into(demo, target, check=0)
+    assert "my edit after the kill" in git(target, "show", "stash@{0}:README.md")
+    assert "mine" in git(target, "show", "stash@{0}^3:mine.txt")
+
+
+def test_into_after_a_kill_keeps_a_commit_made_since(demo, tmp_path):
+    target, _ = _killed_into(demo, tmp_path)
+    (target / "mine.txt").write_text("mine\n")
+    git(target, "add", "mine.txt")
+    git(target, "commit", "-q", "-m", "my commit after the kill")
+    mine = git(target, "rev-parse", "HEAD")
+    res = _into(demo, target, check=0)
+    assert "refs/carry/saved/" in res.stderr, res.stderr
+    assert mine in _saved(target).values()
+
+
+def test_into_leaves_a_git_am_of_the_users_alone(demo, tmp_path):
+    target = tmp_path / "checkout"
+    git(tmp_path, "clone", "-q", str(demo["up"]), str(target))
+    git(target, "checkout", "-q", demo["v1"])
+    failed = Git(target)("am", str(demo["series"] / ML / "0004-conflict.patch"), check=False)
+    assert not failed.ok and (Git(target).git_dir() / "rebase-apply").exists()
+    res = _into(demo, target, check=1)
+    assert "git am" in res.stderr and "in progress" in res.stderr, res.stderr
+    assert (Git(target).git_dir() / "rebase-apply").exists()

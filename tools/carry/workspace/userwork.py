@@ -75,6 +75,19 @@ def keep_unknown_commits(old_ws: Path, recorded: UpstreamRecord, new: Path) -> l
     return kept
 
 
+def save_tip(repo: Path, tip: str) -> str:
+    """Point a new refs/carry/saved/<UTC time>[-N] of ``repo`` at ``tip`` (a commit it has); returns the ref."""
+    g = Git(repo)
+    taken = set(g("for-each-ref", "--format=%(refname)", SAVED_PREFIX).stdout.split())
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    n, saved = 1, SAVED_PREFIX + stamp
+    while saved in taken:
+        n += 1
+        saved = f"{SAVED_PREFIX}{stamp}-{n}"
+    g("update-ref", saved, tip)
+    return saved
+
+
 def refuse_uncommitted(name: str, ws: Path, why: str) -> None:
     """Raise when ``ws`` has uncommitted or untracked edits; ``why`` says what would replace it."""
     dirty = Git(ws).status_porcelain()

@@ -68,8 +68,12 @@ class DirLock:
             if same:
                 break
             os.close(fd)  # the holder removed this file as we waited: lock the new one
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except OSError as exc:
+            os.close(fd)
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc  # a full disk: say which
         self._fd = fd
         return self
 
@@ -127,3 +131,4 @@ def building(parent: Path, timeout: float | None = None) -> Iterator[Path]:
             yield tmp
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .. import progress
-from ..errors import DirtyTreeError, OperationError, UsageError
+from ..errors import CarryError, DirtyTreeError, NoSpaceError, OperationError, UsageError, no_space
 from ..files import fsync_dir, write_json
 from ..lock import LOCK_TIMEOUT, DirLock, patience
 from ..runner import Git
@@ -62,6 +62,18 @@ def _mount_points() -> set[str]:
     # field 5 is the mount point, with space, tab, newline and backslash written as octal escapes
     unescape = re.compile(r"\\([0-7]{3})")
     return {unescape.sub(lambda m: chr(int(m[1], 8)), f[4]) for f in (line.split() for line in lines) if len(f) > 4}
+
+
+def _what(exc: OSError) -> str:
+    return ": ".join(str(x) for x in (exc.strerror or exc, exc.filename) if x is not None)
+
+
+def _swap_error(exc: OSError, message: str, root: Path, kind: type) -> CarryError:
+    """``kind`` with the swap's message, or, for a full disk, the full-disk error (exit 2) naming where."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        full = no_space(exc.filename or root)
+        return NoSpaceError(f"{message.replace(f' ({_what(exc)})', '')}: {full.message}", hint=full.hint)
+    return kind(message, hint=_swap_hint(exc, root))
 
 
 def _swap_hint(exc: OSError, root: Path) -> str:
@@ -272,15 +284,13 @@ class WorkDir:
             try:
                 self._undo(staging, names, state)
             except OSError as again:
-                raise DirtyTreeError(
-                    f"could not swap the new workspaces into {self.root} ({exc.strerror or exc}: {exc.filename}), "
-                    f"nor put the previous ones back ({again.strerror or again}: {again.filename}); "
-                    f"the journal {self.journal_file} is kept",
-                    hint=f"{_swap_hint(exc, self.root)}; the next run finishes or undoes the swap") from None
-            raise SwapError(
-                f"could not swap the new workspaces into {self.root} ({exc.strerror or exc}: "
-                f"{exc.filename}); nothing was changed",
-                hint=_swap_hint(exc, self.root)) from None
+                err = _swap_error(exc, f"could not swap the new workspaces into {self.root} ({_what(exc)}), nor put "
+                                       f"the previous ones back ({_what(again)}); the journal {self.journal_file} "
+                                       "is kept", self.root, DirtyTreeError)
+                err.hint = f"{err.hint}; the next run finishes or undoes the swap"
+                raise err from None
+            raise _swap_error(exc, f"could not swap the new workspaces into {self.root} ({_what(exc)}); nothing "
+                                   "was changed", self.root, SwapError) from None
 
     def _swap(self, staging: Path, names: list[str], state: State) -> None:
         trash = self.meta / f"trash-{staging.name}"

@@ -24,6 +24,7 @@ from pathlib import Path
 from .. import progress
 from ..errors import ConfigError
 from ..files import write_atomic, write_json
+from ..lock import process_alive
 
 JOURNAL = ".journal.json"
 _STAGING = re.compile(r"\.staging-([0-9]+)")
@@ -74,17 +75,9 @@ def _finish(root: Path, doc: dict) -> None:
 
 
 def _alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    if pid == os.getpid():
+    if not isinstance(pid, int) or pid == os.getpid():
         return False  # recovery runs before this process stages anything: a folder of its pid is older
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_alive(pid)
 
 
 def _read(journal: Path, root: Path) -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 from .. import progress
 from ..errors import DirtyTreeError, PatchFormatError, UsageError
 from ..files import write_json
-from ..lock import LOCK_TIMEOUT
+from ..lock import LOCK_TIMEOUT, sweep_builds
 from ..report import ApplyReport, PatchResult, UpstreamResult
 from ..runner import Git
 from ..series.manifest import PatchMeta, Series
@@ -70,6 +70,7 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
     wd = WorkDir(opts.workdir)
     with wd.lock(opts.lock_timeout):  # which bounds the cache's locks too
         wd.recover()
+        sweep_builds(opts.cache)
         state = wd.load_state()
         staging = None
         rebuilt: list[str] = []

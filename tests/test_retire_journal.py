@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import TOOLS, tool
+from helpers import TOOLS, kill_at, tool
 from test_retire import history, retire  # noqa: F401  (the fixture, and the command as its tests run it)
 
 
@@ -96,3 +96,18 @@ def test_a_landed_patch_another_requires_names_the_real_manifest_and_the_choice(
     toml.write_text(text)  # the choice made: plain does not need verbatim as a patch
     res = subprocess.run(shlex.split(again), capture_output=True, text=True, cwd=TOOLS.parent, check=False)
     assert res.returncode == 0 and "retired: verbatim" in res.stdout, res.stdout + res.stderr
+
+
+def test_retire_with_a_workdir_finishes_an_interrupted_swap_there_first(history):  # noqa: F811
+    """Its proofs read the other upstreams' trees from --workdir: not while a swap is half done."""
+    h = history
+    work = h["tmp"] / "w"
+    args = ["--series", h["series"], "--workdir", work, "--cache", h["cache"], "--source", f"megatron-lm={h['up']}"]
+    tool("apply", *args, check=0)
+    (h["series"] / "megatron-lm" / "0004-plain.patch").write_text(
+        (h["series"] / "megatron-lm" / "0004-plain.patch").read_text().replace("demo: plain", "demo: plain, again"))
+    kill_at("journalled", *args)
+    assert (work / ".carry" / "journal.json").exists()
+    retire(h, h["v2"], "--workdir", work, check=0)
+    assert not (work / ".carry" / "journal.json").exists()
+    tool("apply", *args, check=0)

@@ -208,7 +208,10 @@ def _other_trees(series: Series, name: str, workdir: Path | None, cache: Path, t
     """Patched trees of the other upstreams, for proofs that import them."""
     if workdir is not None:
         wd = WorkDir(workdir)
-        return {u: wd.workspace(u) for u, _ in wd.load_state().records() if u != name}
+        with wd.lock():
+            wd.recover()  # a swap an interrupted apply left: finished (or undone) before its trees are read
+            state = wd.load_state()
+        return {u: wd.workspace(u) for u, _ in state.records() if u != name}
     others = [u.name for u in series.upstreams if u.name != name and (u.sources[0] == "pypi" or u.name in source_paths)]
     if not others:
         return {}
@@ -272,24 +275,30 @@ def commit_retirement(series: Series, text: str, landed: list[Verdict], new_base
         shutil.rmtree(staged)  # an older run's of this pid (recovery would have removed a dead one's)
     staged.mkdir(parents=True)
     moves = []
-    for pid in landed_ids:
-        meta = series.patch(pid)
-        dest = staged / pid
-        dest.mkdir()
-        shutil.copy2(series.patch_path(meta), dest / Path(meta.file).name)
-        moves.append(series.patch_path(meta))
-        for ref in meta.proofs:
-            proof = root / ref.split("::")[0]
-            shutil.copy2(proof, dest / proof.name)
-            users = [q for q in series.patches if any(r.split("::")[0] == ref.split("::")[0] for r in q.proofs)]
-            if len(users) == 1:
-                moves.append(proof)
-        v = by_id[pid]
-        (dest / "record.toml").write_text(
-            f'id = "{pid}"\ntitle = {seriesedit.toml_str(meta.title)}\nupstream = "{meta.upstream}"\n'
-            f'retired_on = "{today}"\nnew_base = {seriesedit.toml_str(new_base)}\n'
-            f'against = {seriesedit.toml_str(against)}\nverdict = "{v.verdict}"\n'
-            f'text = "{v.text}"\nbehaviour = "{v.behaviour}"\nlink = "{v.link}"\n'
-            "evidence = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.evidence) + "]\n"
-            "disagreements = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.disagreements) + "]\n")
+    try:
+        for pid in landed_ids:
+            meta = series.patch(pid)
+            dest = staged / pid
+            dest.mkdir()
+            shutil.copy2(series.patch_path(meta), dest / Path(meta.file).name)
+            moves.append(series.patch_path(meta))
+            for ref in meta.proofs:
+                proof = root / ref.split("::")[0]
+                shutil.copy2(proof, dest / proof.name)
+                users = [q for q in series.patches if any(r.split("::")[0] == ref.split("::")[0] for r in q.proofs)]
+                if len(users) == 1:
+                    moves.append(proof)
+            v = by_id[pid]
+            (dest / "record.toml").write_text(
+                f'id = "{pid}"\ntitle = {seriesedit.toml_str(meta.title)}\nupstream = "{meta.upstream}"\n'
+                f'retired_on = "{today}"\nnew_base = {seriesedit.toml_str(new_base)}\n'
+                f'against = {seriesedit.toml_str(against)}\nverdict = "{v.verdict}"\n'
+                f'text = "{v.text}"\nbehaviour = "{v.behaviour}"\nlink = "{v.link}"\n'
+                "evidence = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.evidence) + "]\n"
+                "disagreements = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.disagreements) + "]\n")
+    except OSError as exc:
+        shutil.rmtree(staged, ignore_errors=True)
+        if exc.filename is None:  # a failed write() (a full disk) names no file: this is where it wrote
+            raise OSError(exc.errno, exc.strerror, str(staged)) from exc
+        raise
     retirement.commit(root, text, landed_ids, moves)

@@ -93,7 +93,7 @@ def _read(journal: Path, root: Path) -> dict:
         return doc
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{journal}, left by an interrupted retire --write, cannot be read ({exc}); nothing was moved",
-                          hint=f"check `{shlex.join(['git', '-C', str(root), 'status'])}` (series.toml and retired/), "
+                          hint=f"check `git -C {shlex.quote(str(root))} status` (series.toml and retired/), "
                                f"then remove it (`{shlex.join(['rm', str(journal)])}`) and run the command again") from None
 
 

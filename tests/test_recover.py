@@ -171,8 +171,11 @@ def test_a_hint_path_with_a_space_pastes(demo):
     hint = res.stderr.split("next: ", 1)[1]
     assert shlex.quote(str(d["work"] / BR)) in hint
     _paste(hint)
-    _run(d, "apply", check=0)
+    res = _run(d, "apply", check=0)
     assert _saved(d["work"] / BR)
+    notice = next(line for line in res.stderr.splitlines() if "refs/carry/saved/" in line)
+    shown = subprocess.run(["sh", "-c", notice.split("`")[1]], capture_output=True, text=True, check=True)
+    assert "On main" in shown.stdout or "WIP" in shown.stdout or "kept from carry" in shown.stdout, shown.stdout
 
 
 @pytest.mark.parametrize("stop", ["journalled", "swapping"])

@@ -17,6 +17,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -43,7 +44,7 @@ def _tell_kept(wd: "WorkDir", kept: dict[str, list[dict[str, str]]], what: str) 
     """Say (always: this is no progress line) where the user's commits went."""
     for name, refs in kept.items():
         for k in refs:
-            ws = wd.workspace(name)
+            ws = shlex.quote(str(wd.workspace(name)))
             print(f"[carry] {name}: {what} the swap an interrupted run left; kept {k['commits']} commit(s) apply "
                   f"did not make (the old {k['from']}) as {k['ref']}: `git -C {ws} log --oneline {k['ref']}` shows "
                   f"them, `git -C {ws} reset -q --hard {k['ref']}` takes them back", file=sys.stderr, flush=True)

@@ -111,3 +111,17 @@ def test_retire_with_a_workdir_finishes_an_interrupted_swap_there_first(history)
     retire(h, h["v2"], "--workdir", work, check=0)
     assert not (work / ".carry" / "journal.json").exists()
     tool("apply", *args, check=0)
+
+
+def test_a_retired_patch_file_edited_after_the_kill_is_not_deleted(history):  # noqa: F811
+    h = history
+    _kill_at(h, "retire-journalled")
+    patch = h["series"] / "megatron-lm" / "0001-verbatim.patch"
+    patch.write_text(patch.read_text() + "-- \nmy edit\n")
+    res = tool("lint", "--series", h["series"], check=2)
+    assert "0001-verbatim.patch changed after a retire --write" in res.stderr, res.stderr
+    assert patch.read_text().endswith("my edit\n")
+    subprocess.run(res.stderr.split("next: ", 1)[1].split("`")[1], shell=True, check=True)
+    res = tool("lint", "--series", h["series"])
+    assert (patch.parent / "0001-verbatim.patch.mine").read_text().endswith("my edit\n")
+    assert not (h["series"] / "retired" / ".journal.json").exists()

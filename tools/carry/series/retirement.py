@@ -34,6 +34,13 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _file_sha(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
 def staging_folder(root: Path) -> Path:
     return root / "retired" / f".staging-{os.getpid()}"
 
@@ -46,6 +53,7 @@ def commit(root: Path, new_text: str, ids: list[str], removes: list[Path]) -> No
     progress.checkpoint("retire-staged")
     doc = {"pid": os.getpid(), "staging": staged.name, "ids": ids,
            "removes": [os.path.relpath(p, root) for p in removes],
+           "remove_shas": [_file_sha(p) for p in removes],
            "old_sha": _sha(manifest.read_text(encoding="utf-8")), "new_sha": _sha(new_text), "series_toml": new_text}
     write_json(root / "retired" / JOURNAL, doc)
     progress.checkpoint("retire-journalled")
@@ -118,6 +126,17 @@ def recover(root: Path) -> list[str]:
                 f"(its journal {journal} is kept): finishing it would overwrite that edit; nothing was moved",
                 hint=f"to drop the interrupted retirement and keep your edit: `{drop}`, then "
                      f"`{command('lint', None, '--series', root)}` lists what is left to fix")
+        shas = doc.get("remove_shas") or [None] * len(doc["removes"])
+        edited = [rel for rel, sha in zip(doc["removes"], shas)
+                  if sha is not None and _file_sha(root / rel) not in (sha, None)]
+        if edited:
+            raise ConfigError(
+                f"{', '.join(str(root / rel) for rel in edited)} changed after a retire --write of "
+                f"{', '.join(doc['ids'])} was interrupted (its journal {journal} is kept): finishing it would "
+                "delete that edit; nothing was moved",
+                hint=f"move your version aside (`{shlex.join(['mv', str(root / edited[0]), str(root / edited[0]) + '.mine'])}`"
+                     f"{' and the like for each' if len(edited) > 1 else ''}), then run the command again: the "
+                     "retirement is finished and your version stays")
         _finish(root, doc)
         done = list(doc["ids"])
         print(f"[carry] finished the retirement of {', '.join(done)} that an interrupted retire --write left "

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import shlex
+from pathlib import Path
 
 
 class CarryError(Exception):
@@ -59,11 +62,68 @@ class NoSpaceError(FileSystemError):
 
 
 _NO_SPACE_TEXT = ("No space left on device", "[Errno 28]", "Disk quota exceeded")
+# What git says when a write fails without naming the errno (a full disk among other causes):
+# read as a full disk only when the disk it wrote to is in fact (nearly) full.
+_WRITE_FAILED_TEXT = ("Out of diskspace", "unable to write", "could not write", "write error", "short write",
+                      "failed to write", "unable to checkout working tree", "unable to append", "unable to create")
+_NEARLY_FULL = 16 << 20
 
 
 def says_no_space(text: str) -> bool:
     """Whether a command's output reports a full disk (git, pip and tar all say it so)."""
     return any(t in text for t in _NO_SPACE_TEXT)
+
+
+def _existing(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _mount_of(path: Path) -> Path:
+    path = _existing(path)
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _nearly_full(path: Path) -> bool:
+    try:
+        st = os.statvfs(_existing(path))
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < _NEARLY_FULL or (st.f_files > 0 and st.f_favail == 0)
+
+
+def no_space(place: Path | str, detail: str = "") -> "NoSpaceError":
+    """The full-disk error for a write to ``place``: the place, its mount point and what is free there."""
+    place = Path(place)
+    mount = _mount_of(place)
+    try:
+        st = os.statvfs(_existing(place))
+        free = f", {st.f_bavail * st.f_frsize // 1024} KiB free" + (", no inodes free" if st.f_files and not st.f_favail
+                                                                      else "")
+    except OSError:
+        free = ""
+    return NoSpaceError(f"no space left on the device holding {place} (the file system mounted at {mount}{free})"
+                        + (f": {detail}" if detail else ""),
+                        hint=f"free some space on {mount} (`df -h {shlex.quote(str(mount))}` shows it), or point "
+                             "the command at a folder on another disk (--workdir, --cache, --json, --wheels; "
+                             "TMPDIR for temporary files), then run the command again")
+
+
+def full_disk_in_output(text: str, where: Path) -> "NoSpaceError | None":
+    """The full-disk error a failed command's output shows, naming the place it wrote to: of the
+    absolute paths the output quotes and ``where`` (git's -C folder), the first on a full disk;
+    None when it shows none."""
+    candidates = [Path(m) for m in re.findall(r"'(/[^'\n]+)'", text)] + [Path(where)]
+    place = next((c for c in candidates if _nearly_full(c)), None)
+    if says_no_space(text) or (place is not None and any(t in text for t in _WRITE_FAILED_TEXT)):
+        place = place or Path(where)
+        said = [line.strip() for line in text.splitlines() if any(t in line for t in _NO_SPACE_TEXT + _WRITE_FAILED_TEXT)]
+        return no_space(place, said[0] if said else "")
+    return None
 
 
 def _where(exc: OSError) -> str:
@@ -79,11 +139,13 @@ def from_os_error(exc: OSError) -> CarryError | None:
     where = _where(exc)
     code = exc.errno
     if code in (errno.ENOSPC, errno.EDQUOT):
-        # A failed write() names no file: say where the command writes.
-        place = where or "the work directory, the cache or the temporary folder ($TMPDIR)"
-        return NoSpaceError(f"no space left on the device holding {place} ({os.strerror(code)})",
-                            hint="free some space there (or point --workdir / --cache at another disk) "
-                                 "and run the command again")
+        if exc.filename is not None:
+            return no_space(exc.filename, os.strerror(code))
+        # A failed write() names no file (carry.files names the ones it writes): say where the command writes.
+        return NoSpaceError(f"no space left on the device holding the work directory, the cache or the temporary "
+                            f"folder ($TMPDIR) ({os.strerror(code)})",
+                            hint="free some space there (`df -h` shows each disk), or point --workdir / --cache / "
+                                 "TMPDIR at another disk, then run the command again")
     if not where:
         return None
     if code == errno.ENOTDIR:

@@ -21,10 +21,15 @@ def write_atomic(path: Path | str, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            if exc.filename is None:  # write() names no file: a full disk must say which one it was
+                raise OSError(exc.errno, exc.strerror, str(path)) from exc
+            raise
         if path.exists():
             os.chmod(tmp, path.stat().st_mode & 0o777)
         else:

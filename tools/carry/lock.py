@@ -68,8 +68,12 @@ class DirLock:
             if same:
                 break
             os.close(fd)  # the holder removed this file as we waited: lock the new one
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except OSError as exc:
+            os.close(fd)
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc  # a full disk: say which
         self._fd = fd
         return self
 
@@ -107,6 +111,19 @@ class DirLock:
             pass
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs here (one of another user's counts: it may be at work)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 BUILD_PREFIX = ".build-"
 
 
@@ -127,3 +144,23 @@ def building(parent: Path, timeout: float | None = None) -> Iterator[Path]:
             yield tmp
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sweep_builds(root: Path) -> None:
+    """Remove the scratch folders killed or interrupted runs left anywhere in the cache ``root``.
+
+    ``building`` clears its own folder's leftovers, but only when it builds there again; a folder
+    whose artifact is already cached would keep them for good. A run building holds its folder's
+    lock for as long as its scratch lives: a folder whose lock is free (taken here without
+    waiting) holds only dead runs' scratch.
+    """
+    if not root.is_dir():
+        return
+    parents = {p.parent for depth in ("", "*/", "*/*/") for p in root.glob(depth + BUILD_PREFIX + "*")}
+    for parent in sorted(parents):
+        try:
+            with DirLock(parent / ".lock", 0, what=parent):
+                for stale in parent.glob(BUILD_PREFIX + "*"):
+                    shutil.rmtree(stale, ignore_errors=True)
+        except LockError:
+            continue  # a live run is building there

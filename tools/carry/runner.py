@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .errors import CommandError
+from .errors import CommandError, full_disk_in_output
 
 # Fixed identity and date for every commit the tool makes, so heads are
 # reproducible from the same base and series.
@@ -236,7 +236,16 @@ class Git:
         argv = ["git", "-C", str(self.path)]
         for item in _GIT_CONFIG:
             argv += ["-c", item]
-        return run([*argv, *args], env=git_env(env), input=input, check=check, binary=binary)
+        res = run([*argv, *args], env=git_env(env), input=input, check=False, binary=binary)
+        if not res.ok:
+            # A full disk is no answer of git's for a caller to read (a conflict, a missing
+            # commit): it stops the command, named as what it is, with or without check.
+            full = full_disk_in_output(("" if binary else res.stdout) + res.stderr, self.path)
+            if full is not None:
+                raise full
+            if check:
+                raise CommandError(res.argv, res.returncode, "" if binary else res.stdout, res.stderr)
+        return res
 
     # -- making repositories -------------------------------------------------
     def init(self) -> None:

@@ -47,6 +47,6 @@ def main(argv: list[str], prog: str) -> int:
         pin = f"pin moved from {pin_before} to {pin_after}" if pin_after != pin_before else f"pin kept at {target}"
         print(f"retired: {', '.join(rep.retired) or 'none'}; {pin}")
     if not rep.ok:
-        print("error: " + (rep.error or "failed"), file=sys.stderr)
+        print("error: " + (rep.error or "failed") + (f"\n  next: {rep.hint}" if rep.hint else ""), file=sys.stderr)
         return 1
     return 0

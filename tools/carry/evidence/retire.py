@@ -18,7 +18,6 @@ that fails nothing is written.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -26,10 +25,11 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import OperationError, UsageError
-from ..files import write_atomic
 from ..runner import Git
 from ..series import edit as seriesedit
+from ..series import retirement
 from ..series.manifest import PatchMeta, Series
+from ..series.repo import command
 from ..workspace import sources, trial
 from ..workspace.am import am_each, older_bases
 from ..workspace.apply import Options, apply_series
@@ -60,6 +60,7 @@ class RetireReport:
     patches: list[Verdict] = field(default_factory=list)
     retired: list[str] = field(default_factory=list)
     error: str | None = None
+    hint: str | None = None       # the next step, when ``error`` has one
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -207,7 +208,10 @@ def _other_trees(series: Series, name: str, workdir: Path | None, cache: Path, t
     """Patched trees of the other upstreams, for proofs that import them."""
     if workdir is not None:
         wd = WorkDir(workdir)
-        return {u: wd.workspace(u) for u, _ in wd.load_state().records() if u != name}
+        with wd.lock():
+            wd.recover()  # a swap an interrupted apply left: finished (or undone) before its trees are read
+            state = wd.load_state()
+        return {u: wd.workspace(u) for u, _ in state.records() if u != name}
     others = [u.name for u in series.upstreams if u.name != name and (u.sources[0] == "pypi" or u.name in source_paths)]
     if not others:
         return {}
@@ -226,6 +230,21 @@ def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: 
     """Retire, re-pin, re-apply in a scratch copy; only then touch the real series."""
     root = series.root
     text = (root / "series.toml").read_text()
+    needing = [(p, dep) for p in series.patches if p.id not in landed for dep in p.requires if dep in landed]
+    if needing:
+        # The edited series would not even load: say which requirement stands in the way, in the
+        # real manifest, and what to choose (the verdicts are printed with this error).
+        again = command("retire", series, "--against", f"{new_up.name}={rep.against}", *(["--source", f"{new_up.name}={source}"] if source is not None else []), "--write")
+        lines = [f"{p.id} ({p.upstream}) requires {dep}, which the new base has (verdict landed)" for p, dep in needing]
+        rep.ok = False
+        rep.error = ("cannot retire " + ", ".join(sorted({dep for _, dep in needing})) + ": "
+                     + "; ".join(lines) + f"; nothing was written to {root / 'series.toml'}")
+        p, dep = needing[0]
+        rep.hint = (f"choose, in {root / 'series.toml'}: if {p.id} only needs {dep}'s change (now in the new base), "
+                    f"drop \"{dep}\" from the requires = [...] of [[patches]] id = \"{p.id}\" and run `{again}`; "
+                    f"if {p.id} needs {dep} kept as a patch, keep the series as it is (retire without --write "
+                    "only reports)")
+        return
     if landed:
         text = seriesedit.remove_patches(text, set(landed))
     text = seriesedit.repin(text, new_up, new_up.sources[0])
@@ -242,47 +261,44 @@ def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: 
 def commit_retirement(series: Series, text: str, landed: list[Verdict], new_base: str, against: str) -> None:
     """Write the edited manifest ``text`` and move the ``landed`` patches to retired/ with their records.
 
-    The manifest is the commit point: a run killed before it leaves the series as it was.
-    Used by retire --write and by rebase (a patch upstream merged in its own words).
+    One journalled step (carry.series.retirement): a run killed before the journal leaves the
+    series as it was (its staging is removed by the next run); killed after it, the next run
+    that loads the series finishes it. Used by retire --write and by rebase (a patch upstream
+    merged in its own words).
     """
     root = series.root
     today = dt.date.today().isoformat()
     by_id = {v.id: v for v in landed}
     landed_ids = [v.id for v in landed]
-    staged = root / "retired" / f".staging-{os.getpid()}"
-    staged.mkdir(parents=True, exist_ok=True)
+    staged = retirement.staging_folder(root)
+    if staged.exists():
+        shutil.rmtree(staged)  # an older run's of this pid (recovery would have removed a dead one's)
+    staged.mkdir(parents=True)
     moves = []
-    for pid in landed_ids:
-        meta = series.patch(pid)
-        dest = staged / pid
-        dest.mkdir()
-        shutil.copy2(series.patch_path(meta), dest / Path(meta.file).name)
-        moves.append(series.patch_path(meta))
-        for ref in meta.proofs:
-            proof = root / ref.split("::")[0]
-            shutil.copy2(proof, dest / proof.name)
-            users = [q for q in series.patches if any(r.split("::")[0] == ref.split("::")[0] for r in q.proofs)]
-            if len(users) == 1:
-                moves.append(proof)
-        v = by_id[pid]
-        (dest / "record.toml").write_text(
-            f'id = "{pid}"\ntitle = {seriesedit.toml_str(meta.title)}\nupstream = "{meta.upstream}"\n'
-            f'retired_on = "{today}"\nnew_base = {seriesedit.toml_str(new_base)}\n'
-            f'against = {seriesedit.toml_str(against)}\nverdict = "{v.verdict}"\n'
-            f'text = "{v.text}"\nbehaviour = "{v.behaviour}"\nlink = "{v.link}"\n'
-            "evidence = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.evidence) + "]\n"
-            "disagreements = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.disagreements) + "]\n")
-    # The commit point: the manifest. Before it, the series is unchanged.
-    write_atomic(root / "series.toml", text)
-    for pid in landed_ids:
-        final = root / "retired" / pid
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(staged / pid, final)
-    shutil.rmtree(staged, ignore_errors=True)
     try:
-        staged.parent.rmdir()  # nothing was retired: no empty retired/ folder either
-    except OSError:
-        pass
-    for path in moves:
-        path.unlink(missing_ok=True)
+        for pid in landed_ids:
+            meta = series.patch(pid)
+            dest = staged / pid
+            dest.mkdir()
+            shutil.copy2(series.patch_path(meta), dest / Path(meta.file).name)
+            moves.append(series.patch_path(meta))
+            for ref in meta.proofs:
+                proof = root / ref.split("::")[0]
+                shutil.copy2(proof, dest / proof.name)
+                users = [q for q in series.patches if any(r.split("::")[0] == ref.split("::")[0] for r in q.proofs)]
+                if len(users) == 1:
+                    moves.append(proof)
+            v = by_id[pid]
+            (dest / "record.toml").write_text(
+                f'id = "{pid}"\ntitle = {seriesedit.toml_str(meta.title)}\nupstream = "{meta.upstream}"\n'
+                f'retired_on = "{today}"\nnew_base = {seriesedit.toml_str(new_base)}\n'
+                f'against = {seriesedit.toml_str(against)}\nverdict = "{v.verdict}"\n'
+                f'text = "{v.text}"\nbehaviour = "{v.behaviour}"\nlink = "{v.link}"\n'
+                "evidence = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.evidence) + "]\n"
+                "disagreements = [\n" + "".join(f"  {seriesedit.toml_str(e)},\n" for e in v.disagreements) + "]\n")
+    except OSError as exc:
+        shutil.rmtree(staged, ignore_errors=True)
+        if exc.filename is None:  # a failed write() (a full disk) names no file: this is where it wrote
+            raise OSError(exc.errno, exc.strerror, str(staged)) from exc
+        raise
+    retirement.commit(root, text, landed_ids, moves)

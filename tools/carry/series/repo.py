@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 
 from ..errors import UsageError
-from . import manifest
+from . import manifest, retirement
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PATCHES = REPO_ROOT / "patches"
@@ -40,7 +40,10 @@ def series_dir(value: str) -> Path:
 
 
 def load_series(value: str, *, check: bool = True) -> manifest.Series:
-    return manifest.load(series_dir(value), check=check)
+    """The series ``--series`` names, once a retirement a killed run left is finished (carry.series.retirement)."""
+    root = series_dir(value)
+    retirement.recover(root)
+    return manifest.load(root, check=check)
 
 
 def series_arg(series: manifest.Series) -> str:

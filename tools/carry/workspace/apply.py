@@ -10,20 +10,22 @@ untouched) is reported ``already-applied`` and not rebuilt. The plumbing
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import progress
 from ..errors import DirtyTreeError, PatchFormatError, UsageError
 from ..files import write_json
-from ..lock import LOCK_TIMEOUT
+from ..lock import LOCK_TIMEOUT, sweep_builds
 from ..report import ApplyReport, PatchResult, UpstreamResult
 from ..runner import Git
 from ..series.manifest import PatchMeta, Series
 from ..series.patchfile import parse_file, safety_problems
 from ..series.repo import command
-from . import sources, wheels
+from . import sources, userwork, wheels
 from .am import am_patches, clone_base, older_bases
 from .workdir import PatchRecord, UpstreamRecord, WorkDir
 
@@ -68,6 +70,7 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
     wd = WorkDir(opts.workdir)
     with wd.lock(opts.lock_timeout):  # which bounds the cache's locks too
         wd.recover()
+        sweep_builds(opts.cache)
         state = wd.load_state()
         staging = None
         rebuilt: list[str] = []
@@ -186,17 +189,8 @@ def _apply_into(series: Series, name: str, target: Path, mine: list[PatchMeta], 
         raise UsageError(f"--into {name}={target}: not a git checkout")
     ur = UpstreamResult(name=name, base=f"the checkout {target}", workspace=str(target))
     git_dir = g.git_dir()
-    if (git_dir / "rebase-apply").exists():
-        g("am", "--abort", check=False)
     journal = git_dir / "carry-into-journal.json"
-    if journal.exists():  # a killed run: go back to where it started
-        g("reset", "-q", "--hard", _read_record(journal, target)["start"])
-        journal.unlink()
-    dirty = g.status_porcelain()
-    if dirty:
-        shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
-        raise DirtyTreeError(f"{name}: --into target {target} has uncommitted changes: {shown}",
-                             hint=f"commit them, or put them aside with `git -C {target} stash -u`")
+    _recover_into(g, name, target, journal)
     state_path = git_dir / "carry-state.json"
     head = g.head()
     recorded = _read_record(state_path, target) if state_path.exists() else None
@@ -217,6 +211,43 @@ def _apply_into(series: Series, name: str, target: Path, mine: list[PatchMeta], 
         write_json(state_path, {"series": series.name, "digest": digest, "start": start, "head": after})
         built[name] = after
     return ur
+
+
+def _recover_into(g: Git, name: str, target: Path, journal: Path) -> None:
+    """Check the checkout first; then, if a killed run of ours left its journal, go back to where it
+    started. Nothing of the user's is lost on the way: uncommitted edits (made since, or the
+    killed run's half-applied patch: they cannot be told apart) stop the run, with the command
+    that keeps them; commits since the start are kept under refs/carry/saved/ before the reset."""
+    killed = _read_record(journal, target) if journal.exists() else None
+    if (g.git_dir() / "rebase-apply").exists():
+        if killed is None:
+            raise DirtyTreeError(f"{name}: --into target {target} has a `git am` in progress that this tool did "
+                                 "not start", hint=f"`{_sh('git', '-C', target, 'am', '--abort')}` ends it (or "
+                                                   f"finish it: `{_sh('git', '-C', target, 'am', '--continue')}`), "
+                                                   "then run the command again")
+        g("am", "--quit")  # the killed run's: HEAD, index and files stay as they are, for the checks below
+    dirty = g.status_porcelain()
+    if dirty:
+        shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
+        why = (f"; a run of this tool was killed there (its journal {journal} is kept), and going back to where it "
+               "started would discard them") if killed else ""
+        raise DirtyTreeError(f"{name}: --into target {target} has uncommitted changes: {shown}{why}",
+                             hint=f"commit them, or put them aside with `{_sh('git', '-C', target, 'stash', 'push', '-u')}`"
+                                  ", then run the command again")
+    if killed is None:
+        return
+    head = g.head()
+    if head and head != killed["start"]:
+        ref = userwork.save_tip(target, head)
+        print(f"[carry] {name}: a run of this tool was killed in {target}; its HEAD {head[:12]} (with any commit "
+              f"made since) is kept as {ref} before going back to {str(killed['start'])[:12]}: "
+              f"`{_sh('git', '-C', target, 'log', '--oneline', ref)}` shows it", file=sys.stderr, flush=True)
+    g("reset", "-q", "--hard", killed["start"])
+    journal.unlink()
+
+
+def _sh(*parts: object) -> str:
+    return " ".join(shlex.quote(str(p)) for p in parts)
 
 
 def _read_record(path: Path, target: Path) -> dict:

@@ -47,7 +47,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
     result = ExportResult()
     with wd.lock(lock_timeout):
         wd.recover()
-        state = wd.load_state()
+        state = wd.require(series)  # a first apply's swap undone leaves none
         pending: list[tuple[Path, str]] = []
         added = False
         exported: dict[str, list[str]] = {}  # per upstream, the commit each patch was written from

@@ -19,12 +19,14 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import progress
 from ..errors import IntegrityError, UsageError
+from ..lock import process_alive
 from ..runner import Git
 from ..series.manifest import Series, Upstream
 from .artifacts import fetch_artifact
@@ -66,6 +68,7 @@ def build(series: Series, up: Upstream, ws: Path, base: str, head: str, cache: P
     changes = changed_files(ws, base, head) if base and head and base != head else {}
     g = Git(ws)
     out_dir.mkdir(parents=True, exist_ok=True)
+    _sweep(out_dir)
     result = Wheels()
     for art in pypi.artifacts:
         if not art.file.endswith(".whl"):
@@ -81,6 +84,23 @@ def build(series: Series, up: Upstream, ws: Path, base: str, head: str, cache: P
         _rewrite(src, target, dist, old_version, version, changes, pypi.map, g, base, head, up.name)
         result.written.append(target)
     return result
+
+
+_TEMP = ".wheel-"  # a wheel being written: .wheel-<pid>-<random>, renamed to its name when whole
+_STALE_UNNAMED = 3600.0  # a temporary wheel of an older version names no pid: stale after this long
+
+
+def _sweep(out_dir: Path) -> None:
+    """Remove the temporary wheels killed runs left in ``out_dir``: those of a dead pid (and old ones
+    that name none). A live run's, being written now, stay."""
+    for tmp in out_dir.glob(_TEMP + "*"):
+        m = re.fullmatch(re.escape(_TEMP) + r"([0-9]+)-.*", tmp.name)
+        try:
+            stale = not process_alive(int(m[1])) if m else time.time() - tmp.lstat().st_mtime > _STALE_UNNAMED
+            if stale and tmp.is_file():
+                tmp.unlink()
+        except OSError:
+            pass
 
 
 def _requires_python_refuses(wheel: Path, python_tag: str) -> str | None:
@@ -144,8 +164,9 @@ def _rewrite(src: Path, target: Path, dist: str, old_version: str, version: str,
     if unmapped:
         raise UsageError(f"{upstream}: patched files outside the wheel's mapped paths: {', '.join(unmapped[:5])}")
     records: list[tuple[str, bytes]] = []
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".wheel-")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f"{_TEMP}{os.getpid()}-")
     os.close(fd)
+    progress.checkpoint("wheel-writing")
     try:
         with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
             seen = set()

@@ -17,26 +17,37 @@ import errno
 import json
 import os
 import re
+import shlex
 import shutil
+import sys
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from .. import progress
-from ..errors import DirtyTreeError, OperationError, UsageError
+from ..errors import CarryError, DirtyTreeError, NoSpaceError, OperationError, UsageError, no_space
 from ..files import fsync_dir, write_json
 from ..lock import LOCK_TIMEOUT, DirLock, patience
 from ..runner import Git
 from ..series.manifest import Series
 from ..series.repo import command
-from .am import BASE_TAG
+from . import userwork
 from .record import STATE_VERSION, PatchRecord, State, UpstreamRecord  # noqa: F401  (imported from here)
 
-SAVED_PREFIX = "refs/carry/saved/"
+SAVED_PREFIX = userwork.SAVED_PREFIX
 _STAGING_NAME = re.compile(r"staging-[A-Za-z0-9_]+")
 _SIMPLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _tell_kept(wd: "WorkDir", kept: dict[str, list[dict[str, str]]], what: str) -> None:
+    """Say (always: this is no progress line) where the user's commits went."""
+    for name, refs in kept.items():
+        for k in refs:
+            ws = shlex.quote(str(wd.workspace(name)))
+            print(f"[carry] {name}: {what} the swap an interrupted run left; kept {k['commits']} commit(s) apply "
+                  f"did not make (the old {k['from']}) as {k['ref']}: `git -C {ws} log --oneline {k['ref']}` shows "
+                  f"them, `git -C {ws} reset -q --hard {k['ref']}` takes them back", file=sys.stderr, flush=True)
 
 
 class SwapError(OperationError):
@@ -52,6 +63,18 @@ def _mount_points() -> set[str]:
     # field 5 is the mount point, with space, tab, newline and backslash written as octal escapes
     unescape = re.compile(r"\\([0-7]{3})")
     return {unescape.sub(lambda m: chr(int(m[1], 8)), f[4]) for f in (line.split() for line in lines) if len(f) > 4}
+
+
+def _what(exc: OSError) -> str:
+    return ": ".join(str(x) for x in (exc.strerror or exc, exc.filename) if x is not None)
+
+
+def _swap_error(exc: OSError, message: str, root: Path, kind: type) -> CarryError:
+    """``kind`` with the swap's message, or, for a full disk, the full-disk error (exit 2) naming where."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        full = no_space(exc.filename or root)
+        return NoSpaceError(f"{message.replace(f' ({_what(exc)})', '')}: {full.message}", hint=full.hint)
+    return kind(message, hint=_swap_hint(exc, root))
 
 
 def _swap_hint(exc: OSError, root: Path) -> str:
@@ -79,7 +102,8 @@ class WorkDir:
         return self.root / name
 
     def exists(self) -> bool:
-        return self.state_file.exists()
+        """A record, or the journal of a first apply interrupted in its swap (the next run finishes it)."""
+        return self.state_file.exists() or self.journal_file.exists()
 
     @contextmanager
     def lock(self, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
@@ -122,20 +146,83 @@ class WorkDir:
 
         The swap is rolled forward when every new tree is still staged or already in place;
         otherwise (its staging was lost) it is undone: the previous trees go back. Either
-        way the work directory ends in the old state or the new one, never between.
+        way the work directory ends in the old state or the new one, never between. Before
+        either, the trees it replaces are checked for work the user did since (as a rebuild
+        does): commits apply did not make are kept in the tree that stays, as refs/carry/saved/*;
+        uncommitted or untracked edits stop it, with nothing moved. Returns the names finished.
         """
         done: list[str] = []
         if self.journal_file.exists():
             staging, names, state = self._read_journal()
-            if all((staging / n).is_dir() or self._holds(n, state) for n in names):
+            before = self.load_state()
+            trash = self.meta / f"trash-{staging.name}"
+            if all((staging / n).is_dir() or self._moved_in(n, staging, trash, state, before) for n in names):
+                kept = self._guard_forward(staging, names, before)
                 self._finish(staging, names, state)
                 done = names
             else:
+                kept = self._guard_undo(names, state, before, trash)
                 self._undo(staging, names, state)
+            _tell_kept(self, kept, "finished" if done else "undid")
         if self.meta.exists():
             for stale in [*self.meta.glob("staging-*"), *self.meta.glob("trash-*")]:
                 shutil.rmtree(stale, ignore_errors=True)
         return done
+
+    def _moved_in(self, name: str, staging: Path, trash: Path, state: State, before: State) -> bool:
+        """DIR/name is the new tree, moved in by the interrupted swap (the user may have committed
+        in it since: its HEAD need not be the journal's, but it holds that commit)."""
+        rec, ws = state.record(name), self.workspace(name)
+        if rec is None or (staging / name).is_dir() or not (ws / ".git").exists() or ws.is_symlink():
+            return False
+        g = Git(ws)
+        if g.head() == rec.head:
+            return True
+        old = before.record(name)
+        return g.has_commit(rec.head) and ((trash / name).exists() or old is None or not g.has_commit(old.head))
+
+    def _guard_forward(self, staging: Path, names: list[str], before: State) -> dict[str, list[dict[str, str]]]:
+        """Before a swap is finished: each tree still in place (the old one) is replaced by its
+        staged successor; the user's commits there go into the staged tree."""
+        why = f"finishing the swap an interrupted run left in {self.journal_file} replaces it with the new tree"
+        kept: dict[str, list[dict[str, str]]] = {}
+        plan = []
+        for name in names:
+            ws, new = self.workspace(name), staging / name
+            if not new.is_dir() or not (ws.exists() or ws.is_symlink()):
+                continue  # moved in already, or nothing there to replace
+            old = before.record(name)
+            if old is None or ws.is_symlink() or not (ws / ".git").exists():
+                userwork.refuse_foreign(name, ws, why)
+            userwork.refuse_uncommitted(name, ws, why)
+            plan.append((name, ws, old, new))
+        for name, ws, old, new in plan:  # every tree checked before any commit is copied
+            kept[name] = userwork.keep_unknown_commits(ws, old, new)
+        return kept
+
+    def _guard_undo(self, names: list[str], state: State, before: State,
+                    trash: Path) -> dict[str, list[dict[str, str]]]:
+        """Before a swap is undone: each new tree moved in already is replaced by the old one it
+        replaced (from the trash) or removed; the user's commits there go into the old tree."""
+        why = f"undoing the swap an interrupted run left in {self.journal_file} puts the previous tree back"
+        kept: dict[str, list[dict[str, str]]] = {}
+        plan = []
+        for name in names:
+            ws, old_tree, rec = self.workspace(name), trash / name, state.upstreams[name]
+            if not (ws / ".git").exists() or ws.is_symlink():
+                continue
+            if old_tree.exists() or old_tree.is_symlink():
+                userwork.refuse_uncommitted(name, ws, why)
+                if (old_tree / ".git").exists() and not old_tree.is_symlink():
+                    plan.append((name, ws, rec, old_tree))
+            elif self._holds(name, state):
+                prior = before.record(name)
+                if prior is None or prior.head != rec.head:  # removed: nothing to keep its commits in
+                    userwork.refuse_uncommitted(name, ws, why)
+                    userwork.refuse_unknown_commits(name, ws, rec, why)
+        for name, ws, rec, old_tree in plan:
+            kept[name] = userwork.keep_unknown_commits(ws, rec, old_tree)
+        return kept
 
     def _read_journal(self) -> tuple[Path, list[str], State]:
         try:
@@ -198,15 +285,13 @@ class WorkDir:
             try:
                 self._undo(staging, names, state)
             except OSError as again:
-                raise DirtyTreeError(
-                    f"could not swap the new workspaces into {self.root} ({exc.strerror or exc}: {exc.filename}), "
-                    f"nor put the previous ones back ({again.strerror or again}: {again.filename}); "
-                    f"the journal {self.journal_file} is kept",
-                    hint=f"{_swap_hint(exc, self.root)}; the next run finishes or undoes the swap") from None
-            raise SwapError(
-                f"could not swap the new workspaces into {self.root} ({exc.strerror or exc}: "
-                f"{exc.filename}); nothing was changed",
-                hint=_swap_hint(exc, self.root)) from None
+                err = _swap_error(exc, f"could not swap the new workspaces into {self.root} ({_what(exc)}), nor put "
+                                       f"the previous ones back ({_what(again)}); the journal {self.journal_file} "
+                                       "is kept", self.root, DirtyTreeError)
+                err.hint = f"{err.hint}; the next run finishes or undoes the swap"
+                raise err from None
+            raise _swap_error(exc, f"could not swap the new workspaces into {self.root} ({_what(exc)}); nothing "
+                                   "was changed", self.root, SwapError) from None
 
     def _swap(self, staging: Path, names: list[str], state: State) -> None:
         trash = self.meta / f"trash-{staging.name}"
@@ -280,50 +365,9 @@ class WorkDir:
         return True
 
     def keep_unknown_commits(self, name: str, recorded: UpstreamRecord, new: Path) -> list[dict[str, str]]:
-        """Fetch the commits of DIR/name that apply did not make into the rebuilt tree ``new``.
-
-        A rebuild replaces the whole repository; a commit of the user's (an exported fixup whose
-        patch file was then discarded, a branch, a stash) would become unreachable. Each such tip
-        is kept as refs/carry/saved/<UTC time>[-N] in the new workspace, and refs saved by earlier
-        rebuilds move along. Returns {"ref", "from", "commits"} per tip kept.
-        """
-        old = Git(self.workspace(name))
-        made = sorted(c for c in {recorded.base_commit, *recorded.made} if c)
-        present = old("cat-file", "--batch-check", input="".join(f"{c}\n" for c in made)).stdout.splitlines()
-        known = [line.split()[0] for line in present if line.split()[1:2] == ["commit"]]
-        refs = old("for-each-ref", "--format=%(refname)").stdout.split()
-        g = Git(new)
-        if any(r.startswith(SAVED_PREFIX) for r in refs):
-            g("fetch", "-q", "--no-tags", str(old.path), f"+{SAVED_PREFIX}*:{SAVED_PREFIX}*")
-        taken = set(g("for-each-ref", "--format=%(refname)", SAVED_PREFIX).stdout.split())
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        kept: list[dict[str, str]] = []
-        seen: set[str] = set()
-        rebuilt: set[str] | None = None  # the rebuilt tree's patch ids, read once if a tip needs them
-        for ref in ["HEAD", *(r for r in refs if not r.startswith(SAVED_PREFIX) and r != f"refs/tags/{BASE_TAG}")]:
-            tip = old.rev_parse(ref)
-            if not tip or tip in seen:
-                continue
-            seen.add(tip)
-            mine = old("rev-list", tip, "--not", *known).stdout.split()
-            if not mine:
-                continue
-            # A commit whose change the rebuilt tree holds (an exported amend, re-applied from its
-            # file) is not lost: only the others are kept.
-            if rebuilt is None:
-                rebuilt = set(_patch_ids(g, f"refs/tags/{BASE_TAG}..HEAD").values())  # on its own base
-            ids = _patch_ids(old, "--no-walk=unsorted", *mine)
-            count = sum(1 for c in mine if ids.get(c) not in rebuilt)
-            if not count:
-                continue
-            n, saved = 1, SAVED_PREFIX + stamp
-            while saved in taken:
-                n += 1
-                saved = f"{SAVED_PREFIX}{stamp}-{n}"
-            taken.add(saved)
-            g("fetch", "-q", "--no-tags", str(old.path), f"+{tip}:{saved}")
-            kept.append({"ref": saved, "from": ref, "commits": str(count)})
-        return kept
+        """The commits of DIR/name that apply did not make, kept in the rebuilt tree ``new``
+        (carry.workspace.userwork)."""
+        return userwork.keep_unknown_commits(self.workspace(name), recorded, new)
 
     def require(self, series: Series) -> State:
         """The record of a work directory that must exist (export, prove, bisect)."""
@@ -332,10 +376,3 @@ class WorkDir:
                              hint=f"`{command('apply', series, '--workdir', self.root)}` first")
         return self.load_state()
 
-
-def _patch_ids(g: Git, *revs: str) -> dict[str, str]:
-    """git's stable patch id of each commit ``revs`` name, by commit, from one ``git log -p`` (a
-    commit that changes nothing has none)."""
-    log = g("log", "-p", "--no-color", "--no-ext-diff", "--format=commit %H", *revs).stdout
-    pairs = (line.split() for line in g("patch-id", "--stable", input=log).stdout.splitlines())
-    return {commit: pid for pid, commit in pairs}

@@ -1,0 +1,125 @@
+"""The user's work in a workspace that a rebuild or a recovered swap is about to replace.
+
+A workspace is a whole git repository; replacing it (a rebuild's swap, or the next run
+finishing or undoing a swap a killed run left) would take with it every commit apply did not
+make and every uncommitted edit. Commits are kept: fetched into the tree that stays, as
+``refs/carry/saved/<UTC time>[-N]``. Uncommitted or untracked edits cannot be carried over:
+the run refuses, and says how to keep them (a stash is a commit, kept like the others).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+
+from ..errors import DirtyTreeError
+from ..runner import Git
+from .am import BASE_TAG
+from .record import UpstreamRecord
+
+SAVED_PREFIX = "refs/carry/saved/"
+
+
+def _sh(*parts: object) -> str:
+    return " ".join(shlex.quote(str(p)) for p in parts)
+
+
+def keep_unknown_commits(old_ws: Path, recorded: UpstreamRecord, new: Path) -> list[dict[str, str]]:
+    """Fetch the commits of ``old_ws`` that apply did not make into the tree ``new`` that replaces it.
+
+    A commit of the user's (an exported fixup whose patch file was then discarded, an amend, a
+    branch, a stash) would become unreachable. Each such tip is kept as
+    refs/carry/saved/<UTC time>[-N] in ``new``, and refs saved by earlier rebuilds move along.
+    Returns {"ref", "from", "commits"} per tip kept.
+    """
+    old = Git(old_ws)
+    made = sorted(c for c in {recorded.base_commit, *recorded.made} if c)
+    present = old("cat-file", "--batch-check", input="".join(f"{c}\n" for c in made)).stdout.splitlines()
+    known = [line.split()[0] for line in present if line.split()[1:2] == ["commit"]]
+    refs = old("for-each-ref", "--format=%(refname)").stdout.split()
+    g = Git(new)
+    if any(r.startswith(SAVED_PREFIX) for r in refs):
+        g("fetch", "-q", "--no-tags", str(old.path), f"+{SAVED_PREFIX}*:{SAVED_PREFIX}*")
+    taken = dict(line.split()[::-1] for line in
+                 g("for-each-ref", "--format=%(objectname) %(refname)", SAVED_PREFIX).stdout.splitlines())
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    kept: list[dict[str, str]] = []
+    seen: set[str] = set()
+    rebuilt: set[str] | None = None  # the new tree's patch ids, read once if a tip needs them
+    for ref in ["HEAD", *(r for r in refs if not r.startswith(SAVED_PREFIX) and r != f"refs/tags/{BASE_TAG}")]:
+        tip = old.rev_parse(ref)
+        if not tip or tip in seen:
+            continue
+        seen.add(tip)
+        mine = old("rev-list", tip, "--not", *known).stdout.split()
+        if not mine:
+            continue
+        # A commit whose change the new tree holds (an exported amend, re-applied from its
+        # file) is not lost: only the others are kept.
+        if rebuilt is None:
+            rebuilt = set(_patch_ids(g, f"refs/tags/{BASE_TAG}..HEAD").values())  # on its own base
+        ids = _patch_ids(old, "--no-walk=unsorted", *mine)
+        count = sum(1 for c in mine if ids.get(c) not in rebuilt)
+        if not count:
+            continue
+        if tip in taken.values():
+            continue  # kept already (by the interrupted run itself, or a recovery run again)
+        n, saved = 1, SAVED_PREFIX + stamp
+        while saved in taken:
+            n += 1
+            saved = f"{SAVED_PREFIX}{stamp}-{n}"
+        taken[saved] = tip
+        g("fetch", "-q", "--no-tags", str(old.path), f"+{tip}:{saved}")
+        kept.append({"ref": saved, "from": ref, "commits": str(count)})
+    return kept
+
+
+def save_tip(repo: Path, tip: str) -> str:
+    """Point a new refs/carry/saved/<UTC time>[-N] of ``repo`` at ``tip`` (a commit it has); returns the ref."""
+    g = Git(repo)
+    taken = set(g("for-each-ref", "--format=%(refname)", SAVED_PREFIX).stdout.split())
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    n, saved = 1, SAVED_PREFIX + stamp
+    while saved in taken:
+        n += 1
+        saved = f"{SAVED_PREFIX}{stamp}-{n}"
+    g("update-ref", saved, tip)
+    return saved
+
+
+def refuse_uncommitted(name: str, ws: Path, why: str) -> None:
+    """Raise when ``ws`` has uncommitted or untracked edits; ``why`` says what would replace it."""
+    dirty = Git(ws).status_porcelain()
+    if not dirty:
+        return
+    shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
+    raise DirtyTreeError(
+        f"{name}: workspace {ws} has uncommitted changes ({shown}), and {why}; nothing was moved",
+        hint=f"`{_sh('git', '-C', ws, 'stash', 'push', '-u', '-m', 'kept from carry')}` keeps them as a commit (which "
+             f"the next run keeps as {SAVED_PREFIX}<time>; `{_sh('git', '-C', ws, 'stash', 'list')}` or that ref "
+             "gives them back), then run the command again")
+
+
+def refuse_unknown_commits(name: str, ws: Path, recorded: UpstreamRecord, why: str) -> None:
+    """Raise when ``ws`` (about to be removed, with no tree to keep them in) has commits apply did not make."""
+    g = Git(ws)
+    known = [c for c in {recorded.base_commit, *recorded.made} if c and g.has_commit(c)]
+    if g("rev-list", "-1", "--all", "--not", *known).stdout.strip():
+        raise DirtyTreeError(f"{name}: workspace {ws} has commits apply did not make, and {why}; nothing was moved",
+                             hint=f"move it aside (`{_sh('mv', ws, f'{ws}.mine')}`; its commits stay there), "
+                                  "then run the command again")
+
+
+def refuse_foreign(name: str, ws: Path, why: str) -> None:
+    """Raise: ``ws`` is not a workspace apply made, and ``why`` says what would replace it."""
+    raise DirtyTreeError(f"{name}: {ws} was not made by tools/apply.py, and {why}; nothing was moved",
+                         hint=f"move it aside (`{_sh('mv', ws, f'{ws}.mine')}`), then run the command again")
+
+
+def _patch_ids(g: Git, *revs: str) -> dict[str, str]:
+    """git's stable patch id of each commit ``revs`` name, by commit, from one ``git log -p`` (a
+    commit that changes nothing has none)."""
+    log = g("log", "-p", "--no-color", "--no-ext-diff", "--format=commit %H", *revs).stdout
+    pairs = (line.split() for line in g("patch-id", "--stable", input=log).stdout.splitlines())
+    return {commit: pid for pid, commit in pairs}

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
+
+from . import shell
 
 
 class CarryError(Exception):
@@ -91,7 +94,8 @@ def from_os_error(exc: OSError) -> CarryError | None:
                                "folder above it)", hint="move that file out of the way, or give the command another path")
     if code == errno.EISDIR:
         return FileSystemError(f"{where} is a directory, where a file is needed",
-                               hint=f"move it out of the way (`mv {where} {where}.moved`) and run the command again"
+                               hint=f"move it out of the way ({shell.code('mv', Path(where), Path(where + '.moved'))}) "
+                                    f"and {shell.again({}) or 'run the command again'}"
                                if exc.filename2 is None else "move that directory out of the way")
     if code == errno.EROFS:
         return FileSystemError(f"{where} is on a read-only file system",

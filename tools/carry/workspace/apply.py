@@ -23,6 +23,7 @@ from ..runner import Git
 from ..series.manifest import PatchMeta, Series
 from ..series.patchfile import parse_file, safety_problems
 from ..series.repo import command
+from ..shell import code
 from . import sources, wheels
 from .am import am_patches, clone_base, older_bases
 from .workdir import PatchRecord, UpstreamRecord, WorkDir
@@ -196,7 +197,7 @@ def _apply_into(series: Series, name: str, target: Path, mine: list[PatchMeta], 
     if dirty:
         shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
         raise DirtyTreeError(f"{name}: --into target {target} has uncommitted changes: {shown}",
-                             hint=f"commit them, or put them aside with `git -C {target} stash -u`")
+                             hint=f"commit them, or put them aside with {code('git', '-C', target, 'stash', '-u')}")
     state_path = git_dir / "carry-state.json"
     head = g.head()
     recorded = _read_record(state_path, target) if state_path.exists() else None
@@ -227,7 +228,8 @@ def _read_record(path: Path, target: Path) -> dict:
         return doc
     except ValueError as exc:
         raise DirtyTreeError(f"{path} is unreadable ({exc})",
-                             hint=f"`rm {path}` (and check `git -C {target} log` for where the series started)") from None
+                             hint=f"{code('rm', path)} (and check {code('git', '-C', target, 'log')} for where the series "
+                                  "started)") from None
 
 
 def _rollback_into(done: list[tuple[Path, str]]) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .. import progress
+from ..shell import Raw, again, code, run_as
 from ..errors import DirtyTreeError, OperationError, UsageError
 from ..files import fsync_dir, write_json
 from ..lock import LOCK_TIMEOUT, DirLock, patience
@@ -56,7 +57,7 @@ def _mount_points() -> set[str]:
 
 def _swap_hint(exc: OSError, root: Path) -> str:
     if exc.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
-        return f"make {root} writable (`lsattr -d {root}` shows an immutable flag), then run the command again"
+        return f"make {root} writable ({code('lsattr', '-d', root)} shows an immutable flag), then run the command again"
     if exc.errno in (errno.EBUSY, errno.EXDEV):
         return f"a workspace in {root} is a mount point or on another file system: unmount it, or choose another --workdir"
     return "fix the cause above, then run the command again"
@@ -107,7 +108,7 @@ class WorkDir:
             return State.from_dict(json.loads(text))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DirtyTreeError(f"{self.state_file} is not a workspace record this tool can read ({exc!r})",
-                                 hint=f"`rm -rf {self.root}`, then apply the series again") from None
+                                 hint=f"{code('rm', '-rf', self.root)}, then {run_as('apply') or 'apply the series again'}") from None
 
     def save_state(self, state: State) -> None:
         write_json(self.state_file, state.to_dict())
@@ -145,7 +146,7 @@ class WorkDir:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DirtyTreeError(
                 f"{self.journal_file} is unreadable ({exc!r}): a swap of workspaces may be half done",
-                hint=f"`rm -rf {self.root}`, then apply the series again") from None
+                hint=f"{code('rm', '-rf', self.root)}, then {run_as('apply') or 'apply the series again'}") from None
         # Only a staging folder of this work directory is ever moved in. A journal copied with
         # its work directory (`cp -a`) names the original's folder by an absolute path: its
         # name is the copy's own folder. Anything else was not written by a swap of ours.
@@ -156,7 +157,7 @@ class WorkDir:
             raise DirtyTreeError(
                 f"{self.journal_file} {what}, which is not a staging folder of {self.meta}: not trusted, "
                 "nothing was moved",
-                hint=f"`rm {self.journal_file}`, then run the command again")
+                hint=f"{code('rm', self.journal_file)}, then {again({}) or 'run the command again'}")
         return self.meta / name, names, state
 
     def _holds(self, name: str, state: State) -> bool:
@@ -175,7 +176,7 @@ class WorkDir:
                 raise UsageError(
                     f"{name}: workspace {ws} is a mount point; apply replaces a workspace by renaming a new "
                     "tree into its place, which a mount point does not allow",
-                    hint=f"unmount it (`umount {ws}`) and mount the work directory itself, or choose "
+                    hint=f"unmount it ({code('umount', ws)}) and mount the work directory itself, or choose "
                          "another --workdir")
 
     def commit(self, staging: Path, names: list[str], state: State) -> None:
@@ -248,7 +249,7 @@ class WorkDir:
     def check_untouched(self, name: str, recorded: UpstreamRecord | None, series: Series) -> bool:
         """True when DIR/name is ours and unchanged; False when absent; raises otherwise."""
         ws = self.workspace(name)
-        export_cmd = command("export", series, "--workdir", self.root)
+        export_cmd = f"`{command('export', series, '--workdir', self.root)}`"
         if not ws.exists():
             return False
         g = Git(ws)
@@ -261,22 +262,22 @@ class WorkDir:
             raise DirtyTreeError(
                 f"{name}: the record {self.state_file} names HEAD {recorded.head[:12]}, which workspace {ws} "
                 f"does not have (its HEAD is {str(head)[:12]})",
-                hint=f"move the workspace aside (`mv {ws} {ws}.old`; its commits stay there), then "
+                hint=f"move the workspace aside ({code('mv', ws, ws.with_name(ws.name + '.old'))}; its commits stay there), then "
                      f"`{command('apply', series, '--workdir', self.root)}` rebuilds it")
         if head != recorded.head:
             raise DirtyTreeError(
                 f"{name}: workspace {ws} has commits the series does not know "
                 f"(HEAD {str(head)[:12]}, applied {recorded.head[:12]})",
-                hint=f"`{export_cmd}` writes amended patch commits to the patch files (a new commit needs a "
-                     f"[[patches]] entry first); `git -C {ws} reset -q --hard {recorded.head}` drops them")
+                hint=f"{export_cmd} writes amended patch commits to the patch files (a new commit needs a "
+                     f"[[patches]] entry first); {code('git', '-C', ws, 'reset', '-q', '--hard', recorded.head)} drops them")
         dirty = g.status_porcelain()
         if dirty:
             shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
             raise DirtyTreeError(
                 f"{name}: workspace {ws} has uncommitted changes: {shown}",
-                hint=f"commit them into the patch they belong to (`git -C {ws} commit -a --amend --no-edit` "
-                     f"for the last one) and run `{export_cmd}`, or discard them with "
-                     f"`git -C {ws} reset -q --hard && git -C {ws} clean -fdq`")
+                hint=f"commit them into the patch they belong to ({code('git', '-C', ws, 'commit', '-a', '--amend', '--no-edit')} "
+                     f"for the last one) and run {export_cmd}, or discard them with "
+                     f"{code('git', '-C', ws, 'reset', '-q', '--hard', Raw('&&'), 'git', '-C', ws, 'clean', '-fdq')}")
         return True
 
     def keep_unknown_commits(self, name: str, recorded: UpstreamRecord, new: Path) -> list[dict[str, str]]:

@@ -231,6 +231,14 @@ def test_checkout_without_the_pinned_commit_fetches_it(d, tmp_path):
     assert git(d["ws"], "log", "-1", "--format=%s", "carry-base") == "upstream v2"
 
 
+def test_missing_source_checkout_is_cloned_where_it_was_named(d):
+    checkout = d["tmp"] / "my checkout's $1"
+    clone, again = hints(apply(d, "--source", f"megatron-lm={checkout}", check=2))
+    sh(d, clone)
+    sh(d, again)
+    assert (d["ws"] / "megatron/core/alpha.py").exists() and (checkout / ".git").is_dir()
+
+
 def test_checkout_whose_origin_lacks_the_pin_fetches_from_the_pins_url(d, tmp_path):
     """`git fetch origin PIN` fails where origin does not have the pin (a clone of an old clone):
     the hint fetches from the URL the series pins."""
@@ -535,3 +543,42 @@ def test_retire_and_rebase_take_the_source_hint_as_written(d, verb, flag):
         assert res.returncode == 0 and "upstreamed" in res.stdout, res.stdout + res.stderr
     else:  # it ran, and stopped at the conflict v1 has with one patch, as a rebase does
         assert res.returncode == 1 and "am --continue" in res.stderr, res.stdout + res.stderr
+
+
+# -- every hint the code can print -------------------------------------------------------------
+def _backticked_values(path):
+    """(line, expression) for each value an f-string interpolates between backticks."""
+    import ast
+
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.JoinedStr):
+            continue
+        inside = False
+        for part in node.values:
+            if isinstance(part, ast.Constant):
+                inside ^= str(part.value).count("`") % 2 == 1
+            elif inside:
+                out.append((node.lineno, part.value))
+    return out
+
+
+def test_every_command_in_a_hint_is_built_by_the_quoting_helper():
+    """A value between backticks (a path, a commit, a URL) comes from carry.shell (code/line) or
+    repo.command, which quote every word; a backticked command is never a bare `--flag`."""
+    import ast
+
+    from helpers import TOOLS
+
+    offenders, fragments = [], []
+    for path in sorted((TOOLS / "carry").rglob("*.py")):
+        if path.relative_to(TOOLS).as_posix() == "carry/nightly/report.py":
+            continue  # summary.md: Markdown code spans of cell names and logs, no command
+        for lineno, value in _backticked_values(path):
+            func = value.func if isinstance(value, ast.Call) else None
+            name = getattr(func, "id", None) or getattr(func, "attr", None)
+            if name not in ("command", "line"):
+                offenders.append(f"{path.relative_to(TOOLS)}:{lineno}: {ast.unparse(value)}")
+        fragments += [f"{path.relative_to(TOOLS)}: {m}" for m in re.findall(r"(?<!`)`--[^`]*`", path.read_text())]
+    assert not offenders, "interpolated into a command without carry.shell:\n" + "\n".join(offenders)
+    assert not fragments, "a flag is not a command:\n" + "\n".join(fragments)

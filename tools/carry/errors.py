@@ -153,9 +153,9 @@ class CommandError(OperationError):
     """An external command failed in a way the caller did not expect."""
 
     def __init__(self, argv: list[str], returncode: int, stdout: str, stderr: str):
-        shown = " ".join(argv[:6]) + (" ..." if len(argv) > 6 else "")
+        more = " ..." if len(argv) > 6 else ""
         tail = (stderr or stdout).strip().splitlines()[-8:]
-        super().__init__(f"`{shown}` exited {returncode}" + ("\n    " + "\n    ".join(tail) if tail else ""))
+        super().__init__(f"{shell.code(*argv[:6])}{more} exited {returncode}" + ("\n    " + "\n    ".join(tail) if tail else ""))
         if says_no_space(stderr + stdout):
             # Not a failure of the command's own: the disk is full (exit 2, like NoSpaceError).
             self.message = f"no space left on the device: {self.message}"

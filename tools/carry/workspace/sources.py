@@ -281,8 +281,8 @@ def check_override(upstream: Upstream, path: Path) -> None:
         return
     name, g = upstream.name, upstream.git
     if g and g.commit and upstream.sources[0] == "git":
-        hint = (f"PATH is a checkout of {name} that has the pinned commit: `git clone {g.url} DIR && "
-                f"git -C DIR checkout -q {g.commit}` makes one; or leave --source {name}=... out to fetch the pin")
+        hint = (f"{shell.code('git', 'clone', g.url, path, shell.Raw('&&'), 'git', '-C', path, 'checkout', '-q', g.commit)}"
+                f" makes one, then {shell.again({}) or 'run the command again'}; or leave --source {name}=... out")
     elif upstream.pypi:
         hint = (f"PATH is a wheel, a checkout or an unpacked tree of {upstream.pypi.name} {upstream.pypi.version}; "
                 f"or leave --source {name}=... out to download the pinned wheel")

@@ -86,7 +86,7 @@ def from_os_error(exc: OSError) -> CarryError | None:
         place = where or "the work directory, the cache or the temporary folder ($TMPDIR)"
         return NoSpaceError(f"no space left on the device holding {place} ({os.strerror(code)})",
                             hint="free some space there (or point --workdir / --cache at another disk) "
-                                 "and run the command again")
+                                 "and " + shell.run_again())
     if not where:
         return None
     if code == errno.ENOTDIR:
@@ -99,13 +99,13 @@ def from_os_error(exc: OSError) -> CarryError | None:
                                if exc.filename2 is None else "move that directory out of the way")
     if code == errno.EROFS:
         return FileSystemError(f"{where} is on a read-only file system",
-                               hint="point --workdir / --cache at a writable place and run the command again")
+                               hint="point --workdir / --cache at a writable place and " + shell.run_again())
     if code == errno.EACCES:
         return FileSystemError(f"permission denied: {where}",
                                hint="make it (and the folders above it) writable by you, or use another path")
     if code == errno.EPERM:
         return FileSystemError(f"{where}: operation not permitted",
-                               hint="check its owner and attributes (`lsattr -d PATH`: an immutable folder "
+                               hint=f"check its owner and attributes ({shell.code('lsattr', '-d', Path(where))}: an immutable folder "
                                     "takes no new files), or use another path")
     if code is not None:
         return FileSystemError(f"{where}: {os.strerror(code)}")
@@ -159,7 +159,7 @@ class CommandError(OperationError):
         if says_no_space(stderr + stdout):
             # Not a failure of the command's own: the disk is full (exit 2, like NoSpaceError).
             self.message = f"no space left on the device: {self.message}"
-            self.hint = "free some space there (or point --workdir / --cache at another disk) and run the command again"
+            self.hint = "free some space there (or point --workdir / --cache at another disk) and " + shell.run_again()
             self.exit_code = 2
         self.argv = argv
         self.returncode = returncode

@@ -210,3 +210,9 @@ def release_instead(flag: str, name: str) -> str:
     if version is None or wheel is None:
         return f"give a release: {flag} {name}=VERSION, or its wheel with --source {name}=WHEEL"
     return f"give a release: {version}, VERSION a release of {name} on the index, or its wheel: {wheel}"
+
+
+def run_again() -> str:
+    """"run the command again", with that command when one is running."""
+    cmd = again({})
+    return f"run the command again: {cmd}" if cmd else "run the command again"

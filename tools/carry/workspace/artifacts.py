@@ -111,7 +111,7 @@ def _download(upstream: str, pypi: PyPISource, art: Artifact, tmp: Path, dest: P
         tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
         if says_no_space(res.stderr + res.stdout):  # not "unreachable": no other source would fit either
             raise NoSpaceError(f"{upstream}: no space left on the device holding {tmp.parent} to download {art.file}",
-                               hint="free some space there (or point --cache at another disk) and run the command again")
+                               hint="free some space there (or point --cache at another disk) and " + shell.run_again())
         if "HASHES" in res.stderr.upper() and "DO NOT MATCH" in res.stderr.upper():
             raise IntegrityError(f"{upstream}: {art.file} downloaded with a different sha256 than pinned: {tail}")
         raise SourceError(f"{upstream}: could not download {pypi.name}=={pypi.version} ({art.file}): {tail}",

@@ -127,7 +127,7 @@ def _fetch_git(upstream: Upstream, cache: Path) -> Path:
     res = repo("fetch", "-q", "--depth=1", g.url, f"+{want}:refs/carry/fetched/{want}", check=False)
     if not res.ok and says_no_space(res.stderr):
         raise NoSpaceError(f"{upstream.name}: no space left on the device holding {mirror} to fetch {want}",
-                           hint="free some space there (or point --cache at another disk) and run the command again")
+                           hint="free some space there (or point --cache at another disk) and " + shell.run_again())
     if not res.ok:
         raise SourceError(f"{upstream.name}: cannot fetch {want} from {g.url}: "
                           + " ".join(res.stderr.strip().splitlines()[-2:]),

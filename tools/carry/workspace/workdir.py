@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .. import progress
-from ..shell import Raw, again, code, run_as
+from ..shell import Raw, again, code, run_again, run_as
 from ..errors import DirtyTreeError, OperationError, UsageError
 from ..files import fsync_dir, write_json
 from ..lock import LOCK_TIMEOUT, DirLock, patience
@@ -57,10 +57,10 @@ def _mount_points() -> set[str]:
 
 def _swap_hint(exc: OSError, root: Path) -> str:
     if exc.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
-        return f"make {root} writable ({code('lsattr', '-d', root)} shows an immutable flag), then run the command again"
+        return f"make {root} writable ({code('lsattr', '-d', root)} shows an immutable flag), then " + run_again()
     if exc.errno in (errno.EBUSY, errno.EXDEV):
         return f"a workspace in {root} is a mount point or on another file system: unmount it, or choose another --workdir"
-    return "fix the cause above, then run the command again"
+    return "fix the cause above, then " + run_again()
 
 
 class WorkDir:

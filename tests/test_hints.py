@@ -546,6 +546,33 @@ def test_retire_and_rebase_take_the_source_hint_as_written(d, verb, flag):
 
 
 # -- every hint the code can print -------------------------------------------------------------
+ODD = ["/x/with space/my work", "it's", 'say "hi"', "$HOME", "${HOME}", "$(touch pwned)", "a`touch pwned`b",
+       "new\nline", "tab\there", "back\\slash", "~user", "*", "a;b&&c|d>e<f", "(x){y}#z", "!last", "é ü",
+       "bad \udcff byte", "", "-rf", "plain/x-1.2_3"]
+
+
+@pytest.mark.parametrize("text", ODD)
+def test_quote_is_one_word_that_means_the_text(text, tmp_path):
+    from carry import shell
+
+    word = shell.quote(text)
+    assert "\n" not in word and "`" not in word
+    out = subprocess.run(["bash", "-c", f"printf '%s\\0' {word}"], cwd=tmp_path, capture_output=True,
+                         check=True).stdout
+    assert out == os.fsencode(text) + b"\0"
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_path_with_a_leading_dash_is_no_option():
+    from pathlib import Path
+
+    from carry import shell
+
+    assert shell.line("rm", "-rf", Path("-rf")) == "rm -rf ./-rf"
+    assert shell.line("git", "-C", Path("/abs/-x y")) == "git -C '/abs/-x y'"
+
+
+
 def _backticked_values(path):
     """(line, expression) for each value an f-string interpolates between backticks."""
     import ast

@@ -3,7 +3,7 @@
 Exit codes (README.md, "Exit codes", and every command's --help): 0 success;
 1 the operation failed and nothing was changed; 2 bad usage, bad input or bad
 configuration. A hint is printed as ``next:``; a command in it is in
-backticks and runs as written.
+backticks, spelled by carry.shell (every word quoted), and runs as written.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def _ansi_c(text: str) -> str:
             out.append("\\t")
         elif ch == "\r":
             out.append("\\r")
-        elif ch == "`" or not ch.isprintable():
+        elif ch in "`!" or not ch.isprintable():  # ! : no history expansion where a person pastes it
             out += [f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogateescape")]
         else:
             out.append(ch)
@@ -85,16 +85,22 @@ def python() -> str:
     found = shutil.which("python3")
     if found and Path(found).parent.absolute() == Path(sys.executable).parent.absolute():
         return "python3"  # the venv is active
-    exe = Path(sys.executable)
-    rel = os.path.relpath(exe)
-    return rel if not rel.startswith("..") and "/" in rel else str(exe)
+    rel = _from_here(Path(sys.executable))
+    return rel if "/" in rel else sys.executable
+
+
+def _from_here(path: Path) -> str:
+    """``path`` relative to the current directory when it is below it, else absolute."""
+    try:
+        rel = os.path.relpath(path)
+    except OSError:  # the current directory was removed
+        return str(path)
+    return rel if not rel.startswith("..") else str(path)
 
 
 def tool(verb: str) -> list[str]:
     """``python3 tools/<verb>.py`` as reachable from the current directory."""
-    path = REPO_ROOT / "tools" / f"{verb.replace('-', '_')}.py"
-    rel = os.path.relpath(path)
-    return [python(), rel if not rel.startswith("..") else str(path)]
+    return [python(), _from_here(REPO_ROOT / "tools" / f"{verb.replace('-', '_')}.py")]
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """This repository: where its series live, and how to spell one of its commands for a person.
 
 Every ``next:`` hint that names one of our commands is spelled here, in full
-(``--series`` included) and runnable as written from the directory the user
-is in, so that the hints and the README agree with the real command line.
+(``--series`` included, and the user's own shared options) and runnable as
+written from the directory the user is in, quoted by carry.shell, so that the
+hints and the README agree with the real command line.
 """
 
 from __future__ import annotations

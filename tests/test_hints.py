@@ -417,7 +417,11 @@ def test_prove_without_workspace_or_patch_applies(d):
     from helpers import SERIES
 
     add_proofs(d["series"], {"good": GOOD}, {"clean": "good"}, SERIES / "proofs" / "pytest.ini")
-    (apply_cmd,) = hints(run(d, "prove", "--series", d["series"], "--workdir", d["work"], check=2))
+    (apply_cmd,) = hints(run(d, "prove", "--series", d["series"], "--workdir", d["work"], "--cache", d["cache"],
+                             "--lock-timeout", "30", check=2))
+    # prove's own --cache and --lock-timeout mean the same to apply: the hint carries them
+    assert words(apply_cmd)[2:] == ["--series", str(d["series"]), "--workdir", str(d["work"]),
+                                    "--cache", str(d["cache"]), "--lock-timeout", "30"]
     sh(d, apply_cmd)
     run(d, "prove", "--series", d["series"], "--workdir", d["work"], check=0)
     apply(d, "--only", "threeway", check=0)

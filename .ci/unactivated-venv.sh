@@ -8,16 +8,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# CARRY_CI_VENV=DIR takes a venv that already has the README's setup (to try this step locally).
 t0=$SECONDS
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-python3 -m venv "$scratch/venv"
-"$scratch/venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+venv=${CARRY_CI_VENV:-$scratch/venv}
+if [ -z "${CARRY_CI_VENV:-}" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+fi
 python3 -m venv --without-pip "$scratch/bare"
 echo "venv ready after $((SECONDS - t0)) s"
 
+# PATH: the bare python3 first, and no folder that holds hadolint (a Python environment's bin/,
+# the system Python's where CI's setup installed the extras): the venv's own programs must be
+# found beside its interpreter, as for a newcomer whose venv is not activated.
+keep=$(printf '%s' "$PATH" | tr ':' '\n' | while read -r d; do
+  if [ -n "$d" ] && [ ! -e "$d/hadolint" ]; then printf '%s:' "$d"; fi
+done)
 set +e
-env PATH="$scratch/bare/bin:$PATH" "$scratch/venv/bin/python" -m pytest -q -rs -p no:cacheprovider \
+env PATH="$scratch/bare/bin:${keep%:}" "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider \
   tests/test_readme.py tests/test_images.py::test_dockerfile_is_hadolint_clean "$@" 2>&1 | tee "$scratch/log"
 rc=${PIPESTATUS[0]}
 set -e

@@ -239,6 +239,25 @@ def test_missing_source_checkout_is_cloned_where_it_was_named(d):
     assert (d["ws"] / "megatron/core/alpha.py").exists() and (checkout / ".git").is_dir()
 
 
+def test_checkout_of_another_user_trusted_as_the_hint_says(d, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the checkout to another user")
+    import shutil
+
+    theirs = d["tmp"] / "their checkout's $1"
+    shutil.copytree(d["up"], theirs)
+    for top, dirs, files in os.walk(theirs):
+        for name in dirs + files:
+            os.lchown(os.path.join(top, name), 65534, 65534)
+    os.chown(theirs, 65534, 65534)
+    cfg = d["tmp"] / "gitconfig"
+    cfg.write_text("")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(cfg))  # the person's own git config, where the hint writes
+    (trust,) = hints(apply(d, "--source", f"megatron-lm={theirs}", check=2))
+    sh(d, trust)
+    apply(d, "--source", f"megatron-lm={theirs}", check=0)
+
+
 def test_checkout_whose_origin_lacks_the_pin_fetches_from_the_pins_url(d, tmp_path):
     """`git fetch origin PIN` fails where origin does not have the pin (a clone of an old clone):
     the hint fetches from the URL the series pins."""

@@ -367,3 +367,18 @@ def test_verify_finds_a_series_whose_patches_touch_the_same_lines(tmp_path):
     write(repo, "pkg/mod.py", "a = 10\nb = 2\n")  # patch 2 taken out again
     res = verify.nemo_rl_check(str(tmp_path / "wheelhouse"), "cuda", str(repo))
     assert res["missing"] and "pkg/mod.py differs" in res["note"], res
+
+
+def test_pip_settings_come_from_the_running_python_not_paths_python3(tmp_path, monkeypatch):
+    """The build passes on pip's settings: those of the Python running the tools (a venv not
+    activated), never of whatever `python3` PATH finds first."""
+    from carry.images.build import _pip_config
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    other = bindir / "python3"
+    other.write_text("#!/bin/sh\necho \"global.index-url='https://pip-of-another-python.invalid/simple'\"\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    assert _pip_config().get("index-url") != "https://pip-of-another-python.invalid/simple"

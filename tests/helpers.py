@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,11 +46,29 @@ def apply_demo(d: dict, *extra, check: int | None = None) -> subprocess.Complete
                 "--source", f"megatron-lm={d['up']}", *extra, check=check)
 
 
+def which(name: str) -> str | None:
+    """A program as the tests' own Python environment has it: its bin/ first (a venv that is not
+    activated is not on PATH, yet its programs, hadolint say, are the ones installed), then PATH."""
+    return shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+
+
+def python_env(bindir: Path, env: dict | None = None) -> dict:
+    """``env`` (os.environ) for a shell that runs what a person types: ``python3`` and ``python``
+    are the Python running the tests (wrappers in ``bindir``: a symlink would lose a venv), and
+    its environment's bin/ is next on PATH."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    for name in ("python3", "python"):
+        wrapper = bindir / name
+        wrapper.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+        wrapper.chmod(0o755)
+    base = dict(os.environ if env is None else env)
+    base["PATH"] = os.pathsep.join([str(bindir), str(Path(sys.executable).parent), base.get("PATH", "")])
+    return base
+
+
 def python_at_least(major: int, minor: int) -> str | None:
     """An interpreter of Python >= major.minor that really runs: $GTP_CARRY_TEST_PYTHON, python3.13, python3.12."""
-    import shutil
-
-    for cand in (os.environ.get("GTP_CARRY_TEST_PYTHON"), shutil.which("python3.13"), shutil.which("python3.12")):
+    for cand in (os.environ.get("GTP_CARRY_TEST_PYTHON"), which("python3.13"), which("python3.12")):
         if not cand:
             continue
         try:

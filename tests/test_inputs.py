@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from helpers import TOOLS, tool
+from helpers import TOOLS, tool, which
 from helpers import apply_demo as apply
 
 
@@ -206,7 +206,7 @@ def test_read_only_workdir_is_named(demo, tmp_path, mount):
 
 def test_permission_denied_is_named(demo, tmp_path):
     """A work directory the user may not write in (root without its override of file permissions)."""
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
+    if os.geteuid() != 0 or not which("setpriv"):
         pytest.skip("needs root and setpriv to drop the permission override")
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o755)

@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 
-from helpers import ROOT, git
+from helpers import ROOT, git, python_env
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -70,11 +70,13 @@ def _run(clone, script: str, env: dict) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def walkthrough(clone, pin_cache):
+def walkthrough(clone, pin_cache, tmp_path_factory):
     """Every README command but the NeMo-RL ones, in order, in the clone: what ran, what was not
     run and why, the NeMo-RL blocks (for their own test) and the environment they ran in."""
     text = (clone / "README.md").read_text()
-    env = {**os.environ, "GTP_CARRY_CACHE": str(pin_cache),
+    # `python3` is the Python running the tests, with its bin/ next on PATH: in a venv that is not
+    # activated, PATH's python3 is another Python (the README says to type .venv/bin/python).
+    env = {**python_env(tmp_path_factory.mktemp("bin")), "GTP_CARRY_CACHE": str(pin_cache),
            # a person's git identity (HOME is isolated here, without one)
            "GIT_AUTHOR_NAME": "A Person", "GIT_AUTHOR_EMAIL": "person@example.invalid",
            "GIT_COMMITTER_NAME": "A Person", "GIT_COMMITTER_EMAIL": "person@example.invalid"}
@@ -146,3 +148,14 @@ def _edit_for(block: str) -> str:
     find = f"COMMIT=$(git log --format=%H -1 carry-base..HEAD -- {path})"
     block = block.replace(m.group(0), f"{edit}\n{find}")
     return block.replace("--fixup=COMMIT", "--fixup=$COMMIT")
+
+
+def test_the_build_image_row_says_it_needs_a_running_engine_and_how_to_start_one():
+    """build-image talks to a Docker engine: the README's row says so, and how to start one (the
+    command the tool's own error names)."""
+    from carry.images.docker import ENGINE_HINT
+
+    (row,) = [line for line in (ROOT / "README.md").read_text().splitlines()
+              if line.startswith("| `python3 tools/build_image.py")]
+    assert "running Docker engine" in row and "`bash .ci/docker-engine.sh`" in row, row
+    assert "`bash .ci/docker-engine.sh`" in ENGINE_HINT and (ROOT / ".ci" / "docker-engine.sh").is_file()

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from carry.lock import DirLock
 from carry.runner import Git
-from helpers import SERIES, TOOLS, apply_demo, git, kill_at, read_json, tool
+from helpers import SERIES, TOOLS, apply_demo, git, kill_at, read_json, tool, which
 
 
 def _demo_args(d, work=None):
@@ -44,7 +44,7 @@ def tmpfs(tmp_path):
     """A fresh tmpfs: another file system than tmp_path's (hard links across it fail)."""
     mnt = tmp_path / "tmpfs"
     mnt.mkdir()
-    if not shutil.which("mount"):
+    if not which("mount"):
         pytest.skip("no mount command here")
     res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "carry-test", str(mnt)],
                          capture_output=True, text=True, check=False)

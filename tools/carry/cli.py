@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from . import shell
 from .errors import CarryError, from_os_error
 
 VERBS = {
@@ -47,7 +48,11 @@ def guarded(entry, *args) -> int:
 
 def run(verb: str, argv: list[str], prog: str | None = None) -> int:
     module = importlib.import_module(f".commands.{verb.replace('-', '_')}", __package__)
-    return guarded(module.main, argv, prog or f"gtp-carry {verb}")
+    shell.running(verb)  # a hint that says "run it again with ..." spells this command
+    try:
+        return guarded(module.main, argv, prog or f"gtp-carry {verb}")
+    finally:
+        shell.running(None)
 
 
 def main(argv: list[str] | None = None) -> int:

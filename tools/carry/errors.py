@@ -3,7 +3,7 @@
 Exit codes (README.md, "Exit codes", and every command's --help): 0 success;
 1 the operation failed and nothing was changed; 2 bad usage, bad input or bad
 configuration. A hint is printed as ``next:``; a command in it is in
-backticks and runs as written.
+backticks, spelled by carry.shell (every word quoted), and runs as written.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shlex
 from pathlib import Path
+
+from . import shell
 
 
 class CarryError(Exception):
@@ -108,9 +109,9 @@ def no_space(place: Path | str, detail: str = "") -> "NoSpaceError":
         free = ""
     return NoSpaceError(f"no space left on the device holding {place} (the file system mounted at {mount}{free})"
                         + (f": {detail}" if detail else ""),
-                        hint=f"free some space on {mount} (`df -h {shlex.quote(str(mount))}` shows it), or point "
+                        hint=f"free some space on {mount} ({shell.code('df', '-h', mount)} shows it), or point "
                              "the command at a folder on another disk (--workdir, --cache, --json, --wheels; "
-                             "TMPDIR for temporary files), then run the command again")
+                             "TMPDIR for temporary files), then " + shell.run_again())
 
 
 def full_disk_in_output(text: str, where: Path) -> "NoSpaceError | None":
@@ -145,7 +146,7 @@ def from_os_error(exc: OSError) -> CarryError | None:
         return NoSpaceError(f"no space left on the device holding the work directory, the cache or the temporary "
                             f"folder ($TMPDIR) ({os.strerror(code)})",
                             hint="free some space there (`df -h` shows each disk), or point --workdir / --cache / "
-                                 "TMPDIR at another disk, then run the command again")
+                                 "TMPDIR at another disk, then " + shell.run_again())
     if not where:
         return None
     if code == errno.ENOTDIR:
@@ -153,17 +154,18 @@ def from_os_error(exc: OSError) -> CarryError | None:
                                "folder above it)", hint="move that file out of the way, or give the command another path")
     if code == errno.EISDIR:
         return FileSystemError(f"{where} is a directory, where a file is needed",
-                               hint=f"move it out of the way (`mv {where} {where}.moved`) and run the command again"
+                               hint=f"move it out of the way ({shell.code('mv', Path(where), Path(where + '.moved'))}) "
+                                    f"and {shell.again({}) or 'run the command again'}"
                                if exc.filename2 is None else "move that directory out of the way")
     if code == errno.EROFS:
         return FileSystemError(f"{where} is on a read-only file system",
-                               hint="point --workdir / --cache at a writable place and run the command again")
+                               hint="point --workdir / --cache at a writable place and " + shell.run_again())
     if code == errno.EACCES:
         return FileSystemError(f"permission denied: {where}",
                                hint="make it (and the folders above it) writable by you, or use another path")
     if code == errno.EPERM:
         return FileSystemError(f"{where}: operation not permitted",
-                               hint="check its owner and attributes (`lsattr -d PATH`: an immutable folder "
+                               hint=f"check its owner and attributes ({shell.code('lsattr', '-d', Path(where))}: an immutable folder "
                                     "takes no new files), or use another path")
     if code is not None:
         return FileSystemError(f"{where}: {os.strerror(code)}")
@@ -211,13 +213,13 @@ class CommandError(OperationError):
     """An external command failed in a way the caller did not expect."""
 
     def __init__(self, argv: list[str], returncode: int, stdout: str, stderr: str):
-        shown = " ".join(argv[:6]) + (" ..." if len(argv) > 6 else "")
+        more = " ..." if len(argv) > 6 else ""
         tail = (stderr or stdout).strip().splitlines()[-8:]
-        super().__init__(f"`{shown}` exited {returncode}" + ("\n    " + "\n    ".join(tail) if tail else ""))
+        super().__init__(f"{shell.code(*argv[:6])}{more} exited {returncode}" + ("\n    " + "\n    ".join(tail) if tail else ""))
         if says_no_space(stderr + stdout):
             # Not a failure of the command's own: the disk is full (exit 2, like NoSpaceError).
             self.message = f"no space left on the device: {self.message}"
-            self.hint = "free some space there (or point --workdir / --cache at another disk) and run the command again"
+            self.hint = "free some space there (or point --workdir / --cache at another disk) and " + shell.run_again()
             self.exit_code = 2
         self.argv = argv
         self.returncode = returncode

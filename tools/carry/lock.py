@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from . import progress
+from . import progress, shell
 from .errors import LockError
 
 LOCK_TIMEOUT = 600.0  # seconds a run waits for another one before giving up (--lock-timeout)
@@ -58,8 +58,7 @@ class DirLock:
             if not self._wait(fd, deadline, announced):
                 os.close(fd)
                 raise LockError(f"{self.what} is locked by another run (pid {self._holder()})",
-                                hint="wait for it to finish, or run the command again with "
-                                     "`--lock-timeout SECONDS` to wait longer")
+                                hint=self._hint())
             announced = True
             try:
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
@@ -76,6 +75,13 @@ class DirLock:
             raise OSError(exc.errno, exc.strerror, str(self.path)) from exc  # a full disk: say which
         self._fd = fd
         return self
+
+    def _hint(self) -> str:
+        longer = max(LOCK_TIMEOUT, self.timeout * 4)
+        again = shell.again({"--lock-timeout": [f"{longer:g}"]})
+        if again is None:  # not a command's lock: the caller's own timeout
+            return "wait for it to finish, then try again"
+        return f"wait for it to finish, or wait up to {longer:g} s for it: {again}"
 
     def _wait(self, fd: int, deadline: float, announced: bool) -> bool:
         while True:

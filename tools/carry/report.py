@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .shell import code
+
 
 @dataclass
 class PatchResult:
@@ -71,8 +73,8 @@ def render_apply(rep: ApplyReport) -> str:
         for kept in u.saved:
             ref, ws = kept["ref"], u.workspace
             out.append(f"{u.name}: kept {kept['commits']} commit(s) the series does not know (the old {kept['from']}) "
-                       f"as {ref}: `git -C {ws} log --oneline carry-base..{ref}` shows that history; "
-                       f"`git -C {ws} reset -q --hard {ref}` takes them back (then export), "
+                       f"as {ref}: {code('git', '-C', ws, 'log', '--oneline', f'carry-base..{ref}')} shows that history; "
+                       f"{code('git', '-C', ws, 'reset', '-q', '--hard', ref)} takes them back (then export), "
                        f"or cherry-pick the ones you want")
         for w in u.wheels:
             out.append(f"{u.name}: wheel {w}")

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from .. import shell
 from ..errors import UsageError
 from ..files import write_json
 from ..lock import LOCK_TIMEOUT
@@ -49,7 +50,30 @@ class Parser(argparse.ArgumentParser):
                 a.required = True
         if extra:
             self.error(f"unrecognized arguments: {' '.join(extra)}")
-        return super().parse_args(args, namespace)
+        ns = super().parse_args(args, namespace)
+        shell.record(self._given(ns), {f for act in self._actions for f in act.option_strings})
+        return ns
+
+    def _given(self, ns: argparse.Namespace) -> list[tuple[str, tuple[str, ...]]]:
+        """What the user gave, option by option, for the hints that run this command again."""
+        out = []
+        for act in self._actions:
+            if isinstance(act, argparse._HelpAction):
+                continue
+            val = getattr(ns, act.dest, None)
+            if act.option_strings and (val is None or val is False or val == []
+                                       or (val == act.default and act.dest != "series")):
+                continue
+            flag = max(act.option_strings, key=len) if act.option_strings else ""
+            if val is True and act.nargs == 0:
+                out.append((flag, ()))
+            else:
+                out += [(flag, (_word(v),)) for v in (val if isinstance(val, list) else [val])]
+        return out
+
+
+def _word(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def parser(prog: str, description: str, epilog: str = EPILOG) -> Parser:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import report
+from .. import report, shell
 from ..evidence import tesite
 from ..evidence.prove import prove
 from . import options
@@ -45,7 +45,7 @@ def main(argv: list[str], prog: str) -> int:
     if rep.errors:
         print(f"error: proof could not run here (the environment, not the tree) for: {', '.join(rep.errors)}",
               file=sys.stderr)
-        print("next: give the proof what it imports (see the detail column), then run the command again",
+        print("next: give the proof what it imports (see the detail column), then " + shell.run_again(),
               file=sys.stderr)
     return 1 if bad else 2 if rep.errors else 0
 

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import progress
+from .. import progress, shell
 from ..errors import SourceError
 from ..lock import building
 from ..runner import run
@@ -106,4 +106,4 @@ def _build_failed(req: Path, pip_said: str) -> SourceError:
                  "one that fits (integration/proofs/megatron-bridge-py312-wheels.txt for the Bridge proof)")
     return SourceError(f"could not build the proof environment from {req}: " + " | ".join(lines[-3:]),
                        hint="check network access to the package index (pip is configured as for any "
-                            "install), or PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR offline, then run the command again")
+                            "install), or PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR offline, then " + shell.run_again())

@@ -25,6 +25,7 @@ from ..series import edit as seriesedit
 from ..series.manifest import Series
 from ..series.patchfile import parse_file
 from ..series.repo import command
+from ..shell import Raw, code, release_instead
 from ..workspace import sources, trial
 from ..workspace.am import ABSENT, am_patches, clone_base, older_bases
 from ..workspace.export import format_patch
@@ -78,8 +79,7 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
     stuck = sources.pin_can_move(up, source)
     if stuck:
         raise UsageError(f"{stuck}: the rebased series would still name the old pin; nothing was changed",
-                         hint=f"rebase onto a release (`--onto {name}=VERSION`, or its wheel with "
-                              f"`--source {name}=WHEEL`)")
+                         hint=release_instead("--onto", name))
     new_up, base = sources.retarget(up, onto, cache, source)
     ws = workdir / name
     rep = RebaseReport(series.name, name, onto, base.describe, str(ws))
@@ -93,7 +93,8 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
                              hint=f"`{command('rebase', series, '--onto', was, *again, '--continue')}`")
         if (g.git_dir() / "rebase-apply").exists():
             raise DirtyTreeError(f"git am is still in progress in {ws}",
-                                 hint=f"finish it (`git -C {ws} am --continue`) or abort it (`git -C {ws} am --abort`)")
+                                 hint=f"finish it ({code('git', '-C', ws, 'am', '--continue')}) or abort it "
+                                  f"({code('git', '-C', ws, 'am', '--abort')})")
         statuses = marker["statuses"]
         merged = marker.get("merged", {})
     else:
@@ -138,11 +139,12 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
             # A file the new base lacks (moved or removed upstream): git am would follow a rename
             # silently; a person makes the change where it now belongs and commits it.
             first = (f"make {p.id}'s change by hand where it belongs in {ws} (its file is not in the new base: "
-                     f"moved or removed upstream?), `git -C {ws} commit -a -m SUBJECT`" if absent else
-                     f"resolve the conflict in {ws} (`git -C {ws} status`), `git -C {ws} add FILES`, "
-                     f"`git -C {ws} am --continue`")
+                     f"moved or removed upstream?), {code('git', '-C', ws, 'commit', '-a', '-m', Raw('SUBJECT'))}"
+                     if absent else
+                     f"resolve the conflict in {ws} ({code('git', '-C', ws, 'status')}), "
+                     f"{code('git', '-C', ws, 'add', Raw('FILES'))}, {code('git', '-C', ws, 'am', '--continue')}")
             rep.next = (first
-                        + (f", then `git -C {ws} am --3way {' '.join(rest)}`" if rest else "")
+                        + (f", then {code('git', '-C', ws, 'am', '--3way', *rest)}" if rest else "")
                         + f"; then `{command('rebase', series, '--onto', f'{name}={onto}', *again, '--continue')}`")
             return rep
     # Every patch is in: map the new commits to the series in order.
@@ -167,7 +169,7 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
                               f"leaves the series first (`{command('retire', series, '--against', f'{name}={onto}', *again[:-2])}`)")
     if g.status_porcelain():
         raise DirtyTreeError(f"{ws} has uncommitted changes",
-                             hint=f"commit them into their patch's commit (`git -C {ws} commit -a --amend --no-edit` "
+                             hint=f"commit them into their patch's commit ({code('git', '-C', ws, 'commit', '-a', '--amend', '--no-edit')} "
                                   "for the last one)")
     new_texts = {}
     for p, c in zip(kept, commits):
@@ -186,7 +188,7 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
         p = series.patch(pid)
         rep.patches.append(Entry(pid, p.file, "dropped", "merged upstream in its own words: retired, with "
                                  + merged[pid][-1] if statuses[pid] == MERGED else "already upstream: retire it with "
-                                 f"tools/retire.py --series {series.name} --against {name}={onto} --write"))
+                                 + command("retire", series, "--against", f"{name}={onto}", "--write")))
     order = {p.id: i for i, p in enumerate(mine)}
     rep.patches.sort(key=lambda e: order[e.id])
     retired = [Verdict(pid, "landed", "conflicts", "not-run", "landed", evidence=ev) for pid, ev in merged.items()

@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import progress
+from .. import progress, shell
 from ..errors import OperationError, UsageError
 from ..runner import Git
 from ..series import edit as seriesedit
@@ -154,8 +154,8 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
     stuck = sources.pin_can_move(up, source) if write else None
     if stuck:
         raise UsageError(f"--write: {stuck}; nothing was written",
-                         hint=f"retire against a release (`--against {name}=VERSION`, or its wheel with "
-                              f"`--source {name}=WHEEL`), or drop --write for the verdicts alone")
+                         hint=shell.release_instead("--against", name) + ", or drop --write for the verdicts alone: "
+                              + (shell.again({"--write": None}) or "the same command without --write"))
     new_up, base = sources.retarget(up, target, cache, source)
     rep = RetireReport(series.name, name, target, base.describe)
     with tempfile.TemporaryDirectory(prefix="carry-retire-") as tmp:

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from .. import progress
 from ..errors import CommandError
 from ..runner import Git, run
 from ..series.manifest import Series
+from ..shell import Raw, code
 from .config import (
     BaseImageMissingError,
     Flavor,
@@ -43,7 +45,7 @@ def _pip_config() -> dict[str, str]:
     """pip's effective settings on this machine: `pip config list`, then PIP_* env."""
     out: dict[str, str] = {}
     try:
-        res = run(["python3", "-m", "pip", "config", "list"], check=False, timeout=60)
+        res = run([sys.executable, "-m", "pip", "config", "list"], check=False, timeout=60)
         lines = res.stdout.splitlines() if res.ok else []
     except CommandError:  # no python3/pip, or it hung: no settings to pass on
         lines = []
@@ -156,8 +158,8 @@ def build_image(o: BuildOptions) -> dict:
     base = o.base or flavor.base
     base_id = docker.image_id(base)
     if base_id is None:
-        hint = (f"bash {flavor.base_script}" if flavor.base_script and not o.base
-                else f"load the image and tag it {base} (docker tag IMAGE {base}), or pass --base")
+        hint = (code("bash", flavor.base_script) if flavor.base_script and not o.base
+                else f"load the image and tag it {base} ({code('docker', 'tag', Raw('IMAGE'), base)}), or pass --base")
         raise BaseImageMissingError(f"base image {base!r} of flavour {flavor.name} is not in the engine", hint=hint)
     scratch = Path(tempfile.mkdtemp(prefix=f"gtp-image-{cfg.name}-"))
     try:

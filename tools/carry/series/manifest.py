@@ -11,6 +11,7 @@ determines a patched tree: the pins and the bytes of the selected patch files.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from .. import shell
 from ..errors import ConfigError, UsageError
 from . import entries
 from .entries import ID_RE  # noqa: F401  (names other modules import from here)
@@ -120,6 +122,19 @@ class Series:
                 return p
         raise UsageError(f"unknown patch id {pid!r}", hint=_suggest(pid, [p.id for p in self.patches]))
 
+    def _unknown_only(self, item: str, only: list[str]) -> UsageError:
+        """--only names no patch and no upstream: say what it may name, and the command with it fixed."""
+        names = [p.id for p in self.patches] + [u.name for u in self.upstreams]
+        close = difflib.get_close_matches(item, names, n=1, cutoff=0.6)
+        rest = [x for x in only if x != item]
+        fixed = [close[0] if x == item else x for x in only] if close else rest
+        cmd = shell.again({"--only": [",".join(fixed)] if fixed else None})
+        what = (f"with {close[0]!r}" if close else f"without {item!r}") + (" instead" if close else "")
+        return UsageError(f"--only names {item!r}, which is neither a patch nor an upstream of series {self.name}; "
+                          f"its patches: {', '.join(p.id for p in self.patches)}; its upstreams: "
+                          f"{', '.join(u.name for u in self.upstreams)}",
+                          hint=f"the same command {what}: {cmd}" if cmd else _suggest(item, names))
+
     def patch_path(self, p: PatchMeta) -> Path:
         return self.root / p.file
 
@@ -131,8 +146,10 @@ class Series:
         for item in only:
             if item in (u.name for u in self.upstreams):
                 wanted.update(p.id for p in self.patches_for(item))
+            elif item in (p.id for p in self.patches):
+                wanted.add(item)
             else:
-                wanted.add(self.patch(item).id)
+                raise self._unknown_only(item, list(only))
         stack = list(wanted)
         while stack:
             for dep in self.patch(stack.pop()).requires:

@@ -1,17 +1,17 @@
 """This repository: where its series live, and how to spell one of its commands for a person.
 
 Every ``next:`` hint that names one of our commands is spelled here, in full
-(``--series`` included) and runnable as written from the directory the user
-is in, so that the hints and the README agree with the real command line.
+(``--series`` included, and the user's own shared options) and runnable as
+written from the directory the user is in, quoted by carry.shell, so that the
+hints and the README agree with the real command line.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
 from pathlib import Path
 
+from .. import shell
 from ..errors import UsageError
 from . import manifest, retirement
 
@@ -51,22 +51,14 @@ def series_arg(series: manifest.Series) -> str:
     return series.name if series.root.resolve() == (PATCHES / series.name).resolve() else str(series.root)
 
 
-def tool_path(verb: str) -> str:
-    """tools/<verb>.py as reachable from the current directory."""
-    path = REPO_ROOT / "tools" / f"{verb}.py"
-    rel = os.path.relpath(path)
-    return rel if not rel.startswith("..") else str(path)
-
-
 def command(verb: str, series: manifest.Series | None, *args: object) -> str:
-    """``python3 tools/<verb>.py --series S ARGS...``, quoted for a POSIX shell."""
-    parts = ["python3", tool_path(verb)]
+    """``python3 tools/<verb>.py --series S ARGS...``, quoted for a POSIX shell (carry.shell), with
+    the user's own options that mean the same there (--source, --cache, --workdir...) unless
+    ``args`` gives them."""
+    parts: list[object] = [*shell.tool(verb)]
     if series is not None:
         parts += ["--series", series_arg(series)]
-    parts += [str(a) for a in args]
-    return " ".join(_quote(p) for p in parts)
-
-
-def _quote(part: str) -> str:
-    # NAME=VERSION-style placeholders read better unquoted; they hold no shell characters.
-    return part if re.fullmatch(r"[A-Za-z0-9_./=:,+@-]+", part) else shlex.quote(part)
+    parts += list(args)
+    given = {str(a).partition("=")[0] for a in args if str(a).startswith("--")}
+    parts += shell.carried(verb, given)
+    return shell.line(*parts)

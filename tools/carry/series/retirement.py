@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from .. import progress
 from ..errors import ConfigError
 from ..files import write_atomic, write_json
 from ..lock import process_alive
+from ..shell import code, run_again
 
 JOURNAL = ".journal.json"
 _STAGING = re.compile(r"\.staging-([0-9]+)")
@@ -101,8 +101,8 @@ def _read(journal: Path, root: Path) -> dict:
         return doc
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{journal}, left by an interrupted retire --write, cannot be read ({exc}); nothing was moved",
-                          hint=f"check `git -C {shlex.quote(str(root))} status` (series.toml and retired/), "
-                               f"then remove it (`{shlex.join(['rm', str(journal)])}`) and run the command again") from None
+                          hint=f"check {code('git', '-C', root, 'status')} (series.toml and retired/), "
+                               f"then remove it ({code('rm', journal)}) and " + run_again()) from None
 
 
 def recover(root: Path) -> list[str]:
@@ -120,11 +120,11 @@ def recover(root: Path) -> list[str]:
         current = _sha(manifest.read_text(encoding="utf-8")) if manifest.is_file() else None
         if current not in (doc["old_sha"], doc["new_sha"]):
             from .repo import command  # repo loads series through this module
-            drop = " ".join(shlex.quote(str(p)) for p in ("rm", "-rf", retired / doc["staging"], journal))
+            drop = code("rm", "-rf", retired / doc["staging"], journal)
             raise ConfigError(
                 f"{manifest} was edited after a retire --write of {', '.join(doc['ids'])} was interrupted "
                 f"(its journal {journal} is kept): finishing it would overwrite that edit; nothing was moved",
-                hint=f"to drop the interrupted retirement and keep your edit: `{drop}`, then "
+                hint=f"to drop the interrupted retirement and keep your edit: {drop}, then "
                      f"`{command('lint', None, '--series', root)}` lists what is left to fix")
         shas = doc.get("remove_shas") or [None] * len(doc["removes"])
         edited = [rel for rel, sha in zip(doc["removes"], shas)
@@ -134,7 +134,7 @@ def recover(root: Path) -> list[str]:
                 f"{', '.join(str(root / rel) for rel in edited)} changed after a retire --write of "
                 f"{', '.join(doc['ids'])} was interrupted (its journal {journal} is kept): finishing it would "
                 "delete that edit; nothing was moved",
-                hint=f"move your version aside (`{shlex.join(['mv', str(root / edited[0]), str(root / edited[0]) + '.mine'])}`"
+                hint=f"move your version aside ({code('mv', root / edited[0], str(root / edited[0]) + '.mine')}"
                      f"{' and the like for each' if len(edited) > 1 else ''}), then run the command again: the "
                      "retirement is finished and your version stays")
         _finish(root, doc)

@@ -10,7 +10,6 @@ untouched) is reported ``already-applied`` and not rebuilt. The plumbing
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from ..runner import Git
 from ..series.manifest import PatchMeta, Series
 from ..series.patchfile import parse_file, safety_problems
 from ..series.repo import command
+from ..shell import code
 from . import sources, userwork, wheels
 from .am import am_patches, clone_base, older_bases
 from .workdir import PatchRecord, UpstreamRecord, WorkDir
@@ -222,8 +222,8 @@ def _recover_into(g: Git, name: str, target: Path, journal: Path) -> None:
     if (g.git_dir() / "rebase-apply").exists():
         if killed is None:
             raise DirtyTreeError(f"{name}: --into target {target} has a `git am` in progress that this tool did "
-                                 "not start", hint=f"`{_sh('git', '-C', target, 'am', '--abort')}` ends it (or "
-                                                   f"finish it: `{_sh('git', '-C', target, 'am', '--continue')}`), "
+                                 "not start", hint=f"{code('git', '-C', target, 'am', '--abort')} ends it (or "
+                                                   f"finish it: {code('git', '-C', target, 'am', '--continue')}), "
                                                    "then run the command again")
         g("am", "--quit")  # the killed run's: HEAD, index and files stay as they are, for the checks below
     dirty = g.status_porcelain()
@@ -232,7 +232,7 @@ def _recover_into(g: Git, name: str, target: Path, journal: Path) -> None:
         why = (f"; a run of this tool was killed there (its journal {journal} is kept), and going back to where it "
                "started would discard them") if killed else ""
         raise DirtyTreeError(f"{name}: --into target {target} has uncommitted changes: {shown}{why}",
-                             hint=f"commit them, or put them aside with `{_sh('git', '-C', target, 'stash', 'push', '-u')}`"
+                             hint=f"commit them, or put them aside with {code('git', '-C', target, 'stash', 'push', '-u')}"
                                   ", then run the command again")
     if killed is None:
         return
@@ -241,13 +241,11 @@ def _recover_into(g: Git, name: str, target: Path, journal: Path) -> None:
         ref = userwork.save_tip(target, head)
         print(f"[carry] {name}: a run of this tool was killed in {target}; its HEAD {head[:12]} (with any commit "
               f"made since) is kept as {ref} before going back to {str(killed['start'])[:12]}: "
-              f"`{_sh('git', '-C', target, 'log', '--oneline', ref)}` shows it", file=sys.stderr, flush=True)
+              f"{code('git', '-C', target, 'log', '--oneline', ref)} shows it", file=sys.stderr, flush=True)
     g("reset", "-q", "--hard", killed["start"])
     journal.unlink()
 
 
-def _sh(*parts: object) -> str:
-    return " ".join(shlex.quote(str(p)) for p in parts)
 
 
 def _read_record(path: Path, target: Path) -> dict:
@@ -258,7 +256,8 @@ def _read_record(path: Path, target: Path) -> dict:
         return doc
     except ValueError as exc:
         raise DirtyTreeError(f"{path} is unreadable ({exc})",
-                             hint=f"`rm {path}` (and check `git -C {target} log` for where the series started)") from None
+                             hint=f"{code('rm', path)} (and check {code('git', '-C', target, 'log')} for where the series "
+                                  "started)") from None
 
 
 def _rollback_into(done: list[tuple[Path, str]]) -> None:

@@ -18,7 +18,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from .. import progress
+from .. import progress, shell
 from ..errors import ConfigError, IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
 from ..lock import building
 from ..runner import run
@@ -93,7 +93,8 @@ def fetch_artifact(upstream: str, pypi: PyPISource, art: Artifact, cache: Path) 
     if got != art.sha256:
         raise IntegrityError(
             f"{upstream}: cached artifact {dest} has sha256 {got}, the pin says {art.sha256}",
-            hint=f"the cache was modified or corrupted: `rm -rf {dest.parent}` and run again")
+            hint=f"the cache was modified or corrupted: {shell.code('rm', '-rf', dest.parent)}, then "
+                 f"{shell.again({}) or 'run the command again'}")
     return dest
 
 
@@ -110,12 +111,12 @@ def _download(upstream: str, pypi: PyPISource, art: Artifact, tmp: Path, dest: P
         tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
         if says_no_space(res.stderr + res.stdout):  # not "unreachable": no other source would fit either
             raise NoSpaceError(f"{upstream}: no space left on the device holding {tmp.parent} to download {art.file}",
-                               hint="free some space there (or point --cache at another disk) and run the command again")
+                               hint="free some space there (or point --cache at another disk) and " + shell.run_again())
         if "HASHES" in res.stderr.upper() and "DO NOT MATCH" in res.stderr.upper():
             raise IntegrityError(f"{upstream}: {art.file} downloaded with a different sha256 than pinned: {tail}")
         raise SourceError(f"{upstream}: could not download {pypi.name}=={pypi.version} ({art.file}): {tail}",
-                          hint=f"check network access to the package index, or run the command again with "
-                               f"`--source {upstream}=PATH`, PATH a wheel file, a checkout or an unpacked tree")
+                          hint="check network access to the package index, or "
+                               + shell.with_source(upstream, "a wheel file, a checkout or an unpacked tree"))
     progress.checkpoint("downloaded")
     got = sha256_file(got_path)
     if got != art.sha256:
@@ -176,8 +177,7 @@ def download_version(upstream: str, pypi: PyPISource, art: Artifact, version: st
         if not res.ok or len(got) != 1:
             tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
             raise SourceError(f"{upstream}: could not download {pypi.name}=={version} like {art.file}: {tail}",
-                              hint=f"check the version, or run the command again with `--source {upstream}=PATH`, "
-                                   "PATH a wheel or a checkout of that version")
+                              hint="check the version, or " + shell.with_source(upstream, "a wheel or a checkout of that version"))
         sha = sha256_file(got[0])
         dest = cache / "artifacts" / sha / got[0].name
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from ..lock import LOCK_TIMEOUT
 from ..runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
 from ..series.manifest import Series, load
 from ..series.repo import command
+from ..shell import Raw, code
 from .workdir import PatchRecord, UpstreamRecord, WorkDir
 
 _FIXED_FROM = f"From: {IDENTITY_NAME} <{IDENTITY_EMAIL}>"
@@ -58,7 +59,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
             if dirty:
                 raise DirtyTreeError(f"{name}: {ws} has uncommitted changes ({dirty[0][3:]} ...)",
                                      hint="commit them into the patch they belong to first "
-                                          f"(`git -C {ws} commit -a --amend --no-edit` for the last one)")
+                                          f"({code('git', '-C', ws, 'commit', '-a', '--amend', '--no-edit')} for the last one)")
             commits = g.rev_list(f"{rec.base_commit}..HEAD")
             new = _new_entries(series, name, rec, len(commits) - len(rec.patches))
             if new:
@@ -71,8 +72,9 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                     f"{name}: the workspace has {len(commits)} commit(s) on its base but the series applied "
                     f"{len(rec.patches)} patch(es) there",
                     hint="a new patch needs a [[patches]] entry in series.toml (then apply); fixup! commits "
-                         f"fold into the patch they fix with `GIT_SEQUENCE_EDITOR=: git -C {ws} rebase -q -i "
-                         f"--autosquash {rec.base_commit}`")
+                         "fold into the patch they fix with "
+                         + code(Raw("GIT_SEQUENCE_EDITOR=:"), "git", "-C", ws, "rebase", "-q", "-i", "--autosquash",
+                                rec.base_commit))
             exported[name] = commits
             for commit, applied in zip(commits, rec.patches):
                 meta = series.patch(applied.id)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import progress
+from .. import progress, shell
 from ..errors import IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
 from ..lock import building
 from ..runner import Git
@@ -88,7 +88,7 @@ def ready_base(upstream: Upstream, cache: Path, override: Path | None = None) ->
         raise errors[0]
     raise SourceError(f"{upstream.name}: no source could be reached:\n    " +
                       "\n    ".join(e.message for e in errors),
-                      hint=f"run the command again with `--source {upstream.name}=PATH`")
+                      hint=shell.with_source(upstream.name, "a wheel, a checkout or an unpacked tree of it"))
 
 
 def check_pins(upstream: Upstream, override: Path | None) -> None:
@@ -127,12 +127,11 @@ def _fetch_git(upstream: Upstream, cache: Path) -> Path:
     res = repo("fetch", "-q", "--depth=1", g.url, f"+{want}:refs/carry/fetched/{want}", check=False)
     if not res.ok and says_no_space(res.stderr):
         raise NoSpaceError(f"{upstream.name}: no space left on the device holding {mirror} to fetch {want}",
-                           hint="free some space there (or point --cache at another disk) and run the command again")
+                           hint="free some space there (or point --cache at another disk) and " + shell.run_again())
     if not res.ok:
         raise SourceError(f"{upstream.name}: cannot fetch {want} from {g.url}: "
                           + " ".join(res.stderr.strip().splitlines()[-2:]),
-                          hint=f"run the command again with `--source {upstream.name}=PATH`, PATH a local checkout "
-                               "or mirror that has this commit")
+                          hint=shell.with_source(upstream.name, "a local checkout or mirror that has this commit"))
     return mirror
 
 
@@ -282,8 +281,8 @@ def check_override(upstream: Upstream, path: Path) -> None:
         return
     name, g = upstream.name, upstream.git
     if g and g.commit and upstream.sources[0] == "git":
-        hint = (f"PATH is a checkout of {name} that has the pinned commit: `git clone {g.url} DIR && "
-                f"git -C DIR checkout -q {g.commit}` makes one; or leave --source {name}=... out to fetch the pin")
+        hint = (f"{shell.code('git', 'clone', g.url, path, shell.Raw('&&'), 'git', '-C', path, 'checkout', '-q', g.commit)}"
+                f" makes one, then {shell.again({}) or 'run the command again'}; or leave --source {name}=... out")
     elif upstream.pypi:
         hint = (f"PATH is a wheel, a checkout or an unpacked tree of {upstream.pypi.name} {upstream.pypi.version}; "
                 f"or leave --source {name}=... out to download the pinned wheel")
@@ -326,7 +325,7 @@ def _override_recipe(upstream: Upstream, cache: Path, path: Path) -> _Recipe:
         raise UsageError(f"--source {upstream.name}={path}: git refuses this checkout: it is owned by another "
                          f"user ({_owner(path)}) and git works only in repositories you own or trust "
                          "(\"dubious ownership\")",
-                         hint=f"if you trust it, `git config --global --add safe.directory {path}` (gtp-carry "
+                         hint=f"if you trust it, {shell.code('git', 'config', '--global', '--add', 'safe.directory', path)} (gtp-carry "
                               "honours safe.directory from your git config, nothing else of it), or clone it "
                               "and give --source your clone")
     if is_git:
@@ -334,8 +333,9 @@ def _override_recipe(upstream: Upstream, cache: Path, path: Path) -> _Recipe:
         if pinned and g.has_commit(pinned):
             commit, note = pinned, "the pinned commit"
         elif pinned:
-            raise SourceError(f"{upstream.name}: {path} does not contain the pinned commit {pinned}",
-                              hint=f"`git -C {path} fetch origin {pinned}`, or point --source at a checkout that has it")
+            raise UsageError(f"--source {upstream.name}={path} does not contain the pinned commit {pinned}",  # bad input
+                             hint=f"{shell.code('git', '-C', path, 'fetch', upstream.git.url, pinned)} (the pin's URL), "
+                                  f"then {shell.again({}) or 'run the command again'}, or give another --source")
         else:
             commit = g.rev_parse("HEAD") or ""
             note = "HEAD of the checkout; this upstream has no pinned commit"

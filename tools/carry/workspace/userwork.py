@@ -9,20 +9,18 @@ the run refuses, and says how to keep them (a stash is a commit, kept like the o
 
 from __future__ import annotations
 
-import shlex
 import time
 from pathlib import Path
 
 from ..errors import DirtyTreeError
 from ..runner import Git
+from ..shell import code
 from .am import BASE_TAG
 from .record import UpstreamRecord
 
 SAVED_PREFIX = "refs/carry/saved/"
 
 
-def _sh(*parts: object) -> str:
-    return " ".join(shlex.quote(str(p)) for p in parts)
 
 
 def keep_unknown_commits(old_ws: Path, recorded: UpstreamRecord, new: Path) -> list[dict[str, str]]:
@@ -96,8 +94,8 @@ def refuse_uncommitted(name: str, ws: Path, why: str) -> None:
     shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
     raise DirtyTreeError(
         f"{name}: workspace {ws} has uncommitted changes ({shown}), and {why}; nothing was moved",
-        hint=f"`{_sh('git', '-C', ws, 'stash', 'push', '-u', '-m', 'kept from carry')}` keeps them as a commit (which "
-             f"the next run keeps as {SAVED_PREFIX}<time>; `{_sh('git', '-C', ws, 'stash', 'list')}` or that ref "
+        hint=f"{code('git', '-C', ws, 'stash', 'push', '-u', '-m', 'kept from carry')} keeps them as a commit (which "
+             f"the next run keeps as {SAVED_PREFIX}<time>; {code('git', '-C', ws, 'stash', 'list')} or that ref "
              "gives them back), then run the command again")
 
 
@@ -107,14 +105,14 @@ def refuse_unknown_commits(name: str, ws: Path, recorded: UpstreamRecord, why: s
     known = [c for c in {recorded.base_commit, *recorded.made} if c and g.has_commit(c)]
     if g("rev-list", "-1", "--all", "--not", *known).stdout.strip():
         raise DirtyTreeError(f"{name}: workspace {ws} has commits apply did not make, and {why}; nothing was moved",
-                             hint=f"move it aside (`{_sh('mv', ws, f'{ws}.mine')}`; its commits stay there), "
+                             hint=f"move it aside ({code('mv', ws, f'{ws}.mine')}; its commits stay there), "
                                   "then run the command again")
 
 
 def refuse_foreign(name: str, ws: Path, why: str) -> None:
     """Raise: ``ws`` is not a workspace apply made, and ``why`` says what would replace it."""
     raise DirtyTreeError(f"{name}: {ws} was not made by tools/apply.py, and {why}; nothing was moved",
-                         hint=f"move it aside (`{_sh('mv', ws, f'{ws}.mine')}`), then run the command again")
+                         hint=f"move it aside ({code('mv', ws, f'{ws}.mine')}), then run the command again")
 
 
 def _patch_ids(g: Git, *revs: str) -> dict[str, str]:

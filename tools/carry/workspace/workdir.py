@@ -17,7 +17,6 @@ import errno
 import json
 import os
 import re
-import shlex
 import shutil
 import sys
 import tempfile
@@ -26,12 +25,20 @@ from pathlib import Path
 from typing import Iterator
 
 from .. import progress
-from ..errors import CarryError, DirtyTreeError, NoSpaceError, OperationError, UsageError, no_space
+from ..errors import (
+    CarryError,
+    DirtyTreeError,
+    NoSpaceError,
+    OperationError,
+    UsageError,
+    no_space,
+)
 from ..files import fsync_dir, write_json
 from ..lock import LOCK_TIMEOUT, DirLock, patience
 from ..runner import Git
 from ..series.manifest import Series
 from ..series.repo import command
+from ..shell import Raw, again, code, run_again, run_as
 from . import userwork
 from .record import STATE_VERSION, PatchRecord, State, UpstreamRecord  # noqa: F401  (imported from here)
 
@@ -44,10 +51,10 @@ def _tell_kept(wd: "WorkDir", kept: dict[str, list[dict[str, str]]], what: str) 
     """Say (always: this is no progress line) where the user's commits went."""
     for name, refs in kept.items():
         for k in refs:
-            ws = shlex.quote(str(wd.workspace(name)))
+            ws = wd.workspace(name)
             print(f"[carry] {name}: {what} the swap an interrupted run left; kept {k['commits']} commit(s) apply "
-                  f"did not make (the old {k['from']}) as {k['ref']}: `git -C {ws} log --oneline {k['ref']}` shows "
-                  f"them, `git -C {ws} reset -q --hard {k['ref']}` takes them back", file=sys.stderr, flush=True)
+                  f"did not make (the old {k['from']}) as {k['ref']}: {code('git', '-C', ws, 'log', '--oneline', k['ref'])} "
+                  f"shows them, {code('git', '-C', ws, 'reset', '-q', '--hard', k['ref'])} takes them back", file=sys.stderr, flush=True)
 
 
 class SwapError(OperationError):
@@ -79,10 +86,10 @@ def _swap_error(exc: OSError, message: str, root: Path, kind: type) -> CarryErro
 
 def _swap_hint(exc: OSError, root: Path) -> str:
     if exc.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
-        return f"make {root} writable (`lsattr -d {root}` shows an immutable flag), then run the command again"
+        return f"make {root} writable ({code('lsattr', '-d', root)} shows an immutable flag), then " + run_again()
     if exc.errno in (errno.EBUSY, errno.EXDEV):
         return f"a workspace in {root} is a mount point or on another file system: unmount it, or choose another --workdir"
-    return "fix the cause above, then run the command again"
+    return "fix the cause above, then " + run_again()
 
 
 class WorkDir:
@@ -131,7 +138,7 @@ class WorkDir:
             return State.from_dict(json.loads(text))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DirtyTreeError(f"{self.state_file} is not a workspace record this tool can read ({exc!r})",
-                                 hint=f"`rm -rf {self.root}`, then apply the series again") from None
+                                 hint=f"{code('rm', '-rf', self.root)}, then {run_as('apply') or 'apply the series again'}") from None
 
     def save_state(self, state: State) -> None:
         write_json(self.state_file, state.to_dict())
@@ -232,7 +239,7 @@ class WorkDir:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DirtyTreeError(
                 f"{self.journal_file} is unreadable ({exc!r}): a swap of workspaces may be half done",
-                hint=f"`rm -rf {self.root}`, then apply the series again") from None
+                hint=f"{code('rm', '-rf', self.root)}, then {run_as('apply') or 'apply the series again'}") from None
         # Only a staging folder of this work directory is ever moved in. A journal copied with
         # its work directory (`cp -a`) names the original's folder by an absolute path: its
         # name is the copy's own folder. Anything else was not written by a swap of ours.
@@ -243,7 +250,7 @@ class WorkDir:
             raise DirtyTreeError(
                 f"{self.journal_file} {what}, which is not a staging folder of {self.meta}: not trusted, "
                 "nothing was moved",
-                hint=f"`rm {self.journal_file}`, then run the command again")
+                hint=f"{code('rm', self.journal_file)}, then {again({}) or 'run the command again'}")
         return self.meta / name, names, state
 
     def _holds(self, name: str, state: State) -> bool:
@@ -262,7 +269,7 @@ class WorkDir:
                 raise UsageError(
                     f"{name}: workspace {ws} is a mount point; apply replaces a workspace by renaming a new "
                     "tree into its place, which a mount point does not allow",
-                    hint=f"unmount it (`umount {ws}`) and mount the work directory itself, or choose "
+                    hint=f"unmount it ({code('umount', ws)}) and mount the work directory itself, or choose "
                          "another --workdir")
 
     def commit(self, staging: Path, names: list[str], state: State) -> None:
@@ -333,7 +340,7 @@ class WorkDir:
     def check_untouched(self, name: str, recorded: UpstreamRecord | None, series: Series) -> bool:
         """True when DIR/name is ours and unchanged; False when absent; raises otherwise."""
         ws = self.workspace(name)
-        export_cmd = command("export", series, "--workdir", self.root)
+        export_cmd = f"`{command('export', series, '--workdir', self.root)}`"
         if not ws.exists():
             return False
         g = Git(ws)
@@ -346,22 +353,22 @@ class WorkDir:
             raise DirtyTreeError(
                 f"{name}: the record {self.state_file} names HEAD {recorded.head[:12]}, which workspace {ws} "
                 f"does not have (its HEAD is {str(head)[:12]})",
-                hint=f"move the workspace aside (`mv {ws} {ws}.old`; its commits stay there), then "
+                hint=f"move the workspace aside ({code('mv', ws, ws.with_name(ws.name + '.old'))}; its commits stay there), then "
                      f"`{command('apply', series, '--workdir', self.root)}` rebuilds it")
         if head != recorded.head:
             raise DirtyTreeError(
                 f"{name}: workspace {ws} has commits the series does not know "
                 f"(HEAD {str(head)[:12]}, applied {recorded.head[:12]})",
-                hint=f"`{export_cmd}` writes amended patch commits to the patch files (a new commit needs a "
-                     f"[[patches]] entry first); `git -C {ws} reset -q --hard {recorded.head}` drops them")
+                hint=f"{export_cmd} writes amended patch commits to the patch files (a new commit needs a "
+                     f"[[patches]] entry first); {code('git', '-C', ws, 'reset', '-q', '--hard', recorded.head)} drops them")
         dirty = g.status_porcelain()
         if dirty:
             shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
             raise DirtyTreeError(
                 f"{name}: workspace {ws} has uncommitted changes: {shown}",
-                hint=f"commit them into the patch they belong to (`git -C {ws} commit -a --amend --no-edit` "
-                     f"for the last one) and run `{export_cmd}`, or discard them with "
-                     f"`git -C {ws} reset -q --hard && git -C {ws} clean -fdq`")
+                hint=f"commit them into the patch they belong to ({code('git', '-C', ws, 'commit', '-a', '--amend', '--no-edit')} "
+                     f"for the last one) and run {export_cmd}, or discard them with "
+                     f"{code('git', '-C', ws, 'reset', '-q', '--hard', Raw('&&'), 'git', '-C', ws, 'clean', '-fdq')}")
         return True
 
     def keep_unknown_commits(self, name: str, recorded: UpstreamRecord, new: Path) -> list[dict[str, str]]:

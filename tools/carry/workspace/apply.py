@@ -22,6 +22,7 @@ from ..report import ApplyReport, PatchResult, UpstreamResult
 from ..runner import Git
 from ..series.manifest import PatchMeta, Series
 from ..series.patchfile import parse_file, safety_problems
+from ..series.patchgit import git_problems
 from ..series.repo import command
 from . import sources, wheels
 from .am import am_patches, clone_base, older_bases
@@ -52,13 +53,24 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
     selected = series.select(opts.only)
     for name in list(opts.sources) + list(opts.into):
         series.upstream(name)  # unknown names are usage errors
+    parsed = []
     for p in selected:
         if not series.patch_path(p).exists():
             raise UsageError(f"{p.upstream}: patch {p.id} names {p.file}, which does not exist",
                              hint=f"`{command('lint', series)}` lists every such problem")
-        unsafe = safety_problems(parse_file(series.patch_path(p)))  # malformed -> PatchFormatError
-        if unsafe:
-            raise PatchFormatError(f"{p.upstream}: patch {p.id} ({p.file}) is unsafe: {'; '.join(unsafe)}",
+        try:
+            parsed.append((p, parse_file(series.patch_path(p))))
+        except PatchFormatError as exc:  # malformed: named with its patch, not as a conflict later
+            raise PatchFormatError(f"{p.upstream}: patch {p.id} ({p.file}) is malformed: {exc.message}",
+                                   hint=f"fix the file; `{command('lint', series)}` lists every problem "
+                                        "of the series") from None
+    # ours, then git's own reading of the same files (one git process for them all)
+    unsafe = {p.id: safety_problems(patch) for p, patch in parsed}
+    by_path = git_problems([(series.patch_path(p), patch) for p, patch in parsed if not unsafe[p.id]])
+    for p, _ in parsed:
+        why = unsafe[p.id] or by_path.get(series.patch_path(p))
+        if why:
+            raise PatchFormatError(f"{p.upstream}: patch {p.id} ({p.file}) is unsafe: {'; '.join(why)}",
                                    hint="a patch may only edit regular files inside its upstream's tree")
     targets = _targets(series, selected, opts)
     for name in targets:  # a bad pin is bad input, before any work (warm cache or cold)

@@ -112,11 +112,12 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
                             staging = wd.new_staging()
                         progress.say(f"{name}: applying {len(mine)} patch(es) on {base.describe}")
                         ws = clone_base(base, staging / name).path
-                        ur.patches = am_patches(ws, series, mine, older_bases(base))
+                        made: list[str] = []
+                        ur.patches = am_patches(ws, series, mine, older_bases(base), made)
                         if ours and recorded:
                             ur.saved = wd.keep_unknown_commits(name, recorded, ws)
                         rebuilt.append(name)
-                        new_records[name] = _record(base, digest, ws, mine, ur)
+                        new_records[name] = _record(base, digest, ws, mine, ur, made)
                         built[name] = new_records[name].head
                 selected_ids = {p.id for p in mine}
                 ur.patches += [PatchResult(p.id, p.file, "not-attempted", "not selected (--only)")
@@ -161,9 +162,11 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
     return report
 
 
-def _record(base: sources.Base, digest: str, ws: Path, mine: list[PatchMeta], ur: UpstreamResult) -> UpstreamRecord:
-    head = Git(ws).head() or base.commit
-    commits = Git(ws).rev_list(f"{base.commit}..HEAD") if head != base.commit else []
+def _record(base: sources.Base, digest: str, ws: Path, mine: list[PatchMeta], ur: UpstreamResult,
+            made: list[str]) -> UpstreamRecord:
+    """``made``: the commits am_patches says it made (read here when it could not say)."""
+    commits = made if made else Git(ws).rev_list(f"{base.commit}..HEAD")
+    head = commits[-1] if commits else base.commit
     applied = [r for r in ur.patches if r.status == "applied"]
     return UpstreamRecord(base=base.describe, base_key=base.key, base_commit=base.commit, digest=digest, head=head,
                           selected=[p.id for p in mine],

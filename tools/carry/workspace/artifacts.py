@@ -52,7 +52,7 @@ def _same_version(a: str, b: str) -> bool:
         return a == b
     try:
         return Version(a) == Version(b)
-    except InvalidVersion:
+    except (InvalidVersion, ValueError):  # ValueError: a number past Python's digit limit
         return a == b
 
 

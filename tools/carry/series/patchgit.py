@@ -10,20 +10,33 @@ the files and touches nothing.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from ..runner import Git
 from .patchfile import Patch, path_problems
 
+_VERSION = b"patchgit 1\0"  # a new check reads every patch again
 _LINKS = {"120000": "symlink (mode 120000)", "160000": "submodule entry (mode 160000)"}
 
 
-def git_problems(files: list[tuple[Path, Patch]]) -> dict[Path, list[str]]:
+def git_problems(files: list[tuple[Path, Patch]], seen: Path | None = None) -> dict[Path, list[str]]:
     """Problems per patch file where git's reading differs from ours or is unsafe; {} when none.
 
     One git process for all of them; a patch is read on its own again only when that one
-    process disagrees (to say which patch it is).
+    process disagrees (to say which patch it is). ``seen``: a folder that remembers the
+    contents git already read so (a file named by the sha256 of the bytes, and of this
+    check's version): those are not asked again (apply's cache; lint always asks).
     """
+    if seen is not None:
+        marks = {path: seen / hashlib.sha256(_VERSION + path.read_bytes()).hexdigest() for path, _ in files}
+        todo = [(path, patch) for path, patch in files if not marks[path].exists()]
+        found = git_problems(todo)
+        for path, _ in todo:
+            if path not in found:
+                marks[path].parent.mkdir(parents=True, exist_ok=True)
+                marks[path].touch()
+        return found
     if not files:
         return {}
     problems = _compare(files)

@@ -66,7 +66,8 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
                                         "of the series") from None
     # ours, then git's own reading of the same files (one git process for them all)
     unsafe = {p.id: safety_problems(patch) for p, patch in parsed}
-    by_path = git_problems([(series.patch_path(p), patch) for p, patch in parsed if not unsafe[p.id]])
+    by_path = git_problems([(series.patch_path(p), patch) for p, patch in parsed if not unsafe[p.id]],
+                           opts.cache / "checked")
     for p, _ in parsed:
         why = unsafe[p.id] or by_path.get(series.patch_path(p))
         if why:

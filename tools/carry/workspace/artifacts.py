@@ -48,6 +48,8 @@ def artifact_version(file: str) -> str | None:
 
 
 def _same_version(a: str, b: str) -> bool:
+    if a == b:
+        return True  # the common case, without importing packaging
     try:
         from packaging.version import InvalidVersion, Version
     except ImportError:

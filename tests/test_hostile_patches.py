@@ -160,3 +160,10 @@ def test_paths_a_reader_must_not_take_at_face_value():
         assert path_problems(bad), bad
     for good in ("megatron/core/x.py", "docs/my notes.md", "dir/..x", "é.py"):
         assert not path_problems(good), good
+
+
+def test_a_message_line_that_starts_with_from_is_not_a_second_mail(demo):
+    """Only what git mailsplit takes for an mbox 'From ' line (a date after it) is refused."""
+    text = _clean(demo).replace("Subject: [PATCH] demo: clean change\n",
+                                "Subject: [PATCH] demo: clean change\n\nFrom now on: value 5 is patched.\n", 1)
+    assert [f.path for f in parse(text).files] == ["megatron/core/alpha.py"]

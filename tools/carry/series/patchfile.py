@@ -159,6 +159,20 @@ def _headers(lines: list[str], source: str) -> tuple[str, str, str, int]:
     return author, date, subject, i
 
 
+def _starts_a_mail(line: str) -> bool:
+    """Whether git mailsplit takes this line for an mbox "From " line (its is_from_line: a time's
+    digits around the last colon, and a year after it)."""
+    if len(line) < 19 or not line.startswith("From "):
+        return False
+    c = line.rfind(":", 5, len(line) - 1)
+    if c < 9 or c + 3 > len(line):
+        return False
+    if not all(line[i].isdigit() for i in (c - 4, c - 2, c - 1, c + 1, c + 2)):
+        return False
+    year = re.match(r"\s*(\d+)", line[c + 3:])
+    return bool(year) and int(year[1][:9]) > 90
+
+
 def parse(text: str, source: str = "<patch>") -> Patch:
     """Every file section ``git am`` would apply, found as git apply finds them.
 
@@ -178,7 +192,7 @@ def parse(text: str, source: str = "<patch>") -> Patch:
     n = len(lines)
     while i < n:
         line = lines[i]
-        if line.startswith("From "):
+        if _starts_a_mail(line):
             raise PatchFormatError(f"{source}:{i + 1}: a second 'From ' line: git am would read the rest as "
                                    "another mail (one patch per file)")
         if line.startswith("diff --git "):

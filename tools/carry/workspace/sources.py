@@ -27,7 +27,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import progress
-from ..errors import IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
+from ..errors import (
+    IntegrityError,
+    NoSpaceError,
+    SourceError,
+    UsageError,
+    says_no_space,
+)
 from ..lock import building
 from ..runner import Git
 from ..series.manifest import SOURCE_KINDS, Artifact, Upstream
@@ -38,6 +44,7 @@ from .artifacts import (
     sha256_file,
     unpack_wheel,
 )
+from .basecheck import RECORD, check_base
 
 GIT_ONLY = tuple(k for k in SOURCE_KINDS if k == "git")  # git as a pin's only source (not a command line)
 
@@ -148,10 +155,10 @@ def _ready(cache: Path, upstream: str, recipe: _Recipe) -> Base:
     key, describe, make, pinned = recipe.key, recipe.describe, recipe.make, recipe.pinned
     dest = cache / "bases" / upstream / f"{key}.git"
     repo = Git(dest)
-    commit, problem = _check_base(repo, key, pinned)
+    commit, problem = check_base(repo, key, pinned)
     if commit is None:
         with building(dest.parent) as tmp:
-            commit, problem = _check_base(repo, key, pinned)
+            commit, problem = check_base(repo, key, pinned)
             if commit is None:
                 if dest.exists():
                     if problem:
@@ -162,50 +169,10 @@ def _ready(cache: Path, upstream: str, recipe: _Recipe) -> Base:
                 staged = make(tmp)
                 progress.checkpoint("base-built")
                 os.rename(staged, dest)
-                commit, problem = _check_base(repo, key, pinned)
+                commit, problem = check_base(repo, key, pinned)
                 if commit is None:
                     raise SourceError(f"{upstream}: the base just built in {dest} does not check: {problem}")
     return Base(upstream, key, describe, dest, commit)
-
-
-RECORD = "carry-base.json"  # in a base built from a tree: the commit and tree it was built as
-
-
-def _check_base(repo: Git, key: str, pinned: str | None) -> tuple[str | None, str | None]:
-    """(main, None) when the cached base is usable; (None, why not) otherwise; (None, None) if absent.
-
-    One git process reads main and its commit (replace refs ignored: a clone does not carry
-    them). A pinned base must be the pinned commit, which names its tree. A base built from a
-    tree (an artifact, an unpacked tree, some paths) must be the commit and the tree recorded
-    when it was built from that source: an amended root commit with the same message is
-    another commit, with another tree.
-    """
-    if not repo.path.exists():
-        return None, None
-    res = repo("--no-replace-objects", "cat-file", "--batch", input="refs/heads/main\n", check=False)
-    first, _, raw = res.stdout.partition("\n")
-    words = first.split()
-    if not res.ok or words[1:2] != ["commit"]:
-        return None, "it has no main"
-    main = words[0]
-    if pinned is not None:
-        return (main, None) if main == pinned else (None, f"its main is {main[:12]}, not the pinned {pinned[:12]}")
-    header, _, message = raw.partition("\n\n")
-    fields = [line.split(" ", 1) for line in header.splitlines()]
-    if any(f[0] == "parent" for f in fields):
-        return None, f"its main {main[:12]} has a parent: commits were added on top of the pristine tree"
-    if f"Carry-Base-Key: {key}" not in message.splitlines():
-        return None, f"its main {main[:12]} is not the base built for {key}"
-    tree = next((f[1] for f in fields if f[0] == "tree" and len(f) > 1), None)
-    try:
-        record = json.loads((repo.path / RECORD).read_text())
-        want_commit, want_tree = record["commit"], record["tree"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, f"it has no readable {RECORD} (the tree it was built as)"
-    if (main, tree) != (want_commit, want_tree):
-        return None, (f"its main {main[:12]} (tree {str(tree)[:12]}) is not the commit {str(want_commit)[:12]} "
-                      f"(tree {str(want_tree)[:12]}) built from the source")
-    return main, None
 
 
 def _tree_recipe(key: str, describe: str, populate: Callable[[Path], object]) -> _Recipe:

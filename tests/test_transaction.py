@@ -442,3 +442,26 @@ def test_a_rebase_killed_after_its_clone_starts_again(demo):
     assert res.returncode == 0, res.stderr
     assert "not a rebase workspace" not in res.stderr
     assert sorted(p.name for p in rw.iterdir()) == ["megatron-lm"]  # the killed run's scratch clone is gone
+
+
+def test_a_cached_tree_base_whose_root_commit_was_amended_is_not_used(demo):
+    """Issue 32 item 10: the same message and no parent, another tree: the stored tree id tells."""
+    tree = demo["tmp"] / "tree"
+    tree.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(Git(demo["up"]).archive(demo["v0"]))) as tf:
+        tf.extractall(tree, filter="data")
+    d = dict(demo, up=tree)
+    apply_demo(d, check=0)
+    (base,) = (demo["cache"] / "bases" / "megatron-lm").glob("dir-*.git")
+    clone = demo["tmp"] / "amend"
+    subprocess.run(["git", "clone", "-q", str(base), str(clone)], check=True)
+    (clone / "README.md").write_text("# TAMPERED\n")
+    Git(clone)("add", "-A")
+    Git(clone)("commit", "-q", "--amend", "--no-edit")  # the same message, still a root commit
+    Git(clone)("push", "-q", "--force", "origin", "HEAD:main")
+    assert git(base, "rev-list", "--count", "main") == "1"
+    work = demo["tmp"] / "w2"
+    res = apply_demo(dict(d, work=work), check=None)
+    assert res.returncode == 0, res.stderr
+    assert "# TAMPERED" not in (work / "megatron-lm/README.md").read_text()
+    assert "is not the commit" in res.stderr and "building it again" in res.stderr, res.stderr

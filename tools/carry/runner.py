@@ -87,16 +87,18 @@ def trusted_directories() -> tuple[str, ...]:
     those files, and with them the trust the user gave repositories owned by others."""
     env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_CONFIG")}
     found: list[str] = []
-    for scope in ("--global", "--system"):
-        try:
-            res = subprocess.run(["git", "config", scope, "--get-all", "safe.directory"], env=env,
-                                 capture_output=True, text=True, timeout=60, cwd=os.path.expanduser("~"))
-        except (OSError, subprocess.TimeoutExpired):
+    try:  # one process for both scopes: each line says its scope (a repository's own lines are left out)
+        res = subprocess.run(["git", "config", "--show-scope", "--get-all", "safe.directory"], env=env,
+                             capture_output=True, text=True, timeout=60, cwd=os.path.expanduser("~"))
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    for scoped in res.stdout.splitlines():
+        scope, _, line = scoped.partition("\t")
+        if scope not in ("global", "system"):
             continue
-        for line in res.stdout.splitlines():
-            # A clone reads the source through its git dir, which git checks as a path of its own:
-            # trusting a checkout trusts its .git too.
-            found += [line] if line in ("*", "") or line.endswith("/.git") else [line, line.rstrip("/") + "/.git"]
+        # A clone reads the source through its git dir, which git checks as a path of its own:
+        # trusting a checkout trusts its .git too.
+        found += [line] if line in ("*", "") or line.endswith("/.git") else [line, line.rstrip("/") + "/.git"]
     return tuple(found)
 
 
@@ -161,7 +163,7 @@ def run(
             timeout=timeout,
         )
     except FileNotFoundError as exc:
-        raise CommandError(argv, 127, "", f"{argv[0]}: not found ({exc})") from None
+        raise _not_found(argv, exc) from None
     except subprocess.TimeoutExpired as exc:
         raise CommandError(argv, 124, "", f"timed out after {timeout}s") from exc
     return _result(argv, proc.returncode, proc.stdout, proc.stderr, check, binary)
@@ -174,7 +176,7 @@ def _run_group(argv, cwd, env, input, check, timeout, binary) -> Result:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=not binary,
                                 start_new_session=True)
     except FileNotFoundError as exc:
-        raise CommandError(argv, 127, "", f"{argv[0]}: not found ({exc})") from None
+        raise _not_found(argv, exc) from None
     try:
         out, err = proc.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -188,6 +190,15 @@ def _run_group(argv, cwd, env, input, check, timeout, binary) -> Result:
         raise
     _kill_group(proc.pid)  # whatever of its group outlived it
     return _result(argv, proc.returncode, out, err, check, binary)
+
+
+def _not_found(argv: list[str], exc: OSError) -> CommandError:
+    """A program the command needs is not installed (or not on PATH): the machine's set-up, exit 2."""
+    err = CommandError(argv, 127, "", f"{argv[0]}: not found ({exc})")
+    err.message = f"{argv[0]} is not installed or not on PATH ({exc.strerror or exc})"
+    err.hint = f"install {argv[0]} (or put the folder that holds it on PATH) and run the command again"
+    err.exit_code = 2
+    return err
 
 
 def _kill_group(pgid: int) -> None:
@@ -212,7 +223,7 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, **popen)
     try:
         return subprocess.Popen(argv, env=dict(env) if env is not None else None, **popen)
     except FileNotFoundError as exc:
-        raise CommandError(argv, 127, "", f"{argv[0]}: not found ({exc})") from None
+        raise _not_found(argv, exc) from None
 
 
 def stream(argv: Sequence[str], on_line, *, env: Mapping[str, str] | None = None) -> int:

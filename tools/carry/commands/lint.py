@@ -9,7 +9,9 @@ from . import options
 
 DESCRIPTION = """\
 Check the series: files exist and are listed once, metadata is complete, every patch has a
-proof (or says why not), proofs exist, requires is sound, no patch escapes its tree."""
+proof (or says why not), proofs exist, requires is sound, no patch escapes its tree. Exit 1 when it finds problems; 2 when
+they include broken patch entries or requires (a cycle, an unknown or later patch), which every
+other command refuses as bad configuration."""
 
 
 def main(argv: list[str], prog: str) -> int:
@@ -28,4 +30,6 @@ def main(argv: list[str], prog: str) -> int:
         print(f"note: {x}")
     print(f"series {series.name}: {len(series.patches)} patch(es), {len(probs)} problem(s)"
           + (f", {len(said)} without a proof (see the notes)" if said else ""))
+    if series.entry_problems() or series.requires_problems():
+        return 2  # what every other command refuses as a broken series.toml (README, "Exit codes")
     return 1 if probs else 0

@@ -107,6 +107,10 @@ def load_series(a: argparse.Namespace, *, check: bool = True) -> Series:
 def directory(path: Path, flag: str) -> Path:
     """``path`` for a folder option: refused when it, or a folder above it, is not a directory."""
     for at in (path, *path.absolute().parents):
+        if at.is_symlink() and not at.exists():
+            raise UsageError(f"{flag} {path}: {at} is a symbolic link to {os.readlink(at)}, which does not exist",
+                             hint=f"make the folder it points to (`mkdir -p {at.parent / os.readlink(at)}`), "
+                                  f"or give {flag} another directory")
         if at.exists() or at.is_symlink():
             if not at.is_dir():
                 where = "is a file, not a directory" if at == path else f"is under {at}, a file, not a directory"

@@ -127,6 +127,10 @@ def load_image(repo_root: Path, name: str) -> ImageConfig:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib reads nested arrays and tables by recursion
+        raise ConfigError(f"{path}: values nested too deeply to read") from None
+    except ValueError as exc:  # an integer past Python's digit limit, and the like
+        raise ConfigError(f"{path}: a value this tool cannot read ({str(exc).split(';')[0]})") from None
     _keys(raw, ["image", "te", "flavors"], "<top>", path)
     img = _need(raw, "image", dict, "image", path)
     _keys(img, ["description", "series", "wheels", "venvs", "nemo_rl_dir"], "image", path)

@@ -103,6 +103,10 @@ def load(path: Path) -> NightlyConfig:
         raise ConfigError(f"no nightly matrix at {path}", hint="pass --config integration/nightly.toml") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib reads nested arrays and tables by recursion
+        raise ConfigError(f"{path}: values nested too deeply to read") from None
+    except ValueError as exc:  # an integer past Python's digit limit, and the like
+        raise ConfigError(f"{path}: a value this tool cannot read ({str(exc).split(';')[0]})") from None
     top = _Table(raw, "<top>", path)
     top.check_keys(["nightly", "images", "tests"])
     n = _Table(top.get("nightly", dict, required=True), "nightly", path)

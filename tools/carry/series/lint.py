@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ..errors import CarryError
 from .manifest import NO_PROOF, PatchMeta, Series
 from .patchfile import parse_file, safety_problems
+from .patchgit import git_problems
 
 # An upstream link names a pull request, an issue or a commit: what a person opens to see whether
 # the fix moved, and what retire's link evidence (merged_in) is checked against.
@@ -86,7 +87,8 @@ def lint(series: Series) -> list[Problem]:
             except CarryError as exc:
                 add(where, exc.message)
             else:
-                for issue in safety_problems(parsed):
+                unsafe = safety_problems(parsed)
+                for issue in unsafe or git_problems([(path, parsed)]).get(path, []):
                     add(where, issue)
 
     for where, message in series.requires_problems():

@@ -25,11 +25,13 @@ from ..errors import ConfigError, UsageError
 from . import entries
 from .entries import ID_RE  # noqa: F401  (names other modules import from here)
 from .entries import suggest as _suggest
+from .patchfile import path_problems
 
 STATUSES = ("pending", "submitted", "backport", "merged", "rejected", "inappropriate")
 UPSTREAM_NAMES = ("megatron-lm", "megatron-bridge", "nemo-rl")
 SOURCE_KINDS = ("pypi", "git")
 NO_PROOF = "none:"  # proof = "none: <why>": a patch that has no proof, and says why
+_VERSION_RE = re.compile(r"^v?[0-9][0-9A-Za-z.+!_-]*$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -253,7 +255,17 @@ def _load_pypi(t: _Table) -> PyPISource:
     mapping = t.get("map", dict, required=True)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
         raise ConfigError(f"{t.path}: [{t.where}] map must map strings to strings")
-    return PyPISource(t.get("name", str, required=True), t.get("version", str, required=True), tuple(arts),
+    for src, dst in mapping.items():
+        why = [w for w in path_problems(dst.rstrip("/")) if w != "empty path"] if dst.strip("/") else []
+        if why or dst.startswith("/"):
+            raise ConfigError(f"{t.path}: [{t.where}] map {src!r} = {dst!r}: the target must be a folder inside "
+                              f"the upstream's tree ({'; '.join(why) or 'absolute path'})",
+                              hint=f'write a relative folder, as in map = {{ "{src}" = "{src}" }}')
+    version = t.get("version", str, required=True)
+    if len(version) > 64 or not _VERSION_RE.match(version):
+        raise ConfigError(f"{t.path}: [{t.where}] version {version[:40]!r}{'...' if len(version) > 40 else ''} is not "
+                          "a release version (digits, letters and . + ! _ -, at most 64 characters)")
+    return PyPISource(t.get("name", str, required=True), version, tuple(arts),
                       tuple(sorted(mapping.items())), t.strings("exclude"))
 
 
@@ -284,6 +296,10 @@ def load(series_dir: Path, *, check: bool = True) -> Series:
                           hint="TOML files are UTF-8: re-save it so") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib reads nested arrays and tables by recursion
+        raise ConfigError(f"{path}: values nested too deeply to read") from None
+    except ValueError as exc:  # an integer past Python's digit limit, and the like
+        raise ConfigError(f"{path}: a value this tool cannot read ({str(exc).split(';')[0]})") from None
     top = _Table(raw, "<top>", path)
     top.check_keys(["series", "upstreams", "patches"])
     s = _Table(top.get("series", dict, required=True), "series", path)

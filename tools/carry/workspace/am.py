@@ -43,12 +43,14 @@ def older_bases(base: Base) -> list[Path]:
 
 
 def am_patches(repo: Path, series: Series, patches: list[PatchMeta],
-               older: list[Path] | None = None) -> list[PatchResult]:
+               older: list[Path] | None = None, made: list[str] | None = None) -> list[PatchResult]:
     """git am each patch (3-way fallback). Stops at the first failure, leaving no am in progress.
 
-    A progress line per patch says how each went (carry.progress).
+    A progress line per patch says how each went (carry.progress). ``made``, when given, is
+    filled with the commits the patches made, oldest first, where the one-process path knows them
+    (its caller reads them itself otherwise); it stays empty then.
     """
-    results = _am_patches(repo, series, patches, older)
+    results = _am_patches(repo, series, patches, older, made)
     ups = {p.id: p.upstream for p in patches}
     for r in results:
         progress.say(f"{ups[r.id]}: {r.id}: {r.status}" + (f" ({r.detail})" if r.detail != r.status else ""))
@@ -56,7 +58,7 @@ def am_patches(repo: Path, series: Series, patches: list[PatchMeta],
 
 
 def _am_patches(repo: Path, series: Series, patches: list[PatchMeta],
-                older: list[Path] | None = None) -> list[PatchResult]:
+                older: list[Path] | None = None, made: list[str] | None = None) -> list[PatchResult]:
     """am_patches without its progress lines.
 
     A 3-way merge needs the blobs a patch was written against. When the base
@@ -64,7 +66,7 @@ def _am_patches(repo: Path, series: Series, patches: list[PatchMeta],
     fetched into the workspace the first time a patch asks for them.
     """
     g = Git(repo)
-    absent = _absent_target(g, series, patches)
+    start, absent = _absent_target(g, series, patches)
     if absent is not None:
         k, missing = absent
         p = patches[k]
@@ -76,7 +78,7 @@ def _am_patches(repo: Path, series: Series, patches: list[PatchMeta],
                   "(git's 3-way merge would put the change into another file)")
         return results + [PatchResult(p.id, p.file, "failed", detail)] + [
             PatchResult(q.id, q.file, "not-attempted", "an earlier patch failed") for q in patches[k + 1:]]
-    fast = _am_all_at_once(g, series, patches)
+    fast = _am_all_at_once(g, series, patches, start, made)
     if fast is not None:
         return fast
     results: list[PatchResult] = []
@@ -113,21 +115,30 @@ def _am_patches(repo: Path, series: Series, patches: list[PatchMeta],
     return results
 
 
-def _absent_target(g: Git, series: Series, patches: list[PatchMeta]) -> tuple[int, list[str]] | None:
-    """The first patch (its index) that changes files absent from the tree it would apply to.
+def _absent_target(g: Git, series: Series, patches: list[PatchMeta]
+                   ) -> tuple[str | None, tuple[int, list[str]] | None]:
+    """(HEAD, the first patch (its index) that changes files absent from the tree it would apply to).
 
     git am --3way finds a patch's pre-image blob anywhere in the repository and its rename
     detection then moves the change onto whichever file has that content: a patch for a file
     the upstream lacks would land in another one. Files a patch creates are fine; the tree
     is followed through the patches in order (an earlier patch may add what a later one edits).
+    One ``cat-file --batch-check`` asks for HEAD and for each path the patches start from.
     """
     if not patches:
-        return None
-    out = g("ls-tree", "-r", "-z", "--name-only", "HEAD", check=False).stdout
-    present = set(filter(None, out.split("\0")))
-    for k, p in enumerate(patches):
+        return None, None
+    files = [parse_file(series.patch_path(p)).files for p in patches]
+    # a name holding a newline cannot be asked in this protocol: it counts as absent
+    asked = sorted(q for q in {f.rename_from or f.old_path for fs in files for f in fs if not f.new_file}
+                   if q and "\n" not in q)
+    query = "".join(f"{q}\n" for q in ["HEAD", *(f"HEAD:{q}" for q in asked)])
+    lines = g("cat-file", "--batch-check", input=query, check=False).stdout.splitlines()
+    first = lines[0].split() if lines else []
+    head = first[0] if first[1:2] == ["commit"] else None
+    present = {q for q, line in zip(asked, lines[1:]) if not line.endswith(" missing")}
+    for k, fs in enumerate(files):
         missing = []
-        for f in parse_file(series.patch_path(p)).files:
+        for f in fs:
             if f.new_file:
                 present.add(f.path)
                 continue
@@ -139,8 +150,8 @@ def _absent_target(g: Git, series: Series, patches: list[PatchMeta]) -> tuple[in
             elif f.rename_to:
                 present.add(f.rename_to)
         if missing:
-            return k, missing
-    return None
+            return head, (k, missing)
+    return head, None
 
 
 def am_each(repo: Path, series: Series, patches: list[PatchMeta], older: list[Path]) -> list[PatchResult]:
@@ -151,11 +162,11 @@ def am_each(repo: Path, series: Series, patches: list[PatchMeta], older: list[Pa
     return results
 
 
-def _am_all_at_once(g: Git, series: Series, patches: list[PatchMeta]) -> list[PatchResult] | None:
+def _am_all_at_once(g: Git, series: Series, patches: list[PatchMeta], before: str | None,
+                    made: list[str] | None) -> list[PatchResult] | None:
     """The common case in one git process; None (and the repo as it was) if anything is unusual."""
     if not patches:
         return []
-    before = g.head()
     res = g("am", "--3way", "--keep-cr", *(str(series.patch_path(p)) for p in patches), check=False)
     chunks = re.split(r"(?m)^Applying: ", res.stdout + res.stderr)[1:]
     if res.ok and len(chunks) == len(patches):
@@ -166,8 +177,10 @@ def _am_all_at_once(g: Git, series: Series, patches: list[PatchMeta]) -> list[Pa
             else:
                 detail = "applied with a 3-way merge" if "3-way merge" in chunk else "applied"
                 results.append(PatchResult(p.id, p.file, "applied", detail))
-        made = g.rev_list(f"{before}..HEAD")
-        if len(made) == sum(r.status == "applied" for r in results):
+        commits = g.rev_list(f"{before}..HEAD") if before else []
+        if before and len(commits) == sum(r.status == "applied" for r in results):
+            if made is not None:
+                made[:] = commits
             return results
     g("am", "--abort", check=False)
     g("reset", "-q", "--hard", before or "HEAD")

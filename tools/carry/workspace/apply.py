@@ -23,6 +23,7 @@ from ..report import ApplyReport, PatchResult, UpstreamResult
 from ..runner import Git
 from ..series.manifest import PatchMeta, Series
 from ..series.patchfile import parse_file, safety_problems
+from ..series.patchgit import git_problems
 from ..series.repo import command
 from ..shell import code
 from . import sources, userwork, wheels
@@ -54,13 +55,25 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
     selected = series.select(opts.only)
     for name in list(opts.sources) + list(opts.into):
         series.upstream(name)  # unknown names are usage errors
+    parsed = []
     for p in selected:
         if not series.patch_path(p).exists():
             raise UsageError(f"{p.upstream}: patch {p.id} names {p.file}, which does not exist",
                              hint=f"`{command('lint', series)}` lists every such problem")
-        unsafe = safety_problems(parse_file(series.patch_path(p)))  # malformed -> PatchFormatError
-        if unsafe:
-            raise PatchFormatError(f"{p.upstream}: patch {p.id} ({p.file}) is unsafe: {'; '.join(unsafe)}",
+        try:
+            parsed.append((p, parse_file(series.patch_path(p))))
+        except PatchFormatError as exc:  # malformed: named with its patch, not as a conflict later
+            raise PatchFormatError(f"{p.upstream}: patch {p.id} ({p.file}) is malformed: {exc.message}",
+                                   hint=f"fix the file; `{command('lint', series)}` lists every problem "
+                                        "of the series") from None
+    # ours, then git's own reading of the same files (one git process for them all)
+    unsafe = {p.id: safety_problems(patch) for p, patch in parsed}
+    by_path = git_problems([(series.patch_path(p), patch) for p, patch in parsed if not unsafe[p.id]],
+                           opts.cache / "checked")
+    for p, _ in parsed:
+        why = unsafe[p.id] or by_path.get(series.patch_path(p))
+        if why:
+            raise PatchFormatError(f"{p.upstream}: patch {p.id} ({p.file}) is unsafe: {'; '.join(why)}",
                                    hint="a patch may only edit regular files inside its upstream's tree")
     targets = _targets(series, selected, opts)
     for name in targets:  # a bad pin is bad input, before any work (warm cache or cold)
@@ -103,11 +116,12 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
                             staging = wd.new_staging()
                         progress.say(f"{name}: applying {len(mine)} patch(es) on {base.describe}")
                         ws = clone_base(base, staging / name).path
-                        ur.patches = am_patches(ws, series, mine, older_bases(base))
+                        made: list[str] = []
+                        ur.patches = am_patches(ws, series, mine, older_bases(base), made)
                         if ours and recorded:
                             ur.saved = wd.keep_unknown_commits(name, recorded, ws)
                         rebuilt.append(name)
-                        new_records[name] = _record(base, digest, ws, mine, ur)
+                        new_records[name] = _record(base, digest, ws, mine, ur, made)
                         built[name] = new_records[name].head
                 selected_ids = {p.id for p in mine}
                 ur.patches += [PatchResult(p.id, p.file, "not-attempted", "not selected (--only)")
@@ -152,9 +166,11 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
     return report
 
 
-def _record(base: sources.Base, digest: str, ws: Path, mine: list[PatchMeta], ur: UpstreamResult) -> UpstreamRecord:
-    head = Git(ws).head() or base.commit
-    commits = Git(ws).rev_list(f"{base.commit}..HEAD") if head != base.commit else []
+def _record(base: sources.Base, digest: str, ws: Path, mine: list[PatchMeta], ur: UpstreamResult,
+            made: list[str]) -> UpstreamRecord:
+    """``made``: the commits am_patches says it made (read here when it could not say)."""
+    commits = made if made else Git(ws).rev_list(f"{base.commit}..HEAD")
+    head = commits[-1] if commits else base.commit
     applied = [r for r in ur.patches if r.status == "applied"]
     return UpstreamRecord(base=base.describe, base_key=base.key, base_commit=base.commit, digest=digest, head=head,
                           selected=[p.id for p in mine],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import os
 import sys
 import zipfile
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from .. import progress, shell
 from ..errors import ConfigError, IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
+from ..files import write_json
 from ..lock import building
 from ..runner import run
 from ..series.manifest import Artifact, PyPISource
@@ -46,13 +48,15 @@ def artifact_version(file: str) -> str | None:
 
 
 def _same_version(a: str, b: str) -> bool:
+    if a == b:
+        return True  # the common case, without importing packaging
     try:
         from packaging.version import InvalidVersion, Version
     except ImportError:
         return a == b
     try:
         return Version(a) == Version(b)
-    except InvalidVersion:
+    except (InvalidVersion, ValueError):  # ValueError: a number past Python's digit limit
         return a == b
 
 
@@ -166,7 +170,33 @@ def _unpack(wheel: Path, dest: Path, pypi: PyPISource) -> int:
     return count
 
 
+def release_record(cache: Path, pypi: PyPISource, art: Artifact, version: str) -> Path:
+    """Where download_version notes which file (and sha256) a release gave for these tags."""
+    tags = _pip_download_args(Artifact(art.file.replace(f"-{pypi.version}-", f"-{version}-", 1), "0" * 64))
+    key = hashlib.sha256(repr((pypi.name, version, tags)).encode()).hexdigest()[:24]
+    return cache / "artifacts" / "releases" / f"{key}.json"
+
+
+def _cached_release(record: Path, cache: Path, tree: bool) -> Artifact | None:
+    """The release a record names, when its file is in the cache with that sha256 (else None)."""
+    try:
+        doc = json.loads(record.read_text())
+        name, sha = doc["file"], doc["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    path = cache / "artifacts" / str(sha) / str(name)
+    if "/" in str(name) or not path.is_file() or sha256_file(path) != sha:
+        return None
+    return Artifact(name, sha, tree)
+
+
 def download_version(upstream: str, pypi: PyPISource, art: Artifact, version: str, cache: Path) -> Artifact:
+    """Another release of the pinned files (same tags), from the cache when an earlier call fetched it
+    (its sha256 checked again), else with pip."""
+    record = release_record(cache, pypi, art, version)
+    cached = _cached_release(record, cache, art.tree)
+    if cached is not None:
+        return cached
     guess = art.file.replace(f"-{pypi.version}-", f"-{version}-", 1)
     with building(cache / "downloads") as tmp:
         progress.say(f"{upstream}: downloading {pypi.name}=={version} ({guess})")
@@ -182,4 +212,5 @@ def download_version(upstream: str, pypi: PyPISource, art: Artifact, version: st
         dest = cache / "artifacts" / sha / got[0].name
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(got[0], dest)
+    write_json(record, {"file": dest.name, "sha256": sha})
     return Artifact(dest.name, sha, art.tree)

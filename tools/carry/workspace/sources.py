@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
 import sys
@@ -37,6 +38,7 @@ from .artifacts import (
     sha256_file,
     unpack_wheel,
 )
+from .basecheck import RECORD, check_base
 
 GIT_ONLY = tuple(k for k in SOURCE_KINDS if k == "git")  # git as a pin's only source (not a command line)
 
@@ -146,10 +148,10 @@ def _ready(cache: Path, upstream: str, recipe: _Recipe) -> Base:
     key, describe, make, pinned = recipe.key, recipe.describe, recipe.make, recipe.pinned
     dest = cache / "bases" / upstream / f"{key}.git"
     repo = Git(dest)
-    commit, problem = _check_base(repo, key, pinned)
+    commit, problem = check_base(repo, key, pinned)
     if commit is None:
         with building(dest.parent) as tmp:
-            commit, problem = _check_base(repo, key, pinned)
+            commit, problem = check_base(repo, key, pinned)
             if commit is None:
                 if dest.exists():
                     if problem:
@@ -160,28 +162,10 @@ def _ready(cache: Path, upstream: str, recipe: _Recipe) -> Base:
                 staged = make(tmp)
                 progress.checkpoint("base-built")
                 os.rename(staged, dest)
-                commit, problem = _check_base(repo, key, pinned)
+                commit, problem = check_base(repo, key, pinned)
                 if commit is None:
                     raise SourceError(f"{upstream}: the base just built in {dest} does not check: {problem}")
     return Base(upstream, key, describe, dest, commit)
-
-
-def _check_base(repo: Git, key: str, pinned: str | None) -> tuple[str | None, str | None]:
-    """(main, None) when the cached base is usable; (None, why not) otherwise; (None, None) if absent."""
-    if not repo.path.exists():
-        return None, None
-    main = repo.rev_parse("refs/heads/main")
-    if main is None:
-        return None, "it has no main"
-    if pinned is not None:
-        return (main, None) if main == pinned else (None, f"its main is {main[:12]}, not the pinned {pinned[:12]}")
-    raw = repo("cat-file", "commit", main, check=False).stdout
-    header, _, message = raw.partition("\n\n")
-    if any(line.startswith("parent ") for line in header.splitlines()):
-        return None, f"its main {main[:12]} has a parent: commits were added on top of the pristine tree"
-    if f"Carry-Base-Key: {key}" not in message.splitlines():
-        return None, f"its main {main[:12]} is not the base built for {key}"
-    return main, None
 
 
 def _tree_recipe(key: str, describe: str, populate: Callable[[Path], object]) -> _Recipe:
@@ -192,9 +176,11 @@ def _tree_recipe(key: str, describe: str, populate: Callable[[Path], object]) ->
         populate(tree)
         t = Git(tree)
         t.init()
-        t.commit_all(f"base: {describe}\n\nPristine upstream tree, unmodified.\nCarry-Base-Key: {key}\n")
+        commit = t.commit_all(f"base: {describe}\n\nPristine upstream tree, unmodified.\nCarry-Base-Key: {key}\n")
         staged = Git.clone(tree, tmp / "base.git", bare=True, local=False)
         staged("remote", "remove", "origin", check=False)
+        made = t("rev-parse", f"{commit}^{{tree}}").stdout.strip()
+        (staged.path / RECORD).write_text(json.dumps({"commit": commit, "tree": made}) + "\n")
         return staged.path
     return _Recipe(key, describe, make)
 

@@ -75,6 +75,9 @@ class Spec:
     gpus: int = 0
     bisect: bool = True
     patches: tuple[str, ...] = ()
+    # How many steps the run makes (``steps``, else ``--steps N`` in argv): gated series must show
+    # steps 1..steps (carry.nightly.judge.gated_steps). None: the series decide.
+    steps: int | None = None
 
     @property
     def watched(self) -> tuple[str, ...]:
@@ -150,7 +153,7 @@ def _image(t: _Table, name: str) -> Image:
 
 def _test(t: _Table, images: dict[str, Image]) -> Spec:
     t.check_keys(["name", "kind", "images", "description", "argv", "script", "env", "gates", "markers",
-                  "step_markers", "watch", "metrics", "timeout_s", "gpus", "bisect", "patches"])
+                  "step_markers", "watch", "metrics", "timeout_s", "gpus", "bisect", "patches", "steps"])
     name = t.get("name", str, required=True)
     t.where = f"{t.where} ({name})"
     kind = t.get("kind", str, required=True)
@@ -176,7 +179,8 @@ def _test(t: _Table, images: dict[str, Image]) -> Spec:
         argv=t.strings("argv"), script=t.get("script", str, None), env=tuple(sorted(env.items())),
         gates=gates, markers=markers, step_markers=step_markers,
         watch=t.strings("watch"), metrics=metrics, timeout_s=t.get("timeout_s", (int, float), None),
-        gpus=t.get("gpus", int, 0), bisect=t.get("bisect", bool, True), patches=t.strings("patches"))
+        gpus=t.get("gpus", int, 0), bisect=t.get("bisect", bool, True), patches=t.strings("patches"),
+        steps=_steps(t))
     if kind == "command" and not spec.argv:
         raise ConfigError(f"{t.path}: [{t.where}] a command test needs argv = [...]")
     if kind == "functional" and not spec.script:
@@ -188,6 +192,27 @@ def _test(t: _Table, images: dict[str, Image]) -> Spec:
             if images[img].launcher != "local":
                 raise ConfigError(f"{t.path}: [{t.where}] proofs run on this machine: image {img!r} is not local")
     return spec
+
+
+def _steps(t: _Table) -> int | None:
+    """The run's step count: ``steps = N``, else the value of ``--steps N`` / ``--steps=N`` in argv."""
+    steps = t.get("steps", int, None)
+    if isinstance(steps, bool):
+        raise ConfigError(f"{t.path}: [{t.where}] steps must be int, got bool")
+    argv = list(t.strings("argv"))
+    given = None
+    for i, a in enumerate(argv):
+        raw = argv[i + 1] if a == "--steps" and i + 1 < len(argv) else a[8:] if a.startswith("--steps=") else None
+        if raw is not None:
+            if not raw.isdigit():
+                return steps  # a placeholder or a variable: only the matrix's own steps can say
+            given = int(raw)
+    if steps is not None and given is not None and steps != given:
+        raise ConfigError(f"{t.path}: [{t.where}] steps = {steps}, but its argv says --steps {given}")
+    steps = steps if steps is not None else given
+    if steps is not None and steps < 1:
+        raise ConfigError(f"{t.path}: [{t.where}] steps = {steps}: a run makes at least one step")
+    return steps
 
 
 def _checks(t: _Table, kind: str) -> tuple[tuple[Gate, ...], tuple[str, ...], tuple[StepMarker, ...]]:

@@ -23,10 +23,10 @@ Statuses: those of carry.nightly.judge, plus ``error``.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
+import traceback
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,12 +40,13 @@ from ..files import write_json
 from ..runner import run
 from ..workspace.apply import Options as ApplyOptions
 from ..workspace.apply import apply_series
+from . import artifacts
 from . import report as reports
 from .config import NightlyConfig
 from .judge import Verdict, deterministic_flags, judge
-from .launch import docker_killer, run_logged
+from .launch import Finished, docker_killer, run_logged
 from .plan import Cell, Options, cells, plan, timeout_for
-from .runlog import result_line
+from .runlog import read_result_line
 
 NOT_GREEN = ("failed", "vacuous", "error")
 
@@ -85,35 +86,47 @@ def run_check(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, time
     log = out / "console.log"
     killer = docker_killer(p.container) if p.container else None
     fin = run_logged(p, log, timeout=timeout, on_timeout=killer)
-    text = log.read_text(errors="replace")
+    v = judge_outputs(cell, fin, out, timeout)
+    info = {"seconds": round(fin.seconds, 1), "command": p.shell(), "log": str(log), "returncode": fin.returncode,
+            "timed_out": fin.timed_out, "artifacts": artifacts.listing(out)}
+    return v, info
+
+
+def judge_outputs(cell: Cell, fin: Finished, out: Path, timeout: float) -> Verdict:
+    """Judge what the run left in ``out``, each file read by carry.nightly.artifacts: a file the run
+    broke (a directory, a FIFO, a symlink, huge, not UTF-8, nested too deeply) fails this cell, with
+    the file named, and never the night."""
+    text, problem = artifacts.read_log(out / "console.log")
+    if text is None:  # the run replaced or removed the log the launcher wrote
+        text = f"[carry] {problem or 'console.log is gone'}\n"
+        problem = problem or "console.log is gone"
+    src = cell.spec.metrics
     # The document as read: the judge names a value that is not a number rather than lose it.
     metrics: dict = {}
-    src = cell.spec.metrics
     if src == "result-line":
-        metrics = result_line(text) or {}
+        _, doc, bad = read_result_line(text)
+        metrics, problem = doc or {}, problem or bad
     elif src.startswith("file:"):
-        f = out / src[5:]
-        if f.exists():
-            try:
-                doc = json.loads(f.read_text())
-            except ValueError as exc:
-                text += f"\n[carry] {f.name} is not valid JSON: {exc}\n"
-            else:
-                if isinstance(doc, dict):
-                    metrics = doc
-                else:
-                    text += f"\n[carry] {f.name} is not a JSON object (a {type(doc).__name__})\n"
-    marker_text = text
-    run_log = out / "run.log"
-    if run_log.exists():
-        marker_text = run_log.read_text(errors="replace")
-    v = judge(rc=fin.returncode, timed_out=fin.timed_out, text=text, metrics=metrics, gates=cell.spec.gates,
-              markers=cell.spec.markers, timeout_s=timeout, launch_error=fin.error, marker_text=marker_text,
-              step_markers=cell.spec.step_markers, metrics_source=src)
-    info = {"seconds": round(fin.seconds, 1), "command": p.shell(), "log": str(log), "returncode": fin.returncode,
-            "timed_out": fin.timed_out,
-            "artifacts": sorted(str(x.relative_to(out)) for x in out.rglob("*") if x.is_file())}
-    return v, info
+        doc, bad = artifacts.read_metrics(out / src[5:])
+        metrics, problem = doc or {}, problem or bad
+    marker_text, bad = artifacts.read_log(out / "run.log")
+    if bad:
+        problem = problem or bad
+        marker_text = ""  # a run.log that is there but unreadable holds no marker
+    return judge(rc=fin.returncode, timed_out=fin.timed_out, text=text, metrics=metrics, gates=cell.spec.gates,
+                 markers=cell.spec.markers, timeout_s=timeout, launch_error=fin.error, marker_text=marker_text,
+                 step_markers=cell.spec.step_markers, metrics_source=src, steps=cell.spec.steps,
+                 metrics_problem=problem)
+
+
+def cell_error(cell_out: Path, exc: BaseException) -> Verdict:
+    """A cell the nightly could not judge (a defect of ours, or an output no reader foresaw): that
+    cell's ``error``, its traceback kept beside its run.json, and the night goes on."""
+    cell_out.mkdir(parents=True, exist_ok=True)
+    where = cell_out / "nightly-error.txt"
+    where.write_text("".join(traceback.format_exception(exc)))
+    return Verdict(status="error", reason=f"the nightly could not judge this cell: {type(exc).__name__}: "
+                                          f"{str(exc)[:300]} (traceback in {where})")
 
 
 def _proof_pristine(cell: Cell, trees: dict[str, Path], prefix: PrefixTrees, out: Path,
@@ -191,6 +204,8 @@ def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[s
                             v = _proof_pristine(cell, trees, prefix, cell_out / "pristine", timeout, opts.cache) or v
                 except CarryError as exc:
                     v, info = Verdict(status="failed", reason=f"could not run: {exc.message}"), {}
+                except Exception as exc:  # noqa: BLE001 - one cell's output must not end the night
+                    v, info = cell_error(cell_out, exc), {}
             record = {
                 "run_id": opts.run_id, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "cell": cell.id, "series": series.name, "image": cell.image.name, "test": cell.test,
@@ -240,6 +255,8 @@ def _bisect(cell: Cell, v: Verdict, prefix: PrefixTrees, out: Path, opts: Option
             pv, _ = run_check(cell, prefix.trees(k), out / f"k{k:03d}", opts, timeout)
         except CarryError as exc:
             pv = Verdict(status="failed", reason=f"could not run: {exc.message}")
+        except Exception as exc:  # noqa: BLE001 - as in run_nightly
+            pv = cell_error(out / f"k{k:03d}", exc)
         return pv.signature(), pv.status, pv.reason
 
     return bisect(order, v.signature(), probe)

@@ -530,13 +530,13 @@ def test_reading_a_megabyte_line_of_blanks_is_linear():
     """run_lines (and BUG_HIT, SKIP:, markers, tracebacks) over a 1 MB run of blanks: it was n^2
     (19 s at 100k blanks). Timed under the machine's other load."""
     import time
-    from carry.nightly.runlog import bug_hits, run_lines, skip_line
+    from carry.nightly.runlog import bug_hits, run_lines, skip_reason
     for line in ("x" + " " * 1_000_000 + "y", "BUG_HIT: a-b: " + " " * 1_000_000 + "y",
                  "SKIP: a.sh: " + " " * 1_000_000 + "y", "(pid=1) " + " " * 1_000_000 + "[repeated 2x"):
         t0 = time.monotonic()
         run_lines(line)
         bug_hits(line)
-        skip_line(line)
+        skip_reason(line)
         v = fn(good(), log=GOOD_LOG + line + "\n")
         took = time.monotonic() - t0
         print(f"1 MB line {line[:12]!r}: {took:.3f}s")

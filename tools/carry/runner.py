@@ -232,11 +232,12 @@ class Git:
         self.path = Path(path)
 
     def __call__(self, *args: str, check: bool = True, input: str | bytes | None = None,
-                 env: Mapping[str, str] | None = None, binary: bool = False) -> Result:
+                 env: Mapping[str, str] | None = None, binary: bool = False,
+                 timeout: float | None = None) -> Result:
         argv = ["git", "-C", str(self.path)]
         for item in _GIT_CONFIG:
             argv += ["-c", item]
-        return run([*argv, *args], env=git_env(env), input=input, check=check, binary=binary)
+        return run([*argv, *args], env=git_env(env), input=input, check=check, binary=binary, timeout=timeout)
 
     # -- making repositories -------------------------------------------------
     def init(self) -> None:

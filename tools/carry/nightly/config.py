@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -93,6 +93,9 @@ class NightlyConfig:
     tests: tuple[Spec, ...]
     timeout_s: float = 3600.0
     bisect: bool = True
+    # [canary]: where each upstream's main comes from (tools/nightly.py --fetch-mains), and its branch.
+    mains: dict[str, str] = field(default_factory=dict)
+    main_branch: str = "main"
 
     @property
     def root(self) -> Path:
@@ -107,7 +110,7 @@ def load(path: Path) -> NightlyConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     top = _Table(raw, "<top>", path)
-    top.check_keys(["nightly", "images", "tests"])
+    top.check_keys(["nightly", "images", "tests", "canary"])
     n = _Table(top.get("nightly", dict, required=True), "nightly", path)
     n.check_keys(["series", "timeout_s", "bisect"])
     series = n.strings("series")
@@ -125,8 +128,15 @@ def load(path: Path) -> NightlyConfig:
         if spec.name in [x.name for x in tests]:
             raise ConfigError(f"{path}: two tests are named {spec.name!r}")
         tests.append(spec)
+    c = _Table(top.get("canary", dict, {}), "canary", path)
+    c.check_keys(["mains", "branch"])
+    mains = c.get("mains", dict, {})
+    if not all(isinstance(v, str) and v for v in mains.values()):
+        raise ConfigError(f"{path}: [canary] mains must map an upstream to its git URL",
+                          hint='mains = { megatron-lm = "https://.../Megatron-LM.git" }')
     return NightlyConfig(path.resolve(), series, images, tuple(tests),
-                         float(n.get("timeout_s", (int, float), 3600.0)), n.get("bisect", bool, True))
+                         float(n.get("timeout_s", (int, float), 3600.0)), n.get("bisect", bool, True),
+                         dict(mains), c.get("branch", str, "main"))
 
 
 def _image(t: _Table, name: str) -> Image:

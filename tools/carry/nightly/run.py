@@ -262,14 +262,16 @@ def _bisect(cell: Cell, v: Verdict, prefix: PrefixTrees, out: Path, opts: Option
     return bisect(order, v.signature(), probe)
 
 
-def run_canaries(cfg: NightlyConfig, opts: Options, load_series) -> list[canary.UpstreamCanary]:
-    """The canary (carry.evidence.canary) of each series against the upstream main heads of --canary."""
+def run_canaries(cfg: NightlyConfig, opts: Options, load_series,
+                 fetch_errors: dict[str, str] | None = None) -> list[canary.UpstreamCanary]:
+    """The canary (carry.evidence.canary) of each series against the upstream main heads of --canary;
+    ``fetch_errors``: the upstreams whose main could not be fetched tonight (NAME -> why)."""
     found = []
     for sname in opts.series or list(cfg.series):
         series = load_series(sname, cfg)
         heads = {n: p for n, p in opts.canary.items() if n in {u.name for u in series.upstreams}}
         found += canary.run(series, heads, opts.cache, opts.timeout or cfg.timeout_s, opts.workdir / series.name,
-                            dict(opts.sources))
+                            dict(opts.sources), fetch_errors)
     return found
 
 

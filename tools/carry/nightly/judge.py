@@ -57,6 +57,8 @@ __all__ = ["STATUSES", "Gate", "GateResult", "StepMarker", "Verdict", "determini
            "summary_value"]
 
 STATUSES = ("passed", "failed", "skipped", "vacuous")
+METRICS_KEPT = 1000  # NeMo-RL's metrics.json has about a hundred
+KEY_WIDTH = 200
 
 
 # -- the verdict ---------------------------------------------------------------------------
@@ -108,9 +110,7 @@ def judge(*, rc: int | None, timed_out: bool, text: str, metrics: dict[str, Any]
     marker_text = text if marker_text is None else marker_text
     metrics = metrics or {}
     gates, markers, step_markers = list(gates), list(markers), list(step_markers)
-    v = Verdict(status="failed", tail=tail(text),
-                metrics={k: s for k, s in ((k, summary_value(x)) for k, x in numeric_metrics(metrics).items())
-                         if s is not None})
+    v = Verdict(status="failed", tail=tail(text), metrics=_reported(metrics, gates))
     hits = bug_hits(text)
     if hits:
         v.bug = hits[0][0]
@@ -165,6 +165,16 @@ def judge(*, rc: int | None, timed_out: bool, text: str, metrics: dict[str, Any]
     v.status = "passed"
     v.reason = "; ".join(f"{g.gate} (value {g.value:.10g})" for g in v.gates) or "exit 0"
     return v
+
+
+def _reported(metrics: dict[str, Any], gates: list[Gate]) -> dict[str, float]:
+    """One number per metric for run.json, the summary and the history: the gated ones always, the
+    others up to METRICS_KEPT names of at most KEY_WIDTH characters (a run may report millions)."""
+    nums = {k: s for k, s in ((k, summary_value(x)) for k, x in numeric_metrics(metrics).items()) if s is not None}
+    gated = {g.key for g in gates}
+    kept = [k for k in nums if k in gated]
+    kept += sorted(k for k in nums if k not in gated and len(k) <= KEY_WIDTH)[:max(0, METRICS_KEPT - len(kept))]
+    return {k: nums[k] for k in sorted(kept)}
 
 
 def _ran_anyway(*, rc, hits, traces, own_log, gates, metrics, markers, step_markers, marker_text,

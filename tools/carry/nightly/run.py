@@ -40,7 +40,7 @@ from ..files import write_json
 from ..runner import run
 from ..workspace.apply import Options as ApplyOptions
 from ..workspace.apply import apply_series
-from . import artifacts
+from . import artifacts, figures
 from . import report as reports
 from .config import NightlyConfig
 from .judge import Verdict, deterministic_flags, judge
@@ -284,7 +284,18 @@ def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig, warnings:
                                            "history_warnings": list(warnings),
                                            "canary": canary.to_dicts(canaries or [])})
     (opts.out / "junit.xml").write_text(reports.junit(runs))
-    (opts.out / "summary.md").write_text(reports.summary(runs, opts.run_id, {
-        "seed": opts.seed, "history": opts.history.name, "cells": len(runs)}, warnings)
-        + "\n".join(canary.summary_lines(canaries or [])) + ("\n" if canaries else ""))
     reports.append_history(opts.history, [reports.history_record(r) for r in runs])
+    text = (reports.summary(runs, opts.run_id, {"seed": opts.seed, "history": opts.history.name, "cells": len(runs)},
+                            warnings) + "\n".join(canary.summary_lines(canaries or [])) + ("\n" if canaries else ""))
+    (opts.out / "summary.md").write_text(text)
+    (opts.out / "summary.md").write_text(text + "\n".join(_figures(opts, runs)) + "\n")
+
+
+def _figures(opts: Options, runs: list[dict]) -> list[str]:
+    """The figures over the history (tonight's records included) and tonight's cells; a figure that
+    cannot be drawn is a line in the summary, never a lost night (the summary is written first)."""
+    try:
+        history, _ = reports.read_history(opts.history)
+        return figures.summary_lines(opts.out, history, runs)
+    except Exception as exc:  # noqa: BLE001 - pictures are a view of the night, not its verdict
+        return ["", f"Figures: could not be drawn: {type(exc).__name__}: {str(exc)[:300]}"]

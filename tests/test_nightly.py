@@ -537,3 +537,116 @@ markers = ["site on path"]
     # Without it, the command cell does not see the site.
     nightly(d, tmp_path / "n2", "--tests", "site-on-path", "--no-bisect", check=1)
     assert by_test(tmp_path / "n2")["site-on-path"]["status"] == "failed"
+
+
+# A run that leaves a hostile output (issue 32, item 7): MODE picks what. Every cell gates x.
+HOSTILE_CELL = r'''
+import json, os, sys
+mode, out = sys.argv[1], sys.argv[2]
+m = os.path.join(out, "metrics.json")
+good = {"x": {"1": 1.0, "2": 1.0}}
+if mode == "good":
+    json.dump(good, open(m, "w"))
+elif mode == "dir":
+    os.mkdir(m)
+elif mode == "deep":
+    open(m, "w").write('{"x": ' + "[" * 200000 + "]" * 200000 + "}")
+elif mode == "deep-line":
+    print("{" + '"a": {' * 200000 + "}" * 200000 + "}")
+elif mode == "not-utf8":
+    open(m, "wb").write(b'{"x": {"1": 1.0}, "note": "\xff\xfe"}')
+elif mode == "zero-link":
+    os.symlink("/dev/zero", m)
+elif mode == "out-link":
+    json.dump(good, open(os.path.join(out, "..", "elsewhere.json"), "w"))
+    os.symlink(os.path.join(out, "..", "elsewhere.json"), m)
+elif mode == "fifo":
+    os.mkfifo(m)
+elif mode == "huge":
+    with open(m, "wb") as f:
+        f.truncate(65 * 1024 * 1024)  # sparse: past the nightly's bound without the disk
+elif mode == "digits":
+    open(m, "w").write('{"x": {"1": ' + "9" * 5000 + "}}")
+elif mode == "log-dir":
+    json.dump(good, open(m, "w"))
+    os.unlink(os.path.join(out, "console.log"))
+    os.mkdir(os.path.join(out, "console.log"))
+elif mode == "runlog-fifo":
+    json.dump(good, open(m, "w"))
+    os.mkfifo(os.path.join(out, "run.log"))
+elif mode == "deep-tree":
+    json.dump(good, open(m, "w"))
+    d = out
+    for _ in range(1500):
+        d = os.path.join(d, "d")
+        os.mkdir(d)
+'''
+HOSTILE_MODES = ("dir", "deep", "deep-line", "not-utf8", "zero-link", "out-link", "fifo", "huge", "digits", "log-dir",
+                 "runlog-fifo")
+
+
+def test_no_cell_output_stops_the_night(demo, tmp_path):
+    """Issue 32, item 7: each hostile output fails its own cell, named, and the night goes on:
+    nightly.json, the summary and the history are written, the good cells after them pass. A
+    run folder nested 1500 deep is listed without recursion."""
+    script = tmp_path / "hostile.py"
+    script.write_text(HOSTILE_CELL)
+    body = proofs_matrix(str(demo["series"]), timeout_s=120)
+    modes = HOSTILE_MODES + ("good", "deep-tree")
+    for mode in modes:
+        metrics = "result-line" if mode == "deep-line" else "file:metrics.json"
+        body += f'''
+[[tests]]
+name = "c-{mode}"
+kind = "command"
+images = ["host"]
+argv = ["{{python}}", {json.dumps(str(script))}, "{mode}", "{{out}}"]
+metrics = "{metrics}"
+gates = ['max(data["x"]) < 2']
+timeout_s = 60
+'''
+    config = tmp_path / "nightly.toml"
+    config.write_text(body)
+    out = tmp_path / "n"
+    res = tool("nightly", "--config", config, "--out", out, "--workdir", tmp_path / "nwork", "--cache", demo["cache"],
+               "--source", f"megatron-lm={demo['up']}", "--history", tmp_path / "h.jsonl", "--no-bisect",
+               "--tests", ",".join(f"c-{m}" for m in modes), timeout=300)
+    try:
+        _night_went_on(res, out, tmp_path, modes)
+    finally:
+        for deep in (out / "cells").glob("*c-deep-tree/artifacts/d"):
+            _remove_deep(deep)
+
+
+def _night_went_on(res, out: Path, tmp_path: Path, modes: tuple[str, ...]) -> None:
+    assert res.returncode == 1, (res.returncode, res.stdout[-3000:], res.stderr[-3000:])
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    runs = by_test(out)
+    why = {m: runs[f"c-{m}"]["reason"] for m in HOSTILE_MODES}
+    assert {m: runs[f"c-{m}"]["status"] for m in HOSTILE_MODES} == dict.fromkeys(HOSTILE_MODES, "failed"), why
+    assert "metrics.json is a directory, not a file" in why["dir"]
+    assert "metrics.json is nested too deeply to read" in why["deep"]
+    assert "the result line (log line 2) is nested too deeply to read" in why["deep-line"]
+    assert "metrics.json is not UTF-8" in why["not-utf8"]
+    assert "metrics.json is a symlink, not a file" in why["zero-link"] and "symlink" in why["out-link"]
+    assert "metrics.json is a FIFO, not a file" in why["fifo"]
+    assert "metrics.json is 68157440 bytes, past the" in why["huge"]
+    assert "metrics.json is not valid JSON" in why["digits"]
+    assert "console.log is a directory, not a file" in why["log-dir"]
+    assert "run.log is a FIFO, not a file" in why["runlog-fifo"]
+    assert runs["c-good"]["status"] == "passed", runs["c-good"]
+    assert runs["c-deep-tree"]["status"] == "passed", runs["c-deep-tree"]
+    assert any(a.endswith("/d/d/d") for a in runs["c-deep-tree"]["artifacts"]) is False  # directories are not files
+    assert "metrics.json" in runs["c-deep-tree"]["artifacts"]
+    md = (out / "summary.md").read_text()
+    assert md.startswith("# Nightly") and "| c-fifo | FAILED |" in md
+    assert len((tmp_path / "h.jsonl").read_text().splitlines()) == len(modes)
+
+
+def _remove_deep(top: Path) -> None:
+    """The 1500-deep folder, bottom up (shutil.rmtree, pytest's cleanup too, recurses per level)."""
+    chain = [top]
+    while (chain[-1] / "d").is_dir():
+        chain.append(chain[-1] / "d")
+    for d in reversed(chain):
+        d.rmdir()

@@ -243,11 +243,13 @@ class Git:
         self.path = Path(path)
 
     def __call__(self, *args: str, check: bool = True, input: str | bytes | None = None,
-                 env: Mapping[str, str] | None = None, binary: bool = False) -> Result:
+                 env: Mapping[str, str] | None = None, binary: bool = False,
+                 timeout: float | None = None) -> Result:
         argv = ["git", "-C", str(self.path)]
         for item in _GIT_CONFIG:
             argv += ["-c", item]
-        res = run([*argv, *args], env=git_env(env), input=input, check=False, binary=binary)
+        res = run([*argv, *args], env=git_env(env), input=input, check=False, binary=binary,
+                  timeout=timeout)
         if not res.ok:
             # A full disk is no answer of git's for a caller to read (a conflict, a missing
             # commit): it stops the command, named as what it is, with or without check.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import progress
 from ..errors import ConfigError
 from ..evidence import canary, tesite
 from ..nightly import config as nightly_config
@@ -39,6 +40,26 @@ def print_plans(cfg: NightlyConfig, opts: Options) -> None:
             print(f"# {cell.id} ({cell.launcher})\n{p.shell()}\n")
 
 
+def fetch_mains(cfg: NightlyConfig, opts: Options) -> dict[str, str]:
+    """Each --canary PATH brought up to its upstream's main (carry.evidence.canary.fetch_main), before
+    the night; NAME -> why, for each that could not be."""
+    if not opts.canary:
+        raise ConfigError("--fetch-mains fetches into the --canary paths, and none is given",
+                          hint="add --canary NAME=PATH for each upstream (a bare repository, kept between nights)")
+    errors = {}
+    for name, path in opts.canary.items():
+        url = cfg.mains.get(name)
+        if not url:
+            raise ConfigError(f"--fetch-mains: the matrix's [canary] mains has no URL for {name!r}",
+                              hint=f"add {name} = \"<git URL>\" to [canary] mains in {cfg.path}")
+        progress.say(f"canary: fetching {name} {cfg.main_branch} from {url} into {path}")
+        head, why = canary.fetch_main(url, path, cfg.main_branch)
+        if why:
+            errors[name] = why
+            progress.say(f"canary: {name}: {why}")
+    return errors
+
+
 DESCRIPTION = """\
 Run the nightly matrix (series x image x test) and judge every cell:
 passed, failed, skipped or vacuous (passed without its markers). A failed cell
@@ -62,6 +83,10 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--canary", action="append", metavar="NAME=PATH",
                    help="also run the canary against upstream NAME's main: PATH a git checkout or mirror whose "
                         "HEAD is main (repeat per upstream); its verdicts go into the summary as warnings")
+    p.add_argument("--fetch-mains", action="store_true",
+                   help="before the night, fetch each --canary PATH (a bare repository, made on the first night and "
+                        "reused after) from the upstream main the matrix's [canary] mains names; an upstream whose "
+                        "main cannot be fetched is the canary's error, never last night's verdicts")
     options.add_only(p, help="as tools/apply.py --only: patch ids and/or upstreams to apply (e.g. "
                              "megatron-lm,megatron-bridge where NeMo-RL cannot be fetched)")
     options.add_cache(p)
@@ -99,11 +124,12 @@ def main(argv: list[str], prog: str) -> int:
     if a.print_commands:
         print_plans(cfg, opts)
         return 0
+    fetch_errors = fetch_mains(cfg, opts) if a.fetch_mains else {}
     warnings: list[str] = []
     runs = run_nightly(cfg, opts, _load_series, warnings)
     if not runs:
         raise ConfigError("the selection matched no cell", hint="check --series, --images and --tests")
-    canaries = run_canaries(cfg, opts, _load_series) if opts.canary else []
+    canaries = run_canaries(cfg, opts, _load_series, fetch_errors) if opts.canary else []
     write_outputs(runs, opts, cfg, warnings, canaries)
     rows = [[r["series"], r["image"], r["test"], r["status"], (r.get("reason") or "")[:90]] for r in runs]
     print(table(rows, ["series", "image", "test", "status", "reason"]))
@@ -113,7 +139,7 @@ def main(argv: list[str], prog: str) -> int:
         if r.get("bisect"):
             print(f"bisect: {r['cell']}: {r['bisect']['note']}")
     for c in canaries:
-        counts = ", ".join(f"{sum(r.verdict == k for r in c.rows)} {k}" for k in ("landed", "needed", "conflicts", "unknown"))
+        counts = ", ".join(f"{sum(r.verdict == k for r in c.rows)} {k}" for k in canary.VERDICTS)
         print(f"canary {c.upstream} main {c.head[:12] or '?'}: {counts}")
     for w in canary.warnings(canaries):
         print(f"warning: {w}")

@@ -9,20 +9,31 @@ text, the link (merged_in) and the proofs that run here, on the pristine main he
   conflicts  the patch no longer applies to main (the file is named): whoever moves the series
              next has a merge to do;
   unknown    no evidence either way (why: a GPU proof without a GPU, no proof, a proof that
-             crashed on main, main not readable).
+             crashed on main);
+  error      main could not be fetched or read tonight, or retire could not run: no verdict.
 
 Nothing here fails the night: the release cells judge the pins; a patch that stops applying to
 main is a warning in the summary.
+
+Fetching main (``tools/nightly.py --fetch-mains``, fetch_main): before the night, each --canary
+PATH is a bare repository that caches its upstream's main (the URL from the matrix's
+``[canary] mains``): made on the first night, brought up to date by one ``git fetch`` on every
+later one. An upstream whose main cannot be fetched tonight gets ``error`` rows (why, and the
+command to try), never a verdict from last night's copy: a stale main must not say ``landed``.
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import progress
 from ..errors import CarryError
 from ..runner import Git
+
+VERDICTS = ("landed", "needed", "conflicts", "unknown", "error")
+FETCH_TIMEOUT_S = 1800.0  # a first fetch of Megatron-LM's whole history takes minutes
 from ..series.manifest import Series
 from ..workspace.workdir import WorkDir
 from .retire import Verdict, retire
@@ -32,7 +43,7 @@ from .retire import Verdict, retire
 class Row:
     upstream: str
     id: str
-    verdict: str          # landed | needed | conflicts | unknown
+    verdict: str          # one of VERDICTS
     why: str
     evidence: list[str] = field(default_factory=list)
 
@@ -78,11 +89,41 @@ def classify(name: str, v: Verdict) -> Row:
     return Row(name, v.id, "unknown", why, ev)
 
 
+def fetch_main(url: str, dest: Path, branch: str = "main", timeout: float = FETCH_TIMEOUT_S) -> tuple[str | None, str]:
+    """Bring the bare cache ``dest`` up to ``url``'s ``branch``: (its head, "") or (None, why).
+
+    ``dest`` is made (``git init --bare``) when missing, and fetched into when it is a bare
+    repository already (the last night's objects are reused); anything else there is refused and
+    left alone. Its HEAD names the fetched branch, so it is a mirror "whose HEAD is main"."""
+    dest = dest.expanduser().absolute()
+    again = f"git -C {shlex.quote(str(dest))} fetch --no-tags {shlex.quote(url)} +refs/heads/{branch}:refs/heads/{branch}"
+    repo = Git(dest)
+    try:
+        if not dest.exists():
+            dest.mkdir(parents=True)
+            repo("init", "-q", "--bare")
+        elif not dest.is_dir() or repo("rev-parse", "--is-bare-repository", check=False).stdout.strip() != "true":
+            return None, f"{dest} is there and is not a bare git repository: not touched (move it away)"
+        # No prompt for credentials on a night without a terminal: a private URL fails, it does not hang.
+        res = repo("fetch", "--no-tags", "--prune", url, f"+refs/heads/{branch}:refs/heads/{branch}",
+                   check=False, timeout=timeout, env={"GIT_TERMINAL_PROMPT": "0"})
+        if not res.ok:
+            why = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+            return None, f"could not fetch {branch} of {url}: {why[0][:300]} (next: {again})"
+        repo("symbolic-ref", "HEAD", f"refs/heads/{branch}")
+    except CarryError as exc:  # git missing, a timeout, a full disk
+        return None, f"could not fetch {branch} of {url} into {dest}: {exc.message} (next: {again})"
+    head = repo.rev_parse(f"refs/heads/{branch}")
+    return (head, "") if head else (None, f"{url} has no branch {branch!r}")
+
+
 def run(series: Series, heads: dict[str, Path], cache: Path, timeout: float, workdir: Path | None,
-        source_paths: dict[str, Path]) -> list[UpstreamCanary]:
+        source_paths: dict[str, Path], errors: dict[str, str] | None = None) -> list[UpstreamCanary]:
     """``heads``: NAME -> checkout of main; ``workdir``: tonight's applied trees (the others' trees
-    for cross-upstream proofs), or None to build them from the pins and ``source_paths``."""
+    for cross-upstream proofs), or None to build them from the pins and ``source_paths``;
+    ``errors``: NAME -> why its main could not be fetched tonight (its rows are ``error``)."""
     out = []
+    errors = errors or {}
     wd = workdir if workdir is not None and WorkDir(workdir).load_state() is not None else None
     for name, path in heads.items():
         series.upstream(name)  # an unknown name is a usage error, with a suggestion
@@ -90,10 +131,14 @@ def run(series: Series, heads: dict[str, Path], cache: Path, timeout: float, wor
         out.append(res)
         if not series.patches_for(name):
             continue
+        if name in errors:
+            res.error = errors[name]
+            res.rows = [Row(name, p.id, "error", f"no main tonight: {res.error}") for p in series.patches_for(name)]
+            continue
         head = Git(path.expanduser().resolve()).rev_parse("HEAD") if path.exists() else None
         if not head:
             res.error = f"{path} is not a git checkout with a HEAD"
-            res.rows = [Row(name, p.id, "unknown", f"main not readable: {res.error}") for p in series.patches_for(name)]
+            res.rows = [Row(name, p.id, "error", f"main not readable: {res.error}") for p in series.patches_for(name)]
             continue
         res.head = head
         progress.say(f"canary: {series.name} against {name} main ({head[:12]})")
@@ -101,7 +146,7 @@ def run(series: Series, heads: dict[str, Path], cache: Path, timeout: float, wor
             rep = retire(series, name, head, cache, False, wd, {**source_paths, name: path}, timeout)
         except CarryError as exc:
             res.error = exc.message
-            res.rows = [Row(name, p.id, "unknown", f"retire could not run: {exc.message}")
+            res.rows = [Row(name, p.id, "error", f"retire could not run: {exc.message}")
                         for p in series.patches_for(name)]
             continue
         res.describe = rep.new_base
@@ -137,7 +182,7 @@ def summary_lines(canaries: list[UpstreamCanary]) -> list[str]:
         lines.append(f"- WARNING {_cell(w, 400)}")
     for c in canaries:
         where = f"{c.upstream} main at {c.head[:12]}" if c.head else f"{c.upstream} main ({c.checkout})"
-        counts = {k: sum(r.verdict == k for r in c.rows) for k in ("landed", "needed", "conflicts", "unknown")}
+        counts = {k: sum(r.verdict == k for r in c.rows) for k in VERDICTS}
         lines += ["", f"### {where}: " + ", ".join(f"{n} {k}" for k, n in counts.items()), ""]
         if c.rows:
             lines += ["| patch | on main | why |", "| --- | --- | --- |"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -75,6 +75,9 @@ class Spec:
     gpus: int = 0
     bisect: bool = True
     patches: tuple[str, ...] = ()
+    # How many steps the run makes (``steps``, else ``--steps N`` in argv): gated series must show
+    # steps 1..steps (carry.nightly.judge.gated_steps). None: the series decide.
+    steps: int | None = None
 
     @property
     def watched(self) -> tuple[str, ...]:
@@ -90,6 +93,9 @@ class NightlyConfig:
     tests: tuple[Spec, ...]
     timeout_s: float = 3600.0
     bisect: bool = True
+    # [canary]: where each upstream's main comes from (tools/nightly.py --fetch-mains), and its branch.
+    mains: dict[str, str] = field(default_factory=dict)
+    main_branch: str = "main"
 
     @property
     def root(self) -> Path:
@@ -108,7 +114,7 @@ def load(path: Path) -> NightlyConfig:
     except ValueError as exc:  # an integer past Python's digit limit, and the like
         raise ConfigError(f"{path}: a value this tool cannot read ({str(exc).split(';')[0]})") from None
     top = _Table(raw, "<top>", path)
-    top.check_keys(["nightly", "images", "tests"])
+    top.check_keys(["nightly", "images", "tests", "canary"])
     n = _Table(top.get("nightly", dict, required=True), "nightly", path)
     n.check_keys(["series", "timeout_s", "bisect"])
     series = n.strings("series")
@@ -126,8 +132,15 @@ def load(path: Path) -> NightlyConfig:
         if spec.name in [x.name for x in tests]:
             raise ConfigError(f"{path}: two tests are named {spec.name!r}")
         tests.append(spec)
+    c = _Table(top.get("canary", dict, {}), "canary", path)
+    c.check_keys(["mains", "branch"])
+    mains = c.get("mains", dict, {})
+    if not all(isinstance(v, str) and v for v in mains.values()):
+        raise ConfigError(f"{path}: [canary] mains must map an upstream to its git URL",
+                          hint='mains = { megatron-lm = "https://.../Megatron-LM.git" }')
     return NightlyConfig(path.resolve(), series, images, tuple(tests),
-                         float(n.get("timeout_s", (int, float), 3600.0)), n.get("bisect", bool, True))
+                         float(n.get("timeout_s", (int, float), 3600.0)), n.get("bisect", bool, True),
+                         dict(mains), c.get("branch", str, "main"))
 
 
 def _image(t: _Table, name: str) -> Image:
@@ -154,7 +167,7 @@ def _image(t: _Table, name: str) -> Image:
 
 def _test(t: _Table, images: dict[str, Image]) -> Spec:
     t.check_keys(["name", "kind", "images", "description", "argv", "script", "env", "gates", "markers",
-                  "step_markers", "watch", "metrics", "timeout_s", "gpus", "bisect", "patches"])
+                  "step_markers", "watch", "metrics", "timeout_s", "gpus", "bisect", "patches", "steps"])
     name = t.get("name", str, required=True)
     t.where = f"{t.where} ({name})"
     kind = t.get("kind", str, required=True)
@@ -180,7 +193,8 @@ def _test(t: _Table, images: dict[str, Image]) -> Spec:
         argv=t.strings("argv"), script=t.get("script", str, None), env=tuple(sorted(env.items())),
         gates=gates, markers=markers, step_markers=step_markers,
         watch=t.strings("watch"), metrics=metrics, timeout_s=t.get("timeout_s", (int, float), None),
-        gpus=t.get("gpus", int, 0), bisect=t.get("bisect", bool, True), patches=t.strings("patches"))
+        gpus=t.get("gpus", int, 0), bisect=t.get("bisect", bool, True), patches=t.strings("patches"),
+        steps=_steps(t))
     if kind == "command" and not spec.argv:
         raise ConfigError(f"{t.path}: [{t.where}] a command test needs argv = [...]")
     if kind == "functional" and not spec.script:
@@ -192,6 +206,27 @@ def _test(t: _Table, images: dict[str, Image]) -> Spec:
             if images[img].launcher != "local":
                 raise ConfigError(f"{t.path}: [{t.where}] proofs run on this machine: image {img!r} is not local")
     return spec
+
+
+def _steps(t: _Table) -> int | None:
+    """The run's step count: ``steps = N``, else the value of ``--steps N`` / ``--steps=N`` in argv."""
+    steps = t.get("steps", int, None)
+    if isinstance(steps, bool):
+        raise ConfigError(f"{t.path}: [{t.where}] steps must be int, got bool")
+    argv = list(t.strings("argv"))
+    given = None
+    for i, a in enumerate(argv):
+        raw = argv[i + 1] if a == "--steps" and i + 1 < len(argv) else a[8:] if a.startswith("--steps=") else None
+        if raw is not None:
+            if not raw.isdigit():
+                return steps  # a placeholder or a variable: only the matrix's own steps can say
+            given = int(raw)
+    if steps is not None and given is not None and steps != given:
+        raise ConfigError(f"{t.path}: [{t.where}] steps = {steps}, but its argv says --steps {given}")
+    steps = steps if steps is not None else given
+    if steps is not None and steps < 1:
+        raise ConfigError(f"{t.path}: [{t.where}] steps = {steps}: a run makes at least one step")
+    return steps
 
 
 def _checks(t: _Table, kind: str) -> tuple[tuple[Gate, ...], tuple[str, ...], tuple[StepMarker, ...]]:

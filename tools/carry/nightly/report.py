@@ -86,7 +86,7 @@ def append_history(path: Path, records: Iterable[dict]) -> None:
 
 
 def history_record(run: dict) -> dict:
-    keep = ("run_id", "time", "cell", "series", "image", "test", "launcher", "status", "reason", "bug",
+    keep = ("run_id", "time", "cell", "series", "image", "test", "kind", "launcher", "status", "reason", "bug",
             "metrics", "flags", "seconds", "digest", "gpu_mode")
     rec = {k: run.get(k) for k in keep}
     if run.get("bisect"):

@@ -23,10 +23,10 @@ Statuses: those of carry.nightly.judge, plus ``error``.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
+import traceback
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,13 +39,13 @@ from ..evidence.prove import jobs, run_proof
 from ..files import write_json
 from ..workspace.apply import Options as ApplyOptions
 from ..workspace.apply import apply_series
-from . import gpus
+from . import artifacts, figures, gpus
 from . import report as reports
 from .config import NightlyConfig
 from .judge import Verdict, deterministic_flags, judge
-from .launch import docker_killer, run_logged
+from .launch import Finished, docker_killer, run_logged
 from .plan import Cell, Options, cells, plan, timeout_for
-from .runlog import result_line
+from .runlog import read_result_line
 
 NOT_GREEN = ("failed", "vacuous", "error")
 
@@ -76,35 +76,47 @@ def run_check(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, time
     log = out / "console.log"
     killer = docker_killer(p.container) if p.container else None
     fin = run_logged(p, log, timeout=timeout, on_timeout=killer)
-    text = log.read_text(errors="replace")
+    v = judge_outputs(cell, fin, out, timeout)
+    info = {"seconds": round(fin.seconds, 1), "command": p.shell(), "log": str(log), "returncode": fin.returncode,
+            "timed_out": fin.timed_out, "artifacts": artifacts.listing(out)}
+    return v, info
+
+
+def judge_outputs(cell: Cell, fin: Finished, out: Path, timeout: float) -> Verdict:
+    """Judge what the run left in ``out``, each file read by carry.nightly.artifacts: a file the run
+    broke (a directory, a FIFO, a symlink, huge, not UTF-8, nested too deeply) fails this cell, with
+    the file named, and never the night."""
+    text, problem = artifacts.read_log(out / "console.log")
+    if text is None:  # the run replaced or removed the log the launcher wrote
+        text = f"[carry] {problem or 'console.log is gone'}\n"
+        problem = problem or "console.log is gone"
+    src = cell.spec.metrics
     # The document as read: the judge names a value that is not a number rather than lose it.
     metrics: dict = {}
-    src = cell.spec.metrics
     if src == "result-line":
-        metrics = result_line(text) or {}
+        _, doc, bad = read_result_line(text)
+        metrics, problem = doc or {}, problem or bad
     elif src.startswith("file:"):
-        f = out / src[5:]
-        if f.exists():
-            try:
-                doc = json.loads(f.read_text())
-            except ValueError as exc:
-                text += f"\n[carry] {f.name} is not valid JSON: {exc}\n"
-            else:
-                if isinstance(doc, dict):
-                    metrics = doc
-                else:
-                    text += f"\n[carry] {f.name} is not a JSON object (a {type(doc).__name__})\n"
-    marker_text = text
-    run_log = out / "run.log"
-    if run_log.exists():
-        marker_text = run_log.read_text(errors="replace")
-    v = judge(rc=fin.returncode, timed_out=fin.timed_out, text=text, metrics=metrics, gates=cell.spec.gates,
-              markers=cell.spec.markers, timeout_s=timeout, launch_error=fin.error, marker_text=marker_text,
-              step_markers=cell.spec.step_markers, metrics_source=src)
-    info = {"seconds": round(fin.seconds, 1), "command": p.shell(), "log": str(log), "returncode": fin.returncode,
-            "timed_out": fin.timed_out,
-            "artifacts": sorted(str(x.relative_to(out)) for x in out.rglob("*") if x.is_file())}
-    return v, info
+        doc, bad = artifacts.read_metrics(out / src[5:])
+        metrics, problem = doc or {}, problem or bad
+    marker_text, bad = artifacts.read_log(out / "run.log")
+    if bad:
+        problem = problem or bad
+        marker_text = ""  # a run.log that is there but unreadable holds no marker
+    return judge(rc=fin.returncode, timed_out=fin.timed_out, text=text, metrics=metrics, gates=cell.spec.gates,
+                 markers=cell.spec.markers, timeout_s=timeout, launch_error=fin.error, marker_text=marker_text,
+                 step_markers=cell.spec.step_markers, metrics_source=src, steps=cell.spec.steps,
+                 metrics_problem=problem)
+
+
+def cell_error(cell_out: Path, exc: BaseException) -> Verdict:
+    """A cell the nightly could not judge (a defect of ours, or an output no reader foresaw): that
+    cell's ``error``, its traceback kept beside its run.json, and the night goes on."""
+    cell_out.mkdir(parents=True, exist_ok=True)
+    where = cell_out / "nightly-error.txt"
+    where.write_text("".join(traceback.format_exception(exc)))
+    return Verdict(status="error", reason=f"the nightly could not judge this cell: {type(exc).__name__}: "
+                                          f"{str(exc)[:300]} (traceback in {where})")
 
 
 def _proof_pristine(cell: Cell, trees: dict[str, Path], prefix: PrefixTrees, out: Path,
@@ -182,6 +194,8 @@ def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[s
                             v = _proof_pristine(cell, trees, prefix, cell_out / "pristine", timeout, opts.cache) or v
                 except CarryError as exc:
                     v, info = Verdict(status="failed", reason=f"could not run: {exc.message}"), {}
+                except Exception as exc:  # noqa: BLE001 - one cell's output must not end the night
+                    v, info = cell_error(cell_out, exc), {}
             record = {
                 "run_id": opts.run_id, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "cell": cell.id, "series": series.name, "image": cell.image.name, "test": cell.test,
@@ -236,19 +250,23 @@ def _bisect(cell: Cell, v: Verdict, prefix: PrefixTrees, out: Path, opts: Option
             pv, _ = run_check(cell, prefix.trees(k), out / f"k{k:03d}", opts, timeout)
         except CarryError as exc:
             pv = Verdict(status="failed", reason=f"could not run: {exc.message}")
+        except Exception as exc:  # noqa: BLE001 - as in run_nightly
+            pv = cell_error(out / f"k{k:03d}", exc)
         return pv.signature(), pv.status, pv.reason
 
     return bisect(order, v.signature(), probe)
 
 
-def run_canaries(cfg: NightlyConfig, opts: Options, load_series) -> list[canary.UpstreamCanary]:
-    """The canary (carry.evidence.canary) of each series against the upstream main heads of --canary."""
+def run_canaries(cfg: NightlyConfig, opts: Options, load_series,
+                 fetch_errors: dict[str, str] | None = None) -> list[canary.UpstreamCanary]:
+    """The canary (carry.evidence.canary) of each series against the upstream main heads of --canary;
+    ``fetch_errors``: the upstreams whose main could not be fetched tonight (NAME -> why)."""
     found = []
     for sname in opts.series or list(cfg.series):
         series = load_series(sname, cfg)
         heads = {n: p for n, p in opts.canary.items() if n in {u.name for u in series.upstreams}}
         found += canary.run(series, heads, opts.cache, opts.timeout or cfg.timeout_s, opts.workdir / series.name,
-                            dict(opts.sources))
+                            dict(opts.sources), fetch_errors)
     return found
 
 
@@ -261,9 +279,23 @@ def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig, warnings:
                                            "history_warnings": list(warnings),
                                            "canary": canary.to_dicts(canaries or [])})
     (opts.out / "junit.xml").write_text(reports.junit(runs))
-    header = {"seed": opts.seed, "history": opts.history.name, "cells": len(runs)}
-    if any(r.get("gpu_mode") == gpus.SHARED_GPU for r in runs):
-        header["gpu mode"] = gpus.TIMING_NOTE
-    (opts.out / "summary.md").write_text(reports.summary(runs, opts.run_id, header, warnings)
-        + "\n".join(canary.summary_lines(canaries or [])) + ("\n" if canaries else ""))
     reports.append_history(opts.history, [reports.history_record(r) for r in runs])
+    header = {"seed": opts.seed, "history": opts.history.name, "cells": len(runs)}
+    shared = any(r.get("gpu_mode") == gpus.SHARED_GPU for r in runs)
+    if shared:
+        header["gpu mode"] = gpus.TIMING_NOTE
+    text = (reports.summary(runs, opts.run_id, header, warnings)
+            + "\n".join(canary.summary_lines(canaries or [])) + ("\n" if canaries else ""))
+    (opts.out / "summary.md").write_text(text)
+    note = gpus.TIMING_NOTE if shared else ""
+    (opts.out / "summary.md").write_text(text + "\n".join(_figures(opts, runs, note)) + "\n")
+
+
+def _figures(opts: Options, runs: list[dict], note: str = "") -> list[str]:
+    """The figures over the history (tonight's records included) and tonight's cells; a figure that
+    cannot be drawn is a line in the summary, never a lost night (the summary is written first)."""
+    try:
+        history, _ = reports.read_history(opts.history)
+        return figures.summary_lines(opts.out, history, runs, note)
+    except Exception as exc:  # noqa: BLE001 - pictures are a view of the night, not its verdict
+        return ["", f"Figures: could not be drawn: {type(exc).__name__}: {str(exc)[:300]}"]

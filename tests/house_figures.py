@@ -11,8 +11,8 @@ How each figure is counted:
 - floors: the levels of the import graph made by the imports at module level (what Python runs at
   import time): a module that imports nothing of the package is floor 0, any other is one above the
   highest it imports; floors is the number of levels, of the rooms' graph (room_floors: a room's
-  imports are its modules', an import inside a room does not count) and of the modules' graph
-  (module_floors);
+  imports are its modules', those inside functions included, as the rooms' table checks them; an
+  import inside a room does not count) and of the modules' graph (module_floors);
 - circles: the import cycles (strongly connected groups of two or more modules) of the whole import
   graph, imports inside functions included;
 - the walk: from the entry function, the value ``parse_args`` returns is followed (a single pass,
@@ -118,7 +118,7 @@ def room_floors(mods: dict[str, Module]) -> dict[str, int]:
     for m in mods.values():
         mine = room_of(m.name) if not (m.is_pkg and m.name) else m.name
         edges.setdefault(mine, set())
-        for t in m.top_imports:
+        for t in m.all_imports:
             theirs = room_of(t) if not (mods[t].is_pkg and t) else t
             if theirs != mine:
                 edges[mine].add(theirs)

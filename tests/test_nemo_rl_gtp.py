@@ -30,8 +30,11 @@ NRL = ROOT / "integration" / "nemo_rl_gtp"
 sys.path.insert(0, str(NRL))
 
 from carry.errors import IntegrityError, OperationError  # noqa: E402
-from harness import caserun, ferry, fixtures, hostsetup, wheel_lock, wheels  # noqa: E402
-from harness import cases as casing  # noqa: E402
+from harness.host import cases as casing  # noqa: E402
+from harness.host import caserun  # noqa: E402
+from harness.host import setup as hostsetup  # noqa: E402
+from harness.models import fixtures  # noqa: E402
+from harness.staging import ferry, wheel_lock, wheels  # noqa: E402
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization"
 MARK_RESHARD = "[colocated-reshard] building dedicated inference model"
@@ -128,8 +131,7 @@ def test_stage_refuses_a_wheel_whose_hash_differs(tmp_path):
     with pytest.raises(IntegrityError, match="the lock says f{64}"):
         wheels.fetch(lk, tmp_path / "cache" / "wheels")  # present in the cache: no download, but checked
     with pytest.raises(IntegrityError, match="lock says"):
-        from harness.stage import stage_wheels
-        stage_wheels(lk, tmp_path / "cache", tmp_path / "out")
+        wheels.stage_wheels(lk, tmp_path / "cache", tmp_path / "out")
     assert not (tmp_path / "out" / whl.name).exists(), "nothing is unpacked from a wheel that failed its hash"
     lk = wheel_lock.Lock(lk.path, "3.12", ("any",), (wheel_lock.Artifact("tinypkg", "1.0", whl.name, good, "test"),), ())
     assert wheels.fetch(lk, tmp_path / "cache" / "wheels") == {"tinypkg": whl}
@@ -256,7 +258,7 @@ def test_weights_are_built_from_the_config_and_the_seed_as_the_gpu_host_does(tmp
     fixtures.build_all(tmp_path / "f", 7)
     model = tmp_path / "f" / "model"
     shipped = _tree_hashes(model)
-    res = subprocess.run([sys.executable, str(NRL / "harness" / "fixtures.py"), "weights", str(model), "--seed", "7",
+    res = subprocess.run([sys.executable, str(NRL / "harness" / "models" / "fixtures.py"), "weights", str(model), "--seed", "7",
                           "--json", str(tmp_path / "w.json")], capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]
     built = json.loads((tmp_path / "w.json").read_text())
@@ -344,7 +346,7 @@ def test_the_dry_run_names_a_staged_wheel_that_wants_another_version_than_the_ho
     version of what the host holds is found only by an import there. The stand-in's pip check
     names it; a host package's own conflict and a declared requirement left out on purpose are
     not the staged wheels' doing and are not counted."""
-    from harness.dryrun import staged_version_conflicts
+    from harness.dryrun.standin import staged_version_conflicts
     from helpers import tiny_wheel
 
     wheels_dir = tmp_path / "w"
@@ -409,7 +411,7 @@ def test_dry_run_checks_a_small_part_set(tmp_path):
 
 def test_probe_reports_a_flag_megatron_core_decides_at_import():
     """--flag passes only on True: how the dry-run and the GPU host's setup ask for HAVE_FA4."""
-    probe = NRL / "harness" / "probe_imports.py"
+    probe = NRL / "harness" / "probes" / "probe_imports.py"
     res = subprocess.run([sys.executable, str(probe), "--flag", "os:supports_bytes_environ", "--flag", "json:decoder",
                           "--flag", "json:no_such_name", "--call", "json:loads:1", "json"],
                          capture_output=True, text=True, timeout=120)

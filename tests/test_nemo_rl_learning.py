@@ -17,8 +17,9 @@ from helpers import ROOT, read_json, tool
 NRL = ROOT / "integration" / "nemo_rl_gtp"
 sys.path.insert(0, str(NRL))
 
-from harness import cases as casing
-from harness import fixtures, learning, pretrain
+from harness.host import cases as casing
+from harness.host import learning
+from harness.models import fixtures, pretrain
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization (gtp_remat_size=2 expert_gtp_remat_size=1)"
 MARK_RESHARD = "[colocated-reshard] building dedicated inference model (inference TP=1 PP=1 EP=1 CP=1 impl=None)"
@@ -27,7 +28,7 @@ RAY = "\x1b[36m(MegatronPolicyWorker[rank={r}] pid={pid})\x1b[0m "
 
 # -- the pretrain step -----------------------------------------------------------------------------
 def _pretrain(out, fx, *extra, steps="2"):
-    return subprocess.run([sys.executable, str(NRL / "harness" / "pretrain.py"), "--out", str(out), "--fixtures",
+    return subprocess.run([sys.executable, str(NRL / "harness" / "models" / "pretrain.py"), "--out", str(out), "--fixtures",
                            str(fx), "--tiny", "--steps", steps, "--batch", "4", "--held-out", "8", "--seed", "3",
                            *extra], capture_output=True, text=True, timeout=900, check=False)
 
@@ -36,7 +37,7 @@ def test_pretrain_trains_evaluates_caches_and_fails_loudly_outside_the_window(tm
     """Tiny shape (tests only): the figures and the JSON, reuse on the same inputs, retraining on any other,
     and the acceptance failure a model that learnt nothing must give (exit 1, the reason, the next command)."""
     fx = tmp_path / "fx"
-    res = subprocess.run([sys.executable, str(NRL / "harness" / "fixtures.py"), "write", str(fx), "--seed", "3"],
+    res = subprocess.run([sys.executable, str(NRL / "harness" / "models" / "fixtures.py"), "write", str(fx), "--seed", "3"],
                          capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stderr
     assert (fx / "prompt.txt").read_text() == fixtures.COT_PROMPT and (fx / "data" / "train.jsonl").exists()
@@ -74,7 +75,7 @@ def test_acceptance_is_the_window_and_the_entropy_limit():
     assert "0.850 is outside [0.2, 0.8]" in pretrain.acceptance({**ok, "accuracy": 0.85})[0]
     assert "0.100 is outside" in pretrain.acceptance({**ok, "accuracy": 0.1})[0]
     assert "not below ln(vocab)/3" in pretrain.acceptance({**ok, "entropy": 4.0})[0]
-    check, _ = pretrain.reward_rule()
+    check, _ = fixtures.reward_rule()
     assert check("\\boxed{-84}", "-84") == 1.0 and check("\\boxed{84}", "-84") == 0.0 and check("", "1") == 0.0
 
 
@@ -141,7 +142,7 @@ def _corrupt(step, rank):
 
 
 def test_case_verdicts_of_the_learning_cases_name_their_reasons(tmp_path):
-    from harness import caserun
+    from harness.host import caserun
     got = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "green"), 0)
     assert got["observed"] == "green" and got["as_expected"] and got["reasons"] == [], got["reasons"]
     assert got["per_step"][learning.UNVERIFIED] == {str(k): 0.0 for k in range(1, 6)}
@@ -174,7 +175,7 @@ def test_harness_metrics_come_from_whole_lines_only():
     got = learning.harness_metrics(log, ["1"], 2)
     assert got[learning.UNVERIFIED] == {"1": 170.0}, "rank 0's only line was a quote"
     from carry.nightly.judge import step_markers_missing
-    from harness import caserun
+    from harness.host import caserun
     marks = caserun.grpo_test(casing.LEARNING_TEST).step_markers
     assert [m.text for m in marks] and step_markers_missing(log, marks, ["1"]) == [
         f"no log line matches step marker {marks[0].text!r} at step 1"]
@@ -223,7 +224,7 @@ def test_the_stage_refuses_a_cot_prompt_the_pretrain_copy_does_not_match(tmp_pat
     from types import SimpleNamespace
 
     from carry.errors import SourceError
-    from harness import stage
+    from harness.staging import stage
     cot = tmp_path / "cot.txt"
     cot.write_text(fixtures.COT_PROMPT + " ")
     with pytest.raises(SourceError, match="differs from fixtures.COT_PROMPT"):

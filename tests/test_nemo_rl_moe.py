@@ -18,8 +18,10 @@ NRL = ROOT / "integration" / "nemo_rl_gtp"
 sys.path.insert(0, str(NRL))
 
 from carry.errors import UsageError
-from harness import caserun, fixtures, hostsetup, moe_fixtures
-from harness import cases as casing
+from harness.host import cases as casing
+from harness.host import caserun
+from harness.host import setup as hostsetup
+from harness.models import fixtures, moe_fixtures
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def built(staged, tmp_path_factory) -> Path:
     model = host / moe_fixtures.DIR
     with open(host / "setup.log", "w") as log:
         built = hostsetup.build_weights_from_stage(log, staged / moe_fixtures.DIR, model,
-                                                   NRL / "harness" / "moe_fixtures.py", 7, "MoE model", sys.executable)
+                                                   NRL / "harness" / "models" / "moe_fixtures.py", 7, "MoE model", sys.executable)
     assert built["seed"] == 7 and not built["reused"], built
     assert f"[run-on-gpu-host] MoE model {model}: seed 7" in (host / "setup.log").read_text()
     return model

@@ -53,7 +53,7 @@ def test_quiet_silences_them(demo, tmp_path):
 def test_a_long_compression_says_how_far_it_is(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GTP_CARRY_QUIET", "")
     sys.path.insert(0, str(NRL))
-    from harness.stage import compress
+    from harness.staging.stage import compress
 
     src = tmp_path / "payload"
     src.mkdir()

@@ -144,7 +144,7 @@ def test_ranks_join_a_store_the_parent_holds_on_a_port_the_kernel_chose(mini):
 def _harness():
     sys.path[:0] = [str(ROOT / "integration" / "nemo_rl_gtp")]
     try:
-        from harness import caserun
+        from harness.host import caserun
     finally:
         del sys.path[0]
     return caserun
@@ -183,8 +183,8 @@ def test_ray_start_counts_gpus_itself(tmp_path):
 
 def test_a_case_in_the_mode_runs_the_hooks_and_says_so(tmp_path):
     caserun = _harness()
-    from harness import cases as casing
-    from harness.hostsetup import Layout
+    from harness.host import cases as casing
+    from harness.host.setup import Layout
 
     lay = Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te")
     trees = caserun.Trees(tmp_path / "nrl", [])

@@ -15,8 +15,8 @@ from carry.files import write_json
 from carry.series.repo import load_series
 from carry.workspace.sources import default_cache
 
-from . import cases as casing
-from . import learning
+from .host import cases as casing
+from .host import learning
 
 HERE = Path(__file__).resolve().parents[1]
 REPO = HERE.parents[1]
@@ -36,7 +36,8 @@ def _cache_default() -> Path:
 
 
 def stage_main(argv: list[str]) -> int:
-    from . import stage as staging
+    from .staging import stage as staging
+    from .staging import wheels
 
     p = Parser(prog="integration/nemo_rl_gtp/stage", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                description="Prepare NeMo-RL's GRPO + GTP run for an offline GPU host, on a machine that reaches the\n"
@@ -60,7 +61,7 @@ def stage_main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     cache = (a.cache or _cache_default()).absolute()
     if a.relock:
-        changed = staging.relock(staging.LOCK, cache)
+        changed = wheels.relock(staging.LOCK, cache)
         print("\n".join(changed) if changed else "wheels.toml: every pin already matches the index")
         return 0
     series = load_series(a.series)
@@ -83,7 +84,9 @@ def stage_main(argv: list[str]) -> int:
 
 
 def gpuhost_main(argv: list[str]) -> int:
-    from . import caserun, dryrun, hostsetup
+    from .dryrun import run as dryrun
+    from .host import caserun
+    from .host import setup as hostsetup
 
     p = Parser(prog="integration/nemo_rl_gtp/run-on-gpu-host", epilog=EPILOG,
                formatter_class=argparse.RawDescriptionHelpFormatter,

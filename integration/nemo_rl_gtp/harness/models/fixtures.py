@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -65,6 +66,40 @@ def problems(seed: int, n: int) -> list[dict[str, str]]:
         value = {"+": a + b, "-": a - b, "*": a * b}[op]
         out.append({DATA_KEYS[0]: f"What is {a} {op} {b}?", DATA_KEYS[1]: str(value)})
     return out
+
+
+# How an answer to a problem is scored: NeMo-RL's math environment (the pretrain step's acceptance).
+_BOXED = re.compile(r"\\boxed\s*\{\s*([^{}]*?)\s*\}")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def reward_rule():
+    """The math environment's check: math-verify as HFVerifyWorker configures it when importable, else
+    a re-implementation of its acceptance of integers (named in the result)."""
+    try:
+        from math_verify.metric import math_metric
+        from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
+    except ImportError:
+        def check(response: str, truth: str) -> float:
+            # The last boxed answer, else the last number (math-verify's expression target), as a number.
+            found = _BOXED.findall(response) or _NUMBER.findall(response)
+            if not found:
+                return 0.0
+            try:
+                return float(float(found[-1].replace(" ", "")) == float(truth))
+            except ValueError:
+                return 0.0
+        return check, "re-implementation: the last \\boxed{} (else the last number) equals the integer"
+    from importlib.metadata import version
+    verify = math_metric(gold_extraction_target=(LatexExtractionConfig(),),
+                         pred_extraction_target=(ExprExtractionConfig(), LatexExtractionConfig()))
+
+    def check(response: str, truth: str) -> float:
+        try:
+            return float(verify(["\\boxed{" + truth + "}"], [response])[0])
+        except Exception:  # noqa: BLE001 - the environment scores any verifier failure 0 too
+            return 0.0
+    return check, f"math-verify {version('math-verify')} (HFVerifyWorker's math_metric)"
 
 
 def write_dataset(path: Path, seed: int, n: int = 256) -> Path:
@@ -243,7 +278,7 @@ def main(argv: list[str]) -> int:
 
 def print_report(doc: dict, json_path: Path | None) -> int:
     """What a weights build reports, on stdout and (``--json FILE``) in FILE, which the host's
-    setup reads (hostsetup.build_weights_from_stage)."""
+    setup reads (host/setup.py build_weights_from_stage)."""
     text = json.dumps(doc, sort_keys=True)
     if json_path:
         json_path.write_text(text + "\n")

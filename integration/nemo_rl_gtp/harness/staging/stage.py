@@ -29,7 +29,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tarfile
 import time
 from dataclasses import dataclass, field
@@ -42,9 +41,10 @@ from carry.series.manifest import Series
 from carry.workspace.artifacts import fetch_artifact, sha256_file
 from carry.workspace.sources import mirror_path
 
-from . import ferry, fixtures, moe_fixtures, wheel_lock, wheels
+from ..models import fixtures, moe_fixtures
+from . import ferry, wheel_lock, wheels
 
-HERE = Path(__file__).resolve().parents[1]           # integration/nemo_rl_gtp
+HERE = Path(__file__).resolve().parents[2]           # integration/nemo_rl_gtp
 REPO = HERE.parents[1]
 LOCK = HERE / "wheels.toml"
 FERRY_NAME = "nrl"
@@ -67,21 +67,6 @@ class Options:
 
 def _dir_files(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def stage_wheels(lk: wheel_lock.Lock, cache: Path, dest: Path) -> list[dict]:
-    got = wheels.fetch(lk, cache / "wheels")
-    built_dir = cache / "built"
-    out = []
-    for a in lk.wheels:
-        info = wheels.unpack(got[a.name], a, dest)
-        out.append({"name": a.name, "version": a.version, "sha256": a.sha256, "source": "index", **info})
-    for a in lk.sdists:
-        whl = wheels.build_sdist(got[a.name], a, built_dir)
-        info = wheels.unpack(whl, None, dest)
-        out.append({"name": a.name, "version": a.version, "sha256": a.sha256, "source": "built from the sdist",
-                    "built_sha256": sha256_file(whl), **info})
-    return out
 
 
 def stage_series(o: Options, dest: Path) -> dict:
@@ -156,7 +141,7 @@ def stage_fixtures(o: Options, dest: Path, prompt_file: Path) -> dict:
     if prompt != fixtures.COT_PROMPT:
         # The pretrain step can run without a NeMo-RL tree from fixtures.COT_PROMPT: it must be this file.
         raise SourceError(f"{prompt_file} differs from fixtures.COT_PROMPT, the copy the pretrain step uses",
-                          hint="update COT_PROMPT in integration/nemo_rl_gtp/harness/fixtures.py")
+                          hint="update COT_PROMPT in integration/nemo_rl_gtp/harness/models/fixtures.py")
     fixtures.build_all(dest, o.seed, prompt)
     moe = moe_fixtures.stage(dest)
     return {**moe, "seed": o.seed, "model": "fixtures/model", "data": "fixtures/data/train.jsonl",
@@ -226,7 +211,7 @@ def stage(o: Options) -> dict:
                  "stage": {"python": platform.python_version(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
                  "lock": {"file": str(o.lock_path.relative_to(REPO)) if o.lock_path.is_relative_to(REPO) else o.lock_path.name,
                           "sha256": sha256_file(o.lock_path)}}
-    doc["wheels"] = stage_wheels(lk, o.cache, payload / "wheels")
+    doc["wheels"] = wheels.stage_wheels(lk, o.cache, payload / "wheels")
     doc["series_trees"] = stage_series(o, payload)
     doc["sources"] = stage_sources(o, payload / "sources")
     prompt = o.workdir / "nemo-rl" / "examples" / "prompts" / "cot.txt"
@@ -244,26 +229,3 @@ def stage(o: Options) -> dict:
                       payload_mb=round(xz.stat().st_size / 1e6, 1))
     result["seconds"] = round(time.monotonic() - t0, 1)
     return result
-
-
-def relock(path: Path, cache: Path) -> list[str]:
-    """Re-download every pin for the target platform and write its file name and sha256."""
-    lk = wheel_lock.load(path)
-    changed = []
-    tmp = cache / "relock"
-    for a in lk.artifacts:
-        d = tmp / a.name
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir(parents=True)
-        extra = ["--no-binary=:all:"] if a in lk.sdists else wheels._platform_args(lk)
-        res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--no-input",
-                   "--progress-bar", "off", "--dest", str(d), a.pin, *extra], check=False)
-        got = sorted(d.iterdir())
-        if not res.ok or len(got) != 1:
-            raise SourceError(f"{a.pin}: could not download it for the target: {res.stderr.strip()[-300:]}")
-        sha = sha256_file(got[0])
-        if (got[0].name, sha) != (a.file, a.sha256):
-            changed.append(f"{a.pin}: {got[0].name} {sha[:12]}")
-            lk = wheel_lock.with_artifact(lk, wheel_lock.Artifact(a.name, a.version, got[0].name, sha, a.why, a.drop))
-    path.write_text(wheel_lock.render(lk))
-    return changed

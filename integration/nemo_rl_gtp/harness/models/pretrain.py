@@ -40,7 +40,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import sys
 import time
@@ -48,7 +47,7 @@ from pathlib import Path
 
 try:
     from . import fixtures
-except ImportError:   # run as a script: the harness folder is sys.path[0]
+except ImportError:   # run as a script: harness/models is sys.path[0]
     import fixtures  # type: ignore[no-redef]
 
 # The chosen defaults, in this one place. Measured on one H200 (integration/nemo_rl_gtp/h200/
@@ -148,39 +147,6 @@ def training_problems(seed: int, held_out: set[str]):
             yield row
 
 
-_BOXED = re.compile(r"\\boxed\s*\{\s*([^{}]*?)\s*\}")
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def reward_rule():
-    """The math environment's check: math-verify as HFVerifyWorker configures it when importable, else
-    a re-implementation of its acceptance of integers (named in the result)."""
-    try:
-        from math_verify.metric import math_metric
-        from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
-    except ImportError:
-        def check(response: str, truth: str) -> float:
-            # The last boxed answer, else the last number (math-verify's expression target), as a number.
-            found = _BOXED.findall(response) or _NUMBER.findall(response)
-            if not found:
-                return 0.0
-            try:
-                return float(float(found[-1].replace(" ", "")) == float(truth))
-            except ValueError:
-                return 0.0
-        return check, "re-implementation: the last \\boxed{} (else the last number) equals the integer"
-    from importlib.metadata import version
-    verify = math_metric(gold_extraction_target=(LatexExtractionConfig(),),
-                         pred_extraction_target=(ExprExtractionConfig(), LatexExtractionConfig()))
-
-    def check(response: str, truth: str) -> float:
-        try:
-            return float(verify(["\\boxed{" + truth + "}"], [response])[0])
-        except Exception:  # noqa: BLE001 - the environment scores any verifier failure 0 too
-            return 0.0
-    return check, f"math-verify {version('math-verify')} (HFVerifyWorker's math_metric)"
-
-
 # -- train and evaluate -------------------------------------------------------------------------
 def _batch(tok, rows, prompt: str, device):
     import torch
@@ -243,7 +209,7 @@ def evaluate(model, tok, prompt: str, rows: list[dict], device, batch: int = 64)
     without eos scores 0, as is_end does there) and the mean entropy of the generated tokens."""
     import torch
 
-    check, rule = reward_rule()
+    check, rule = fixtures.reward_rule()
     model.eval()
     by_len: dict[int, list[tuple[dict, list[int]]]] = {}
     for row in rows:

@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 
 # The finder lives with the series' CPU proofs (patches/gtp/proofs/_cpu.py), which need the same.
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "patches" / "gtp" / "proofs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "patches" / "gtp" / "proofs"))
 from _cpu import BridgeWithoutTE  # noqa: E402
 
 FINDER = BridgeWithoutTE()

@@ -46,15 +46,17 @@ from carry.errors import CommandError, IntegrityError, OperationError, UsageErro
 from carry.nightly.launch import kill_group
 from carry.runner import run, spawn
 
+from ..staging import wheel_lock, wheels
 from . import cases as casing
-from . import wheel_lock, wheels
 
-HERE = Path(__file__).resolve().parents[1]   # integration/nemo_rl_gtp
+HARNESS = Path(__file__).resolve().parents[1]
+HERE = HARNESS.parent   # integration/nemo_rl_gtp
 REPO = HERE.parents[1]
 STUBS = HERE / "stubs"
 HOOKS = HERE / "hooks"   # sitecustomize + the refit check, on PYTHONPATH for the cases that check their refit
-FIXTURES_PY = Path(__file__).with_name("fixtures.py")
-PROBE_PY = Path(__file__).with_name("probe_imports.py")
+FIXTURES_PY = HARNESS / "models" / "fixtures.py"     # run as scripts in the host's venv
+MOE_FIXTURES_PY = HARNESS / "models" / "moe_fixtures.py"
+PROBE_PY = HARNESS / "probes" / "probe_imports.py"
 FA4_FLAG = "megatron.core.transformer.attention:HAVE_FA4"
 SHIMS = HERE / "shims"
 TE_SO = "transformer_engine_torch.cpython-312-x86_64-linux-gnu.so"
@@ -268,15 +270,40 @@ def build_weights_from_stage(log, src: Path, dest: Path, script: Path, seed: int
 
 
 def model_for(lay: Layout, case: casing.Case) -> Path:
-    """The built model a case runs on: the dense one, or the MoE case's (moe_fixtures.py)."""
-    from . import moe_fixtures
+    """The built model a case runs on: the dense one, or the MoE case's (models/moe_fixtures.py)."""
+    from ..models import moe_fixtures
 
-    return moe_fixtures.require_model(lay) if case.shape == moe_fixtures.MODEL else require_model(lay)
+    return require_moe_model(lay) if case.shape == moe_fixtures.MODEL else require_model(lay)
+
+
+def moe_model_dir(lay: Layout) -> Path:
+    """Where the MoE model is built: beside the dense one (ROOT/model, or the dry-run's own)."""
+    from ..models import moe_fixtures
+
+    return lay.model.parent / moe_fixtures.DIR
+
+
+def require_moe_model(lay: Layout) -> Path:
+    from ..models import moe_fixtures
+
+    if not (moe_model_dir(lay) / moe_fixtures.WEIGHTS_STAMP).exists():
+        raise UsageError(f"no built MoE model in {moe_model_dir(lay)} (its weights are made by the setup)",
+                         hint="run once without --skip-setup, from a stage that has fixtures/moe-model")
+    return moe_model_dir(lay)
+
+
+def build_moe_model(lay: Layout, log, python: str | None = None) -> dict | None:
+    """As build_model, for the MoE model; None when the stage carries none."""
+    doc = lay.stage_doc()["fixtures"]
+    if "moe_model" not in doc:
+        return None
+    return build_weights_from_stage(log, lay.payload / doc["moe_model"], moe_model_dir(lay), MOE_FIXTURES_PY,
+                                    doc["seed"], "MoE model", python or str(lay.vpython))
 
 
 def require_model(lay: Layout) -> Path:
     """The built model, for a case (--skip-setup reuses what the setup built)."""
-    from .fixtures import WEIGHTS_STAMP
+    from ..models.fixtures import WEIGHTS_STAMP
     if not (lay.model / WEIGHTS_STAMP).exists():
         raise UsageError(f"no built model in {lay.model} (its weights are made by the setup)",
                          hint="run once without --skip-setup")
@@ -304,8 +331,7 @@ def setup(lay: Layout, log_path: Path) -> dict:
         fa4 = fa4_status(lay, log)
         prepare_pristine(lay)
         model = build_model(lay, log)
-        from . import moe_fixtures
-        moe = moe_fixtures.build_on_host(lay, log)
+        moe = build_moe_model(lay, log)
     (log_path.parent / "model.json").write_text(json.dumps(model, indent=2, sort_keys=True) + "\n")
     if moe is not None:
         (log_path.parent / "moe-model.json").write_text(json.dumps(moe, indent=2, sort_keys=True) + "\n")

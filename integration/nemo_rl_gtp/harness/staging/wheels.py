@@ -24,8 +24,9 @@ from pathlib import Path
 from carry import progress
 from carry.errors import IntegrityError, OperationError, SourceError
 from carry.runner import run
+from carry.workspace.artifacts import sha256_file
 
-from .wheel_lock import Artifact, Lock, check_file
+from .wheel_lock import Artifact, Lock, check_file, load, render, with_artifact
 
 LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 
@@ -209,3 +210,43 @@ def rezip(folder: Path, out_dir: Path) -> Path:
         for p in [f for f in files if f not in record] + record:  # RECORD last, as wheels have it
             zf.write(p, p.relative_to(folder).as_posix())
     return out
+
+
+# -- what the stage does with them (stage.py), and --relock -------------------------------------
+def stage_wheels(lk: Lock, cache: Path, dest: Path) -> list[dict]:
+    """Every pin fetched and checked, each unpacked into DEST (an sdist built first): what stage.json lists."""
+    got = fetch(lk, cache / "wheels")
+    built_dir = cache / "built"
+    out = []
+    for a in lk.wheels:
+        info = unpack(got[a.name], a, dest)
+        out.append({"name": a.name, "version": a.version, "sha256": a.sha256, "source": "index", **info})
+    for a in lk.sdists:
+        whl = build_sdist(got[a.name], a, built_dir)
+        info = unpack(whl, None, dest)
+        out.append({"name": a.name, "version": a.version, "sha256": a.sha256, "source": "built from the sdist",
+                    "built_sha256": sha256_file(whl), **info})
+    return out
+
+
+def relock(path: Path, cache: Path) -> list[str]:
+    """Re-download every pin for the target platform and write its file name and sha256."""
+    lk = load(path)
+    changed = []
+    tmp = cache / "relock"
+    for a in lk.artifacts:
+        d = tmp / a.name
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        extra = ["--no-binary=:all:"] if a in lk.sdists else _platform_args(lk)
+        res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--no-input",
+                   "--progress-bar", "off", "--dest", str(d), a.pin, *extra], check=False)
+        got = sorted(d.iterdir())
+        if not res.ok or len(got) != 1:
+            raise SourceError(f"{a.pin}: could not download it for the target: {res.stderr.strip()[-300:]}")
+        sha = sha256_file(got[0])
+        if (got[0].name, sha) != (a.file, a.sha256):
+            changed.append(f"{a.pin}: {got[0].name} {sha[:12]}")
+            lk = with_artifact(lk, Artifact(a.name, a.version, got[0].name, sha, a.why, a.drop))
+    path.write_text(render(lk))
+    return changed

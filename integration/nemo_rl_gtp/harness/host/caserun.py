@@ -1,4 +1,4 @@
-"""run-on-gpu-host, running one case on what the setup (hostsetup.py) left.
+"""run-on-gpu-host, running one case on what the setup (setup.py) left.
 
 Per case: a fresh copy of the NeMo-RL tree, ``ray start``, the functional script through a
 ``uv`` stand-in, ``ray stop`` always, and OUT/{run.log, metrics.json, exit_status, case.json};
@@ -21,7 +21,7 @@ from carry.errors import OperationError, UsageError
 
 from . import cases as casing
 from . import learning
-from .hostsetup import (
+from .setup import (
     HOOKS,
     REPO,
     SHIMS,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 try:
     from . import fixtures
-except ImportError:   # run as a script: the harness folder is sys.path[0]
+except ImportError:   # run as a script: harness/models is sys.path[0]
     import fixtures  # type: ignore[no-redef]
 
 MODEL = "qwen3-moe"            # cases.Case.shape of the MoE case
@@ -141,40 +141,15 @@ def build_weights(model_dir: Path, seed: int) -> dict:
     return {**doc, "reused": False}
 
 
-# -- where the harness uses it (stage.py, hostsetup.py, dryrun.py) --------------------------------
+# -- what the stage writes (staging/stage.py; the host builds the weights: host/setup.py) ----------
 def stage(dest: Path) -> dict:
     """fixtures/moe-model beside fixtures/model (fixtures.build_all first: its tokenizer is reused)."""
     write_model_config(dest / DIR, dest / "model")
     return {"moe_model": f"fixtures/{DIR}", "moe_shape": "Qwen3-MoE in small (qwen3_moe, 8 experts, top-2)"}
 
 
-def model_dir(lay) -> Path:
-    """Where the MoE model is built: beside the dense one (ROOT/model, or the dry-run's own)."""
-    return lay.model.parent / DIR
-
-
-def require_model(lay) -> Path:
-    from carry.errors import UsageError
-
-    if not (model_dir(lay) / WEIGHTS_STAMP).exists():
-        raise UsageError(f"no built MoE model in {model_dir(lay)} (its weights are made by the setup)",
-                         hint="run once without --skip-setup, from a stage that has fixtures/moe-model")
-    return model_dir(lay)
-
-
-def build_on_host(lay, log, python: str | None = None) -> dict | None:
-    """As hostsetup.build_model, for the MoE model; None when the stage carries none."""
-    from . import hostsetup
-
-    doc = lay.stage_doc()["fixtures"]
-    if "moe_model" not in doc:
-        return None
-    return hostsetup.build_weights_from_stage(log, lay.payload / doc["moe_model"], model_dir(lay), Path(__file__),
-                                              doc["seed"], "MoE model", python or str(lay.vpython))
-
-
 def main(argv: list[str]) -> int:
-    """python -m harness.moe_fixtures weights MODEL_DIR --seed N [--json FILE]."""
+    """python3 harness/models/moe_fixtures.py weights MODEL_DIR --seed N [--json FILE]."""
     p = argparse.ArgumentParser(prog="moe_fixtures.py")
     p.add_argument("what", choices=["weights"])
     p.add_argument("model_dir", type=Path)

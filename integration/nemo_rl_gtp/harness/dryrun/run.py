@@ -37,19 +37,22 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from carry import progress
-from carry.errors import CarryError, OperationError, UsageError
+from carry.errors import CarryError
 from carry.runner import run
 
-from . import caserun, ferry, hostsetup, moe_fixtures, wheel_lock, wheels
-from . import cases as casing
+from ..host import caserun, setup
+from ..host import cases as casing
+from ..staging import ferry, wheel_lock, wheels
+from .standin import (env_for, find_python312, grpo_args, record_script, run_steps, stand_in_venv,
+                      staged_version_conflicts, wheels_glibc_of)
+
+PROBES = Path(__file__).resolve().parents[1] / "probes"   # scripts, run in the stand-in venv
 
 GRPO_MODULES = (
     "nemo_rl.algorithms.grpo",
@@ -77,7 +80,7 @@ SIGNATURE_FILES = ("nemo_rl/models/policy/workers/megatron_policy_worker.py", "n
 CALLS = ("megatron.core.dist_checkpointing.strategies.torch:get_async_strategy:nvrx",)
 # What megatron-core decides at import and the run needs True: FlashAttention-4 for the dynamic
 # inference engine's attention (the second H200 attempt stopped at "No module named 'flash_attn'").
-FLAGS = (hostsetup.FA4_FLAG,)
+FLAGS = (setup.FA4_FLAG,)
 SERIES_ONLY = ("nemo_rl.models.megatron.gtp",)  # added by the series: absent from pristine NeMo-RL by design
 
 
@@ -102,120 +105,6 @@ def _say(o: Options, what: str, ok: bool | None, detail: str = "", **info) -> No
     o.results.append({"check": what, "ok": ok, "detail": detail, **info})
 
 
-def find_python312(given: str | None) -> str:
-    for cand in ([given] if given else []) + ["python3.12"]:
-        path = shutil.which(cand) if cand and "/" not in cand else cand
-        if path and Path(path).exists():
-            v = run([path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], check=False).stdout.strip()
-            if v == "3.12":
-                return path
-    raise UsageError("the dry-run needs a Python 3.12 (the GPU host's version) to build its check venv",
-                     hint="pass --python312 PATH")
-
-
-def stand_in_venv(o: Options, lk: wheel_lock.Lock, py: str) -> Path:
-    venv = o.venv or o.cache / "dryrun-venv"
-    stamp = venv / ".carry-stand-in"
-    want = json.dumps({"torch": lk.host_torch, "packages": list(lk.host_packages)}, sort_keys=True)
-    if stamp.exists() and stamp.read_text() == want:
-        return venv
-    if not (venv / "bin" / "python").exists():
-        progress.say(f"building the GPU host stand-in venv {venv} (torch {lk.host_torch} and its CUDA wheels: "
-                     "several GB, once)")
-        shutil.rmtree(venv, ignore_errors=True)
-        run([py, "-m", "venv", str(venv)])
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-input"]
-    res = run([*pip, f"torch=={lk.host_torch}", *lk.host_packages], check=False, timeout=3600)
-    if not res.ok:
-        raise OperationError(f"could not build the stand-in venv: {res.stderr.strip()[-800:]}")
-    stamp.write_text(want)
-    return venv
-
-
-def staged_version_conflicts(vpy: str, wheel_files: list[str]) -> list[str]:
-    """pip check's version conflicts of the staged wheels in the stand-in: a staged package that
-    requires another version of something the host (or another staged wheel) holds. The host
-    installs them --no-deps, so nothing else would notice before an import fails there. A
-    requirement that is not installed at all is not counted: wheels.toml leaves some declared
-    ones out on purpose (its ``why``). A pip check that could not run is an error, never "none"."""
-    from packaging.utils import canonicalize_name
-
-    staged = {canonicalize_name(f.split("-")[0]) for f in wheel_files}
-    res = run([vpy, "-m", "pip", "check", "--disable-pip-version-check"], check=False)
-    lines = [line.strip() for line in res.stdout.splitlines() if line.strip()]
-    if res.returncode == 0:
-        return []
-    # pip check exits 1 for any problem and names each on a line of its own; anything else is its failure.
-    problems = [line for line in lines if " has requirement " in line or " requires " in line]
-    if res.returncode != 1 or not lines or len(problems) != len(lines):
-        raise OperationError(f"pip check in the stand-in did not report as it should (exit {res.returncode}): "
-                             f"{(res.stderr or res.stdout).strip()[-300:]}")
-    return [line for line in problems if " has requirement " in line and canonicalize_name(line.split()[0]) in staged]
-
-
-def _env_for(venv: Path, pythonpath: list[Path], extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(PATH=f"{venv / 'bin'}:{hostsetup.SHIMS}:{env.get('PATH', '')}",
-               PYTHONPATH=":".join(str(p) for p in pythonpath), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", NEMO_RL_PY_EXECUTABLES_SYSTEM="1",
-               PYTHONDONTWRITEBYTECODE="1")
-    env.update(extra or {})
-    return env
-
-
-def run_steps(lay: hostsetup.Layout, venv: Path) -> list[tuple[str, bool, str]]:
-    """Steps 10, 30, 40 of the image recipe, as run-local.sh would run them, on the stand-in venv."""
-    ctx = lay.payload / "context"
-    house = ctx / "wheelhouse"
-    env = dict(os.environ)
-    for line in (house / "image.env").read_text().splitlines():
-        if "=" in line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            env[key.strip().removeprefix("export ").strip()] = value.strip().strip("'\"")
-    env.update(GTP_WHEELHOUSE=str(house), GTP_VENVS=str(venv), GTP_TARGET_VENVS=str(venv), GTP_STAND_IN_VENVS="",
-               GTP_NEMO_RL_DIR=str(lay.nemo_rl_patched), GTP_SECRETS="/nonexistent", GTP_FLAVOR="cuda")
-    out = []
-    for step in ("10-venvs", "30-megatron", "40-nemo-rl"):
-        res = run(["bash", str(ctx / "steps" / f"{step}.sh")], env={**env, "GTP_STEP": step}, check=False, timeout=900)
-        text = (res.stdout + res.stderr).strip()
-        out.append((step, res.ok, text.splitlines()[-1] if text else ""))
-        if not res.ok:
-            break
-    return out
-
-
-def wheels_glibc_of(python: str) -> tuple[int, int] | None:
-    res = run([python, "-c", "import platform; print(*platform.libc_ver())"], check=False)
-    lib, _, version = res.stdout.strip().partition(" ")
-    parts = version.split(".")
-    return (int(parts[0]), int(parts[1])) if lib == "glibc" and len(parts) >= 2 and parts[1].isdigit() else None
-
-
-def record_script(lay: hostsetup.Layout, case: casing.Case, venv: Path, work: Path,
-                  pythonpath: list[Path], src: Path) -> list[dict]:
-    """The functional script, run for real with uv recording: the command lines it would run."""
-    tree = caserun.copy_tree(src, work / f"nemo-rl-{case.name}", lay.nemo_rl_patched)
-    record = work / f"{case.name}.uv.jsonl"
-    record.unlink(missing_ok=True)
-    doc = lay.stage_doc()
-    args = casing.script_args(case, str(hostsetup.model_for(lay, case)),
-                              str(lay.payload / doc["fixtures"]["data"]), str(lay.checkpoints))
-    env = _env_for(venv, pythonpath + [tree, hostsetup.STUBS],
-                   {"CARRY_UV_RECORD": str(record), "GIT_CONFIG_GLOBAL": str(work / "gitconfig")})
-    subprocess.run(["bash", casing.SCRIPT, *args], cwd=tree, env=env, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=300, check=False)
-    if not record.exists():
-        return []
-    return [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
-
-
-def grpo_args(recorded: list[dict]) -> list[str] | None:
-    for r in recorded:
-        if "examples/run_grpo.py" in r["argv"]:
-            return r["argv"][r["argv"].index("examples/run_grpo.py") + 1:]
-    return None
-
-
 def dry_run(o: Options) -> dict:
     root = o.ferry_root or o.repo
     own_work = o.work is None
@@ -237,10 +126,10 @@ def dry_run(o: Options) -> dict:
         _say(o, "ferry te", te.exists() or None, f"{te.read_text().split()[1]} part(s)" if te.exists()
              else "not staged here (shared/gpu/stage-te.sh); needed on the GPU host")
         ferry.receive_local(root, "nrl", work / "parts")
-        lay = hostsetup.Layout(parts=work / "parts", root=work / "root", te=work / "te",
+        lay = setup.Layout(parts=work / "parts", root=work / "root", te=work / "te",
                              model_dir=o.model or o.cache / "dryrun-model")
         lay.root.mkdir(parents=True, exist_ok=True)
-        manifest = hostsetup.unpack_payload(lay)
+        manifest = setup.unpack_payload(lay)
         _say(o, "payload", True, f"{manifest['payload_bytes'] / 1e6:.1f} MB, series digest "
              f"{manifest['series_digest'][:12]}, {manifest['wheels']} wheels")
         try:
@@ -254,7 +143,7 @@ def dry_run(o: Options) -> dict:
             return _finish(o)
 
         # 3: the stand-in of the GPU host
-        lk = wheel_lock.load(Path(__file__).resolve().parents[1] / "wheels.toml")
+        lk = wheel_lock.load(setup.HERE / "wheels.toml")
         venv = stand_in_venv(o, lk, find_python312(o.python312))
         vpy = str(venv / "bin" / "python")
         need = wheels.glibc_needed([w.name for w in built])
@@ -288,7 +177,7 @@ def dry_run(o: Options) -> dict:
         log_path = work / "model.log"
         with open(log_path, "w") as log:
             try:
-                m = hostsetup.build_model(lay, log, python=str(venv / "bin" / "python"))
+                m = setup.build_model(lay, log, python=str(venv / "bin" / "python"))
             except CarryError as exc:
                 m = None
                 detail = exc.message + ": " + " | ".join(log_path.read_text().strip().splitlines()[-3:])
@@ -300,7 +189,7 @@ def dry_run(o: Options) -> dict:
              model=str(lay.model), weights=m)
         with open(log_path, "a") as log:
             try:
-                moe = moe_fixtures.build_on_host(lay, log, python=str(venv / "bin" / "python"))
+                moe = setup.build_moe_model(lay, log, python=str(venv / "bin" / "python"))
                 detail = "not staged" if moe is None else f"{moe['parameters']} parameters, seed {moe['seed']}"
             except CarryError as exc:
                 moe, detail = False, exc.message
@@ -313,17 +202,17 @@ def dry_run(o: Options) -> dict:
         _say(o, "image step 20-te", None, "not here: TransformerEngine's torch extension needs the GPU host "
              "(built there against torch 2.11+cu130, glibc >= 2.38)")
         _say(o, "image step 90-verify", None, "not here: it asks HAVE_GTP, which needs TE and CUDA")
-        hostsetup.prepare_pristine(lay, python=str(venv / "bin" / "python"))
+        setup.prepare_pristine(lay, python=str(venv / "bin" / "python"))
 
         # 5: the import closure, per tree set
-        probe = Path(__file__).with_name("probe_imports.py")
+        probe = PROBES / "probe_imports.py"
         for label, front, nrl in (("patched", [], lay.nemo_rl_patched),
                                   ("pristine-mcore", [lay.mcore_pristine], lay.nemo_rl_patched),
                                   ("pristine-nemo-rl", [], lay.nemo_rl_pristine)):
             if not any(c.name == label or (label == "patched" and c.nemo_rl == c.megatron_core == "patched")
                        for c in o.cases):
                 continue
-            env = _env_for(venv, front + [nrl, hostsetup.STUBS])
+            env = env_for(venv, front + [nrl, setup.STUBS])
             mods = [m for m in GRPO_MODULES if label != "pristine-nemo-rl" or m not in SERIES_ONLY]
             calls = [a for c in CALLS for a in ("--call", c)] + [a for f in FLAGS for a in ("--flag", f)]
             res = subprocess.run([str(venv / "bin" / "python"), str(probe), "--te-placeholder", *calls, *mods],
@@ -357,11 +246,11 @@ def dry_run(o: Options) -> dict:
             check_pretrain(o, lay, venv, work)
 
         # 5b: calls into megatron-core / Bridge the installed versions cannot take
-        sig = Path(__file__).with_name("probe_signatures.py")
+        sig = PROBES / "probe_signatures.py"
         nrl = lay.nemo_rl_patched
         files = sorted(p.relative_to(nrl).as_posix() for pat in SIGNATURE_FILES for p in nrl.glob(pat))
         res = subprocess.run([str(venv / "bin" / "python"), str(sig), str(nrl), *files],
-                             env=_env_for(venv, [nrl, hostsetup.STUBS]), capture_output=True, text=True,
+                             env=env_for(venv, [nrl, setup.STUBS]), capture_output=True, text=True,
                              timeout=900, cwd=nrl)
         recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
         found = [r for r in recs if "at" in r]
@@ -372,12 +261,12 @@ def dry_run(o: Options) -> dict:
 
         # 6: the script's command line, the config, tokenizer, data, Ray
         if o.ray:
-            env = _env_for(venv, [hostsetup.STUBS])
+            env = env_for(venv, [setup.STUBS])
             rs = subprocess.run(["ray", "start", "--head", "--num-gpus=0", "--num-cpus=2", "--include-dashboard=false",
                                  "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=300)
             ray_started = rs.returncode == 0
             _say(o, "ray start --head (CPU)", ray_started, rs.stderr.strip()[-300:] if not ray_started else "")
-        pconf = Path(__file__).with_name("probe_config.py")
+        pconf = PROBES / "probe_config.py"
         for case in o.cases:
             t = caserun.case_trees(lay, case, None)
             recorded = record_script(lay, case, venv, work, t.front, t.nemo_rl)
@@ -388,7 +277,7 @@ def dry_run(o: Options) -> dict:
             if args is None:
                 continue
             tree = work / f"nemo-rl-{case.name}"
-            env = _env_for(venv, t.front + [tree, hostsetup.STUBS], {"HF_DATASETS_CACHE": str(work / "hf-datasets")})
+            env = env_for(venv, t.front + [tree, setup.STUBS], {"HF_DATASETS_CACHE": str(work / "hf-datasets")})
             res = subprocess.run([str(venv / "bin" / "python"), str(pconf), "--nemo-rl", str(tree),
                                   *(["--ray"] if ray_started else []), "--", *args],
                                  env=env, capture_output=True, text=True, timeout=900, cwd=tree)
@@ -414,17 +303,17 @@ def dry_run(o: Options) -> dict:
                   + "); ray stop --force")
     finally:
         if ray_started and venv is not None:
-            subprocess.run(["ray", "stop", "--force"], env=_env_for(venv, [hostsetup.STUBS]), capture_output=True,
+            subprocess.run(["ray", "stop", "--force"], env=env_for(venv, [setup.STUBS]), capture_output=True,
                            timeout=120)
         if own_work:
             shutil.rmtree(work, ignore_errors=True)
     return _finish(o)
 
 
-def check_refit_hook(o: Options, lay: hostsetup.Layout, venv: Path, probe: Path) -> None:
+def check_refit_hook(o: Options, lay: setup.Layout, venv: Path, probe: Path) -> None:
     """hooks/sitecustomize with CARRY_REFIT_CHECK=1 wraps swap_model_weights in NeMo-RL's real worker module."""
     mod = "nemo_rl.models.generation.megatron.megatron_worker"
-    env = _env_for(venv, [lay.nemo_rl_patched, hostsetup.STUBS, hostsetup.HOOKS], {"CARRY_REFIT_CHECK": "1"})
+    env = env_for(venv, [lay.nemo_rl_patched, setup.STUBS, setup.HOOKS], {"CARRY_REFIT_CHECK": "1"})
     res = subprocess.run([str(venv / "bin" / "python"), str(probe), "--te-placeholder", "--flag",
                           f"{mod}:CARRY_REFIT_CHECK_WRAPPED", mod], env=env, capture_output=True, text=True,
                          timeout=900, cwd=lay.nemo_rl_patched, check=False)
@@ -435,16 +324,16 @@ def check_refit_hook(o: Options, lay: hostsetup.Layout, venv: Path, probe: Path)
          (flag or {}).get("error") or ("wraps swap_model_weights" if wrapped else res.stderr.strip()[-300:]))
 
 
-def check_pretrain(o: Options, lay: hostsetup.Layout, venv: Path, work: Path) -> None:
+def check_pretrain(o: Options, lay: setup.Layout, venv: Path, work: Path) -> None:
     """pretrain.py end to end in the stand-in at --tiny: it trains, evaluates, writes its figures, fails the
     acceptance (a tiny model trained for 2 steps learns nothing: the failure path), and reuses its weights."""
-    from . import learning
+    from ..host import learning
 
     fx = learning.pretrain_fixtures(lay)
     out = work / "pretrain-tiny"
     argv = [str(venv / "bin" / "python"), str(learning.PRETRAIN_PY), "--out", str(out), "--fixtures", str(fx),
             "--tiny", "--steps", "2", "--batch", "4", "--held-out", "16", "--device", "cpu"]
-    env = _env_for(venv, [])
+    env = env_for(venv, [])
     first = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
     again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
     doc = json.loads((out / "pretrain.json").read_text()) if (out / "pretrain.json").exists() else {}

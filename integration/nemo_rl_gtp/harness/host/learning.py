@@ -20,10 +20,10 @@ from pathlib import Path
 
 from carry.errors import OperationError
 
+from ..models import fixtures
 from . import cases as casing
-from . import fixtures
 
-PRETRAIN_PY = Path(__file__).with_name("pretrain.py")
+PRETRAIN_PY = Path(__file__).resolve().parents[1] / "models" / "pretrain.py"   # run as a script on GPU 0
 RELEASED = "Qwen/Qwen2.5-0.5B"   # the functional script's own policy.model_name
 MODEL_FORMS = ("default", "released")
 UNVERIFIED = "harness/refit_check/unverified_tensors"
@@ -55,10 +55,10 @@ def trained_model(lay, log, stream, *, python: str | None = None, gpu: str = "0"
                   extra: list[str] | None = None) -> tuple[Path, dict]:
     """ROOT/pretrained/<key>/model, trained once on one GPU and reused while its inputs are the same.
 
-    STREAM is hostsetup.stream (one subprocess runner for the harness). Raises when the step fails,
+    STREAM is setup.stream (one subprocess runner for the harness). Raises when the step fails,
     the acceptance included: a learning case never starts from a model outside the window.
     """
-    from .pretrain import DEFAULT_BATCH, DEFAULT_LR, DEFAULT_STEPS, inputs_digest
+    from ..models.pretrain import DEFAULT_BATCH, DEFAULT_LR, DEFAULT_STEPS, inputs_digest
 
     fx = pretrain_fixtures(lay)
     seed = lay.stage_doc()["fixtures"]["seed"]
@@ -67,7 +67,7 @@ def trained_model(lay, log, stream, *, python: str | None = None, gpu: str = "0"
     argv = [python or str(lay.vpython), str(PRETRAIN_PY), "--out", str(out), "--fixtures", str(fx),
             "--seed", str(seed), *(extra or [])]
     env = {"CUDA_VISIBLE_DEVICES": gpu, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    from .hostsetup import child_env
+    from .setup import child_env
     rc = stream(argv, log, env=child_env(env), timeout=timeout)
     result = out / "pretrain.json"
     if result.exists():   # beside the log (OUT), accepted or not: the figures come back either way
@@ -86,7 +86,7 @@ def model_for(lay, case: casing.Case, log, stream, form: str = "default") -> tup
     if case.model == "trained":
         model, doc = trained_model(lay, log, stream)
         return str(model), {}, doc
-    from .hostsetup import model_for as built_model
+    from .setup import model_for as built_model
     return str(built_model(lay, case)), {}, None
 
 

@@ -1,0 +1,110 @@
+"""Proof runs fork from a zygote (carry.evidence.zygote): each sees its own tree's megatron and
+nothing an earlier run left; `--fresh` gives the same verdicts; Ctrl-C and SIGKILL of prove leave
+no proof process and no scratch tree behind, and the next prove removes what a killed one left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fakeup import CRASH, GOOD, GPU, VACUOUS, add_proofs
+from helpers import SERIES, TOOLS, apply_demo as apply, read_json, tool
+
+# Each run records what it sees, checks that no earlier run left anything, then leaves all it can.
+DIRTY = '''
+import json
+import os
+import random
+import sys
+
+import megatron.core.{module} as mod
+import torch
+
+PRELOADED = "torch._inductor.compile_fx" in sys.modules  # before this file imported anything of torch's
+
+
+def test_sees_only_its_own_tree_and_nothing_left_behind():
+    tree = os.environ["CARRY_TREE_MEGATRON_LM"]
+    files = {{n: getattr(m, "__file__", None) or "" for n, m in sys.modules.items() if n.split(".")[0] == "megatron"}}
+    with open(os.environ["CARRY_TEST_RECORD"], "a") as f:
+        f.write(json.dumps({{"tree": tree, "file": mod.__file__, "preloaded": PRELOADED, "files": files,
+                            "random": random.random(), "seed": torch.initial_seed(), "cwd": os.getcwd(), "pid": os.getpid(),
+                            "ppid": os.getppid()}}) + "\\n")
+    assert all(p.startswith(tree + os.sep) for p in files.values() if p), files
+    assert not hasattr(mod, "carry_left"), "a module attribute an earlier proof set"
+    assert "carry_left_behind" not in sys.modules
+    assert os.getcwd() == os.environ["CARRY_TEST_CWD"]
+    assert "CARRY_LEFT" not in os.environ
+    assert torch.get_default_dtype() == torch.float32
+    assert torch.initial_seed() != 1234
+    assert torch.get_num_threads() == int(os.environ["CARRY_TEST_THREADS"])
+    mod.carry_left = 1
+    sys.modules["carry_left_behind"] = mod
+    os.environ["CARRY_LEFT"] = "1"
+    torch.set_default_dtype(torch.float64)
+    torch.manual_seed(1234)
+    torch.set_num_threads(1)
+    os.chdir("/")
+    assert mod.{name} == "patched"
+'''
+
+
+def _fresh_threads() -> int:
+    """torch's thread count in a fresh interpreter (what every run must see)."""
+    return int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                              capture_output=True, text=True, check=True).stdout)
+
+
+def _prove(d, tmp_path, *extra, env=None, check=None):
+    out = tmp_path / "prove.json"
+    out.unlink(missing_ok=True)
+    res = tool("prove", "--series", d["series"], "--workdir", d["work"], "--json", out, *extra, env=env, check=check)
+    return res, {r["id"]: (r["pristine"], r["patched"], r["ok"]) for r in read_json(out)["proofs"]}
+
+
+def test_each_run_sees_its_own_tree_and_nothing_an_earlier_one_left(demo, tmp_path):
+    add_proofs(demo["series"], {"dirty_a": DIRTY.format(module="alpha", name="value_5"),
+                                "dirty_b": DIRTY.format(module="beta", name="value_10")},
+               {"clean": "dirty_a", "threeway": "dirty_b"}, SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    threads = _fresh_threads()
+    record = tmp_path / "record.jsonl"
+    env = {"CARRY_PROOF_JOBS": "1", "GTP_CARRY_VERBOSE": "1", "CARRY_TEST_RECORD": str(record),
+           "CARRY_TEST_THREADS": str(threads), "CARRY_TEST_CWD": str(demo["series"].parents[1])}
+    res, by = _prove(demo, tmp_path, "--only", "clean,threeway", env=env, check=0)
+    assert by == {"clean": ("fail", "pass", True), "threeway": ("fail", "pass", True)}, res.stderr
+    assert "fork from a zygote" in res.stderr, res.stderr
+    runs = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(runs) == 4, runs  # one at a time: each run came after one that left all it could
+    assert all(r["preloaded"] for r in runs), "the runs did not fork from the zygote"
+    assert len({r["ppid"] for r in runs}) == 1, "not one zygote for the runs of one prove"
+    for r in runs:
+        assert r["file"].startswith(r["tree"] + os.sep), r  # the pristine and patched trees each their own
+    assert len({r["tree"] for r in runs}) == 3, runs  # the base (shared) and the two patched trees
+    # A fresh interpreter seeds Python's and torch's generators from the OS; so does each fork.
+    assert len({r["random"] for r in runs}) == 4, "the runs share the zygote's random state"
+    assert len({r["seed"] for r in runs}) == 4, "the runs share the zygote's torch seed"
+    # The old way: the same verdicts, and there nothing is preloaded.
+    record.unlink()
+    res, fresh = _prove(demo, tmp_path, "--only", "clean,threeway", "--fresh", env=env, check=0)
+    assert fresh == by, res.stderr
+    assert not any(json.loads(line)["preloaded"] for line in record.read_text().splitlines())
+
+
+def test_the_zygote_and_fresh_interpreters_give_the_same_verdicts(demo, tmp_path):
+    """Red/green, vacuous, a crash in the body, a GPU skip: the same outcome either way."""
+    add_proofs(demo["series"], {"good": GOOD, "vacuous": VACUOUS, "crash": CRASH, "gpu": GPU},
+               {"clean": "good", "threeway": "vacuous", "upstreamed": "crash", "conflict": "gpu"},
+               SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    _, zygote = _prove(demo, tmp_path, check=1)
+    _, fresh = _prove(demo, tmp_path, "--fresh", check=1)
+    assert zygote == fresh == {"clean": ("fail", "pass", True), "threeway": ("pass", "pass", False),
+                               "upstreamed": ("fail", "fail", False), "conflict": ("skipped", "skipped", None)}

@@ -108,3 +108,134 @@ def test_the_zygote_and_fresh_interpreters_give_the_same_verdicts(demo, tmp_path
     _, fresh = _prove(demo, tmp_path, "--fresh", check=1)
     assert zygote == fresh == {"clean": ("fail", "pass", True), "threeway": ("pass", "pass", False),
                                "upstreamed": ("fail", "fail", False), "conflict": ("skipped", "skipped", None)}
+
+
+# -- Ctrl-C and SIGKILL of prove ------------------------------------------------------------------
+# Each run notes its pytest's pid and its two ranks' pids, then sleeps far past the test's patience.
+SLEEPS = '''
+import os
+import time
+
+from _world import spawn
+
+
+def _note(path):
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+
+
+def _rank(rank, world_size, pids):
+    _note(pids)
+    time.sleep(600)
+
+
+def test_sleeps():
+    _note(os.environ["CARRY_TEST_PIDS"])
+    spawn(_rank, 2, os.environ["CARRY_TEST_PIDS"])
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def _default_sigint() -> None:
+    # A suite started in the background hands its children SIGINT ignored (see test_transaction).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def sleeping(with_world, tmp_path):
+    add_proofs(with_world["series"], {"sleeps": SLEEPS},
+               {"clean": "sleeps", "threeway": "sleeps", "upstreamed": "sleeps", "conflict": "sleeps"},
+               SERIES / "proofs" / "pytest.ini")
+    apply(with_world, check=0)
+    tmpdir = tmp_path / "tmp"  # prove's scratch folders go here (TMPDIR), where the test can see them
+    tmpdir.mkdir()
+    pids = tmp_path / "pids"
+    env = dict(os.environ, TMPDIR=str(tmpdir), CARRY_TEST_PIDS=str(pids), CARRY_PROOF_JOBS="2", GTP_CARRY_VERBOSE="1")
+    return with_world, tmpdir, pids, env
+
+
+@pytest.fixture
+def with_world(demo):
+    import shutil
+
+    proofs = demo["series"] / "proofs"
+    proofs.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SERIES / "proofs" / "_world.py", proofs / "_world.py")
+    return demo
+
+
+def _start_prove(d, env, *extra) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(TOOLS / "prove.py"), "--series", str(d["series"]), "--workdir",
+                             str(d["work"]), *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_default_sigint)
+
+
+def _wait_for_pids(pids: Path, n: int, proc: subprocess.Popen, timeout: float = 400) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = [int(x) for x in pids.read_text().split()] if pids.exists() else []
+        if len(seen) >= n:
+            return seen
+        assert proc.poll() is None, f"prove ended before its proofs started: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"only {len(seen)} of {n} proof processes started"
+        time.sleep(0.1)
+
+
+def _all_dead(pids: list[int], timeout: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+@pytest.mark.parametrize("mode", [[], ["--fresh"]], ids=["zygote", "fresh"])
+def test_ctrl_c_stops_the_running_proofs_and_removes_their_trees(sleeping, mode):
+    d, tmpdir, pids, env = sleeping
+    proc = _start_prove(d, env, *mode)
+    try:
+        running = _wait_for_pids(pids, 6, proc)  # two runs at a time, each a pytest and two ranks
+        assert list(tmpdir.glob("carry-prove-*")), "prove's scratch folder is not where the test looks"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)  # six more runs are queued: it does not wait for them
+        assert proc.returncode == 130, err
+        assert time.monotonic() - t0 < 30, f"Ctrl-C took {time.monotonic() - t0:.0f}s"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not _all_dead(running), "a proof process outlived the Ctrl-C of prove"
+    assert len(pids.read_text().split()) == len(running), "a queued proof started after the Ctrl-C"
+    assert not list(tmpdir.iterdir()), f"left behind: {list(tmpdir.iterdir())}"
+
+
+@pytest.mark.parametrize("mode", [[], ["--fresh"]], ids=["zygote", "fresh"])
+def test_a_killed_prove_takes_its_proofs_along_and_the_next_prove_sweeps_its_trees(sleeping, mode):
+    d, tmpdir, pids, env = sleeping
+    proc = _start_prove(d, env, *mode)
+    try:
+        running = _wait_for_pids(pids, 6, proc)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert not _all_dead(running), "a proof process outlived the SIGKILL of prove"
+    left = list(tmpdir.glob(f"carry-prove-{proc.pid}.*"))
+    assert len(left) == 1, list(tmpdir.iterdir())  # nothing could remove it: its owner was killed
+    # A live prove's folder (this test's own pid stands in for one) is not touched.
+    from carry.evidence.scratch import PREFIX, _started
+
+    live = tmpdir / f"{PREFIX}{os.getpid()}.{_started(os.getpid())}-live"
+    live.mkdir()
+    add_proofs(d["series"], {"good": GOOD}, {"clean": "good"}, SERIES / "proofs" / "pytest.ini")
+    res = tool("prove", "--series", d["series"], "--workdir", d["work"], "--only", "clean", env=env, check=0)
+    assert not left[0].exists(), "the next prove left the killed one's trees"
+    assert "removed 1 scratch folder" in res.stderr and left[0].name in res.stderr, res.stderr
+    assert live.exists()
+    assert sorted(p.name for p in tmpdir.iterdir()) == [live.name]

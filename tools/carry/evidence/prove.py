@@ -289,13 +289,13 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
             pairs = _extract_pairs(series, wd, state, with_proof, tmpd)
             if zygotes:
                 for z in zygotes.values():
-                    z.wait_ready()
+                    z.wait_ready(timeout)  # as long as one run may take
                 unsafe = [z for z in zygotes.values() if not z.forks_safely]
                 for z in unsafe:
-                    progress.say(z.problem or f"{z.python}: torch sees a CUDA device: its proofs run in fresh "
-                                              "interpreters (no fork after CUDA)")
-                progress.say("proof runs fork from a zygote per interpreter (" + ", ".join(
-                    f"{z.ready['seconds']:.1f}s to start" for z in zygotes.values() if z.forks_safely) + ")")
+                    progress.say(z.why_not())
+                if len(unsafe) < len(zygotes):
+                    progress.say("proof runs fork from a zygote per interpreter (" + ", ".join(
+                        f"{z.ready['seconds']:.1f}s to start" for z in zygotes.values() if z.forks_safely) + ")")
             _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd, report)
         finally:
             for z in zygotes.values():

@@ -47,10 +47,12 @@ PRELOAD = (
     "triton", "numpy", "einops", "packaging.version", "multistorageclient", "absl.logging",
     "pytest", "_pytest.junitxml",
 )
-# Only where the interpreter is a proof environment's (requirements.txt): heavy, and only its
-# proofs use them.
-PRELOAD_ENV = ("transformers", "transformers.modeling_utils", "modelopt.torch", "datasets", "omegaconf",
-               "tensorboard", "requests")
+# Only where the interpreter is a proof environment's (requirements.txt): only its proofs use them.
+# Not modelopt: it looks for megatron-core as it is imported (the zygote would refuse to fork).
+# Not transformers.modeling_utils nor datasets: each starts a thread of its own (datasets' is
+# pyarrow's jemalloc), and a fork keeps only the forking thread; the one thread torch starts is
+# the one every forked rank has always had.
+PRELOAD_ENV = ("transformers", "omegaconf", "requests", "tensorboard")
 
 
 class Zygote:
@@ -58,8 +60,11 @@ class Zygote:
 
     def __init__(self, python: str, scratch: Path, exclude: set[str], env_extra: bool):
         self.python = python
-        self.socket = str(scratch / f"zygote-{len(os.listdir(scratch))}.sock")
-        self.log = Path(self.socket).with_suffix(".log")
+        n = len(list(scratch.glob("zygote-*.log")))
+        self.log = scratch / f"zygote-{n}.log"
+        # Linux: an abstract socket (no path: a deep TMPDIR would pass the 108 bytes a path may have).
+        self.socket = (f"@carry-zygote-{os.getpid()}-{n}-{os.urandom(4).hex()}" if sys.platform.startswith("linux")
+                       else str(scratch / f"zygote-{n}.sock"))
         modules = PRELOAD + (PRELOAD_ENV if env_extra else ())
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CARRY_TREE_", "CARRY_PROOF_"))}
         with open(self.log, "w") as log:
@@ -75,7 +80,7 @@ class Zygote:
         self._lock = threading.Lock()
         self._waited = threading.Event()
 
-    def wait_ready(self, timeout: float = 600) -> bool:
+    def wait_ready(self, timeout: float = 300.0) -> bool:
         """True once it has imported its preloads and serves; False (``problem`` says why) else."""
         if self._waited.is_set():
             return self.ready is not None
@@ -98,7 +103,17 @@ class Zygote:
 
     @property
     def forks_safely(self) -> bool:
-        return self.ready is not None and not self.ready.get("cuda_devices")
+        return self.ready is not None and not self.ready.get("cuda_devices") and not self.ready.get("tree_imports")
+
+    def why_not(self) -> str:
+        """Why its runs are fresh interpreters (where forks_safely is False)."""
+        if self.ready is None:
+            return self.problem
+        if self.ready.get("tree_imports"):
+            preload, name = next(iter(self.ready["tree_imports"].items()))
+            return (f"{self.python}: preloading {preload} imports {name} (a tree's package): its proofs run in "
+                    "fresh interpreters")
+        return f"{self.python}: torch sees a CUDA device: its proofs run in fresh interpreters (no fork after CUDA)"
 
     def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float, scratch: Path) -> tuple[int, str, str]:
         """``python -m pytest ARGV`` forked from the zygote: (returncode, stdout, stderr); a
@@ -108,7 +123,7 @@ class Zygote:
         shown = [self.python, "-m", "pytest", *argv]
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            conn.connect(self.socket)
+            conn.connect(_address(self.socket))
             conn.sendall(json.dumps({"argv": argv, "env": env, "cwd": str(cwd), "stdout": str(out),
                                      "stderr": str(err)}).encode() + b"\n")
             lines = _Lines(conn)
@@ -161,6 +176,10 @@ class Zygote:
                 stream.close()
             except OSError:
                 pass
+
+
+def _address(name: str) -> str:
+    return "\0" + name[1:] if name.startswith("@") else name
 
 
 class _Lines:

@@ -35,25 +35,44 @@ import traceback
 import carry_lifeline
 
 
+class _Watch:
+    """Notes a preload that reaches for a tree's package (a plugin that looks for megatron-core):
+    what it set up depends on whether the tree is there, so a fork of it would not be what a fresh
+    interpreter is, and prove does not fork from this zygote."""
+
+    def __init__(self, exclude: set[str]):
+        self.exclude, self.now, self.seen = exclude, "", {}
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.exclude:
+            self.seen.setdefault(self.now, name)
+        return None
+
+
 def _preload(modules: list[str], exclude: set[str]) -> dict:
     import importlib
 
     t0 = time.monotonic()
     failed = {}
+    reached = _Watch(exclude)
+    sys.meta_path.insert(0, reached)
     for name in modules:
         if name.split(".")[0] in exclude:
             failed[name] = "provided by a tree under test: never imported here"
             continue
+        reached.now = name
         try:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - the proof meets it itself, as a fresh interpreter would
             failed[name] = f"{type(exc).__name__}: {exc}"[:200]
+    sys.meta_path.remove(reached)
     devices = 0
     if "torch" in sys.modules:
         # NVML's count: no CUDA context is made. Where it is not 0 prove does not fork proofs.
         devices = sys.modules["torch"].cuda.device_count()
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None
     return {"seconds": round(time.monotonic() - t0, 2), "failed": failed, "cuda_devices": devices,
+            "tree_imports": reached.seen,
             "threads": threads, "pid": os.getpid()}
 
 
@@ -147,6 +166,18 @@ def _read_line(conn: socket.socket) -> bytes:
     return data
 
 
+def _from(conn: socket.socket, parent: int) -> bool:
+    """Whether the peer is the process that started the zygote (an abstract socket has no file
+    permissions: the kernel's word on who connected is the check)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return True  # a socket path in prove's own scratch folder: its permissions are the check
+    import struct
+
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid == parent and uid == os.getuid()
+
+
 def _send(conn: socket.socket, doc: dict) -> None:
     try:
         conn.sendall(json.dumps(doc).encode() + b"\n")
@@ -158,7 +189,7 @@ def serve(path: str, preload: list[str], exclude: set[str]) -> None:
     parent = os.getppid()
     carry_lifeline.tie(parent)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    listener.bind("\0" + path[1:] if path.startswith("@") else path)  # @NAME: Linux's abstract namespace
     listener.listen(64)
     ready = _preload(preload, exclude)
     base = _base_path()
@@ -172,6 +203,9 @@ def serve(path: str, preload: list[str], exclude: set[str]) -> None:
                 return  # prove is gone (or done): EOF on the watchdog pipe
             if listener in readable:
                 conn, _ = listener.accept()
+                if not _from(conn, parent):
+                    conn.close()  # only prove, which started it, may ask for a fork
+                    continue
                 req = json.loads(_read_line(conn) or b"{}")
                 sys.stdout.flush()
                 sys.stderr.flush()

@@ -1,7 +1,8 @@
 """Proofs: each patch's test must fail on the pristine base and pass patched.
 
-A proof runs in a fresh interpreter (``python -m pytest``) with the trees of
-every upstream on PYTHONPATH: the upstream under test at its pristine base
+A proof runs as ``python -m pytest`` would, forked from the prove's zygote
+(carry.evidence.zygote) or, with ``fresh`` and where torch sees a CUDA device, in a
+fresh interpreter, with the trees of every upstream on PYTHONPATH: the upstream under test at its pristine base
 or at that patch's commit, the others at their patched heads. Outcomes come
 from pytest's JUnit XML, not from guessing at its output. A proof that passes
 on the pristine base proves nothing and fails the run; one that needs a GPU

@@ -290,7 +290,7 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
             pairs = _extract_pairs(series, wd, state, with_proof, tmpd)
             if zygotes:
                 for z in zygotes.values():
-                    z.wait_ready(timeout)  # as long as one run may take
+                    z.wait_ready()  # its imports are every run's: not bounded by one run's --timeout
                 unsafe = [z for z in zygotes.values() if not z.forks_safely]
                 for z in unsafe:
                     progress.say(z.why_not())

@@ -239,3 +239,26 @@ def test_a_killed_prove_takes_its_proofs_along_and_the_next_prove_sweeps_its_tre
     assert "removed 1 scratch folder" in res.stderr and left[0].name in res.stderr, res.stderr
     assert live.exists()
     assert sorted(p.name for p in tmpdir.glob("carry-*")) == [live.name]
+
+
+# The zygote dies as it starts (a sitecustomize that ends the interpreter whose script is the zygote's).
+ZYGOTE_DIES = '''
+import os
+import sys
+
+if sys.argv and sys.argv[0].endswith("carry_zygote.py"):
+    os._exit(3)
+'''
+
+
+def test_a_zygote_that_does_not_start_leaves_the_runs_to_fresh_interpreters(demo, tmp_path):
+    add_proofs(demo["series"], {"good": GOOD}, {"clean": "good"}, SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(ZYGOTE_DIES)
+    env = {"PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "GTP_CARRY_VERBOSE": "1"}
+    res, by = _prove(demo, tmp_path, env=env, check=0)
+    assert by == {"clean": ("fail", "pass", True)}, res.stderr
+    assert "did not start" in res.stderr and "fork from a zygote" not in res.stderr, res.stderr

@@ -77,7 +77,8 @@ class Zygote:
         self.ready: dict | None = None
         self.problem = ""
         self.children: set[int] = set()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the wait for its start
+        self._children_lock = threading.Lock()
         self._waited = threading.Event()
 
     def wait_ready(self, timeout: float = 300.0) -> bool:
@@ -128,14 +129,14 @@ class Zygote:
                                      "stderr": str(err)}).encode() + b"\n")
             lines = _Lines(conn)
             pid = json.loads(lines.next(60) or b"{}")["pid"]
-            with self._lock:
+            with self._children_lock:
                 self.children.add(pid)
             line = lines.next(timeout)
             timed_out = line is None
             if timed_out:
                 _kill(pid)
                 lines.next(30)  # the zygote reaps it and says so
-            with self._lock:
+            with self._children_lock:
                 self.children.discard(pid)
         except (OSError, ValueError, KeyError) as exc:
             return 1, "", f"the zygote of {self.python} could not run the proof: {exc}"
@@ -153,7 +154,7 @@ class Zygote:
         return rc, text[0], text[1]
 
     def kill_children(self) -> None:
-        with self._lock:
+        with self._children_lock:
             pids = list(self.children)
         for pid in pids:
             _kill(pid)

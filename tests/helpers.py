@@ -66,19 +66,62 @@ def python_env(bindir: Path, env: dict | None = None) -> dict:
     return base
 
 
-def python_at_least(major: int, minor: int) -> str | None:
-    """An interpreter of Python >= major.minor that really runs: $GTP_CARRY_TEST_PYTHON, python3.13, python3.12."""
-    for cand in (os.environ.get("GTP_CARRY_TEST_PYTHON"), which("python3.13"), which("python3.12")):
-        if not cand:
-            continue
+def _python_version(cand: str) -> tuple[int, ...] | None:
+    try:
+        res = subprocess.run([cand, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    try:
+        return tuple(map(int, res.stdout.split())) if res.returncode == 0 else None
+    except ValueError:
+        return None
+
+
+def _python_candidates(major: int, minor: int):
+    """Where a Python of at least major.minor may be, in order: $GTP_CARRY_TEST_PYTHON; PATH;
+    pyenv's versions (a pyenv shim on PATH fails where the global version is another); `uv
+    python find`."""
+    import glob
+
+    yield os.environ.get("GTP_CARRY_TEST_PYTHON")
+    names = [f"python{major}.{m}" for m in range(minor + 8, minor - 1, -1)]
+    yield from (which(n) for n in names)
+    pyenv = which("pyenv")
+    if pyenv:
         try:
-            res = subprocess.run([cand, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
-                                 text=True, timeout=60)
-        except OSError:
-            continue
-        if res.returncode == 0 and tuple(map(int, res.stdout.split())) >= (major, minor):
+            root = subprocess.run([pyenv, "root"], capture_output=True, text=True, timeout=60).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            root = ""
+        for n in names:
+            yield from sorted(glob.glob(os.path.join(root, "versions", f"{n[6:]}*", "bin", n)), reverse=True) if root else ()
+    uv = which("uv")
+    if uv:
+        try:
+            res = subprocess.run([uv, "python", "find", f">={major}.{minor}"], capture_output=True, text=True,
+                                 timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        yield res.stdout.strip() if res.returncode == 0 else None
+
+
+def python_at_least(major: int, minor: int) -> str | None:
+    """An interpreter of Python >= major.minor that really runs (_python_candidates' order), or None."""
+    for cand in _python_candidates(major, minor):
+        if cand and (v := _python_version(cand)) and v >= (major, minor):
             return cand
     return None
+
+
+def need_python(major: int, minor: int, why: str) -> str:
+    """python_at_least, or skip the test with the places searched and ``why`` it needs that Python."""
+    import pytest
+
+    python = python_at_least(major, minor)
+    if python is None:
+        pytest.skip(f"no Python >= {major}.{minor} here (searched GTP_CARRY_TEST_PYTHON, python{major}.{minor}+ on "
+                    f"PATH, pyenv's versions, `uv python find`): {why}")
+    return python
 
 
 def kill_at(checkpoint: str, *args, timeout: float = 300) -> None:

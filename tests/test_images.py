@@ -26,7 +26,7 @@ import pytest
 
 from carry.series import manifest
 from carry.images.docker import Docker, docker_binary
-from helpers import ROOT, SERIES, git, python_at_least, read_json, tool, which
+from helpers import ROOT, SERIES, git, need_python, read_json, tool, which
 
 IMAGE_DIR = ROOT / "images" / "gtp-te219"
 CPU_BASE = "gtp-carry/debian-minbase:trixie"
@@ -297,10 +297,7 @@ def test_unknown_image_is_named():
 @pytest.mark.network
 def test_steps_run_outside_docker_in_a_plain_venv(pin_cache, tmp_path):
     """run-local.sh (what a GPU machine without Docker runs) on a plain venv: pip, no uv, cpu checks."""
-    python = python_at_least(3, 12)
-    if python is None:
-        pytest.skip("no Python >= 3.12 here (python3.13 / python3.12 on PATH, or GTP_CARRY_TEST_PYTHON): "
-                    "the patched megatron-core wheels are for 3.12 and 3.13 only (megatron-core says >=3.12)")
+    python = need_python(3, 12, "the patched megatron-core wheels are for 3.12 and 3.13 only (megatron-core says >=3.12)")
     ctx = tmp_path / "ctx"
     tool("build_image", "gtp-te219", "--flavor", "cpu", "--cache", pin_cache, "--context-only", ctx, check=0)
     venv = tmp_path / "venv"

@@ -16,7 +16,7 @@ import pytest
 
 from carry.workspace.export import format_patch
 from carry.runner import Git
-from helpers import ROOT, SERIES, git, python_at_least, read_json, tool
+from helpers import ROOT, SERIES, git, need_python, read_json, tool
 
 pytestmark = pytest.mark.network
 
@@ -176,10 +176,7 @@ def test_wheels_are_only_those_pip_accepts(pin_series, tmp_path, pin_cache):
 def test_wheel_installs_and_imports(pin_series, tmp_path, pin_cache):
     """The patched wheel for a Python >= 3.12 installs with plain pip (no --ignore-requires-python)
     into a fresh venv of that Python, carries the series' edit and its local version."""
-    python = python_at_least(3, 12)
-    if python is None:
-        pytest.skip("no Python >= 3.12 here (python3.13 / python3.12 on PATH, or GTP_CARRY_TEST_PYTHON): "
-                    "the patched megatron-core wheels are for 3.12 and 3.13 only")
+    python = need_python(3, 12, "the patched megatron-core wheels are for 3.12 and 3.13 only (megatron-core says >=3.12)")
     out = tmp_path / "r.json"
     wheels = tmp_path / "wheels"
     tool("apply", "--series", pin_series, "--workdir", tmp_path / "w", "--cache", pin_cache, "--only",

@@ -31,34 +31,31 @@ def test_apply_then_export_check(tmp_path, pin_cache):
 
 
 @pytest.mark.slow
-def test_megatron_lm_proofs_red_green(tmp_path, gtp_work):
-    """The Megatron-LM proofs on the real pin: CPU ones red on pristine and green patched;
-    the GPU ones skipped here (never 'pass' without a GPU)."""
+def test_cpu_proofs_red_green_the_same_from_the_zygote_and_fresh(tmp_path, gtp_work):
+    """The Megatron-LM and Megatron-Bridge proofs on the real pins: CPU ones red on pristine and
+    green patched, the GPU ones skipped here (never 'pass' without a GPU); and the same outcome
+    of every run from the zygote and with --fresh (a difference is a bug of the zygote)."""
     import torch
 
-    out = tmp_path / "prove.json"
-    tool("prove", "--series", "gtp", "--workdir", gtp_work, "--only", "megatron-lm", "--json", out,
-         timeout=3000, check=0)
-    rows = read_json(out)["proofs"]
-    by_proof = {r["proof"].rsplit("/", 1)[1]: r for r in rows}
-    for name in ("test_pg_collection.py", "test_inference_pg.py", "test_tied_weight_guard.py",
-                 "test_gtp_ckpt_offsets.py", "test_swiglu_ckpt_layouts.py"):
-        r = by_proof[name]
-        assert (r["pristine"], r["patched"], r["ok"]) == ("fail", "pass", True), r
-    for name in ("test_te_bias_sizing.py", "test_te_gpt_end_to_end.py", "test_tied_prefetch.py"):
-        r = by_proof[name]
-        if not torch.cuda.is_available():
-            assert (r["pristine"], r["patched"], r["ok"]) == ("skipped", "skipped", None), r
-
-
-@pytest.mark.slow
-def test_megatron_bridge_proof_red_green(tmp_path, gtp_work):
-    """Bridge's checkpoint replica-group proof on the real pins (Megatron-LM patched beside it)."""
-    out = tmp_path / "prove.json"
-    tool("prove", "--series", "gtp", "--workdir", gtp_work, "--only", "megatron-bridge", "--json", out,
-         timeout=3000, check=0)
-    (r,) = read_json(out)["proofs"]
-    assert (r["id"], r["pristine"], r["patched"], r["ok"]) == ("bridge-ckpt-replica-groups", "fail", "pass", True), r
+    reports = {}
+    for mode in ("zygote", "fresh"):
+        out = tmp_path / f"prove-{mode}.json"
+        tool("prove", "--series", "gtp", "--workdir", gtp_work, "--only", "megatron-lm,megatron-bridge", "--json", out,
+             *(["--fresh"] if mode == "fresh" else []), timeout=3000, check=0)
+        rows = read_json(out)["proofs"]
+        reports[mode] = {(r["id"], r["proof"]): (r["pristine"], r["patched"], r["ok"]) for r in rows}
+        by_proof = {r["proof"].rsplit("/", 1)[1]: r for r in rows}
+        for name in ("test_pg_collection.py", "test_inference_pg.py", "test_tied_weight_guard.py",
+                     "test_gtp_ckpt_offsets.py", "test_swiglu_ckpt_layouts.py", "test_ckpt_replica_groups.py"):
+            r = by_proof[name]
+            assert (r["pristine"], r["patched"], r["ok"]) == ("fail", "pass", True), (mode, r)
+        for name in ("test_te_bias_sizing.py", "test_te_gpt_end_to_end.py", "test_tied_prefetch.py"):
+            r = by_proof[name]
+            if not torch.cuda.is_available():
+                assert (r["pristine"], r["patched"], r["ok"]) == ("skipped", "skipped", None), (mode, r)
+        assert by_proof["test_ckpt_replica_groups.py"]["id"] == "bridge-ckpt-replica-groups"
+    assert reports["zygote"] == reports["fresh"], {k: (v, reports["fresh"].get(k)) for k, v in reports["zygote"].items()
+                                                   if reports["fresh"].get(k) != v}
 
 
 @pytest.mark.parametrize("field, bad, message", [

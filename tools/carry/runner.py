@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -148,6 +149,7 @@ def run(
     ``group``: the command runs in a process group of its own, and whatever of that group is
     left when it exits or times out is killed: the processes it started (a proof's ranks) die
     with it, where a timeout would otherwise kill only the command and leave them running.
+    While it runs, ``kill_groups()`` (a Ctrl-C of the caller) kills it and its group.
     """
     argv = [str(a) for a in argv]
     if group:
@@ -177,6 +179,8 @@ def _run_group(argv, cwd, env, input, check, timeout, binary) -> Result:
                                 start_new_session=True)
     except FileNotFoundError as exc:
         raise _not_found(argv, exc) from None
+    with _GROUPS_LOCK:
+        _GROUPS.add(proc.pid)
     try:
         out, err = proc.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -188,6 +192,9 @@ def _run_group(argv, cwd, env, input, check, timeout, binary) -> Result:
     except BaseException:
         _kill_group(proc.pid)
         raise
+    finally:
+        with _GROUPS_LOCK:
+            _GROUPS.discard(proc.pid)
     _kill_group(proc.pid)  # whatever of its group outlived it
     return _result(argv, proc.returncode, out, err, check, binary)
 
@@ -199,6 +206,20 @@ def _not_found(argv: list[str], exc: OSError) -> CommandError:
     err.hint = f"install {argv[0]} (or put the folder that holds it on PATH) and run the command again"
     err.exit_code = 2
     return err
+
+
+_GROUPS: set[int] = set()  # the process groups run(group=True) has running now (any thread's)
+_GROUPS_LOCK = threading.Lock()
+
+
+def kill_groups() -> int:
+    """Kill every process group run(group=True) has running now; their callers return at once
+    (each with the command's death by SIGKILL). The number killed."""
+    with _GROUPS_LOCK:
+        groups = list(_GROUPS)
+    for pgid in groups:
+        _kill_group(pgid)
+    return len(groups)
 
 
 def _kill_group(pgid: int) -> None:

@@ -77,6 +77,12 @@ def _cause(exc: BaseException) -> dict:
 
 
 def _entry(rank, world_size, ports, fn, args, queue, environ):
+    try:  # the rank dies with its parent (prove's plugin folder; a forked rank is tied already)
+        import carry_lifeline
+
+        carry_lifeline.tie()
+    except ImportError:
+        pass
     os.environ.clear()
     os.environ.update(environ)
     try:

@@ -11,8 +11,10 @@ from ..evidence.prove import prove
 from . import options
 
 DESCRIPTION = """\
-Run each patch's proof on the pristine base (must fail) and on the patched tree (must pass),
-each in a fresh interpreter. Needs the workspaces from tools/apply.py. A proof that needs a GPU
+Run each patch's proof on the pristine base (must fail) and on the patched tree (must pass).
+Each run forks from a zygote (an interpreter per prove that has imported torch and the other
+modules no tree provides, never a tree); where torch sees a CUDA device, and with --fresh, each
+run is a fresh interpreter instead. Needs the workspaces from tools/apply.py. A proof that needs a GPU
 reports 'skipped' without one, never 'pass'. Proofs whose folder has a requirements.txt
 (proofs/nemo_rl/) run in an environment built once from it and cached (--cache).
 
@@ -28,6 +30,8 @@ def main(argv: list[str], prog: str) -> int:
     options.add_only(p)
     options.add_json(p)
     options.add_timeout(p)
+    p.add_argument("--fresh", action="store_true",
+                   help="run every proof in a fresh interpreter, without the zygote (the verdicts are the same)")
     p.add_argument("--logs", type=Path, metavar="DIR", help="keep each proof run's output here")
     options.add_cache(p)
     options.add_lock_timeout(p)
@@ -35,7 +39,8 @@ def main(argv: list[str], prog: str) -> int:
     a = p.parse_args(argv)
     series = options.load_series(a)
     tesite.use(a.te_site)
-    rep = prove(series, a.workdir, options.comma_list(a.only), a.timeout, options.cache(a), a.logs, a.lock_timeout)
+    rep = prove(series, a.workdir, options.comma_list(a.only), a.timeout, options.cache(a), a.logs, a.lock_timeout,
+                fresh=a.fresh)
     options.write_report(a.json, rep.to_dict())
     rows = [[r.id, r.pristine, r.patched, _verdict(r), _detail(r)] for r in rep.proofs]
     print(report.table(rows, ["patch", "pristine", "patched", "verdict", "detail"]))

@@ -1,7 +1,8 @@
 """Proofs: each patch's test must fail on the pristine base and pass patched.
 
-A proof runs in a fresh interpreter (``python -m pytest``) with the trees of
-every upstream on PYTHONPATH: the upstream under test at its pristine base
+A proof runs as ``python -m pytest`` would, forked from the prove's zygote
+(carry.evidence.zygote) or, with ``fresh`` and where torch sees a CUDA device, in a
+fresh interpreter, with the trees of every upstream on PYTHONPATH: the upstream under test at its pristine base
 or at that patch's commit, the others at their patched heads. Outcomes come
 from pytest's JUnit XML, not from guessing at its output. A proof that passes
 on the pristine base proves nothing and fails the run; one that needs a GPU
@@ -31,18 +32,18 @@ import tarfile
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait as futures_wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import progress
 from ..errors import CommandError, SourceError, UsageError
 from ..lock import LOCK_TIMEOUT
-from ..runner import Git, run
+from ..runner import Git, kill_groups, run
 from ..series.manifest import PatchMeta, Series
 from ..series.repo import command
 from ..workspace.workdir import WorkDir
-from . import proofenv, tesite
+from . import proofenv, scratch as scratchdirs, tesite, zygote
 
 
 @dataclass
@@ -117,12 +118,16 @@ def jobs() -> int:
 
 def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout: float,
               log_dir: Path | None = None, label: str = "", proof: str | None = None,
-              cache: Path | None = None) -> Outcome:
+              cache: Path | None = None, zygotes: dict[str, zygote.Zygote] | None = None,
+              scratch: Path | None = None) -> Outcome:
     """Run one proof (by default the patch's first) against the given trees; classify from JUnit XML.
 
     With ``cache``, a proof whose folder pins its own requirements runs in the environment
     carry.evidence.proofenv builds from them (else in this interpreter). The path is: the proofs folder,
     the trees, the TransformerEngine site (carry.evidence.tesite), the plugin, then the caller's PYTHONPATH.
+    With ``zygotes`` (by interpreter), the run forks from that interpreter's zygote where it
+    forks safely (carry.evidence.zygote), else it is a fresh interpreter. ``scratch``: where its
+    report files go (else a temporary folder).
     """
     proof = proof or patch.proof
     assert proof
@@ -130,6 +135,7 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
         python = proofenv.python_for(series, proof, cache) if cache is not None else None
     except SourceError as exc:
         return Outcome("error", f"environment: {exc.message}")
+    python = python or sys.executable
     proofs_dir = series.root / "proofs"
     target = series.root / proof.split("::")[0]
     tree_paths = []
@@ -145,19 +151,26 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["CARRY_PROOF_TREES"] = os.pathsep.join(tree_paths)
-    with tempfile.TemporaryDirectory(prefix="carry-proof-") as tmp:
+    env["CARRY_PROOF_PARENT"] = str(os.getpid())  # the plugin ties the proof to it (carry_lifeline)
+    z = (zygotes or {}).get(python)
+    with tempfile.TemporaryDirectory(prefix="carry-proof-", dir=scratch) as tmp:
         xml = Path(tmp) / "junit.xml"
         events = Path(tmp) / "events.jsonl"
         env["CARRY_PROOF_EVENTS"] = str(events)
-        argv = [python or sys.executable, "-m", "pytest", "-q", "-c", str(proofs_dir / "pytest.ini"),
-                "--rootdir", str(proofs_dir), "-p", "carry_proof_plugin", f"--junitxml={xml}",
-                "-o", "junit_family=xunit1",
+        args = ["-q", "-c", str(proofs_dir / "pytest.ini"), "--rootdir", str(proofs_dir), "-p", "carry_proof_plugin",
+                f"--junitxml={xml}", "-o", "junit_family=xunit1",
                 str(target) + ("::" + proof.split("::", 1)[1] if "::" in proof else "")]
+        argv = [python, "-m", "pytest", *args]
+        cwd = series.root.parents[1]
         t0 = time.monotonic()
         try:
-            # Its own process group: a timeout kills its ranks (and a forkserver) with it.
-            res = run(argv, env=env, cwd=series.root.parents[1], check=False, timeout=timeout, group=True)
-            rc, output = res.returncode, res.stdout + res.stderr
+            if z is not None and z.wait_ready() and z.forks_safely:
+                rc, out, err = z.run(args, env, cwd, timeout, Path(tmp))
+            else:
+                # Its own process group: a timeout kills its ranks (and a forkserver) with it.
+                res = run(argv, env=env, cwd=cwd, check=False, timeout=timeout, group=True)
+                rc, out, err = res.returncode, res.stdout, res.stderr
+            output = out + err
             log_text = output
         except CommandError as exc:  # a timeout, or no interpreter: an outcome, not a crash of ours
             rc, output = None, f"did not finish: {exc.message}"
@@ -233,7 +246,8 @@ def _classify(rc: int | None, xml: Path, output: str, secs: float, events: list[
 
 
 def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float, cache: Path,
-          log_dir: Path | None = None, lock_timeout: float = LOCK_TIMEOUT) -> ProveReport:
+          log_dir: Path | None = None, lock_timeout: float = LOCK_TIMEOUT, fresh: bool = False) -> ProveReport:
+    """``fresh``: every run a fresh interpreter (no zygote: carry.evidence.zygote)."""
     wd = WorkDir(workdir)
     chosen = series.select(only) if only else list(series.patches)
     if only:
@@ -244,56 +258,120 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
         raise UsageError("no selected patch has a proof", hint="check --only and the proof keys in series.toml")
     wd.require(series)
     report = ProveReport(series=series.name)
+    stale = scratchdirs.sweep()
+    if stale:
+        progress.say(f"removed {len(stale)} scratch folder(s) a killed prove left: {', '.join(p.name for p in stale)}")
     # Hold the work directory's lock: an apply must not swap trees under a running proof. The
     # record is read under it, after finishing a swap a killed apply left journalled: read before,
     # it could name commits the workspaces no longer have.
-    with wd.lock(lock_timeout), tempfile.TemporaryDirectory(prefix="carry-prove-") as tmp:
-        finished = wd.recover()
-        if finished:
-            progress.say(f"finished the swap of {', '.join(finished)} that an interrupted apply left")
-        state = wd.require(series)
-        tmpd = Path(tmp)
-        pairs = []  # (patch, proof, pristine trees, patched trees), in series order
-        for p in with_proof:
-            rec = state.record(p.upstream)
-            if rec is None:
-                raise UsageError(f"{p.upstream}: no workspace in {workdir} for proof of {p.id}",
-                                 hint=f"`{command('apply', series, '--workdir', wd.root)}` first")
-            commit = rec.commit_of(p.id)
-            if commit is None:
-                raise UsageError(f"{p.upstream}: patch {p.id} is not applied in {workdir}",
-                                 hint=f"`{command('apply', series, '--workdir', wd.root, '--only', p.id)}` first")
-            repo = wd.workspace(p.upstream)
-            others = {u: wd.workspace(u) for u, _ in state.records() if u != p.upstream}
-            pristine_tree = tmpd / f"{p.upstream}-base"
-            if not pristine_tree.exists():
-                extract(repo, rec.base_commit, pristine_tree)
-            patched_tree = extract(repo, commit, tmpd / f"{p.upstream}-{p.id}")
-            for proof in p.proofs:
-                pairs.append((p, proof, {**others, p.upstream: pristine_tree}, {**others, p.upstream: patched_tree}))
-        for p, proof, _, _ in pairs:
-            try:  # built here, once, before runs share it (a build's lock wait is this thread's setting)
-                proofenv.python_for(series, proof, cache)
-            except SourceError:
-                pass  # each of its runs reports it as an environment error
-        n = jobs()
-        progress.say(f"{len(pairs)} proofs, each on the pristine base and on the patched tree: "
-                     f"{2 * len(pairs)} runs, {n} at a time")
-        with ThreadPoolExecutor(max_workers=n) as pool:
-            runs = [(pool.submit(run_proof, series, p, pristine, timeout, log_dir, "pristine", proof, cache),
-                     pool.submit(run_proof, series, p, patched, timeout, log_dir, "patched", proof, cache))
-                    for p, proof, pristine, patched in pairs]
-            for (p, proof, _, _), (first, second) in zip(pairs, runs):  # series order, whatever finishes first
-                a, b = first.result(), second.result()
-                progress.say(f"{p.id}: {proof}: pristine {a.result}, patched {b.result}")
-                if "error" in (a.result, b.result):
-                    ok = None  # it could not run here: no evidence either way (an environment error)
-                    report.errors.append(p.id)
-                elif a.result == "skipped" and b.result == "skipped":
-                    ok = None
-                else:
-                    ok = a.result == "fail" and b.result == "pass"
-                report.proofs.append(ProofResult(p.id, proof, a.result, b.result, ok, a.detail, b.detail,
-                                                 round(a.seconds + b.seconds, 1)))
+    zygotes: dict[str, zygote.Zygote] = {}
+    with wd.lock(lock_timeout), scratchdirs.folder() as tmpd:
+        try:
+            finished = wd.recover()
+            if finished:
+                progress.say(f"finished the swap of {', '.join(finished)} that an interrupted apply left")
+            state = wd.require(series)
+            for p in with_proof:
+                if state.record(p.upstream) is None:
+                    raise UsageError(f"{p.upstream}: no workspace in {workdir} for proof of {p.id}",
+                                     hint=f"`{command('apply', series, '--workdir', wd.root)}` first")
+            pythons = {}
+            for p in with_proof:
+                for proof in p.proofs:
+                    try:  # built here, once, before runs share it (a build's lock wait is this thread's setting)
+                        pythons[proofenv.python_for(series, proof, cache) or sys.executable] = True
+                    except SourceError:
+                        pass  # each of its runs reports it as an environment error
+            if not fresh and zygote.wanted():
+                # Started now, from this (the main) thread: they import while the trees are extracted.
+                exclude = _tree_tops(series, wd, state)
+                for python in pythons:
+                    zygotes[python] = zygote.Zygote(python, tmpd, exclude, env_extra=python != sys.executable)
+            pairs = _extract_pairs(series, wd, state, with_proof, tmpd)
+            if zygotes:
+                for z in zygotes.values():
+                    z.wait_ready()  # its imports are every run's: not bounded by one run's --timeout
+                unsafe = [z for z in zygotes.values() if not z.forks_safely]
+                for z in unsafe:
+                    progress.say(z.why_not())
+                if len(unsafe) < len(zygotes):
+                    progress.say("proof runs fork from a zygote per interpreter (" + ", ".join(
+                        f"{z.ready['seconds']:.1f}s to start" for z in zygotes.values() if z.forks_safely) + ")")
+            _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd, report)
+        finally:
+            for z in zygotes.values():
+                z.close()
     report.ok = all(r.ok is not False for r in report.proofs) and not report.errors
     return report
+
+
+def _tree_tops(series: Series, wd: WorkDir, state) -> set[str]:
+    """The top-level names the trees under test provide (megatron, nemo_rl): a zygote never imports them."""
+    tops = set()
+    for up in series.upstreams:
+        if state.record(up.name) is None:
+            continue
+        root = wd.workspace(up.name) / up.python_path
+        if root.is_dir():
+            tops.update(e.name[:-3] if e.name.endswith(".py") else e.name for e in root.iterdir()
+                        if e.is_dir() or e.name.endswith(".py"))
+    return {t for t in tops if t.isidentifier()}
+
+
+def _extract_pairs(series, wd, state, with_proof, tmpd: Path) -> list:
+    pairs = []  # (patch, proof, pristine trees, patched trees), in series order
+    for p in with_proof:
+        rec = state.record(p.upstream)
+        commit = rec.commit_of(p.id)
+        if commit is None:
+            raise UsageError(f"{p.upstream}: patch {p.id} is not applied in {wd.root}",
+                             hint=f"`{command('apply', series, '--workdir', wd.root, '--only', p.id)}` first")
+        repo = wd.workspace(p.upstream)
+        others = {u: wd.workspace(u) for u, _ in state.records() if u != p.upstream}
+        pristine_tree = tmpd / f"{p.upstream}-base"
+        if not pristine_tree.exists():
+            extract(repo, rec.base_commit, pristine_tree)
+        patched_tree = extract(repo, commit, tmpd / f"{p.upstream}-{p.id}")
+        for proof in p.proofs:
+            pairs.append((p, proof, {**others, p.upstream: pristine_tree}, {**others, p.upstream: patched_tree}))
+    return pairs
+
+
+def _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd: Path, report: ProveReport) -> None:
+    n = jobs()
+    progress.say(f"{len(pairs)} proofs, each on the pristine base and on the patched tree: "
+                 f"{2 * len(pairs)} runs, {n} at a time")
+    runs_dir = tmpd / "runs"
+    runs_dir.mkdir()
+    pool = ThreadPoolExecutor(max_workers=n)
+    runs = []
+    try:
+        runs += [(pool.submit(run_proof, series, p, pristine, timeout, log_dir, "pristine", proof, cache, zygotes,
+                             runs_dir),
+                 pool.submit(run_proof, series, p, patched, timeout, log_dir, "patched", proof, cache, zygotes,
+                             runs_dir))
+                for p, proof, pristine, patched in pairs]
+        for (p, proof, _, _), (first, second) in zip(pairs, runs):  # series order, whatever finishes first
+            a, b = first.result(), second.result()
+            progress.say(f"{p.id}: {proof}: pristine {a.result}, patched {b.result}")
+            if "error" in (a.result, b.result):
+                ok = None  # it could not run here: no evidence either way (an environment error)
+                report.errors.append(p.id)
+            elif a.result == "skipped" and b.result == "skipped":
+                ok = None
+            else:
+                ok = a.result == "fail" and b.result == "pass"
+            report.proofs.append(ProofResult(p.id, proof, a.result, b.result, ok, a.detail, b.detail,
+                                             round(a.seconds + b.seconds, 1)))
+    except BaseException:
+        # Ctrl-C (or a failure of ours): nothing queued starts, the running proofs are killed, and
+        # the caller removes their trees once the threads let go of them.
+        pool.shutdown(wait=False, cancel_futures=True)
+        started = [f for pair in runs for f in pair]
+        while not all(f.done() for f in started):  # a run a thread was just starting is killed too
+            for z in zygotes.values():
+                z.kill_children()
+            kill_groups()
+            futures_wait(started, timeout=0.2)
+        raise
+    pool.shutdown(wait=True)

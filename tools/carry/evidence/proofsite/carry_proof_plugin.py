@@ -16,6 +16,10 @@ when raised inside a rank (``_world.RankFailed.cause``), and a program that is n
 provide a package for (``megatron.core.new_module`` on the pristine base) is the tree's
 behaviour: the pristine base lacks what the patch adds.
 
+It also ties the proof to prove (``carry_lifeline``): the proof's interpreter dies with its
+parent (``$CARRY_PROOF_PARENT``, prove or the zygote it forked from), and so does every process it
+forks (its ranks), so a SIGKILL of prove leaves none of them running.
+
 Only the standard library and pytest: it runs in every proof environment.
 """
 
@@ -25,7 +29,12 @@ import json
 import os
 from pathlib import Path
 
+import carry_lifeline
 import pytest
+
+carry_lifeline.tie_forks()
+if os.environ.get("CARRY_PROOF_PARENT", "").isdigit():
+    carry_lifeline.tie(int(os.environ["CARRY_PROOF_PARENT"]))
 
 CUDA_FORK = "Cannot re-initialize CUDA in forked subprocess"
 

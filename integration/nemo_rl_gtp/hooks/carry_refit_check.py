@@ -32,8 +32,9 @@ one tensor (``decoder.layers.0.mlp.linear_fc1.weight``) while it is sent, and re
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
+
+from carry_after_import import after_import
 
 TARGET = "nemo_rl.models.generation.megatron.megatron_worker"
 WRAPPED = "swap_model_weights"
@@ -249,31 +250,6 @@ def patch(module) -> None:
              f"{os.getpid()}" + (f", mutation {mutation()}" if mutation() else ""))
 
 
-class _Finder:
-    """Patches TARGET right after it is imported, in whatever process imports it."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != TARGET:
-            return None
-        import importlib.machinery
-
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        run = loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            patch(module)
-
-        loader.exec_module = exec_module
-        return spec
-
-
 def install() -> None:
     mutation()   # an unknown mutation stops the process at start, loudly
-    if TARGET in sys.modules:
-        patch(sys.modules[TARGET])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    after_import(TARGET, patch)

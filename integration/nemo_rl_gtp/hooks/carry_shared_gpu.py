@@ -18,10 +18,10 @@ Two things, each before anything reads it:
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
 import socket
-import sys
+
+from carry_after_import import after_import
 
 PHYSICAL = "0"     # the GPU every logical id sits on
 TARGET = "ray"
@@ -48,28 +48,6 @@ def patch(module) -> None:
         module.get_gpu_ids = wrap(fn)
 
 
-class _Finder:
-    """Patches ``ray`` right after it is imported, in whatever process imports it."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != TARGET:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def install() -> None:
     os.environ["NCCL_HOSTID"] = hostid()
-    if TARGET in sys.modules:
-        patch(sys.modules[TARGET])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    after_import(TARGET, patch)

@@ -210,3 +210,30 @@ def proofs_matrix(series: str, *, timeout_s: int | None = 300, patches: list[str
     lines += [f"timeout_s = {proof_timeout_s}"] if proof_timeout_s is not None else []
     return "\n".join(lines) + "\n"
 
+
+@contextlib.contextmanager
+def tmpfs_mount(where: Path, size: str, label: str):
+    """A real tmpfs of ``size`` mounted at ``where`` for the test (skips where mounting is not allowed)."""
+    import pytest
+
+    where.mkdir()
+    if not which("mount"):
+        pytest.skip("no mount command here")
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", label, str(where)], capture_output=True,
+                         text=True, check=False)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {res.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+

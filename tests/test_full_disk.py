@@ -10,25 +10,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import apply_demo, git, kill_at, tool
+from helpers import apply_demo, git, kill_at, tmpfs_mount, tool
 
 
 @pytest.fixture
 def small(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "carry-full", str(mnt)], capture_output=True,
-                         text=True, check=False)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {res.stderr.strip()}")
-    try:
+    with tmpfs_mount(tmp_path / "small", "2m", "carry-full") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _fill(mnt: Path, leave_kib: int = 0) -> Path:

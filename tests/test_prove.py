@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 
 from fakeup import CRASH, GOOD, GPU, MISSING_DEPENDENCY, SITE_PROOF, VACUOUS, add_proofs, set_proof
-from helpers import SERIES, apply_demo as apply, kill_at, read_json, tool
+from helpers import SERIES, apply_demo as apply, kill_at, process_alive, read_json, tool
 
 @pytest.fixture
 def proved(demo):
@@ -83,13 +82,6 @@ def test_hangs():
 '''
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
 
 def test_a_timed_out_proof_leaves_no_rank_behind(demo, tmp_path):
     proofs = demo["series"] / "proofs"
@@ -107,9 +99,9 @@ def test_a_timed_out_proof_leaves_no_rank_behind(demo, tmp_path):
     import time
 
     deadline = time.monotonic() + 10
-    while any(map(_alive, ranks)) and time.monotonic() < deadline:
+    while any(map(process_alive, ranks)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [r for r in ranks if _alive(r)], "a timed-out proof left its ranks running"
+    assert not [r for r in ranks if process_alive(r)], "a timed-out proof left its ranks running"
 
 
 def test_prove_needs_a_workspace(demo, tmp_path):

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from carry.lock import DirLock
 from carry.runner import Git
-from helpers import SERIES, TOOLS, apply_demo, git, kill_at, read_json, tool, which
+from helpers import SERIES, TOOLS, apply_demo, git, kill_at, read_json, tmpfs_mount, tool
 
 
 def _demo_args(d, work=None):
@@ -42,18 +42,8 @@ def _consistent(work: Path, name: str = "megatron-lm") -> str:
 @pytest.fixture
 def tmpfs(tmp_path):
     """A fresh tmpfs: another file system than tmp_path's (hard links across it fail)."""
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    if not which("mount"):
-        pytest.skip("no mount command here")
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "carry-test", str(mnt)],
-                         capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {res.stderr.strip()}")
-    try:
+    with tmpfs_mount(tmp_path / "tmpfs", "256m", "carry-test") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 # -- 1: a work directory or a checkout on another file system -----------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fakeup import CRASH, GOOD, GPU, VACUOUS, add_proofs
-from helpers import SERIES, TOOLS, apply_demo as apply, read_json, tool
+from helpers import SERIES, TOOLS, apply_demo as apply, process_alive, read_json, tool
 
 # Each run records what it sees, checks that no earlier run left anything, then leaves all it can.
 DIRTY = '''
@@ -135,13 +135,6 @@ def test_sleeps():
 '''
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
 
 def _default_sigint() -> None:
     # A suite started in the background hands its children SIGINT ignored (see test_transaction).
@@ -190,9 +183,9 @@ def _wait_for_pids(pids: Path, n: int, proc: subprocess.Popen, timeout: float = 
 
 def _all_dead(pids: list[int], timeout: float = 20) -> list[int]:
     deadline = time.monotonic() + timeout
-    while any(map(_alive, pids)) and time.monotonic() < deadline:
+    while any(map(process_alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
+    return [p for p in pids if process_alive(p)]
 
 
 @pytest.mark.parametrize("mode", [[], ["--fresh"]], ids=["zygote", "fresh"])

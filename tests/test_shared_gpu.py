@@ -287,3 +287,27 @@ def test_a_case_stops_only_the_ray_it_started(tmp_path, running):
     verbs = [line.split()[0] for line in calls.read_text().splitlines()]
     assert verbs == (["start"] if running else ["start", "stop"])
     assert ("not stopping Ray" in log_path.read_text()) == running
+
+
+def test_a_bisection_names_the_patch_the_trees_lack():
+    """The nccl-bf16 cell on the series without mlm-gtp-tied-dummy-wgrad (seen on the H200): the run's
+    BUG_HIT names a series patch that the bisected trees do not hold, and the note says so."""
+    from carry.evidence.bisect import bisect
+    from carry.series.manifest import load
+
+    from helpers import SERIES
+
+    series = load(SERIES)
+    order = [p for p in series.patches if p.upstream == "megatron-lm" and p.id != "mlm-gtp-tied-dummy-wgrad"]
+    target = "failed:bug:mlm-gtp-tied-dummy-wgrad"
+    at = [p.id for p in order].index("mlm-gtp-refit-plan") + 1
+
+    def probe(k):
+        return (target if k >= at else "failed:bug:mlm-inference-pg"), "failed", ""
+
+    res = bisect(order, target, probe, [p.id for p in series.patches])
+    assert res.first_patch == "mlm-gtp-refit-plan"
+    assert res.note.endswith("; the run meets the bug of mlm-gtp-tied-dummy-wgrad, a patch of the series these "
+                             "trees lack")
+    whole = bisect(order + [series.patch("mlm-gtp-tied-dummy-wgrad")], target, probe, [p.id for p in series.patches])
+    assert "lack" not in whole.note

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..errors import UsageError
 from ..series.manifest import PatchMeta, Series
@@ -74,11 +74,13 @@ class PrefixTrees:
 
 
 def bisect(order: list[PatchMeta], target: str,
-           probe: Callable[[int], tuple[str, str, str]]) -> BisectResult:
+           probe: Callable[[int], tuple[str, str, str]], series_ids: Iterable[str] = ()) -> BisectResult:
     """Find the smallest k in 1..N whose probe signature equals ``target``.
 
     ``probe(k)`` runs the check on prefix k and returns (signature, status, reason).
-    Prefix N is the run being bisected: its result is ``target`` and is not rerun.
+    Prefix N is the run being bisected: its result is ``target`` and is not rerun. When ``target``
+    is a BUG_HIT of a patch of the series (``series_ids``) that these trees do not hold (a run with
+    ``--only``, a patch dropped), the note names that patch: it is the one the run lacks.
     """
     res = BisectResult(target=target)
     n = len(order)
@@ -106,5 +108,12 @@ def bisect(order: list[PatchMeta], target: str,
     res.first_patch = order[hi - 1].id
     before = next((p.signature for p in res.probes if p.k == lo), "?")
     res.note = (f"the result changes at patch {hi} of {n}, {order[hi - 1].id} "
-                f"({order[hi - 1].upstream}): {before} -> {target}")
+                f"({order[hi - 1].upstream}): {before} -> {target}") + _lacking(order, target, series_ids)
     return res
+
+
+def _lacking(order: list[PatchMeta], target: str, series_ids: Iterable[str]) -> str:
+    bug = target.split(":", 2)[2] if target.startswith("failed:bug:") else None
+    if bug and bug in set(series_ids) and bug not in {p.id for p in order}:
+        return f"; the run meets the bug of {bug}, a patch of the series these trees lack"
+    return ""

@@ -254,7 +254,7 @@ def _bisect(cell: Cell, v: Verdict, prefix: PrefixTrees, out: Path, opts: Option
             pv = cell_error(out / f"k{k:03d}", exc)
         return pv.signature(), pv.status, pv.reason
 
-    return bisect(order, v.signature(), probe)
+    return bisect(order, v.signature(), probe, [p.id for p in cell.series.patches])
 
 
 def run_canaries(cfg: NightlyConfig, opts: Options, load_series,

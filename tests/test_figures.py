@@ -159,7 +159,8 @@ def test_without_matplotlib_the_summary_says_how_to_get_the_pictures_and_nothing
     assert not list(bare.glob("*.png")) and list(plain.glob("*.png"))
     md = (bare / "summary.md").read_text().splitlines()
     (line,) = [x for x in md if "Figures" in x or "matplotlib" in x]
-    assert line == f"Figures: not drawn (matplotlib is not installed): `{INSTALL}` draws them next to this summary."
+    assert line == ("Figures: not drawn (matplotlib is not installed): `python3 -m pip install -e '.[plot]'` draws them "
+                    "next to this summary.") and INSTALL[-1] == ".[plot]"
     with_md = (plain / "summary.md").read_text()
     assert with_md[:with_md.index("\n## Figures")].rstrip("\n").replace("with", "without") == "\n".join(md[:-2]), md
     assert read_json(bare / "nightly.json")["ok"] is read_json(plain / "nightly.json")["ok"] is True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -128,10 +129,13 @@ def test_unreachable_index_then_again_with_the_wheel(tmp_path, pin_cache):
             "megatron-bridge"]
     res = tool("apply", *args, env=offline, check=1)
     (again,) = re.findall(r"`([^`]+)`", res.stderr.split("next:")[1])
-    assert again == "--source megatron-bridge=PATH"
+    # The whole command again, with the user's own options, and the one word to fill in.
+    argv = shlex.split(again)
+    assert argv[1].endswith("tools/apply.py") and argv[-2:] == ["--source", "megatron-bridge=PATH"], again
+    assert [str(a) for a in args if str(a) not in argv] == [], again
     wheel = next((pin_cache / "artifacts").rglob("megatron_bridge-0.6.2-*.whl"))
     out = tmp_path / "r.json"
-    tool("apply", *args, *again.replace("PATH", str(wheel)).split(), "--json", out, env=offline, check=0)
+    tool("apply", *argv[2:-1], f"megatron-bridge={wheel}", "--json", out, env=offline, check=0)
     assert "megatron_bridge-0.6.2-py3-none-any.whl" in read_json(out)["upstreams"][0]["base"]
 
 

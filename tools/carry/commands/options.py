@@ -109,7 +109,7 @@ def directory(path: Path, flag: str) -> Path:
     for at in (path, *path.absolute().parents):
         if at.is_symlink() and not at.exists():
             raise UsageError(f"{flag} {path}: {at} is a symbolic link to {os.readlink(at)}, which does not exist",
-                             hint=f"make the folder it points to (`mkdir -p {at.parent / os.readlink(at)}`), "
+                             hint=f"make the folder it points to ({shell.code('mkdir', '-p', at.parent / os.readlink(at))}), "
                                   f"or give {flag} another directory")
         if at.exists() or at.is_symlink():
             if not at.is_dir():

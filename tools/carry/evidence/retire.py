@@ -234,14 +234,16 @@ def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: 
     if needing:
         # The edited series would not even load: say which requirement stands in the way, in the
         # real manifest, and what to choose (the verdicts are printed with this error).
-        again = command("retire", series, "--against", f"{new_up.name}={rep.against}", *(["--source", f"{new_up.name}={source}"] if source is not None else []), "--write")
+        again = ["--against", f"{new_up.name}={rep.against}",
+                 *(["--source", f"{new_up.name}={source}"] if source is not None else []), "--write"]
         lines = [f"{p.id} ({p.upstream}) requires {dep}, which the new base has (verdict landed)" for p, dep in needing]
         rep.ok = False
         rep.error = ("cannot retire " + ", ".join(sorted({dep for _, dep in needing})) + ": "
                      + "; ".join(lines) + f"; nothing was written to {root / 'series.toml'}")
         p, dep = needing[0]
         rep.hint = (f"choose, in {root / 'series.toml'}: if {p.id} only needs {dep}'s change (now in the new base), "
-                    f"drop \"{dep}\" from the requires = [...] of [[patches]] id = \"{p.id}\" and run `{again}`; "
+                    f"drop \"{dep}\" from the requires = [...] of [[patches]] id = \"{p.id}\" and run "
+                    f"`{command('retire', series, *again)}`; "
                     f"if {p.id} needs {dep} kept as a patch, keep the series as it is (retire without --write "
                     "only reports)")
         return

@@ -28,9 +28,10 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..shell import code
 from . import artifacts
 
-INSTALL = "python3 -m pip install -e '.[plot]'"
+INSTALL = ("python3", "-m", "pip", "install", "-e", ".[plot]")
 PROOF_STATUSES = ("passed", "failed", "skipped", "vacuous", "error")
 _COLOURS = {"passed": "#3a923a", "failed": "#c03d3e", "skipped": "#9a9a9a", "vacuous": "#e1812c", "error": "#7f3c8d"}
 GRPO_PANELS = (  # (title, metric keys drawn in it)
@@ -228,6 +229,6 @@ def write(out: Path, history: list[dict], runs: Iterable[dict], note: str = "") 
 def summary_lines(out: Path, history: list[dict], runs: list[dict], note: str = "") -> list[str]:
     """The summary's figures section: the figures drawn and linked, or one line on how to get them."""
     if not available():
-        return ["", f"Figures: not drawn (matplotlib is not installed): `{INSTALL}` draws them next to this summary."]
+        return ["", f"Figures: not drawn (matplotlib is not installed): {code(*INSTALL)} draws them next to this summary."]
     made = write(out, history, runs, note)
     return ["", "## Figures", ""] + [f"![{title}]({path.name})" for title, path, _ in made]

@@ -52,3 +52,16 @@ def demo(tmp_path):
     """Upstream v0 and v1, four patches written against v0, a series pinned at v0 (fakeup.make_demo)."""
     return make_demo(tmp_path)
 
+
+
+@pytest.fixture
+def with_world(demo):
+    """The demo series with the real proofs' rank launcher (patches/gtp/proofs/_world.py) beside its proofs."""
+    import shutil
+
+    from helpers import SERIES
+
+    proofs = demo["series"] / "proofs"
+    proofs.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SERIES / "proofs" / "_world.py", proofs / "_world.py")
+    return demo

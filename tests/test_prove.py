@@ -209,12 +209,6 @@ sys.meta_path.insert(0, _Watch())
 '''
 
 
-@pytest.fixture
-def with_world(demo):
-    proofs = demo["series"] / "proofs"
-    proofs.mkdir(parents=True, exist_ok=True)
-    shutil.copy(SERIES / "proofs" / "_world.py", proofs / "_world.py")
-    return demo
 
 
 def test_ranks_come_from_a_forkserver_where_cuda_may_be_initialised(with_world, tmp_path):

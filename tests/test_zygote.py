@@ -154,14 +154,6 @@ def sleeping(with_world, tmp_path):
     return with_world, tmpdir, pids, env
 
 
-@pytest.fixture
-def with_world(demo):
-    import shutil
-
-    proofs = demo["series"] / "proofs"
-    proofs.mkdir(parents=True, exist_ok=True)
-    shutil.copy(SERIES / "proofs" / "_world.py", proofs / "_world.py")
-    return demo
 
 
 def _start_prove(d, env, *extra) -> subprocess.Popen:

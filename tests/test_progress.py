@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from fakeup import GOOD, add_proofs
 from helpers import ROOT, SERIES, TOOLS
 
@@ -65,3 +67,29 @@ def test_a_long_compression_says_how_far_it_is(tmp_path, capsys, monkeypatch):
     assert "compressing 8 MB with" in err
     assert "MB read" in err and "s so far" in err, err
     assert "compressing payload.tar.xz: done (8 of 8 MB read" in err, err
+
+
+def test_the_payload_level_is_the_one_asked_for(tmp_path, capsys, monkeypatch):
+    """stage --xz-level: the payload is packed at that preset (it says so), whole when unpacked, and
+    preset 9 is no larger than preset 1; a level outside 0-9 is refused before anything is written."""
+    import lzma
+    import tarfile
+
+    monkeypatch.setenv("GTP_CARRY_QUIET", "")
+    sys.path.insert(0, str(NRL))
+    from carry.errors import UsageError
+    from harness.staging.stage import compress
+
+    src = tmp_path / "payload"
+    src.mkdir()
+    (src / "a.txt").write_text("gtp " * 50000)
+    out = compress(src, tmp_path / "p1.tar.xz", level=1)
+    err = capsys.readouterr().err
+    assert "with xz -1" in err or "with lzma preset 1" in err, err
+    with lzma.open(out) as f, tarfile.open(fileobj=f) as tf:
+        assert tf.extractfile("a.txt").read() == b"gtp " * 50000
+    nine = compress(src, tmp_path / "p9.tar.xz", level=9)
+    assert nine.stat().st_size <= out.stat().st_size
+    with pytest.raises(UsageError, match="xz level 12"):
+        compress(src, tmp_path / "bad.tar.xz", level=12)
+    assert not (tmp_path / "bad.tar.xz").exists() and not (tmp_path / "bad.tar.tmp").exists()

@@ -55,6 +55,9 @@ def stage_main(argv: list[str]) -> int:
     p.add_argument("--workdir", type=Path, help="apply workspaces (default CACHE/work)")
     p.add_argument("--seed", type=int, default=1234, help="seed of the model, tokenizer and data (default 1234)")
     p.add_argument("--no-pack", action="store_true", help="stop after the staging folder; write no parts")
+    p.add_argument("--xz-level", type=int, default=9, choices=range(0, 10), metavar="0-9",
+                   help="xz preset of the payload (default 9: the fewest parts; 1 packs in a fraction of the "
+                        "time on a small machine, for about one part more)")
     p.add_argument("--relock", action="store_true",
                    help="re-download the pins of wheels.toml and rewrite their file names and sha256; then stop")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
@@ -66,7 +69,8 @@ def stage_main(argv: list[str]) -> int:
         return 0
     series = load_series(a.series)
     opts = staging.Options(out=cache / "stage", cache=cache, workdir=(a.workdir or cache / "work").absolute(),
-                           series=series, sources=name_paths(a.source, "--source"), seed=a.seed, pack=not a.no_pack)
+                           series=series, sources=name_paths(a.source, "--source"), seed=a.seed, pack=not a.no_pack,
+                           xz_level=a.xz_level)
     res = staging.stage(opts)
     if a.json:
         write_json(a.json, res)

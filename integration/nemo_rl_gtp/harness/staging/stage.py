@@ -61,6 +61,7 @@ class Options:
     sources: dict[str, Path] = field(default_factory=dict)
     seed: int = 1234
     pack: bool = True
+    xz_level: int = 9              # xz preset: 9 the smallest payload, 1 much faster to pack
     ferry_root: Path = REPO
     lock_path: Path = LOCK
 
@@ -161,16 +162,19 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def compress(src: Path, out: Path, every: float = progress.TICK) -> Path:
-    """src/ as a tar.xz; the xz binary (multi-threaded) when present, else Python's lzma.
+def compress(src: Path, out: Path, every: float = progress.TICK, level: int = 9) -> Path:
+    """src/ as a tar.xz at preset ``level``; the xz binary (multi-threaded) when present, else Python's lzma.
 
     xz -9 of the payload runs minutes: a line every ``every`` seconds says how far it is.
     """
+    if not 0 <= level <= 9:
+        raise UsageError(f"xz level {level}: choose 0 to 9")
     members = sorted(p for p in src.rglob("*"))
     tmp = out.with_suffix(".tmp")
     xz = shutil.which("xz")
     total = sum(p.stat().st_size for p in members if p.is_file())
-    progress.say(f"compressing {total / 1e6:.0f} MB with {'xz -9' if xz else 'lzma preset 9'} (minutes)")
+    progress.say(f"compressing {total / 1e6:.0f} MB with {f'xz -{level}' if xz else f'lzma preset {level}'}"
+                 f"{' (minutes)' if level >= 6 else ''}")
     done = [0]  # bytes of the members handed to the compressor so far
 
     def status() -> str:
@@ -186,7 +190,7 @@ def compress(src: Path, out: Path, every: float = progress.TICK) -> Path:
     with progress.ticking(f"compressing {out.name}", status, every):
         if xz:
             with open(tmp, "wb") as f:
-                proc = subprocess.Popen([xz, "-9", "-T0", "-c"], stdin=subprocess.PIPE, stdout=f)
+                proc = subprocess.Popen([xz, f"-{level}", "-T0", "-c"], stdin=subprocess.PIPE, stdout=f)
                 assert proc.stdin is not None
                 with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.GNU_FORMAT) as tf:
                     add_all(tf)
@@ -194,7 +198,7 @@ def compress(src: Path, out: Path, every: float = progress.TICK) -> Path:
                 if proc.wait() != 0:
                     raise SourceError(f"xz failed with exit status {proc.returncode}")
         else:
-            with lzma.open(tmp, "wb", preset=9) as f, tarfile.open(fileobj=f, mode="w|", format=tarfile.GNU_FORMAT) as tf:
+            with lzma.open(tmp, "wb", preset=level) as f, tarfile.open(fileobj=f, mode="w|", format=tarfile.GNU_FORMAT) as tf:
                 add_all(tf)
     os.replace(tmp, out)
     return out
@@ -220,7 +224,7 @@ def stage(o: Options) -> dict:
     (payload / "stage.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     result = {"ok": True, "payload": str(payload), "stage": doc, "seconds": 0.0}
     if o.pack:
-        xz = compress(payload, o.out / "payload.tar.xz")
+        xz = compress(payload, o.out / "payload.tar.xz", level=o.xz_level)
         manifest = {k: doc[k] for k in ("schema", "ferry", "series", "stage", "lock")}
         manifest.update(series_digest=doc["series_trees"]["series_digest"], payload_sha256=sha256_file(xz),
                         payload_bytes=xz.stat().st_size, wheels=len(doc["wheels"]))

@@ -81,8 +81,8 @@ def test_acceptance_is_the_window_and_the_entropy_limit():
 
 # -- the cases -------------------------------------------------------------------------------------
 def test_learning_cases_add_only_their_own_overrides():
-    learning_names = {"learning", "learning-stale-refit", "learning-corrupt-tensor", "learning-gtp-off",
-                      "learning-no-cuda-graphs", "learning-gtp-off-no-cuda-graphs"}
+    learning_names = {"learning", "learning-stale-refit", "learning-corrupt-tensor", "learning-frozen-weights",
+                      "learning-gtp-off", "learning-no-cuda-graphs", "learning-gtp-off-no-cuda-graphs"}
     assert learning_names <= set(casing.CASES)
     for name in learning_names:
         case = casing.CASES[name]
@@ -96,6 +96,7 @@ def test_learning_cases_add_only_their_own_overrides():
     assert env(casing.CASES["learning"]) == {"CARRY_REFIT_CHECK": "1"}
     assert env(casing.CASES["learning-stale-refit"]) == {"CARRY_REFIT_CHECK": "1", "CARRY_REFIT_MUTATION": "stale-refit"}
     assert env(casing.CASES["learning-corrupt-tensor"])["CARRY_REFIT_MUTATION"] == "corrupt-tensor"
+    assert env(casing.CASES["learning-frozen-weights"])["CARRY_REFIT_MUTATION"] == "frozen-weights"
     assert env(casing.CASES["learning-gtp-off"]) == {} and env(casing.CASES["patched"]) == {}
     assert casing.CASES["learning-no-cuda-graphs"].overrides[-1] == \
         "policy.generation.mcore_generation_config.cuda_graph_impl=none"
@@ -162,7 +163,19 @@ def test_case_verdicts_of_the_learning_cases_name_their_reasons(tmp_path):
     assert flat["observed"] == "red" and any("pct_mixed" in r for r in flat["reasons"])
     assert any("advantages/max" in r for r in flat["reasons"])
     still = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "still", drift=1e-6), 0)
-    assert still["observed"] == "red" and any("rel_l2_change" in r for r in still["reasons"])
+    assert still["observed"] == "red" and any("changed_fraction" in r for r in still["reasons"])
+    # frozen-weights: every refit exact, nothing changed: red by the drift gate alone, as it must be.
+    frozen = caserun.summarize(casing.CASES["learning-frozen-weights"], _run(tmp_path, "frozen", drift=0.0), 0)
+    assert frozen["observed"] == "red" and frozen["as_expected"] and frozen["red_by_missing"] == []
+    assert [r.split(":")[0] for r in frozen["reasons"]] == [f"gate {casing.DRIFT_GATE}"], frozen["reasons"]
+    # A mutation red for another reason than its own is not as expected: frozen-weights whose weights
+    # moved but whose run died (exit 1) is red, without the drift gate among its reasons.
+    wrong = caserun.summarize(casing.CASES["learning-frozen-weights"], _run(tmp_path, "frozen-died", rc=1), 1)
+    assert wrong["observed"] == "red" and not wrong["as_expected"]
+    assert wrong["red_by_missing"] == [casing.DRIFT_GATE], wrong
+    # The stale refit whose check lines all say "equal" (a check that saw nothing) is not as expected either.
+    blind = caserun.summarize(casing.CASES["learning-stale-refit"], _run(tmp_path, "stale-blind", rc=1), 1)
+    assert blind["observed"] == "red" and not blind["as_expected"] and blind["red_by_missing"] == [casing.UNVERIFIED_GATE]
     one = _run(tmp_path, "one-rank", ranks=1)
     learning.merge_metrics(one, 2)   # two GPUs ran, one rank said nothing
     got = caserun.summarize(casing.CASES["learning"], one, 0)

@@ -88,6 +88,19 @@ RANKS = textwrap.dedent(r'''
     r4 = rc.compare(4, rank, train, infer)
     out["corrupt"] = [name, r4.line(), r4.ok, r4.differ,
                       all(torch.equal(before[n], p) for n, p in train)]
+    # Frozen: the first hold records, a training step moves every shard, the next hold puts them back.
+    frozen, still = rc.Frozen(), rc.Drift()
+    first_held = frozen.hold(train)
+    refit(5, "frozen-weights")
+    r5 = rc.compare(5, rank, train, infer, drift=still)
+    still.finish()
+    for n, p in train:
+        p.data.add_(0.5)
+    held = frozen.hold(train)
+    refit(6, "frozen-weights")
+    r6 = rc.compare(6, rank, train, infer, drift=still)
+    out["frozen"] = [first_held, held, r5.ok, r6.line(), r6.ok, list(still.finish()),
+                     all(torch.equal(before[n], p) for n, p in train)]
     with open(os.environ["OUT"] + f"/rank{rank}.json", "w") as f:
         json.dump(out, f)
     dist.barrier()
@@ -124,6 +137,11 @@ def test_the_check_gathers_gtp_shards_cuts_padding_and_compares_exactly_on_every
         assert line == f"[refit-check] step 4: 2 of 3 tensors equal on rank {rank}" and not ok
         assert len(differ) == 1 and differ[0].startswith(name) and "9 of 15 elements differ" in differ[0]
         assert restored, "the training tensor is back bit for bit after the transfer"
+        # Frozen: the refit after the held step is exact (the check cannot see it), and nothing moved.
+        first_held, held, ok5, line, ok6, (rel, frac, n_el), back = got["frozen"]
+        assert (first_held, held, ok5) == (0, 3, True)
+        assert line == f"[refit-check] step 6: 3 of 3 tensors equal on rank {rank}" and ok6
+        assert rel == 0.0 and frac == 0.0 and n_el == 31 and back
 
 
 def test_a_missing_or_reshaped_inference_tensor_is_unequal():
@@ -149,7 +167,7 @@ def test_mutation_switches_are_named_and_checked(monkeypatch):
     try:
         rc.mutation()
     except ValueError as exc:
-        assert "stale-refit, corrupt-tensor" in str(exc)
+        assert "stale-refit, corrupt-tensor, frozen-weights" in str(exc)
     else:
         raise AssertionError("an unknown mutation must be refused")
     import torch

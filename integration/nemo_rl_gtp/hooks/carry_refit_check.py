@@ -26,7 +26,10 @@ L2 change of the training weights since the first refit::
 
 Mutations, to show the check and the gates go red (``CARRY_REFIT_MUTATION``):
 ``stale-refit`` skips every refit after the first; ``corrupt-tensor`` negates rank 0's GTP shard of
-one tensor (``decoder.layers.0.mlp.linear_fc1.weight``) while it is sent, and restores it after.
+one tensor (``decoder.layers.0.mlp.linear_fc1.weight``) while it is sent, and restores it after;
+``frozen-weights`` puts every training tensor back to what it was at the first refit before each
+later one (the optimizer's updates never reach what is sent: every refit is exact, and only the
+drift, the ``changed`` figure above, shows it).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from carry_after_import import after_import
 
 TARGET = "nemo_rl.models.generation.megatron.megatron_worker"
 WRAPPED = "swap_model_weights"
-MUTATIONS = ("stale-refit", "corrupt-tensor")
+MUTATIONS = ("stale-refit", "corrupt-tensor", "frozen-weights")
 CORRUPT_PREFERRED = "linear_fc1.weight"
 
 
@@ -181,6 +184,30 @@ def corrupt(train_named, rank: int):
     return name, lambda: param.data.mul_(-1)
 
 
+class Frozen:
+    """frozen-weights: each rank keeps its own shards as the first refit saw them (on the host) and
+    copies them back in place before every later refit, bit for bit."""
+
+    def __init__(self):
+        self.first: dict = {}
+
+    def hold(self, train_named) -> int:
+        """Record at the first call; later, put every recorded tensor back. Returns how many were put back."""
+        import torch
+
+        held = 0
+        with torch.no_grad():
+            for name, param in train_named:
+                local = param.data
+                first = self.first.get(name)
+                if first is None:
+                    self.first[name] = local.detach().to("cpu", copy=True)
+                else:
+                    local.copy_(first.to(local.device))
+                    held += 1
+        return held
+
+
 # -- the wrapper ---------------------------------------------------------------------------------------
 def _named(model):
     from megatron.core.utils import unwrap_model
@@ -199,6 +226,7 @@ def _say(text: str) -> None:
 class _State:
     refits = 0
     drift = Drift()
+    frozen = Frozen()
 
 
 def wrap(original):
@@ -223,6 +251,11 @@ def wrap(original):
             finally:
                 restore()
         else:
+            if mode == "frozen-weights":
+                held = _State.frozen.hold(_named(src_model))
+                if held:
+                    _say(f"[refit-mutation] frozen-weights: step {step}: {held} training tensors put back to the "
+                         f"first refit's on rank {rank}")
             result = original(src_model, target_model, *args, **kwargs)
         try:
             with torch.no_grad():

@@ -305,7 +305,11 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     # Per step, for the open question (1.1011 in NeMo-RL's GTP pull request): the issue asks whether
     # step 1's generation precedes the first refit; compare step 1 with step 2, GTP on vs off.
     per_step = metrics.get("train/token_mult_prob_error")
-    return {"observed": observed, "as_expected": observed == case.expect, "gate": gate.gate, "gate_value": gate.value,
+    # A mutation is as expected only when it is red for its own reason: each of red_by is named.
+    missing_red = [r for r in case.red_by if not any(r in why for why in reasons)] if observed == "red" else []
+    as_expected = observed == case.expect and not missing_red
+    return {"observed": observed, "as_expected": as_expected, "gate": gate.gate, "gate_value": gate.value,
+            "red_by": list(case.red_by), "red_by_missing": missing_red,
             "token_mult_prob_error_per_step": per_step if isinstance(per_step, dict) else None,
             "gate_detail": gate.detail,
             "gates": {r.gate: {"value": r.value, "ok": r.ok, "detail": r.detail} for r in results},

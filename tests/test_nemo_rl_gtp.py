@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import HOST_PACKAGES, ROOT, pins, read_json, tool
+from helpers import HOST_PACKAGES, ROOT, SERIES, pins, read_json, tool
 
 NRL = ROOT / "integration" / "nemo_rl_gtp"
 sys.path.insert(0, str(NRL))
@@ -563,11 +564,19 @@ def test_case_summary_names_what_each_case_showed(tmp_path):
                   extra="RuntimeError: supplied weight's shape is (512, 256), not (1024, 256)\n")
     got = caserun.summarize(casing.CASES["pristine-mcore"], d, 1)
     assert got["observed"] == "red" and got["as_expected"] and "supplied weight" in got["first_error"]
-    d = _recorded(tmp_path, "off", rc=1, markers=(), err=1.0002,
-                  extra=f"FAIL: '{MARK_GTP}' is not in run.log: training ran without GTP weight sharding\n")
+    # The FAIL line exactly as the patched script prints it (patch nrl 0004's require_marker), so that
+    # a change of its wording cannot leave the control judged red (seen on the H200, 2026-12-02).
+    script = next((SERIES / "nemo-rl").glob("0004-*.patch")).read_text()
+    template = re.search(r'echo "(FAIL: no line of [^"]*)"', script).group(1)
+    fail = (template.replace("$run_log", "/x/run.log").replace("$1", MARK_GTP)
+            .replace("$2", "training ran without GTP weight sharding"))
+    d = _recorded(tmp_path, "off", rc=1, markers=(), err=1.0002, extra=fail + "\n")
     got = caserun.summarize(casing.CASES["gtp-off"], d, 1)
     assert got["observed"] == "green" and got["gate_value"] == 1.0002 and got["as_expected"]
     d = _recorded(tmp_path, "off2", rc=1, markers=(), err=None, extra="ValueError: boom\n")
+    assert caserun.summarize(casing.CASES["gtp-off"], d, 1)["observed"] == "red"
+    # Exit 1 with its metric but without the marker's FAIL line (a crash after the metrics) is red too.
+    d = _recorded(tmp_path, "off3", rc=1, markers=(), err=1.0002)
     assert caserun.summarize(casing.CASES["gtp-off"], d, 1)["observed"] == "red"
     # Clipping an infinite norm zeroes the update while log-probs agree: red all the same.
     d = _recorded(tmp_path, "inf", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003, grad_norm=float("inf"))

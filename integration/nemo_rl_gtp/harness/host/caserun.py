@@ -295,7 +295,11 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
                + ([f"exit status {rc}"] if rc != 0 else []))
     if case.name == "gtp-off" or casing.GTP_OFF in case.overrides:
         # The script's marker checks fail by design without GTP; the control is the metric.
-        only_markers = rc == 0 or all(e.startswith("FAIL: '[gtp] enabling") for e in errors if e.startswith("FAIL:"))
+        # The script stops (exit 1) at the first marker it misses, the GTP one, and quotes it in its FAIL
+        # line; any other failure, or an exit without that line, is red.
+        fails = [e for e in errors if e.startswith("FAIL:")]
+        gtp_mark = f"'{spec.markers[0]}'" if spec.markers else None
+        only_markers = rc == 0 or (gtp_mark is not None and bool(fails) and all(gtp_mark in e for e in fails))
         observed = "green" if gate.value is not None and gates_ok and only_markers else "red"
     else:
         observed = "green" if rc == 0 and gates_ok and all(marks.values()) and not unmarked else "red"

@@ -16,6 +16,15 @@
 #   case-bg NAME    in the background: one harness case (a mutation, a matrix case, moe)
 #   wait-case NAME  wait for it (at most $3 seconds), then pack it; exit 3 while it still runs
 #                   (case-bg refuses to start a case while another still runs: one Ray at a time)
+#   setup           run-on-gpu-host's setup alone, in the foreground
+#   pretrain-bg     in the background: the learning cases' pretrain step alone (after setup)
+#   queue-bg NAME...  in the background: one Ray cluster of 4 logical GPUs and the harness cases in
+#                   order, two at a time on it (--ray-running), each learning* case only once the
+#                   pretrain is done; /tmp/o/queue.log says what started and ended when
+#   wait-queue S    wait (at most S seconds) for the queue, pack every case that ended, and stop the
+#                   queue's Ray once all have; exit 3 while any still runs
+#   stop-queue      kill the queue, its cases and its Ray
+#   proofs          the GPU proofs (tools/prove.py, the three CUDA ones) on the series, in the foreground
 set -uo pipefail
 cd "$(dirname "$0")/.."
 S=/tmp/nrl-run/payload/sources
@@ -37,7 +46,7 @@ pack() {  # pack NAME PATH...: the small files only (logs, JSON, markdown)
   find "$@" -type f -size -4096k -not -path '*/nemo-rl/*' -not -path '*/megatron-from-hf/*' \
     -not -path '*/hf-datasets/*' -not -path '*/work/*' -not -path '*/trees/*' \
     \( -name '*.json' -o -name '*.log' -o -name '*.md' -o -name '*.xml' \
-    -o -name '*.stdout' -o -name '*.console' -o -name exit_status -o -name '*.jsonl' \) 2>/dev/null \
+    -o -name '*.stdout' -o -name '*.console' -o -name '*.txt' -o -name exit_status -o -name '*.jsonl' \) 2>/dev/null \
     | tar -czf "$OUT/$name.tgz" -T - && stamp "packed $OUT/$name.tgz"
 }
 
@@ -108,5 +117,61 @@ case ${1:?step} in
     tail -5 "/tmp/o/case-$name.console"
     pack "case-$name" "/tmp/o/case-$name" "/tmp/o/case-$name.console"
     if [ "$done" = 0 ]; then stamp "case $name still runs: wait-case again in the next call"; exit 3; fi ;;
+  setup)
+    stamp "setup"
+    timeout -k 10 500 python3 integration/nemo_rl_gtp/run-on-gpu-host --setup-only --out /tmp/o/setup \
+      > /tmp/o/setup.console 2>&1 < /dev/null
+    rc=$?; stamp "setup exit $rc"; tail -4 /tmp/o/setup.console; exit $rc ;;
+  pretrain-bg)
+    setsid nohup python3 integration/nemo_rl_gtp/run-on-gpu-host --skip-setup --pretrain-only --out /tmp/o/pretrain \
+      > /tmp/o/pretrain.console 2>&1 < /dev/null &
+    echo $! > /tmp/o/pretrain.pid; stamp "pretrain started (pid $!)" ;;
+  queue-bg)
+    shift
+    for pid in /tmp/o/case-*.pid /tmp/o/queue.pid; do
+      if alive "$pid"; then stamp "refused: $pid still runs"; exit 1; fi
+    done
+    # In its own session (setsid -w waits for it): Ray's daemons in the call's session end with the call.
+    setsid -w env -u CUDA_VISIBLE_DEVICES RAY_USAGE_STATS_ENABLED=0 /tmp/nrl-run/venv/bin/ray start --head --num-gpus=4 \
+      --include-dashboard=false --disable-usage-stats > /tmp/o/queue-ray.log 2>&1 \
+      || { stamp "ray start failed"; tail -5 /tmp/o/queue-ray.log; exit 1; }
+    setsid nohup bash -c '
+      alive() { [ -e "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+      say() { echo "[$(date -u +%H:%M:%S)] $*"; }
+      running() { n=0; for c in "$@"; do alive /tmp/o/case-$c.pid && n=$((n+1)); done; echo $n; }
+      for name in "$@"; do
+        while [ "$(running "$@")" -ge 2 ]; do sleep 2; done
+        case $name in learning*) while alive /tmp/o/pretrain.pid; do sleep 2; done ;; esac
+        setsid nohup env CARRY_NRL_CASE_TIMEOUT=840 python3 integration/nemo_rl_gtp/run-on-gpu-host --skip-setup \
+          --shared-gpu --ray-running --cases "$name" --out "/tmp/o/case-$name" > "/tmp/o/case-$name.console" 2>&1 < /dev/null &
+        echo $! > "/tmp/o/case-$name.pid"; say "started $name (pid $!)"
+        sleep 20   # the two side by side start their drivers and placement groups apart
+      done
+      while [ "$(running "$@")" -gt 0 ]; do sleep 2; done
+      say "queue done"' queue "$@" > /tmp/o/queue.log 2>&1 < /dev/null &
+    echo $! > /tmp/o/queue.pid; echo "$*" > /tmp/o/queue.names; stamp "queue started (pid $!): $*" ;;
+  stop-queue)   # the queue, its running cases and its Ray, now
+    for pid in /tmp/o/queue.pid /tmp/o/case-*.pid; do alive "$pid" && kill -- -"$(cat "$pid")" 2>/dev/null; done
+    sleep 3; /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; stamp "queue stopped" ;;
+  wait-queue)
+    done=0; wait_for "${2:-540}" bash -c '! kill -0 "$(cat /tmp/o/queue.pid)" 2>/dev/null' && done=1
+    cat /tmp/o/queue.log
+    for name in $(cat /tmp/o/queue.names); do
+      if [ -e "/tmp/o/case-$name.pid" ] && ! alive "/tmp/o/case-$name.pid"; then
+        tail -3 "/tmp/o/case-$name.console"; pack "case-$name" "/tmp/o/case-$name" "/tmp/o/case-$name.console"
+      fi
+    done
+    pack queue /tmp/o/queue.log /tmp/o/queue-ray.log /tmp/o/pretrain /tmp/o/pretrain.console /tmp/o/setup.console /tmp/o/setup
+    if [ "$done" = 0 ]; then stamp "the queue still runs: wait-queue again in the next call"; exit 3; fi
+    /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; stamp "queue done; its Ray stopped" ;;
+  proofs)
+    stamp "GPU proofs"
+    python3 tools/apply.py --series gtp --workdir /tmp/prove-work --only megatron-lm "${SRC[@]}" \
+      --cache /tmp/carry-cache > /tmp/o/prove-apply.txt 2>&1 || { stamp "apply failed"; tail -5 /tmp/o/prove-apply.txt; exit 1; }
+    timeout -k 10 540 python3 tools/prove.py --series gtp --workdir /tmp/prove-work --te-site /tmp/site \
+      --only mlm-te-bias-sizing,mlm-gtp-tied-prefetch,mlm-gtp-tied-dummy-wgrad --cache /tmp/carry-cache \
+      --json /tmp/o/prove-gpu.json --logs /tmp/o/prove-logs --timeout 500 > /tmp/o/prove-gpu.txt 2>&1
+    stamp "prove exit $?"; tail -15 /tmp/o/prove-gpu.txt
+    pack proofs /tmp/o/prove-apply.txt /tmp/o/prove-gpu.txt /tmp/o/prove-gpu.json /tmp/o/prove-logs ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac

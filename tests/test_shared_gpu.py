@@ -289,6 +289,24 @@ def test_a_case_stops_only_the_ray_it_started(tmp_path, running):
     assert ("not stopping Ray" in log_path.read_text()) == running
 
 
+def test_a_case_on_a_ray_already_running_neither_starts_nor_stops_it(tmp_path):
+    """--ray-running (two cases side by side on one cluster): the stand-in ray is never called."""
+    caserun = _harness()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ray").write_text(RAY_PROGRAM)
+    (bin_dir / "ray").chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RAY_CALLS": str(calls)}
+    log_path = tmp_path / "case.log"
+    with open(log_path, "w") as log, pytest.raises(RuntimeError, match="the case failed"):
+        with caserun.ray_cluster(env, log, 2, True, running=True) as rc:
+            assert rc == 0
+            raise RuntimeError("the case failed")
+    assert not calls.exists(), calls.read_text()
+    assert "neither starts nor stops it" in log_path.read_text()
+
+
 def test_a_bisection_names_the_patch_the_trees_lack():
     """The nccl-bf16 cell on the series without mlm-gtp-tied-dummy-wgrad (seen on the H200): the run's
     BUG_HIT names a series patch that the bisected trees do not hold, and the note says so."""

@@ -115,10 +115,14 @@ def gpuhost_main(argv: list[str]) -> int:
                         "nightly's gpu-host cells inherit the variable)")
     p.add_argument("--gpus", type=int, default=2, help="GPUs given to ray start (default 2)")
     p.add_argument("--skip-setup", action="store_true", help="use the environment an earlier call built")
+    p.add_argument("--ray-running", action="store_true",
+                   help="use the Ray cluster already running on this host (started outside the harness, e.g. "
+                        "`ray start --head --num-gpus=4` for two cases side by side): no ray start, no ray stop")
     p.add_argument("--shared-gpu", action="store_true", default=os.environ.get("CARRY_SHARED_GPU") == "1",
                    help="the shared-GPU mode: the --gpus Megatron workers all on GPU 0, each process with its own "
                         "NCCL_HOSTID (default: on when CARRY_SHARED_GPU=1, as tools/nightly.py --shared-gpu sets "
                         "it); times are then not GTP's price, per-rank memory is")
+    p.add_argument("--setup-only", action="store_true", help="the setup alone (OUT/setup.log, OUT/verify.json), no case")
     p.add_argument("--pretrain-only", action="store_true",
                    help="after the setup (or with --skip-setup), only the learning cases' pretrain step on GPU 0 "
                         "(cached by its inputs' sha256): OUT/pretrain.log and OUT/pretrain.json; exit 1 if not accepted")
@@ -154,6 +158,10 @@ def gpuhost_main(argv: list[str]) -> int:
                 shutil.copy2(lay.root / "verify.json", out / "verify.json")
     elif not lay.vpython.exists():
         raise UsageError(f"--skip-setup, but there is no environment in {lay.root}", hint="run once without it")
+    if a.setup_only:
+        if a.skip_setup:
+            raise UsageError("--setup-only and --skip-setup leave nothing to do", hint="drop one of them")
+        return 0
     if a.pretrain_only:
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "pretrain.log", "w") as log:   # trained_model leaves pretrain.json beside it
@@ -168,7 +176,7 @@ def gpuhost_main(argv: list[str]) -> int:
     for case in selected:
         where = out if len(selected) == 1 else out / case.name
         res = caserun.run_case(lay, case, where, trees=trees, timeout=a.timeout, gpus=a.gpus, model_form=a.model,
-                               shared_gpu=a.shared_gpu)
+                               shared_gpu=a.shared_gpu, ray_running=a.ray_running)
         report["cases"].append(res)
         print(f"[run-on-gpu-host] {case.name}: exit {res['exit_status']} in {res['seconds']:.0f}s "
               f"(expected {case.expect}); results in {where}", flush=True)

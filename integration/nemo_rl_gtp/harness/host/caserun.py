@@ -135,11 +135,20 @@ def ray_start(env: dict[str, str], log, gpus: int, shared_gpu: bool = False) -> 
 
 
 @contextlib.contextmanager
-def ray_cluster(env: dict[str, str], log, gpus: int, shared_gpu: bool):
+def ray_cluster(env: dict[str, str], log, gpus: int, shared_gpu: bool, running: bool = False):
     """``ray start`` for one case, and ``ray stop --force`` after it, whatever happens in between, but
     only for a cluster this case started: when ``ray start`` fails (one is already running: another
     case's, another user's), stopping would kill that one ("Stopped all 32 Ray processes", seen on the
-    H200 when a case started while another still ran). Yields ray start's exit status."""
+    H200 when a case started while another still ran). Yields ray start's exit status.
+
+    RUNNING: a cluster started outside the harness is used as it is (NeMo-RL's init_ray attaches to
+    it): neither started nor stopped here, so that cases side by side can share one (each takes its
+    placement group of ``gpus`` logical GPUs from it)."""
+    if running:
+        log.write("[run-on-gpu-host] using the Ray cluster already running (--ray-running): "
+                  "this case neither starts nor stops it\n")
+        yield 0
+        return
     rc = ray_start(env, log, gpus, shared_gpu)
     try:
         yield rc
@@ -155,7 +164,7 @@ def ray_stop(env: dict[str, str], log) -> int:
 
 
 def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None = None, timeout: float = 540,
-             gpus: int = 2, model_form: str = "default", shared_gpu: bool = False) -> dict:
+             gpus: int = 2, model_form: str = "default", shared_gpu: bool = False, ray_running: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("run.log", "metrics.json", "exit_status", "case.json", "case.log", "script-metrics.json",
                   "pretrain.json"):
@@ -187,7 +196,7 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
                 raise _NoRun(1) from None
             env.update(more_env)
             args = casing.script_args(case, model, str(data), str(ckpt))
-            with ray_cluster(env, log, gpus, shared_gpu) as rc_ray:
+            with ray_cluster(env, log, gpus, shared_gpu, running=ray_running) as rc_ray:
                 if rc_ray != 0:
                     rc = rc_ray
                     log.write(f"[run-on-gpu-host] ray start failed (exit {rc_ray})\n")
@@ -205,7 +214,7 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
     result = {"case": case.name, "expect": case.expect, "shows": case.shows, "exit_status": rc,
               "seconds": round(time.monotonic() - t0, 1), "args": args, "nemo_rl_tree": str(t.nemo_rl),
               "front": [str(p) for p in t.front],
-              "gpu_mode": "shared-gpu" if shared_gpu else "gpu-per-rank",
+              "gpu_mode": "shared-gpu" if shared_gpu else "gpu-per-rank", "ray": "running" if ray_running else "own",
               **({"timing_note": SHARED_GPU_NOTE} if shared_gpu else {}),
               "checkpoints": sorted(p.name for p in ckpt.glob("step_*")) if case.checkpoint != "none" else None}
     result.update(summarize(case, out, rc))

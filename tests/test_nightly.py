@@ -650,3 +650,29 @@ def _remove_deep(top: Path) -> None:
         chain.append(chain[-1] / "d")
     for d in reversed(chain):
         d.rmdir()
+
+
+NRL_CASE_LOGS = sorted((ROOT / "integration" / "h200").glob("*/runs.json"))
+
+
+@pytest.mark.skipif(not NRL_CASE_LOGS, reason="no NeMo-RL case logs committed")
+def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness():
+    """NeMo-RL's GRPO cases from the H200 (integration/h200/<day>/runs.json), judged again from their
+    files by today's harness: each as its entry expects, a red one red for its own reason (the
+    case's red_by), a green learning case with every rank's refit check line at every step."""
+    sys.path.insert(0, str(ROOT / "integration" / "nemo_rl_gtp"))
+    from harness.host import caserun
+    from harness.host import cases as casing
+
+    seen = set()
+    for index in NRL_CASE_LOGS:
+        for run in json.loads(index.read_text())["runs"]:
+            d = index.parent / run["dir"]
+            rc = int((d / "exit_status").read_text().strip())
+            got = caserun.summarize(casing.CASES[run["case"]], d, rc)
+            assert got["observed"] == run["expect"] and got["as_expected"], (run["dir"], got["reasons"],
+                                                                             got["red_by_missing"])
+            if run["expect"] == "green" and casing.CASES[run["case"]].refit_check:
+                assert got["step_markers"]["missing"] == [] and len(got["steps_run"]) >= 4, got
+            seen.add((run["case"], run["expect"]))
+    assert {("learning", "green"), ("learning-frozen-weights", "red"), ("learning-stale-refit", "red")} <= seen

@@ -633,6 +633,9 @@ def test_run_on_gpu_host_without_its_parts_is_a_usage_error(tmp_path):
     res = subprocess.run([sys.executable, str(NRL / "run-on-gpu-host"), "--cases", "patched,nope"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "unknown case(s): nope" in res.stderr
+    res = subprocess.run([sys.executable, str(NRL / "run-on-gpu-host"), "--setup-only", "--skip-setup"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--setup-only and --skip-setup do not go together" in res.stderr
 
 
 def test_nightly_megatron_tree_runs_with_the_pinned_wheels_compiled_helper(mcore_tree, pin_cache, tmp_path):

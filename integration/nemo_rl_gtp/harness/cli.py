@@ -138,6 +138,9 @@ def gpuhost_main(argv: list[str]) -> int:
     p.add_argument("--ferry-root", type=Path, help="dry-run: the checkout whose .ferry/ to check (default this one)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
     a = p.parse_args(argv)
+    if a.setup_only and (a.skip_setup or a.pretrain_only or a.dry_run):
+        other = "--skip-setup" if a.skip_setup else "--pretrain-only" if a.pretrain_only else "--dry-run"
+        raise UsageError(f"--setup-only and {other} do not go together", hint="drop one of them")
     selected = casing.select([c.strip() for c in a.cases.split(",") if c.strip()])
     if a.dry_run:
         rep = dryrun.dry_run(dryrun.Options(repo=REPO, cache=_cache_default(), cases=selected, python312=a.python312,
@@ -159,8 +162,6 @@ def gpuhost_main(argv: list[str]) -> int:
     elif not lay.vpython.exists():
         raise UsageError(f"--skip-setup, but there is no environment in {lay.root}", hint="run once without it")
     if a.setup_only:
-        if a.skip_setup:
-            raise UsageError("--setup-only and --skip-setup leave nothing to do", hint="drop one of them")
         return 0
     if a.pretrain_only:
         out.mkdir(parents=True, exist_ok=True)

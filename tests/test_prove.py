@@ -333,3 +333,20 @@ def test_prove_finishes_a_swap_an_interrupted_apply_left(demo, tmp_path):
     from carry.workspace.workdir import WorkDir
 
     assert WorkDir(demo["work"]).load_state().record("megatron-lm").base_commit == demo["v1"]
+
+
+def test_a_series_under_a_folder_named_like_a_variable_proves(tmp_path, monkeypatch):
+    """A series whose path holds '$HOME' (a literal folder name): pytest expands variables in
+    --rootdir, so prove names its proofs' root by their pytest.ini alone, and the proof runs there."""
+    from fakeup import make_demo
+
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
+    where = tmp_path / "lit$HOME"
+    where.mkdir()
+    demo = make_demo(where)
+    add_proofs(demo["series"], {"good": GOOD}, {"clean": "good"}, SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    out = tmp_path / "prove.json"
+    tool("prove", "--series", demo["series"], "--workdir", demo["work"], "--only", "clean", "--json", out, check=0)
+    row = next(r for r in read_json(out)["proofs"] if r["id"] == "clean")
+    assert (row["pristine"], row["patched"], row["ok"]) == ("fail", "pass", True), row

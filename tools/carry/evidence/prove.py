@@ -157,7 +157,9 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
         xml = Path(tmp) / "junit.xml"
         events = Path(tmp) / "events.jsonl"
         env["CARRY_PROOF_EVENTS"] = str(events)
-        args = ["-q", "-c", str(proofs_dir / "pytest.ini"), "--rootdir", str(proofs_dir), "-p", "carry_proof_plugin",
+        # No --rootdir: pytest expands $NAME in it (a series under a folder named 'a$HOME' would break);
+        # with -c and no --rootdir, the rootdir is the ini file's folder, the same proofs_dir.
+        args = ["-q", "-c", str(proofs_dir / "pytest.ini"), "-p", "carry_proof_plugin",
                 f"--junitxml={xml}", "-o", "junit_family=xunit1",
                 str(target) + ("::" + proof.split("::", 1)[1] if "::" in proof else "")]
         argv = [python, "-m", "pytest", *args]

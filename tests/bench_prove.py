@@ -99,7 +99,7 @@ def main() -> int:
                 assert z.wait_ready(), z.problem
                 start = time.perf_counter() - t0
                 env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1",
-                           CARRY_PROOF_TREES=str(tree))
+                           CARRY_PROOF_TREES=str(tree), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # as prove runs it
                 t0 = time.perf_counter()
                 rc, out, err = z.run(["-q", "-p", "no:cacheprovider", str(proof)], env, scratch, 600, scratch)
                 child = time.perf_counter() - t0

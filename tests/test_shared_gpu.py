@@ -266,17 +266,22 @@ exit 0
 """
 
 
-@pytest.mark.parametrize("running", [False, True])
-def test_a_case_stops_only_the_ray_it_started(tmp_path, running):
-    """A stand-in ``ray`` program (Ray is not installed here) that answers ``start`` as Ray does when
-    another cluster runs there: the case must not ``ray stop --force`` that cluster."""
-    caserun = _harness()
+def _stand_in_ray(tmp_path):
+    """PATH with RAY_PROGRAM as ``ray``; (the environment, the file its calls are written to)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "ray").write_text(RAY_PROGRAM)
     (bin_dir / "ray").chmod(0o755)
     calls = tmp_path / "calls"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RAY_CALLS": str(calls)}
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RAY_CALLS": str(calls)}, calls
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_a_case_stops_only_the_ray_it_started(tmp_path, running):
+    """A stand-in ``ray`` program (Ray is not installed here) that answers ``start`` as Ray does when
+    another cluster runs there: the case must not ``ray stop --force`` that cluster."""
+    caserun = _harness()
+    env, calls = _stand_in_ray(tmp_path)
     if running:
         env["RAY_ALREADY_RUNNING"] = "1"
     log_path = tmp_path / "case.log"
@@ -292,12 +297,7 @@ def test_a_case_stops_only_the_ray_it_started(tmp_path, running):
 def test_a_case_on_a_ray_already_running_neither_starts_nor_stops_it(tmp_path):
     """--ray-running (two cases side by side on one cluster): the stand-in ray is never called."""
     caserun = _harness()
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ray").write_text(RAY_PROGRAM)
-    (bin_dir / "ray").chmod(0o755)
-    calls = tmp_path / "calls"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RAY_CALLS": str(calls)}
+    env, calls = _stand_in_ray(tmp_path)
     log_path = tmp_path / "case.log"
     with open(log_path, "w") as log, pytest.raises(RuntimeError, match="the case failed"):
         with caserun.ray_cluster(env, log, 2, True, running=True) as rc:

@@ -103,7 +103,8 @@ def test_learning_cases_add_only_their_own_overrides():
 
 
 # -- recorded runs -------------------------------------------------------------------------------
-def _run(root, name, *, equal=lambda step, rank: 170, drift=2e-3, mixed=(25.0,) * 5, rc=0, steps=5, ranks=2):
+def _run(root, name, *, equal=lambda step, rank: 170, drift=2e-3, mixed=(25.0,) * 5, rc=0, steps=5, ranks=2,
+         moved=lambda step, rank: True, changed=lambda rel, rank: f"{rel * 100:.6e}"):
     d = root / name
     d.mkdir(parents=True)
     lines = [RAY.format(r=r, pid=10 + r) + MARK_GTP for r in range(ranks)]
@@ -114,9 +115,10 @@ def _run(root, name, *, equal=lambda step, rank: 170, drift=2e-3, mixed=(25.0,) 
             lines.append(RAY.format(r=r, pid=10 + r) +
                          f"[refit-check] step {step}: {equal(step, r)} of 170 tensors equal on rank {r}")
             rel = 0.0 if step == 1 else drift * (step - 1) / 4
-            lines.append(RAY.format(r=r, pid=10 + r) +
-                         f"[weight-change] step {step}: rel_l2 {rel:.6e}, changed {rel * 100:.6e} of 494032768 "
-                         f"elements on rank {r}")
+            if moved(step, r):
+                lines.append(RAY.format(r=r, pid=10 + r) +
+                             f"[weight-change] step {step}: rel_l2 {rel:.6e}, changed {changed(rel, r)} of 494032768 "
+                             f"elements on rank {r}")
     # A hostile line: a quoted marker inside an error message is no marker.
     lines.append("ERROR: never saw '[refit-check] step 9: 170 of 170 tensors equal on rank 0'")
     log = "\n".join(lines) + "\n"
@@ -164,6 +166,17 @@ def test_case_verdicts_of_the_learning_cases_name_their_reasons(tmp_path):
     assert any("advantages/max" in r for r in flat["reasons"])
     still = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "still", drift=1e-6), 0)
     assert still["observed"] == "red" and any("changed_fraction" in r for r in still["reasons"])
+    # A drift the last refit did not show on every rank is no drift: without step 5's lines the gate
+    # would read step 4 (last() of what is there); one rank silent counts as nothing moved; a NaN fails.
+    cut = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "no-last-drift", moved=lambda s, r: s < 5), 0)
+    assert cut["observed"] == "red" and any(r.startswith("gated steps: harness/policy/changed_fraction has no "
+                                                         "value at step 5") for r in cut["reasons"]), cut["reasons"]
+    half = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "one-rank-drift",
+                                                            moved=lambda s, r: s < 5 or r == 0), 0)
+    assert half["observed"] == "red" and any("changed_fraction) = 0," in r for r in half["reasons"]), half["reasons"]
+    nan = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "nan-drift",
+                                                           changed=lambda rel, r: "nan" if r == 1 else f"{rel * 100:.6e}"), 0)
+    assert nan["observed"] == "red" and any("changed_fraction is NaN" in r for r in nan["reasons"]), nan["reasons"]
     # frozen-weights: every refit exact, nothing changed: red by the drift gate alone, as it must be.
     frozen = caserun.summarize(casing.CASES["learning-frozen-weights"], _run(tmp_path, "frozen", drift=0.0), 0)
     assert frozen["observed"] == "red" and frozen["as_expected"] and frozen["red_by_missing"] == []

@@ -274,7 +274,7 @@ PER_STEP = ("train/token_mult_prob_error", "train/baseline_reward/pct_mixed", "t
 
 def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     """What the case showed, for the lead's table (the nightly judges the patched case itself)."""
-    from carry.nightly.judge import evaluate_gate, markers_found, numeric_metrics, step_markers_missing
+    from carry.nightly.judge import evaluate_gate, gated_steps, markers_found, numeric_metrics, step_markers_missing
 
     metrics = {}
     if (out / "metrics.json").exists():
@@ -285,7 +285,10 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     spec = grpo_test(case.test if case.test != casing.MATRIX_TEST else TEST)
     results = [evaluate_gate(g, metrics) for g in spec.gates]
     gate = results[0]   # token_mult_prob_error, the one the control reports
-    gates_ok = all(r.ok for r in results)
+    # The nightly's rule too: every gated series shows every step (the case's configured count where it
+    # sets one), so that last() cannot read step 4 of a series whose step 5 is missing.
+    _, gaps = gated_steps(spec.gates, metrics, casing.configured_steps(case))
+    gates_ok = all(r.ok for r in results) and not gaps
     log = (out / "run.log").read_text(errors="replace") if (out / "run.log").exists() else ""
     marks = markers_found(log, list(spec.markers) + list(case.markers))
     text = (out / "case.log").read_text(errors="replace") if (out / "case.log").exists() else ""
@@ -299,7 +302,7 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     unmarked = step_markers_missing(log, spec.step_markers, steps) if spec.step_markers else []
     errors += [f"FAIL: {u}" for u in unmarked]
     # Why it is red, named: each gate that failed, each marker or step marker missing, the exit status.
-    reasons = ([f"gate {r.gate}: {r.detail}" for r in results if not r.ok]
+    reasons = ([f"gate {r.gate}: {r.detail}" for r in results if not r.ok] + [f"gated steps: {g}" for g in gaps]
                + [f"marker missing: {m!r}" for m, ok in marks.items() if not ok] + unmarked
                + ([f"exit status {rc}"] if rc != 0 else []))
     if case.name == "gtp-off" or casing.GTP_OFF in case.overrides:

@@ -125,6 +125,13 @@ def learning_cases() -> tuple[Case, ...]:
 CASES.update({c.name: c for c in learning_cases()})
 
 
+def configured_steps(case: Case) -> int | None:
+    """The GRPO steps a case sets (its last grpo.max_num_steps override), else None (the script's own;
+    a resumed case runs only the steps after its checkpoint)."""
+    steps = [int(o.split("=", 1)[1]) for o in case.overrides if o.startswith("grpo.max_num_steps=")]
+    return steps[-1] if steps else None
+
+
 def case_env(case: Case) -> dict[str, str]:
     """What a case adds to the run's environment (the hooks read it in every process)."""
     env = {}

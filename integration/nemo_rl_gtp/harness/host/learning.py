@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -100,7 +101,7 @@ _DRIFT = re.compile(casing.WEIGHT_CHANGE_LINE)
 def harness_metrics(log: str, steps: list[str], ranks: int) -> dict[str, dict[str, float]]:
     """Per step: tensors not shown equal on the worst rank (missing lines count all), the weights' drift."""
     seen: dict[str, dict[int, tuple[int, int]]] = {}
-    drift: dict[str, list[tuple[float, float]]] = {}
+    drift: dict[str, dict[int, tuple[float, float]]] = {}
     for line in log.splitlines():
         line = line.rstrip("\r")
         m = _ANY_CHECK.fullmatch(line)
@@ -108,7 +109,7 @@ def harness_metrics(log: str, steps: list[str], ranks: int) -> dict[str, dict[st
             seen.setdefault(m["step"], {})[int(m["rank"])] = (int(m["equal"]), int(m["n"]))
         d = _DRIFT.fullmatch(line)
         if d:
-            drift.setdefault(d["step"], []).append((float(d["rel"]), float(d["frac"])))
+            drift.setdefault(d["step"], {})[int(d["rank"])] = (float(d["rel"]), float(d["frac"]))
     out: dict[str, dict[str, float]] = {UNVERIFIED: {}, EQUAL: {}, DRIFT: {}, CHANGED: {}}
     total = max((n for per in seen.values() for _, n in per.values()), default=1)
     for step in steps:
@@ -118,9 +119,15 @@ def harness_metrics(log: str, steps: list[str], ranks: int) -> dict[str, dict[st
             out[EQUAL][step] = float(min(eq for eq, _ in per.values()))
         else:
             out[UNVERIFIED][step] = float(max(total, 1))   # a rank said nothing: nothing was shown
-        if drift.get(step):
-            out[DRIFT][step] = min(r for r, _ in drift[step])
-            out[CHANGED][step] = min(f for _, f in drift[step])
+        moved = drift.get(step, {})
+        if set(moved) >= set(range(ranks)):
+            # The least any rank shows; a NaN stays NaN (min() would drop it by its place in the list),
+            # and the gate reading it then fails.
+            for key, i in ((DRIFT, 0), (CHANGED, 1)):
+                vals = [v[i] for v in moved.values()]
+                out[key][step] = math.nan if any(math.isnan(v) for v in vals) else min(vals)
+        elif moved:
+            out[DRIFT][step] = out[CHANGED][step] = 0.0   # a rank said nothing: no movement was shown
     return {k: v for k, v in out.items() if v}
 
 

@@ -321,8 +321,9 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     # Per step, for the open question (1.1011 in NeMo-RL's GTP pull request): the issue asks whether
     # step 1's generation precedes the first refit; compare step 1 with step 2, GTP on vs off.
     per_step = metrics.get("train/token_mult_prob_error")
-    # A mutation is as expected only when it is red for its own reason: each of red_by is named.
-    missing_red = [r for r in case.red_by if not any(r in why for why in reasons)] if observed == "red" else []
+    # A mutation is as expected only when it is red for its own reason: a gate on each red_by metric failed.
+    failed_keys = {g.key for g, r in zip(spec.gates, results) if not r.ok}
+    missing_red = [k for k in case.red_by if k not in failed_keys] if observed == "red" else []
     as_expected = observed == case.expect and not missing_red
     return {"observed": observed, "as_expected": as_expected, "gate": gate.gate, "gate_value": gate.value,
             "red_by": list(case.red_by), "red_by_missing": missing_red,

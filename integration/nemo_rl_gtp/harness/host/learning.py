@@ -27,10 +27,7 @@ from . import cases as casing
 PRETRAIN_PY = Path(__file__).resolve().parents[1] / "models" / "pretrain.py"   # run as a script on GPU 0
 RELEASED = "Qwen/Qwen2.5-0.5B"   # the functional script's own policy.model_name
 MODEL_FORMS = ("default", "released")
-UNVERIFIED = "harness/refit_check/unverified_tensors"
-EQUAL = "harness/refit_check/tensors_equal"
-DRIFT = "harness/policy/rel_l2_change"
-CHANGED = "harness/policy/changed_fraction"
+UNVERIFIED, EQUAL, DRIFT, CHANGED = casing.UNVERIFIED, casing.EQUAL, casing.DRIFT, casing.CHANGED
 STEPS_FROM = "train/token_mult_prob_error"   # the steps the run reached, as its metrics say
 
 

@@ -183,7 +183,7 @@ def test_case_verdicts_of_the_learning_cases_name_their_reasons(tmp_path):
     assert len(frozen["reasons"]) == 1 and f'data["{casing.CHANGED}"]' in frozen["reasons"][0], frozen["reasons"]
     # Every red_by names a metric a gate of the case's own entry reads (nightly.toml is the one place).
     for c in casing.CASES.values():
-        assert set(c.red_by) <= {g.key for g in caserun.grpo_test(c.test).gates}, c.name
+        assert set(c.red_by) <= {g.key for g in caserun.case_spec(c).gates}, c.name
     # A mutation red for another reason than its own is not as expected: frozen-weights whose weights
     # moved but whose run died (exit 1) is red, without the drift gate among its reasons.
     wrong = caserun.summarize(casing.CASES["learning-frozen-weights"], _run(tmp_path, "frozen-died", rc=1), 1)

@@ -243,6 +243,11 @@ def grpo_test(name: str = TEST):
     return next(t for t in load(REPO / "integration" / "nightly.toml").tests if t.name == name)
 
 
+def case_spec(case: casing.Case):
+    """The entry a case is judged by: its own, or the script's for the matrix cases (no entry of theirs)."""
+    return grpo_test(case.test if case.test != casing.MATRIX_TEST else TEST)
+
+
 def resume_folder(lay: Layout, case: casing.Case) -> Path:
     """A checkpoint folder holding only step RESUME_FROM of the patched case's, hard-linked (GBs)."""
     src = lay.checkpoints / f"step_{casing.RESUME_FROM}"
@@ -282,7 +287,7 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
             metrics = numeric_metrics(json.loads((out / "metrics.json").read_text()))
         except ValueError:
             metrics = {}
-    spec = grpo_test(case.test if case.test != casing.MATRIX_TEST else TEST)
+    spec = case_spec(case)
     results = [evaluate_gate(g, metrics) for g in spec.gates]
     gate = results[0]   # token_mult_prob_error, the one the control reports
     # The nightly's rule too: every gated series shows every step (the case's configured count where it

@@ -88,6 +88,7 @@ def main() -> int:
             """(the zygote's start, one bare child's megatron import), one each."""
             sys.path.insert(0, str(ROOT / "tools"))
             from carry.evidence import zygote
+            from carry.evidence.prove import PROOF_ENV
 
             scratch = Path(tempfile.mkdtemp(dir=tmp))
             proof = scratch / "test_imports.py"
@@ -98,8 +99,7 @@ def main() -> int:
             try:
                 assert z.wait_ready(), z.problem
                 start = time.perf_counter() - t0
-                env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1",
-                           CARRY_PROOF_TREES=str(tree), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # as prove runs it
+                env = dict(os.environ, PYTHONPATH=str(tree), CARRY_PROOF_TREES=str(tree), **PROOF_ENV)  # as prove runs it
                 t0 = time.perf_counter()
                 rc, out, err = z.run(["-q", "-p", "no:cacheprovider", str(proof)], env, scratch, 600, scratch)
                 child = time.perf_counter() - t0

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -350,3 +352,42 @@ def test_a_series_under_a_folder_named_like_a_variable_proves(tmp_path, monkeypa
     tool("prove", "--series", demo["series"], "--workdir", demo["work"], "--only", "clean", "--json", out, check=0)
     row = next(r for r in read_json(out)["proofs"] if r["id"] == "clean")
     assert (row["pristine"], row["patched"], row["ok"]) == ("fail", "pass", True), row
+
+
+PLUGIN_SEEN = """
+import sys
+
+
+def test_no_installed_plugin_reached_me():
+    assert "carry_fake_plugin" not in sys.modules, "an installed pytest plugin was loaded into the proof"
+"""
+
+
+@pytest.mark.parametrize("mode", ["zygote", "fresh"])
+def test_a_pytest_plugin_installed_beside_the_proof_is_not_loaded(demo, tmp_path, mode):
+    """A pytest11 entry point on the path (as pip installs hypothesis's): plain pytest loads it (the
+    control), a proof run does not, from the zygote and fresh alike."""
+    site = tmp_path / "site"
+    (site / "carry_fake_plugin-1.0.dist-info").mkdir(parents=True)
+    (site / "carry_fake_plugin.py").write_text("def pytest_configure(config):\n    pass\n")
+    (site / "carry_fake_plugin-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: carry-fake-plugin\nVersion: 1.0\n")
+    (site / "carry_fake_plugin-1.0.dist-info" / "entry_points.txt").write_text(
+        "[pytest11]\ncarry_fake = carry_fake_plugin\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+    control = tmp_path / "control"
+    control.mkdir()
+    (control / "test_seen.py").write_text(PLUGIN_SEEN)
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(control)],
+                         capture_output=True, text=True, env=env, cwd=control, timeout=300)
+    assert res.returncode == 1 and "an installed pytest plugin was loaded" in res.stdout, res.stdout[-2000:]
+    add_proofs(demo["series"], {"seen": PLUGIN_SEEN}, {"clean": "seen"}, SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    out = tmp_path / "prove.json"
+    tool("prove", "--series", demo["series"], "--workdir", demo["work"], "--only", "clean", "--json", out,
+         *(["--fresh"] if mode == "fresh" else []), env=env, check=1)
+    row = next(r for r in read_json(out)["proofs"] if r["id"] == "clean")
+    # The proof body passes on both trees (it proves nothing of the patch: not red/green, exit 1), and
+    # it ran: the plugin was kept out of both runs.
+    assert (row["pristine"], row["patched"]) == ("pass", "pass"), row

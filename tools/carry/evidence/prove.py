@@ -76,6 +76,14 @@ class ProveReport:
         return asdict(self)
 
 
+# What every proof interpreter runs with (zygote child or fresh). No bytecode left in the trees. No
+# pytest plugin from the interpreter's installed packages (hypothesis's, pytest-benchmark's, ...):
+# a proof's verdict must not depend on them, and loading them (hypothesis at the session's end,
+# their modules assertion-rewritten each run) was 1.8 s of a 2.9 s empty run. The proofs load what
+# they use: -c's pytest.ini and -p carry_proof_plugin.
+PROOF_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
 def env_name(upstream: str) -> str:
     return "CARRY_TREE_" + upstream.upper().replace("-", "_")
 
@@ -149,12 +157,7 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
     # The trees go first; whatever the caller had (e.g. a TransformerEngine install) stays after them.
     paths = [str(proofs_dir), *tree_paths, *([str(te)] if te else []), str(PLUGIN_DIR)]
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    # No pytest plugin from the interpreter's installed packages (hypothesis's, pytest-benchmark's,
-    # ...): a proof's verdict must not depend on them, and loading them (hypothesis at the session's
-    # end, their modules assertion-rewritten each run) was 1.8 s of a 2.9 s empty run. The proofs
-    # load what they use: -c's pytest.ini and -p carry_proof_plugin.
-    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env.update(PROOF_ENV)
     env["CARRY_PROOF_TREES"] = os.pathsep.join(tree_paths)
     env["CARRY_PROOF_PARENT"] = str(os.getpid())  # the plugin ties the proof to it (carry_lifeline)
     z = (zygotes or {}).get(python)

@@ -312,11 +312,10 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
                + ([f"exit status {rc}"] if rc != 0 else []))
     if case.name == "gtp-off" or casing.GTP_OFF in case.overrides:
         # The script's marker checks fail by design without GTP; the control is the metric.
-        # The script stops (exit 1) at the first marker it misses, the GTP one, and quotes it in its FAIL
-        # line; any other failure, or an exit without that line, is red.
+        # The script stops (exit 1) at the first marker it misses and quotes it in its FAIL line; a FAIL
+        # that quotes none of the entry's markers, or an exit without any FAIL line, is red.
         fails = [e for e in errors if e.startswith("FAIL:")]
-        gtp_mark = f"'{spec.markers[0]}'" if spec.markers else None
-        only_markers = rc == 0 or (gtp_mark is not None and bool(fails) and all(gtp_mark in e for e in fails))
+        only_markers = rc == 0 or (bool(fails) and all(any(f"'{m}'" in e for m in spec.markers) for e in fails))
         observed = "green" if gate.value is not None and gates_ok and only_markers else "red"
     else:
         observed = "green" if rc == 0 and gates_ok and all(marks.values()) and not unmarked else "red"

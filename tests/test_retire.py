@@ -4,6 +4,7 @@ and a real pair of megatron-core releases (0.19.1 -> 0.19.2)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -115,17 +116,38 @@ def test_write_does_nothing_when_the_rest_does_not_apply(history):
     assert (history["series"] / "megatron-lm/0001-verbatim.patch").exists()
 
 
+# The proof of 'plain' says when it runs, then waits: a kill then lands inside the proof runs,
+# well before the commit point, however fast the machine is (a fixed sleep raced the run).
+STALLS = '''
+import os
+import time
+
+
+def test_stalls():
+    open(os.environ["CARRY_TEST_PROOF_STARTED"], "w").close()
+    time.sleep(120)
+'''
+
+
 def test_interrupted_write_leaves_series_unchanged(history):
+    (history["series"] / "proofs/megatron_lm/test_plain.py").write_text(STALLS)
     before = {p: p.read_bytes() for p in history["series"].rglob("*") if p.is_file()}
+    started = history["tmp"] / "proof-started"
     proc = subprocess.Popen([sys.executable, str(TOOLS / "retire.py"), "--series", str(history["series"]),
                              "--against", f"megatron-lm={history['v2']}", "--source", f"megatron-lm={history['up']}",
                              "--cache", str(history["cache"]), "--write"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    time.sleep(1.5)  # inside the proof runs, well before the commit point
+                            stderr=subprocess.PIPE, env={**os.environ, "CARRY_TEST_PROOF_STARTED": str(started)})
+    deadline = time.monotonic() + 120
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), f"the stalling proof never ran: {proc.poll()}"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     after = {p: p.read_bytes() for p in history["series"].rglob("*") if p.is_file()}
     assert after == before
+    # A command that reads the series finds nothing journalled to finish, and changes nothing either.
+    tool("lint", "--series", history["series"], check=None)
+    assert {p: p.read_bytes() for p in history["series"].rglob("*") if p.is_file()} == before
 
 
 def test_crashing_proof_and_unreachable_base(history):

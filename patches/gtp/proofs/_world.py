@@ -19,6 +19,20 @@ interpreter's path: one tree, as for the proof itself. Where there is no device 
 plain fork is as safe and lets each rank inherit all of the parent's imports (Megatron-Bridge's
 take ~20 s). ``CARRY_PROOF_START_METHOD=fork|forkserver|spawn`` overrides the choice.
 
+**A standing world.** Where ranks are forked, the ranks of one proof interpreter (one run) outlive
+a call: the first ``spawn`` starts them, later ones hand their function to the same processes.
+What a rank pays once is then paid once per run, not per test: the imports its functions make
+(megatron-core's checkpointing, torch.distributed.checkpoint) and, at its first checkpoint save,
+megatron-core's write-results Manager (``filesystem_async.get_write_results_queue``: a *spawned*
+interpreter per process, which imports torch to unpickle the results; about 2.5 s of CPU a rank
+on 2 cores, and most of a checkpoint proof's time when each test had its own ranks). A call sees
+what new ranks would give it: the caller's environment and working folder of that call, the
+random generators as they were when the ranks joined, and no megatron-core model-parallel
+state. A call that leaves that state initialised or the group destroyed, or fails on any rank
+(its peers may hang on a collective), ends the world, and the next call starts new ranks; so
+does every call under ``CARRY_PROOF_FRESH=1`` (``prove --fresh``: the old way, one world per
+call) and where ranks do not fork (CUDA: each call its own forkserver ranks, as before).
+
 A rank gets the caller's environment as it was at ``spawn`` (a forkserver's children would
 otherwise see the server's, from when it started), and joins the group through a TCP store
 rank 0 serves on a port the kernel picked and hands to the others: no free port is guessed, so
@@ -32,6 +46,7 @@ not import (``RankFailed.cause``): carry.evidence.prove tells a missing dependen
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 
 import torch.distributed as dist
@@ -76,7 +91,38 @@ def _cause(exc: BaseException) -> dict:
     return cause
 
 
-def _entry(rank, world_size, ports, fn, args, queue, environ):
+def _rng() -> tuple:
+    """The random generators' states (torch's CPU one, ``random``'s, numpy's where imported)."""
+    import random
+
+    import torch
+
+    numpy = sys.modules.get("numpy")
+    return (torch.get_rng_state(), random.getstate(), numpy.random.get_state() if numpy else None)
+
+
+def _set_rng(state: tuple) -> None:
+    import random
+
+    import torch
+
+    torch.set_rng_state(state[0])
+    random.setstate(state[1])
+    if state[2] is not None:
+        sys.modules["numpy"].random.set_state(state[2])
+
+
+def _left_clean() -> bool:
+    """Whether a call left the rank as a new one would be: the world's group still up and no
+    megatron-core model-parallel state (every proof function tears its own down)."""
+    if not dist.is_initialized():
+        return False
+    ps = sys.modules.get("megatron.core.parallel_state")
+    return not (ps is not None and ps.model_parallel_is_initialized())
+
+
+def _serve(rank, world_size, ports, tasks, results, environ):
+    """A rank: join the group, then run each task ``(fn, args, environ, cwd)`` until ``None``."""
     try:  # the rank dies with its parent (prove's plugin folder; a forked rank is tied already)
         import carry_lifeline
 
@@ -93,13 +139,20 @@ def _entry(rank, world_size, ports, fn, args, queue, environ):
                 ports.put(store.port)
         else:
             store = dist.TCPStore("127.0.0.1", ports.get(timeout=RANK_TIMEOUT_S), world_size, False)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK=str(rank),
-                          WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+        group_env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK=str(rank),
+                         WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
-        result = fn(rank, world_size, *args)
-        queue.put((rank, "ok", result))
+        start = _rng()
+        while (task := tasks.get()) is not None:
+            fn, args, environ, cwd = task
+            os.environ.clear()
+            os.environ.update(environ, **group_env)
+            os.chdir(cwd)
+            _set_rng(start)
+            result = fn(rank, world_size, *args)
+            results.put((rank, "ok", result, _left_clean()))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent verbatim
-        queue.put((rank, "error", ("".join(traceback.format_exception(exc)), _cause(exc))))
+        results.put((rank, "error", ("".join(traceback.format_exception(exc)), _cause(exc)), False))
     finally:
         if dist.is_initialized():
             try:
@@ -108,38 +161,101 @@ def _entry(rank, world_size, ports, fn, args, queue, environ):
                 pass
 
 
-def spawn(fn, world_size: int = 2, *args, method: str | None = None):
-    """Run fn on every rank; return the list of per-rank return values."""
-    ctx = context(method or start_method())
-    queue, ports = ctx.Queue(), ctx.Queue()
-    environ = dict(os.environ)
-    procs = [ctx.Process(target=_entry, args=(r, world_size, ports, fn, args, queue, environ), daemon=False)
-             for r in range(world_size)]
-    for p in procs:
-        p.start()
-    results: dict[int, object] = {}
-    errors: dict[int, tuple[str, dict]] = {}
-    import queue as _q
-    try:
-        for _ in range(world_size):
+class _World:
+    """``world_size`` ranks serving tasks (``_serve``), started by ``method``."""
+
+    def __init__(self, world_size: int, method: str):
+        ctx = context(method)
+        self.size, self.method = world_size, method
+        # Kept with the world: a forkserver or spawned rank unpickles them after start() returns.
+        self.results, self.ports = ctx.Queue(), ctx.Queue()
+        self.tasks = [ctx.Queue() for _ in range(world_size)]
+        self.procs = [ctx.Process(target=_serve, args=(r, world_size, self.ports, self.tasks[r], self.results,
+                                                       dict(os.environ)), daemon=False)
+                      for r in range(world_size)]
+        for p in self.procs:
+            p.start()
+        self.clean = True
+
+    def run(self, fn, args) -> list:
+        """fn on every rank; its per-rank results, or RankFailed (the world is then of no further use)."""
+        import queue as _q
+
+        task = (fn, args, dict(os.environ), os.getcwd())
+        for q in self.tasks:
+            q.put(task)
+        results: dict[int, object] = {}
+        for _ in range(self.size):
             try:
-                rank, kind, payload = queue.get(timeout=RANK_TIMEOUT_S)
+                rank, kind, payload, clean = self.results.get(timeout=RANK_TIMEOUT_S)
             except _q.Empty:
+                self.clean = False
                 raise RankFailed(f"no answer from a rank within {RANK_TIMEOUT_S:.0f}s "
-                                 f"(answered: {sorted(results) + sorted(errors)})") from None
-            if kind == "ok":
-                results[rank] = payload
-            else:
-                errors[rank] = payload
-                break  # the peers may now hang on a collective
-    finally:
-        for p in procs:
-            p.join(timeout=5 if errors else 60)
+                                 f"(answered: {sorted(results)})") from None
+            if kind != "ok":
+                self.clean = False  # the peers may now hang on a collective
+                text, cause = payload
+                raise RankFailed(f"rank {rank} failed:\n{text}", cause)
+            results[rank] = payload
+            self.clean = self.clean and clean
+        return [results[r] for r in range(self.size)]
+
+    def close(self) -> None:
+        """Let the ranks leave the group and exit; kill what does not (a rank hung on a peer)."""
+        if self.clean:
+            for q in self.tasks:
+                q.put(None)
+        for p in self.procs:
+            p.join(timeout=60 if self.clean else 5)
             if p.is_alive():
                 p.kill()
                 p.join()
-    if errors:
-        rank = min(errors)
-        text, cause = errors[rank]
-        raise RankFailed(f"rank {rank} failed:\n{text}", cause)
-    return [results[r] for r in range(world_size)]
+
+
+_standing: dict[tuple[int, str], _World] = {}
+
+
+def _close_standing() -> None:
+    while _standing:
+        _standing.popitem()[1].close()
+
+
+def standing() -> bool:
+    """Whether ranks outlive a call (forked ranks, unless prove --fresh set CARRY_PROOF_FRESH=1)."""
+    return os.environ.get("CARRY_PROOF_FRESH") != "1"
+
+
+def spawn(fn, world_size: int = 2, *args, method: str | None = None):
+    """Run fn on every rank; return the list of per-rank return values."""
+    method = method or start_method()
+    key = (world_size, method)
+    keep = method == "fork" and standing()
+    world = _standing.pop(key, None) if keep else None
+    if world is None:
+        world = _World(world_size, method)
+    try:
+        results = world.run(fn, args)
+    except BaseException:
+        world.clean = False
+        world.close()
+        raise
+    if keep and world.clean:
+        if not _standing and not _registered:
+            _register()
+        _standing[key] = world
+    else:
+        world.close()
+    return results
+
+
+_registered = False
+
+
+def _register() -> None:
+    """Close the standing worlds at exit, before multiprocessing joins its children (atexit runs
+    the later registration first), so that the ranks waiting for a task do not hold the exit."""
+    global _registered
+    import atexit
+
+    atexit.register(_close_standing)
+    _registered = True

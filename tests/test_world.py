@@ -1,0 +1,98 @@
+"""The proofs' rank launcher (patches/gtp/proofs/_world.py): forked ranks stand between the calls
+of one proof run, and each call still sees what new ranks would give it; a failure, megatron-core
+parallel state left behind, and prove --fresh each give the next call new ranks."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+import pytest
+
+from helpers import SERIES, process_alive
+
+sys.path.insert(0, str(SERIES / "proofs"))
+import _world  # noqa: E402
+from _world import RankFailed, spawn  # noqa: E402
+
+
+def _state(rank, world_size, tag):
+    """What the rank sees on arrival; then it leaves everything it can behind."""
+    import torch
+
+    seen = {"pid": os.getpid(), "random": random.random(), "torch": float(torch.rand(1)),
+            "left": os.environ.get("CARRY_TEST_LEFT"), "call": os.environ.get("CARRY_TEST_CALL"),
+            "cwd": os.getcwd(), "rank_env": os.environ.get("RANK")}
+    os.environ["CARRY_TEST_LEFT"] = tag
+    random.random()
+    torch.rand(5)
+    os.chdir("/")
+    return seen
+
+
+def _fails_on_rank_1(rank, world_size):
+    if rank == 1:
+        raise ValueError("rank 1 is red")
+    return os.getpid()
+
+
+def _leaves_parallel_state(rank, world_size, tree):
+    sys.path.insert(0, tree)
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel()
+    return os.getpid()
+
+
+@pytest.fixture
+def launcher(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CARRY_PROOF_FRESH", raising=False)
+    monkeypatch.delenv("CARRY_PROOF_START_METHOD", raising=False)
+    if _world.start_method() != "fork":
+        pytest.skip("ranks are forked only where torch sees no CUDA device; a GPU host starts them per call")
+    yield tmp_path
+    _world._close_standing()
+
+
+def _pids(results) -> list[int]:
+    return [r["pid"] if isinstance(r, dict) else r for r in results]
+
+
+def test_ranks_stand_between_calls_and_each_call_starts_as_new_ranks_would(launcher, monkeypatch):
+    monkeypatch.setenv("CARRY_TEST_CALL", "1")
+    first = spawn(_state, 2, "one")
+    monkeypatch.setenv("CARRY_TEST_CALL", "2")
+    second = spawn(_state, 2, "two")
+    assert _pids(first) == _pids(second), "the second call did not reuse the ranks"
+    for a, b in zip(first, second):
+        assert (a["random"], a["torch"]) == (b["random"], b["torch"]), "a call saw the generators an earlier one moved"
+        assert b["left"] is None and b["call"] == "2", b  # the caller's environment of this call, nothing left
+        assert b["cwd"] == str(launcher) and b["rank_env"] in ("0", "1"), b
+    # A red call ends the world (a peer may hang on a collective): the next one has new ranks.
+    with pytest.raises(RankFailed, match="rank 1 failed"):
+        spawn(_fails_on_rank_1, 2)
+    for pid in _pids(first):
+        assert not process_alive(pid), "a failed world's rank is still running"
+    third = spawn(_state, 2, "three")
+    assert not set(_pids(third)) & set(_pids(first))
+    _world._close_standing()
+    for pid in _pids(third):
+        assert not process_alive(pid), "closing the standing world left a rank running"
+
+
+def test_prove_fresh_starts_new_ranks_for_every_call(launcher, monkeypatch):
+    monkeypatch.setenv("CARRY_PROOF_FRESH", "1")
+    first, second = spawn(_state, 2, "one"), spawn(_state, 2, "two")
+    assert not set(_pids(first)) & set(_pids(second))
+    assert not _world._standing
+    for pid in _pids(first) + _pids(second):
+        assert not process_alive(pid)
+
+
+def test_parallel_state_left_initialised_ends_the_world(launcher, mcore_tree):
+    first = spawn(_leaves_parallel_state, 2, str(mcore_tree))
+    assert not _world._standing, "ranks with megatron-core's parallel state still set were kept"
+    second = spawn(_state, 2, "after")
+    assert not set(first) & set(_pids(second))

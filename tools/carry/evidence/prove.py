@@ -127,7 +127,7 @@ def jobs() -> int:
 def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout: float,
               log_dir: Path | None = None, label: str = "", proof: str | None = None,
               cache: Path | None = None, zygotes: dict[str, zygote.Zygote] | None = None,
-              scratch: Path | None = None) -> Outcome:
+              scratch: Path | None = None, fresh: bool = False) -> Outcome:
     """Run one proof (by default the patch's first) against the given trees; classify from JUnit XML.
 
     With ``cache``, a proof whose folder pins its own requirements runs in the environment
@@ -135,7 +135,11 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
     the trees, the TransformerEngine site (carry.evidence.tesite), the plugin, then the caller's PYTHONPATH.
     With ``zygotes`` (by interpreter), the run forks from that interpreter's zygote where it
     forks safely (carry.evidence.zygote), else it is a fresh interpreter. ``scratch``: where its
-    report files go (else a temporary folder).
+    report files go (else a temporary folder). ``fresh`` (prove --fresh) also tells the proof's own
+    helpers to start every process afresh (``CARRY_PROOF_FRESH=1``: a world of ranks per call, a
+    fresh interpreter where a proof needs one), the old way the zygote's runs are compared with.
+    With ``cache``, ``CARRY_PROOF_CACHE`` names a folder under it where a proof may keep what is a
+    function of its inputs alone (a compiled extension, keyed by its sources' hash).
     """
     proof = proof or patch.proof
     assert proof
@@ -158,6 +162,12 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
     paths = [str(proofs_dir), *tree_paths, *([str(te)] if te else []), str(PLUGIN_DIR)]
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.update(PROOF_ENV)
+    for name in ("CARRY_PROOF_FRESH", "CARRY_PROOF_CACHE"):
+        env.pop(name, None)
+    if fresh:
+        env["CARRY_PROOF_FRESH"] = "1"
+    if cache is not None:
+        env["CARRY_PROOF_CACHE"] = str(cache / "proof-builds")
     env["CARRY_PROOF_TREES"] = os.pathsep.join(tree_paths)
     env["CARRY_PROOF_PARENT"] = str(os.getpid())  # the plugin ties the proof to it (carry_lifeline)
     z = (zygotes or {}).get(python)
@@ -307,7 +317,7 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
                 if len(unsafe) < len(zygotes):
                     progress.say("proof runs fork from a zygote per interpreter (" + ", ".join(
                         f"{z.ready['seconds']:.1f}s to start" for z in zygotes.values() if z.forks_safely) + ")")
-            _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd, report)
+            _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd, report, fresh)
         finally:
             for z in zygotes.values():
                 z.close()
@@ -347,7 +357,8 @@ def _extract_pairs(series, wd, state, with_proof, tmpd: Path) -> list:
     return pairs
 
 
-def _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd: Path, report: ProveReport) -> None:
+def _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd: Path, report: ProveReport,
+               fresh: bool = False) -> None:
     n = jobs()
     progress.say(f"{len(pairs)} proofs, each on the pristine base and on the patched tree: "
                  f"{2 * len(pairs)} runs, {n} at a time")
@@ -357,9 +368,9 @@ def _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd: Path, repo
     runs = []
     try:
         runs += [(pool.submit(run_proof, series, p, pristine, timeout, log_dir, "pristine", proof, cache, zygotes,
-                             runs_dir),
+                             runs_dir, fresh),
                  pool.submit(run_proof, series, p, patched, timeout, log_dir, "patched", proof, cache, zygotes,
-                             runs_dir))
+                             runs_dir, fresh))
                 for p, proof, pristine, patched in pairs]
         for (p, proof, _, _), (first, second) in zip(pairs, runs):  # series order, whatever finishes first
             a, b = first.result(), second.result()

@@ -91,8 +91,35 @@ def test_prove_fresh_starts_new_ranks_for_every_call(launcher, monkeypatch):
         assert not process_alive(pid)
 
 
-def test_parallel_state_left_initialised_ends_the_world(launcher, mcore_tree):
-    first = spawn(_leaves_parallel_state, 2, str(mcore_tree))
-    assert not _world._standing, "ranks with megatron-core's parallel state still set were kept"
+def _destroys_the_group(rank, world_size):
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return os.getpid()
+
+
+@pytest.fixture
+def closed(monkeypatch):
+    """The worlds closed during the test (their rank processes, to read their exit codes)."""
+    seen = []
+    close = _world._World.close
+
+    def spy(world):
+        seen.append(world)
+        close(world)
+
+    monkeypatch.setattr(_world._World, "close", spy)
+    return seen
+
+
+@pytest.mark.parametrize("leaves", ["parallel-state", "no-group"])
+def test_a_call_that_leaves_state_behind_ends_the_world_and_its_ranks_exit(launcher, mcore_tree, closed, leaves):
+    if leaves == "parallel-state":
+        first = spawn(_leaves_parallel_state, 2, str(mcore_tree))
+    else:
+        first = spawn(_destroys_the_group, 2)
+    assert not _world._standing, f"ranks left with {leaves} were kept"
+    # They were told to stop and exited by themselves (killed after a wait they would read -9).
+    assert [p.exitcode for p in closed[-1].procs] == [0, 0]
     second = spawn(_state, 2, "after")
     assert not set(first) & set(_pids(second))

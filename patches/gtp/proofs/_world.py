@@ -175,7 +175,8 @@ class _World:
                       for r in range(world_size)]
         for p in self.procs:
             p.start()
-        self.clean = True
+        self.broken = False   # a rank failed or did not answer: its peers may hang on a collective
+        self.reusable = True  # every call so far left the ranks as new ones (_left_clean)
 
     def run(self, fn, args) -> list:
         """fn on every rank; its per-rank results, or RankFailed (the world is then of no further use)."""
@@ -189,24 +190,24 @@ class _World:
             try:
                 rank, kind, payload, clean = self.results.get(timeout=RANK_TIMEOUT_S)
             except _q.Empty:
-                self.clean = False
+                self.broken = True
                 raise RankFailed(f"no answer from a rank within {RANK_TIMEOUT_S:.0f}s "
                                  f"(answered: {sorted(results)})") from None
             if kind != "ok":
-                self.clean = False  # the peers may now hang on a collective
+                self.broken = True
                 text, cause = payload
                 raise RankFailed(f"rank {rank} failed:\n{text}", cause)
             results[rank] = payload
-            self.clean = self.clean and clean
+            self.reusable = self.reusable and clean
         return [results[r] for r in range(self.size)]
 
     def close(self) -> None:
         """Let the ranks leave the group and exit; kill what does not (a rank hung on a peer)."""
-        if self.clean:
+        if not self.broken:
             for q in self.tasks:
                 q.put(None)
         for p in self.procs:
-            p.join(timeout=60 if self.clean else 5)
+            p.join(timeout=5 if self.broken else 60)
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -236,10 +237,10 @@ def spawn(fn, world_size: int = 2, *args, method: str | None = None):
     try:
         results = world.run(fn, args)
     except BaseException:
-        world.clean = False
+        world.broken = True
         world.close()
         raise
-    if keep and world.clean:
+    if keep and world.reusable:
         if not _standing and not _registered:
             _register()
         _standing[key] = world

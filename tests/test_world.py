@@ -1,6 +1,7 @@
 """The proofs' rank launcher (patches/gtp/proofs/_world.py): forked ranks stand between the calls
-of one proof run, and each call still sees what new ranks would give it; a failure, megatron-core
-parallel state left behind, and prove --fresh each give the next call new ranks."""
+of one proof run's marked functions, and each call still sees what new ranks would give it; a
+failure, megatron-core parallel state left behind, and prove --fresh each give the next call new
+ranks, and an unmarked function always gets ranks of its own."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import _world  # noqa: E402
 from _world import RankFailed, spawn  # noqa: E402
 
 
+@_world.leaves_ranks_clean
 def _state(rank, world_size, tag):
     """What the rank sees on arrival; then it leaves everything it can behind."""
     import torch
@@ -31,12 +33,14 @@ def _state(rank, world_size, tag):
     return seen
 
 
+@_world.leaves_ranks_clean
 def _fails_on_rank_1(rank, world_size):
     if rank == 1:
         raise ValueError("rank 1 is red")
     return os.getpid()
 
 
+@_world.leaves_ranks_clean
 def _leaves_parallel_state(rank, world_size, tree):
     sys.path.insert(0, tree)
     from megatron.core import parallel_state
@@ -82,6 +86,19 @@ def test_ranks_stand_between_calls_and_each_call_starts_as_new_ranks_would(launc
         assert not process_alive(pid), "closing the standing world left a rank running"
 
 
+def _unmarked(rank, world_size):
+    return os.getpid()
+
+
+def test_only_marked_functions_share_ranks(launcher):
+    """An unmarked function (it may set globals a new rank lacks) gets ranks of its own each call,
+    and leaves the standing world of the marked ones as it was."""
+    marked = _pids(spawn(_state, 2, "one"))
+    first, second = spawn(_unmarked, 2), spawn(_unmarked, 2)
+    assert not set(first) & set(second) and not set(first) & set(marked)
+    assert _pids(spawn(_state, 2, "two")) == marked
+
+
 def test_prove_fresh_starts_new_ranks_for_every_call(launcher, monkeypatch):
     monkeypatch.setenv("CARRY_PROOF_FRESH", "1")
     first, second = spawn(_state, 2, "one"), spawn(_state, 2, "two")
@@ -91,6 +108,7 @@ def test_prove_fresh_starts_new_ranks_for_every_call(launcher, monkeypatch):
         assert not process_alive(pid)
 
 
+@_world.leaves_ranks_clean
 def _destroys_the_group(rank, world_size):
     import torch.distributed as dist
 

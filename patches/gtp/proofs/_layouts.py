@@ -32,6 +32,7 @@ from _cpu import (
     allow_gtp_shards_without_cuda,
     allow_refit_without_cuda,
 )
+from _world import leaves_ranks_clean
 
 VOCAB, HIDDEN, LAYERS = 64, 32, 2
 
@@ -127,6 +128,7 @@ def mismatches(expected: dict, got: dict) -> list[str]:
     return bad
 
 
+@leaves_ranks_clean
 def run_layouts(rank, world_size, tmp, ffn, gated, singleton, gtp_size=2, expert_gtp=None):
     """``gtp_size`` shards the dense weights of the GTP model; ``expert_gtp`` (None: a dense model)
     the expert weights of the MoE form, whose GTP-off twin has both axes at 1."""
@@ -216,6 +218,7 @@ def refit(src, dst) -> str | None:
     return None
 
 
+@leaves_ranks_clean
 def run_refit(rank, world_size, ffn, gtp_size=2, expert_gtp=None):
     """In every rank: the GTP model (``gtp_size`` dense shards; the MoE form with ``expert_gtp``
     expert shards) refitted into a whole-weight model built as NeMo-RL builds its dedicated

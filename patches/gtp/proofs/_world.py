@@ -20,7 +20,11 @@ plain fork is as safe and lets each rank inherit all of the parent's imports (Me
 take ~20 s). ``CARRY_PROOF_START_METHOD=fork|forkserver|spawn`` overrides the choice.
 
 **A standing world.** Where ranks are forked, the ranks of one proof interpreter (one run) outlive
-a call: the first ``spawn`` starts them, later ones hand their function to the same processes.
+the calls of functions marked ``@leaves_ranks_clean``: the first such ``spawn`` starts them, later
+ones hand their function to the same processes. The mark says the function tears down all it sets
+up (megatron-core's model-parallel state, in a ``finally``) and sets no other global that a new
+rank would not have (megatron-core has more: the microbatch calculator refuses a second
+initialisation, so an unmarked function always gets ranks of its own, as before).
 What a rank pays once is then paid once per run, not per test: the imports its functions make
 (megatron-core's checkpointing, torch.distributed.checkpoint) and, at its first checkpoint save,
 megatron-core's write-results Manager (``filesystem_async.get_write_results_queue``: a *spawned*
@@ -222,15 +226,22 @@ def _close_standing() -> None:
 
 
 def standing() -> bool:
-    """Whether ranks outlive a call (forked ranks, unless prove --fresh set CARRY_PROOF_FRESH=1)."""
+    """Whether ranks may outlive a call (forked ranks of marked functions, unless prove --fresh
+    set CARRY_PROOF_FRESH=1)."""
     return os.environ.get("CARRY_PROOF_FRESH") != "1"
+
+
+def leaves_ranks_clean(fn):
+    """Mark a rank function whose calls may share ranks (see the module's docstring)."""
+    fn.leaves_ranks_clean = True
+    return fn
 
 
 def spawn(fn, world_size: int = 2, *args, method: str | None = None):
     """Run fn on every rank; return the list of per-rank return values."""
     method = method or start_method()
     key = (world_size, method)
-    keep = method == "fork" and standing()
+    keep = method == "fork" and standing() and getattr(fn, "leaves_ranks_clean", False)
     world = _standing.pop(key, None) if keep else None
     if world is None:
         world = _World(world_size, method)

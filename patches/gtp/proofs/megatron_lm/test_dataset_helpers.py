@@ -86,9 +86,19 @@ def compiled_helper(tmp_path_factory) -> Path:
     return kept
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link where the file system allows one (the copy is only read; the tests add files
+    beside it, never write into one), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def _installed(tmp_path: Path, helper: Path | None) -> Path:
     site = tmp_path / "site"
-    shutil.copytree(_tree_package(), site / "megatron", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(_tree_package(), site / "megatron", ignore=shutil.ignore_patterns("__pycache__"),
+                    copy_function=_link_or_copy)
     datasets = site / "megatron" / "core" / "datasets"
     assert not list(site.rglob("Makefile")), "the pinned base is the wheel: it has no Makefile"
     if helper is not None:

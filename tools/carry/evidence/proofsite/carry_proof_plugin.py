@@ -20,18 +20,29 @@ It also ties the proof to prove (``carry_lifeline``): the proof's interpreter di
 parent (``$CARRY_PROOF_PARENT``, prove or the zygote it forked from), and so does every process it
 forks (its ranks), so a SIGKILL of prove leaves none of them running.
 
+Where ``$CARRY_PROOF_CACHE`` names the prove's cache, the trees' modules compile once per
+content into it (``carry_bytecode``), not once per run and rank; and once the proof is collected,
+what the run has built so far (the trees' modules) is frozen out of the garbage collector's scans
+(``gc.freeze``): pytest ends each session with five full collections, which walked every object
+megatron-core made at import (0.37 s a run on 2 cores), while garbage the tests make is still
+collected, and its finalizers still run, as before.
+
 Only the standard library and pytest: it runs in every proof environment.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from pathlib import Path
 
+import carry_bytecode
 import carry_lifeline
 import pytest
 
+if os.environ.get("CARRY_PROOF_CACHE"):
+    carry_bytecode.install(os.path.join(os.environ["CARRY_PROOF_CACHE"], "bytecode"))
 carry_lifeline.tie_forks()
 if os.environ.get("CARRY_PROOF_PARENT", "").isdigit():
     carry_lifeline.tie(int(os.environ["CARRY_PROOF_PARENT"]))
@@ -99,3 +110,7 @@ def pytest_exception_interact(node, call, report) -> None:
     kind, reason = classify(call.excinfo.value)
     _write({"event": "error", "kind": kind, "phase": getattr(report, "when", None) or "collect",
             "nodeid": node.nodeid, "reason": reason})
+
+
+def pytest_collection_finish(session) -> None:
+    gc.freeze()

@@ -45,7 +45,7 @@ def stage_main(argv: list[str]) -> int:
                            "Qwen2.5-0.5B-shaped model (its ~1 GB of weights are built on the GPU host from it and\n"
                            "the seed), its tokenizer and the arithmetic data (fixed seed), apply the series (the patched\n"
                            "megatron wheels of images/gtp-te219, the pinned pristine sources), and pack it all as\n"
-                           "the 'nrl' ferry under .ferry/ (parts of <= 56 MiB). TransformerEngine is the separate\n"
+                           "the 'nrl' ferry under .ferry/ (parts that fit a call beside the tree). TransformerEngine is the separate\n"
                            "'te' ferry (shared/gpu/stage-te.sh). Prints the device calls to make.")
     p.add_argument("--series", default="gtp", help="series name or folder (default gtp)")
     p.add_argument("--source", action="append", metavar="NAME=PATH",
@@ -58,6 +58,9 @@ def stage_main(argv: list[str]) -> int:
     p.add_argument("--xz-level", type=int, default=9, choices=range(0, 10), metavar="0-9",
                    help="xz preset of the payload (default 9: the fewest parts; 1 packs in a fraction of the "
                         "time on a small machine, for about one part more)")
+    p.add_argument("--part-mib", type=int, default=0, choices=range(16, 57), metavar="16-56",
+                   help="size of a ferry part (default: what fits one device call's 64 MiB beside the working "
+                        "tree that travels with it, less 2 MiB, at most 56)")
     p.add_argument("--relock", action="store_true",
                    help="re-download the pins of wheels.toml and rewrite their file names and sha256; then stop")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
@@ -70,7 +73,7 @@ def stage_main(argv: list[str]) -> int:
     series = load_series(a.series)
     opts = staging.Options(out=cache / "stage", cache=cache, workdir=(a.workdir or cache / "work").absolute(),
                            series=series, sources=name_paths(a.source, "--source"), seed=a.seed, pack=not a.no_pack,
-                           xz_level=a.xz_level)
+                           xz_level=a.xz_level, part_mib=a.part_mib)
     res = staging.stage(opts)
     if a.json:
         write_json(a.json, res)

@@ -120,7 +120,7 @@ def dry_run(o: Options) -> dict:
             return _finish(o)
         big = info["over_limit"]
         _say(o, "ferry nrl", not big, f"{len(info['parts'])} part(s), "
-             + ", ".join(f"{b / 1e6:.1f} MB" for b in info["part_bytes"]) + (f"; over 56 MiB: {big}" if big else ""),
+             + ", ".join(f"{b / 1e6:.1f} MB" for b in info["part_bytes"]) + (f"; too big for a call beside the working tree: {big}" if big else ""),
              sha256=info["sha256"])
         te = root / ".ferry" / "te.sha256"
         _say(o, "ferry te", te.exists() or None, f"{te.read_text().split()[1]} part(s)" if te.exists()

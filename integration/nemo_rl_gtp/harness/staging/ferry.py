@@ -22,9 +22,37 @@ import os
 import tarfile
 from pathlib import Path
 
-from carry.errors import IntegrityError, UsageError
+from carry.errors import CommandError, IntegrityError, UsageError
 
-PART_BYTES = 56 * 1024 * 1024  # a call carries 64 MiB with the working tree; leave room for it
+CALL_BYTES = 64 * 1024 * 1024   # what one device call carries: the working tree and one part
+MARGIN_BYTES = 2 * 1024 * 1024  # for what the tree gains between staging and the calls (a commit's logs)
+PART_BYTES = 56 * 1024 * 1024   # the most a part holds (room for an 8 MiB tree)
+MIN_PART_BYTES = 16 * 1024 * 1024
+
+
+def travelling_bytes(root: Path) -> int:
+    """What a device call carries besides its part: the checkout's tracked files and those git does
+    not ignore (the device tool's rule), as they are on disk now."""
+    from carry.runner import Git
+
+    out = Git(root)("ls-files", "-z", "--cached", "--others", "--exclude-standard", binary=True).stdout
+    total = 0
+    for rel in filter(None, out.split(b"\0")):
+        path = root / os.fsdecode(rel)
+        if path.is_file() and not path.is_symlink():
+            total += path.stat().st_size
+    return total
+
+
+def part_bytes_for(root: Path) -> int:
+    """The largest part that fits one call beside the working tree (with a margin), at most
+    PART_BYTES; a tree that leaves less than MIN_PART_BYTES is an error (too many calls)."""
+    room = CALL_BYTES - travelling_bytes(root) - MARGIN_BYTES
+    if room < MIN_PART_BYTES:
+        raise UsageError(f"{root}: the working tree that travels with every device call leaves {room / 2**20:.1f} MiB "
+                         f"of the {CALL_BYTES // 2**20} MiB for a ferry part",
+                         hint="ignore or remove what need not travel (git status), then stage again")
+    return min(PART_BYTES, room // (1024 * 1024) * 1024 * 1024)
 
 # The receiving side of the protocol, written only where .ferry/recv.sh is missing (stage-te.sh
 # writes an equivalent one). Usage there: bash .ferry/recv.sh NAME [DEST]
@@ -153,7 +181,15 @@ def check(root: Path, name: str) -> dict:
         raise IntegrityError(f"ferry {name}: no {name}/manifest.json in the tar")
     return {"name": name, "sha256": want, "parts": [str(p) for p in parts], "part_bytes": sizes,
             "members": names, "manifest": manifest, "recv_sh": (ferry / "recv.sh").exists(),
-            "over_limit": [str(p) for p, s in zip(parts, sizes) if s > PART_BYTES]}
+            "over_limit": [str(p) for p, s in zip(parts, sizes) if s > _room(root)]}
+
+
+def _room(root: Path) -> int:
+    """What a part may weigh in a call from this checkout as it is now (no margin: the calls are next)."""
+    try:
+        return min(PART_BYTES, CALL_BYTES - travelling_bytes(root))
+    except (CommandError, OSError):  # not a git checkout (a copy of the parts): the fixed limit
+        return PART_BYTES
 
 
 def receive_local(parts_root: Path, name: str, dest: Path) -> Path:

@@ -62,6 +62,7 @@ class Options:
     seed: int = 1234
     pack: bool = True
     xz_level: int = 9              # xz preset: 9 the smallest payload, 1 much faster to pack
+    part_mib: int = 0              # ferry part size; 0: what fits a call beside the working tree
     ferry_root: Path = REPO
     lock_path: Path = LOCK
 
@@ -228,7 +229,10 @@ def stage(o: Options) -> dict:
         manifest = {k: doc[k] for k in ("schema", "ferry", "series", "stage", "lock")}
         manifest.update(series_digest=doc["series_trees"]["series_digest"], payload_sha256=sha256_file(xz),
                         payload_bytes=xz.stat().st_size, wheels=len(doc["wheels"]))
-        parts = ferry.pack(o.ferry_root, FERRY_NAME, xz, manifest)
+        part_bytes = (o.part_mib * 1024 * 1024) if o.part_mib else ferry.part_bytes_for(o.ferry_root)
+        progress.say(f"parts of at most {part_bytes / 2**20:.0f} MiB"
+                     + ("" if o.part_mib else " (64 MiB a call, less the working tree that travels with each)"))
+        parts = ferry.pack(o.ferry_root, FERRY_NAME, xz, manifest, part_bytes)
         result.update(parts=[str(p) for p in parts], part_mb=ferry.sizes_mb(parts),
                       payload_mb=round(xz.stat().st_size / 1e6, 1))
     result["seconds"] = round(time.monotonic() - t0, 1)

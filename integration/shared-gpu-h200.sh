@@ -18,13 +18,15 @@
 #                   (case-bg refuses to start a case while another still runs: one Ray at a time)
 #   setup           run-on-gpu-host's setup alone, in the foreground
 #   pretrain-bg     in the background: the learning cases' pretrain step alone (after setup)
-#   queue-bg NAME...  in the background: one Ray cluster of 4 logical GPUs and the harness cases in
-#                   order, two at a time on it (--ray-running), each learning* case only once the
-#                   pretrain is done; /tmp/o/queue.log says what started and ended when
+#   queue-bg NAME...  in the background: one Ray cluster of 2 x QUEUE_WIDTH logical GPUs and the
+#                   harness cases in order, QUEUE_WIDTH (default 2) at a time on it (--ray-running),
+#                   each learning* case only once the pretrain is done; /tmp/o/queue.log says what
+#                   started and ended when
 #   wait-queue S    wait (at most S seconds) for the queue, pack every case that ended, and stop the
 #                   queue's Ray once all have; exit 3 while any still runs
 #   stop-queue      kill the queue, its cases and its Ray
-#   proofs          the GPU proofs (tools/prove.py, the three CUDA ones) on the series, in the foreground
+#   proofs          the GPU proofs (tools/prove.py: the patches with a CUDA proof, PROVE_ONLY to choose;
+#                   their CPU-form proofs skip where TE gives HAVE_GTP) on the series, in the foreground
 set -uo pipefail
 cd "$(dirname "$0")/.."
 S=/tmp/nrl-run/payload/sources
@@ -132,7 +134,10 @@ case ${1:?step} in
       if alive "$pid"; then stamp "refused: $pid still runs"; exit 1; fi
     done
     # In its own session (setsid -w waits for it): Ray's daemons in the call's session end with the call.
-    setsid -w env -u CUDA_VISIBLE_DEVICES RAY_USAGE_STATS_ENABLED=0 /tmp/nrl-run/venv/bin/ray start --head --num-gpus=4 \
+    width=${QUEUE_WIDTH:-2}
+    case $width in [1-4]) ;; *) stamp "QUEUE_WIDTH=$width: 1 to 4 cases at a time"; exit 2 ;; esac
+    export QUEUE_WIDTH=$width   # the queue's loop below reads it
+    setsid -w env -u CUDA_VISIBLE_DEVICES RAY_USAGE_STATS_ENABLED=0 /tmp/nrl-run/venv/bin/ray start --head --num-gpus=$((2 * width)) \
       --include-dashboard=false --disable-usage-stats > /tmp/o/queue-ray.log 2>&1 \
       || { stamp "ray start failed"; tail -5 /tmp/o/queue-ray.log; exit 1; }
     setsid nohup bash -c '
@@ -140,7 +145,7 @@ case ${1:?step} in
       say() { echo "[$(date -u +%H:%M:%S)] $*"; }
       running() { n=0; for c in "$@"; do alive /tmp/o/case-$c.pid && n=$((n+1)); done; echo $n; }
       for name in "$@"; do
-        while [ "$(running "$@")" -ge 2 ]; do sleep 2; done
+        while [ "$(running "$@")" -ge "$QUEUE_WIDTH" ]; do sleep 2; done
         case $name in learning*) while alive /tmp/o/pretrain.pid; do sleep 2; done ;; esac
         setsid nohup env CARRY_NRL_CASE_TIMEOUT=840 python3 integration/nemo_rl_gtp/run-on-gpu-host --skip-setup \
           --shared-gpu --ray-running --cases "$name" --out "/tmp/o/case-$name" > "/tmp/o/case-$name.console" 2>&1 < /dev/null &
@@ -169,7 +174,8 @@ case ${1:?step} in
     python3 tools/apply.py --series gtp --workdir /tmp/prove-work --only megatron-lm "${SRC[@]}" \
       --cache /tmp/carry-cache > /tmp/o/prove-apply.txt 2>&1 || { stamp "apply failed"; tail -5 /tmp/o/prove-apply.txt; exit 1; }
     timeout -k 10 540 python3 tools/prove.py --series gtp --workdir /tmp/prove-work --te-site /tmp/site \
-      --only mlm-te-bias-sizing,mlm-gtp-tied-prefetch,mlm-gtp-tied-dummy-wgrad --cache /tmp/carry-cache \
+      --only "${PROVE_ONLY:-mlm-te-bias-sizing,mlm-gtp-tied-prefetch,mlm-gtp-tied-dummy-wgrad,mlm-gtp-swiglu-ckpt,mlm-gtp-refit-plan}" \
+      --cache /tmp/carry-cache \
       --json /tmp/o/prove-gpu.json --logs /tmp/o/prove-logs --timeout 500 > /tmp/o/prove-gpu.txt 2>&1
     stamp "prove exit $?"; tail -15 /tmp/o/prove-gpu.txt
     pack proofs /tmp/o/prove-apply.txt /tmp/o/prove-gpu.txt /tmp/o/prove-gpu.json /tmp/o/prove-logs ;;

@@ -674,4 +674,6 @@ def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness():
             if run["expect"] == "green" and casing.CASES[run["case"]].refit_check:
                 assert got["step_markers"]["missing"] == [] and len(got["steps_run"]) >= 4, got
             seen.add((run["case"], run["expect"]))
-    assert {("learning", "green"), ("learning-frozen-weights", "red"), ("learning-stale-refit", "red")} <= seen
+    assert {("learning", "green"), ("learning-frozen-weights", "red"), ("learning-stale-refit", "red"),
+            ("learning-corrupt-tensor", "red"), ("learning-gtp-off", "green"), ("learning-no-cuda-graphs", "green"),
+            ("learning-gtp-off-no-cuda-graphs", "green"), ("moe", "green")} <= seen

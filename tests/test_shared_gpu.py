@@ -329,3 +329,20 @@ def test_a_bisection_names_the_patch_the_trees_lack():
                              "trees lack")
     whole = bisect(order + [series.patch("mlm-gtp-tied-dummy-wgrad")], target, probe, [p.id for p in series.patches])
     assert "lack" not in whole.note
+
+
+def test_the_scheduled_gpu_night_runs_the_two_rank_cells_on_one_gpu_only_when_asked():
+    """The workflow's gpu job passes --shared-gpu to tonight's nightly when the repository variable
+    GTP_GPU_SHARED is "true", and never otherwise (the mode is opt-in); the cpu job never does."""
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "nightly.yml").read_text())
+    jobs = workflow["jobs"]
+    nightly = next(s for s in jobs["gpu"]["steps"] if s.get("name") == "Nightly")
+    assert nightly["env"]["SHARED"] == "${{ vars.GTP_GPU_SHARED == 'true' && '1' || '' }}"
+    assert "${SHARED:+--shared-gpu}" in nightly["run"]
+    for env in ({"SHARED": "1"}, {"SHARED": ""}):
+        line = subprocess.run(["bash", "-c", 'echo nightly ${SHARED:+--shared-gpu} end'], env=env,
+                              capture_output=True, text=True, check=True).stdout.split()
+        assert ("--shared-gpu" in line) == bool(env["SHARED"]), line
+    assert not any("--shared-gpu" in (s.get("run") or "") for s in jobs["cpu"]["steps"])

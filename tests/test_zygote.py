@@ -247,3 +247,45 @@ def test_a_zygote_that_does_not_start_leaves_the_runs_to_fresh_interpreters(demo
     res, by = _prove(demo, tmp_path, env=env, check=0)
     assert by == {"clean": ("fail", "pass", True)}, res.stderr
     assert "did not start" in res.stderr and "fork from a zygote" not in res.stderr, res.stderr
+
+
+def test_the_zygote_preloads_torch_only_for_proofs_that_reach_it(tmp_path):
+    """carry.evidence.reach: a proof that imports torch, or a proofs-folder module that does, or a
+    tree package whose files do, reaches torch; a proof of pure Python does not (its zygote holds
+    pytest alone); a proof that does not parse is taken to reach it."""
+    from carry.evidence.reach import reaches_torch
+
+    proofs, tree = tmp_path / "proofs", tmp_path / "tree"
+    (proofs / "sub").mkdir(parents=True)
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "__init__.py").write_text("VALUE = 1\n")
+    (tree / "heavy").mkdir()
+    (tree / "heavy" / "__init__.py").write_text("")
+    (tree / "heavy" / "deep.py").write_text("def f():\n    from torch import nn\n    return nn\n")
+    (proofs / "_helper.py").write_text("import torch.distributed as dist\n")
+    (proofs / "_plain.py").write_text("import os\n")
+
+    def proof(name: str, body: str) -> Path:
+        path = proofs / "sub" / f"test_{name}.py"
+        path.write_text(body)
+        return path
+
+    plain = proof("plain", "import os\nimport pkg\nfrom _plain import os as _\n\ndef test_x():\n    assert pkg.VALUE\n")
+    assert reaches_torch([plain], proofs, [tree]) is False
+    assert reaches_torch([proof("direct", "def test_x():\n    import torch\n")], proofs, [tree]) is True
+    assert reaches_torch([proof("helper", "from _helper import dist\n")], proofs, [tree]) is True
+    assert reaches_torch([proof("tree", "import heavy.deep\n")], proofs, [tree]) is True
+    assert reaches_torch([proof("broken", "def test_x(:\n")], proofs, [tree]) is True
+    assert reaches_torch([plain, proof("direct2", "import torch\n")], proofs, [tree]) is True
+
+
+def test_a_prove_of_pure_python_proofs_starts_a_zygote_without_torch(demo, tmp_path):
+    """The demo's proofs import no torch: their zygote holds pytest alone, and the verdicts stand."""
+    add_proofs(demo["series"], {"good": GOOD}, {"clean": "good"}, SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    out = tmp_path / "p.json"
+    res = tool("prove", "--series", demo["series"], "--workdir", demo["work"], "--only", "clean", "--json", out,
+               env={"GTP_CARRY_VERBOSE": "1"}, check=0)
+    assert "without torch: no proof of it imports torch" in res.stderr, res.stderr
+    by = {r["id"]: r for r in read_json(out)["proofs"]}
+    assert (by["clean"]["pristine"], by["clean"]["patched"]) == ("fail", "pass")

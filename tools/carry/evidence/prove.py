@@ -295,34 +295,32 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
                 if state.record(p.upstream) is None:
                     raise UsageError(f"{p.upstream}: no workspace in {workdir} for proof of {p.id}",
                                      hint=f"`{command('apply', series, '--workdir', wd.root)}` first")
-            pythons = {}
+            pythons: dict[str, list[Path]] = {}  # interpreter -> the proof files it runs
             for p in with_proof:
                 for proof in p.proofs:
                     try:  # built here, once, before runs share it (a build's lock wait is this thread's setting)
-                        pythons[proofenv.python_for(series, proof, cache) or sys.executable] = True
+                        python = proofenv.python_for(series, proof, cache) or sys.executable
                     except SourceError:
-                        pass  # each of its runs reports it as an environment error
+                        continue  # each of its runs reports it as an environment error
+                    pythons.setdefault(python, []).append(series.root / proof.split("::")[0])
             if not fresh and zygote.wanted():
                 # Started now, from this (the main) thread: they import while the trees are extracted.
-                exclude = _tree_tops(series, wd, state)
-                for python in pythons:
-                    zygotes[python] = zygote.Zygote(python, tmpd, exclude, env_extra=python != sys.executable)
+                zygotes.update(zygote.start_all(pythons, tmpd, _tree_tops(series, wd, state), series.root / "proofs",
+                                                _tree_roots(series, wd, state)))
             pairs = _extract_pairs(series, wd, state, with_proof, tmpd)
-            if zygotes:
-                for z in zygotes.values():
-                    z.wait_ready()  # its imports are every run's: not bounded by one run's --timeout
-                unsafe = [z for z in zygotes.values() if not z.forks_safely]
-                for z in unsafe:
-                    progress.say(z.why_not())
-                if len(unsafe) < len(zygotes):
-                    progress.say("proof runs fork from a zygote per interpreter (" + ", ".join(
-                        f"{z.ready['seconds']:.1f}s to start" for z in zygotes.values() if z.forks_safely) + ")")
+            zygote.wait_all(zygotes)
             _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd, report, fresh)
         finally:
             for z in zygotes.values():
                 z.close()
     report.ok = all(r.ok is not False for r in report.proofs) and not report.errors
     return report
+
+
+def _tree_roots(series: Series, wd: WorkDir, state) -> list[Path]:
+    """Each applied tree's import root (its workspace at the patched head)."""
+    return [wd.workspace(up.name) / up.python_path for up in series.upstreams
+            if state.record(up.name) is not None and (wd.workspace(up.name) / up.python_path).is_dir()]
 
 
 def _tree_tops(series: Series, wd: WorkDir, state) -> set[str]:

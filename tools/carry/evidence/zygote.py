@@ -28,8 +28,10 @@ import threading
 import time
 from pathlib import Path
 
+from .. import progress
 from ..errors import CommandError
 from ..runner import spawn
+from . import reach
 
 SERVER = Path(__file__).resolve().parent / "proofsite" / "carry_zygote.py"
 
@@ -49,6 +51,8 @@ PRELOAD = (
     "triton", "numpy", "einops", "packaging.version", "multistorageclient", "absl.logging",
     "pytest", "_pytest.junitxml",
 )
+# What every zygote holds, also for proofs that never import torch.
+PRELOAD_BASE = ("pytest", "_pytest.junitxml")
 # Only where the interpreter is a proof environment's (requirements.txt): only its proofs use them.
 # Not modelopt: it looks for megatron-core as it is imported (the zygote would refuse to fork).
 # Not transformers.modeling_utils nor datasets: each starts a thread of its own (datasets' is
@@ -60,14 +64,16 @@ PRELOAD_ENV = ("transformers", "omegaconf", "requests", "tensorboard")
 class Zygote:
     """One started zygote (``start``), serving forks (``run``) until ``close``."""
 
-    def __init__(self, python: str, scratch: Path, exclude: set[str], env_extra: bool):
-        self.python = python
+    def __init__(self, python: str, scratch: Path, exclude: set[str], env_extra: bool, torch: bool = True):
+        self.python, self.torch = python, torch
         n = len(list(scratch.glob("zygote-*.log")))
         self.log = scratch / f"zygote-{n}.log"
         # Linux: an abstract socket (no path: a deep TMPDIR would pass the 108 bytes a path may have).
         self.socket = (f"@carry-zygote-{os.getpid()}-{n}-{os.urandom(4).hex()}" if sys.platform.startswith("linux")
                        else str(scratch / f"zygote-{n}.sock"))
-        modules = PRELOAD + (PRELOAD_ENV if env_extra else ())
+        # ``torch``: whether the proofs reach torch at all (carry.evidence.reach); where they do not, its
+        # stack (3.6-6 s) is not worth preloading, and the zygote holds pytest alone.
+        modules = (PRELOAD + (PRELOAD_ENV if env_extra else ())) if torch else PRELOAD_BASE
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CARRY_TREE_", "CARRY_PROOF_"))}
         with open(self.log, "w") as log:
             # stdin is the watchdog pipe: its EOF (this process gone) ends the zygote. Started from the
@@ -210,6 +216,31 @@ def _kill(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def start_all(pythons: dict[str, list[Path]], scratch: Path, exclude: set[str], proofs_dir: Path,
+              tree_roots: list[Path]) -> dict[str, Zygote]:
+    """A zygote per interpreter (``pythons``: interpreter -> the proof files it runs), torch's stack
+    preloaded only where those proofs reach torch (carry.evidence.reach)."""
+    return {python: Zygote(python, scratch, exclude, env_extra=python != sys.executable,
+                           torch=reach.reaches_torch(files, proofs_dir, tree_roots))
+            for python, files in pythons.items()}
+
+
+def wait_all(zygotes: dict[str, Zygote]) -> None:
+    """Wait for each to start (its imports are every run's: not bounded by one run's --timeout) and
+    say how they started, or why a run will be a fresh interpreter instead."""
+    if not zygotes:
+        return
+    for z in zygotes.values():
+        z.wait_ready()
+    unsafe = [z for z in zygotes.values() if not z.forks_safely]
+    for z in unsafe:
+        progress.say(z.why_not())
+    if len(unsafe) < len(zygotes):
+        progress.say("proof runs fork from a zygote per interpreter (" + ", ".join(
+            f"{z.ready['seconds']:.1f}s to start" + ("" if z.torch else ", without torch: no proof of it imports torch")
+            for z in zygotes.values() if z.forks_safely) + ")")
 
 
 def wanted() -> bool:

@@ -1,0 +1,85 @@
+"""Whether a set of proofs reaches torch: the zygote preloads torch's stack only for proofs that do.
+
+The zygote (carry.evidence.zygote) imports torch and what megatron-core pulls in of it, 3.6-6 s on
+2 cores, so that every run forked from it has them. A series whose proofs never import torch (a
+series of pure-Python fixes, or the test suite's demo upstream) would pay that for nothing at
+every prove. ``reaches_torch`` reads, without importing anything, the proof files, the modules of
+the proofs folder they import (``_world``, ``_layouts``, ... recursively), and for each tree
+package they import, that package's own files: it is True as soon as one of them imports
+``torch`` (an ``import`` statement found by ``ast``, or for a tree's files, the words ``import
+torch`` / ``from torch``), or when a proof file cannot be parsed (the safe answer). Preloading less
+changes no verdict: a run imports what it needs itself, as a fresh interpreter does.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+
+def _imported_tops(path: Path) -> set[str] | None:
+    """Top-level names a Python file imports anywhere in it; None where it does not parse."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    tops = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            tops.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            tops.add(node.module.split(".")[0])
+    return tops
+
+
+def _tree_imports_torch(package: Path) -> bool:
+    for root, dirs, files in os.walk(package):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            try:
+                text = (Path(root) / name).read_bytes()
+            except OSError:
+                continue
+            if b"import torch" in text or b"from torch" in text:
+                return True
+    return False
+
+
+def reaches_torch(proof_files: list[Path], proofs_dir: Path, tree_roots: list[Path]) -> bool:
+    """See the module's docstring. ``tree_roots``: each tree's import root (where its packages are)."""
+    seen: set[Path] = set()
+    queue = [p for p in proof_files]
+    packages: set[str] = set()
+    while queue:
+        path = queue.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        tops = _imported_tops(path)
+        if tops is None or "torch" in tops:
+            return True
+        for top in tops:
+            local = proofs_dir / f"{top}.py"
+            if local.is_file():
+                queue.append(local)
+            else:
+                packages.add(top)
+    for top in sorted(packages):
+        for root in tree_roots:
+            package = root / top
+            if package.is_dir() and _tree_imports_torch(package):
+                return True
+            if (root / f"{top}.py").is_file() and _tree_imports_torch_file(root / f"{top}.py"):
+                return True
+    return False
+
+
+def _tree_imports_torch_file(path: Path) -> bool:
+    try:
+        text = path.read_bytes()
+    except OSError:
+        return False
+    return b"import torch" in text or b"from torch" in text

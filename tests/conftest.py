@@ -11,6 +11,16 @@ from fakeup import make_demo
 from helpers import ROOT, tool
 
 
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first (with -n, the longest, the zygote/fresh comparison, then runs beside
+    all the rest instead of after it), and the Docker tests in one group (one worker builds the
+    images they share, never two at once)."""
+    for item in items:
+        if item.get_closest_marker("docker"):
+            item.add_marker(pytest.mark.xdist_group("docker"))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch, tmp_path_factory):
     home = tmp_path_factory.mktemp("home")

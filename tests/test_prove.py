@@ -92,7 +92,7 @@ def test_a_timed_out_proof_leaves_no_rank_behind(demo, tmp_path):
     add_proofs(demo["series"], {"hangs": HANGS_IN_A_RANK}, {"clean": "hangs"}, SERIES / "proofs" / "pytest.ini")
     apply(demo, check=0)
     pids = tmp_path / "pids"
-    _, by = _prove(demo, tmp_path, "--only", "clean", "--timeout", "25",
+    _, by = _prove(demo, tmp_path, "--only", "clean", "--timeout", "10",
                      env={"CARRY_TEST_RANK_PIDS": str(pids), "CARRY_PROOF_JOBS": "2"},
                      check=1)
     assert by["clean"]["pristine"] == "fail" and "timed out" in by["clean"]["pristine_detail"], by

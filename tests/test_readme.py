@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 NOT_RUN = {
     "python3 -m pip install -e": "CI's .ci/run runs the setup; here it would reinstall the package under test",
-    "python3 -m pytest -q": "this is that run",
+    "python3 -m pytest -q -n auto": "this is that run",
     "python3 tools/build_image.py": "needs a Docker engine; tests/test_images.py builds the image",
     "git clone https://github.com/NVIDIA-NeMo/RL": "needs github.com; GTP_CARRY_TEST_NEMO_RL names a checkout",
 }

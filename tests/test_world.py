@@ -141,3 +141,29 @@ def test_a_call_that_leaves_state_behind_ends_the_world_and_its_ranks_exit(launc
     assert [p.exitcode for p in closed[-1].procs] == [0, 0]
     second = spawn(_state, 2, "after")
     assert not set(first) & set(_pids(second))
+
+
+@_world.leaves_ranks_clean
+def _dies_on_rank_1(rank, world_size):
+    if rank == 1:
+        os._exit(3)
+    return os.getpid()
+
+
+def test_a_rank_that_dies_without_a_word_fails_the_call_at_once(launcher):
+    """A rank that exits without answering (a crash, os._exit) is named with its exit code within a
+    second or two, not after the rank timeout (600 s); the next call starts new ranks; and a
+    standing rank killed between calls is replaced, not waited for."""
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(RankFailed, match="rank 1 exited with code 3 without an answer"):
+        spawn(_dies_on_rank_1, 2)
+    assert time.monotonic() - t0 < 30
+    first = _pids(spawn(_state, 2, "one"))
+    os.kill(first[1], 9)
+    deadline = time.monotonic() + 10
+    while _world._standing[(2, "fork")].procs[1].is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = _pids(spawn(_state, 2, "two"))
+    assert not set(first) & set(second)

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 
 import torch.distributed as dist
@@ -190,13 +191,18 @@ class _World:
         for q in self.tasks:
             q.put(task)
         results: dict[int, object] = {}
-        for _ in range(self.size):
-            try:
-                rank, kind, payload, clean = self.results.get(timeout=RANK_TIMEOUT_S)
+        deadline = time.monotonic() + RANK_TIMEOUT_S
+        while len(results) < self.size:
+            try:  # in short waits: a rank that died without a word (a crash, os._exit) is seen at once
+                rank, kind, payload, clean = self.results.get(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
             except _q.Empty:
-                self.broken = True
-                raise RankFailed(f"no answer from a rank within {RANK_TIMEOUT_S:.0f}s "
-                                 f"(answered: {sorted(results)})") from None
+                gone = [(r, p.exitcode) for r, p in enumerate(self.procs) if r not in results and not p.is_alive()]
+                if gone or time.monotonic() >= deadline:
+                    self.broken = True
+                    why = (", ".join(f"rank {r} exited with code {code}" for r, code in gone) + " without an answer"
+                           if gone else f"no answer from a rank within {RANK_TIMEOUT_S:.0f}s")
+                    raise RankFailed(f"{why} (answered: {sorted(results)})") from None
+                continue
             if kind != "ok":
                 self.broken = True
                 text, cause = payload
@@ -243,6 +249,10 @@ def spawn(fn, world_size: int = 2, *args, method: str | None = None):
     key = (world_size, method)
     keep = method == "fork" and standing() and getattr(fn, "leaves_ranks_clean", False)
     world = _standing.pop(key, None) if keep else None
+    if world is not None and not all(p.is_alive() for p in world.procs):
+        world.broken = True  # a rank was killed between calls: new ranks
+        world.close()
+        world = None
     if world is None:
         world = _World(world_size, method)
     try:

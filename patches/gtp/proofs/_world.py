@@ -49,10 +49,13 @@ not import (``RankFailed.cause``): carry.evidence.prove tells a missing dependen
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
 import traceback
+
+import multiprocessing.util  # noqa: F401 - its exit hook before ours (the end of this module)
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -171,7 +174,7 @@ class _World:
 
     def __init__(self, world_size: int, method: str):
         ctx = context(method)
-        self.size, self.method = world_size, method
+        self.size = world_size
         # Kept with the world: a forkserver or spawned rank unpickles them after start() returns.
         self.results, self.ports = ctx.Queue(), ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
@@ -262,22 +265,13 @@ def spawn(fn, world_size: int = 2, *args, method: str | None = None):
         world.close()
         raise
     if keep and world.reusable:
-        if not _standing and not _registered:
-            _register()
         _standing[key] = world
     else:
         world.close()
     return results
 
 
-_registered = False
-
-
-def _register() -> None:
-    """Close the standing worlds at exit, before multiprocessing joins its children (atexit runs
-    the later registration first), so that the ranks waiting for a task do not hold the exit."""
-    global _registered
-    import atexit
-
-    atexit.register(_close_standing)
-    _registered = True
+# The standing worlds close at exit, before multiprocessing joins its children: its util module (which
+# registers that join) is imported first, so its hook runs after this one; ranks waiting for a task
+# do not hold the exit.
+atexit.register(_close_standing)

@@ -305,8 +305,8 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
                     pythons.setdefault(python, []).append(series.root / proof.split("::")[0])
             if not fresh and zygote.wanted():
                 # Started now, from this (the main) thread: they import while the trees are extracted.
-                zygotes.update(zygote.start_all(pythons, tmpd, _tree_tops(series, wd, state), series.root / "proofs",
-                                                _tree_roots(series, wd, state)))
+                roots = _tree_roots(series, wd, state)
+                zygotes.update(zygote.start_all(pythons, tmpd, _tree_tops(roots), series.root / "proofs", roots))
             pairs = _extract_pairs(series, wd, state, with_proof, tmpd)
             zygote.wait_all(zygotes)
             _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd, report, fresh)
@@ -323,16 +323,10 @@ def _tree_roots(series: Series, wd: WorkDir, state) -> list[Path]:
             if state.record(up.name) is not None and (wd.workspace(up.name) / up.python_path).is_dir()]
 
 
-def _tree_tops(series: Series, wd: WorkDir, state) -> set[str]:
+def _tree_tops(roots: list[Path]) -> set[str]:
     """The top-level names the trees under test provide (megatron, nemo_rl): a zygote never imports them."""
-    tops = set()
-    for up in series.upstreams:
-        if state.record(up.name) is None:
-            continue
-        root = wd.workspace(up.name) / up.python_path
-        if root.is_dir():
-            tops.update(e.name[:-3] if e.name.endswith(".py") else e.name for e in root.iterdir()
-                        if e.is_dir() or e.name.endswith(".py"))
+    tops = {e.name[:-3] if e.name.endswith(".py") else e.name for root in roots for e in root.iterdir()
+            if e.is_dir() or e.name.endswith(".py")}
     return {t for t in tops if t.isidentifier()}
 
 

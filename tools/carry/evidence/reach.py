@@ -33,25 +33,29 @@ def _imported_tops(path: Path) -> set[str] | None:
     return tops
 
 
+def _mentions_torch(path: Path) -> bool:
+    try:
+        text = path.read_bytes()
+    except OSError:
+        return False
+    return b"import torch" in text or b"from torch" in text
+
+
 def _tree_imports_torch(package: Path) -> bool:
+    """Whether any file of a tree's package (a folder, or one module file) imports torch."""
+    if package.is_file():
+        return _mentions_torch(package)
     for root, dirs, files in os.walk(package):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
-        for name in files:
-            if not name.endswith(".py"):
-                continue
-            try:
-                text = (Path(root) / name).read_bytes()
-            except OSError:
-                continue
-            if b"import torch" in text or b"from torch" in text:
-                return True
+        if any(_mentions_torch(Path(root) / name) for name in files if name.endswith(".py")):
+            return True
     return False
 
 
 def reaches_torch(proof_files: list[Path], proofs_dir: Path, tree_roots: list[Path]) -> bool:
     """See the module's docstring. ``tree_roots``: each tree's import root (where its packages are)."""
     seen: set[Path] = set()
-    queue = [p for p in proof_files]
+    queue = list(proof_files)
     packages: set[str] = set()
     while queue:
         path = queue.pop()
@@ -67,19 +71,5 @@ def reaches_torch(proof_files: list[Path], proofs_dir: Path, tree_roots: list[Pa
                 queue.append(local)
             else:
                 packages.add(top)
-    for top in sorted(packages):
-        for root in tree_roots:
-            package = root / top
-            if package.is_dir() and _tree_imports_torch(package):
-                return True
-            if (root / f"{top}.py").is_file() and _tree_imports_torch_file(root / f"{top}.py"):
-                return True
-    return False
-
-
-def _tree_imports_torch_file(path: Path) -> bool:
-    try:
-        text = path.read_bytes()
-    except OSError:
-        return False
-    return b"import torch" in text or b"from torch" in text
+    return any(_tree_imports_torch(path) for top in sorted(packages) for root in tree_roots
+               for path in (root / top, root / f"{top}.py") if path.exists())

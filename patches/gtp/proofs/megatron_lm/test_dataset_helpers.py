@@ -12,7 +12,7 @@ How: the tree under test copied into a fresh directory laid out as the wheel ins
 Makefile anywhere; the pinned base is the wheel), with ``helpers_cpp`` compiled from the tree's
 own ``helpers.cpp`` for this Python, as the wheel build does. ``compile_helpers()`` must return
 and ``megatron.core.datasets.helpers`` import, in a process that has not imported megatron-core
-(``_python``: as ``python -c`` with only that directory on its path). Without the compiled
+(``_call``: as ``python -c`` with only that directory on its path). Without the compiled
 extension it must stop with a message that says so; in a source checkout (a Makefile next to
 ``helpers.cpp``) it must still run ``make``.
 
@@ -107,11 +107,7 @@ def _installed(tmp_path: Path, helper: Path | None) -> Path:
 
 
 def _call(site: Path) -> subprocess.CompletedProcess:
-    return _python(CALL, site)
-
-
-def _python(code: str, site: Path) -> subprocess.CompletedProcess:
-    """``python -c code`` with ``PYTHONPATH=site``, run in ``site``: a forked child of this
+    """``python -c CALL`` with ``PYTHONPATH=site``, run in ``site``: a forked child of this
     process where that is safe (no CUDA here, megatron not imported, not prove --fresh), else a
     fresh interpreter. The child starts as the interpreter would: ``site`` first on its path and
     none of the path's other additions, standard streams of its own, logging unconfigured."""
@@ -119,9 +115,9 @@ def _python(code: str, site: Path) -> subprocess.CompletedProcess:
              or any(m.split(".")[0] == "megatron" for m in sys.modules) or _cuda_initialised())
     if fresh:
         env = {**os.environ, "PYTHONPATH": str(site)}
-        return subprocess.run([sys.executable, "-c", code], cwd=site, env=env, capture_output=True,
+        return subprocess.run([sys.executable, "-c", CALL], cwd=site, env=env, capture_output=True,
                               text=True, timeout=300)
-    return _forked(code, site)
+    return _forked(CALL, site)
 
 
 def _cuda_initialised() -> bool:
@@ -174,9 +170,9 @@ def _forked(code: str, site: Path) -> subprocess.CompletedProcess:
                 try:
                     exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
                     status = 0
-                except SystemExit as exc:
-                    status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-                    if not isinstance(exc.code, int) and exc.code is not None:
+                except SystemExit as exc:  # as the interpreter turns it into an exit status
+                    status = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+                    if status == 1 and not isinstance(exc.code, int):
                         print(exc.code, file=sys.stderr)
                 except BaseException:  # noqa: BLE001 - as the interpreter reports it
                     import traceback

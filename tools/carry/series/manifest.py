@@ -26,6 +26,7 @@ from . import entries
 from .entries import ID_RE  # noqa: F401  (names other modules import from here)
 from .entries import suggest as _suggest
 from .patchfile import path_problems
+from .testspin import TestsPin, load_tests
 
 STATUSES = ("pending", "submitted", "backport", "merged", "rejected", "inappropriate")
 UPSTREAM_NAMES = ("megatron-lm", "megatron-bridge", "nemo-rl")
@@ -72,6 +73,7 @@ class Upstream:
     sources: tuple[str, ...]
     pypi: PyPISource | None
     git: GitSource | None
+    tests: TestsPin | None = None  # its own unit tests (carry.series.testspin)
 
     def pin_text(self) -> str:
         if self.pypi and (not self.git or self.sources[0] == "pypi"):
@@ -313,7 +315,7 @@ def load(series_dir: Path, *, check: bool = True) -> Series:
         u = _Table(udata, f"upstreams.{uname}", path)
         if uname not in UPSTREAM_NAMES:
             raise ConfigError(f"{path}: unknown upstream {uname!r}", hint=_suggest(uname, UPSTREAM_NAMES))
-        u.check_keys(["description", "python_path", "sources", "pypi", "git"])
+        u.check_keys(["description", "python_path", "sources", "pypi", "git", "tests"])
         pypi = _load_pypi(_Table(u.data["pypi"], f"{u.where}.pypi", path)) if "pypi" in u.data else None
         git = _load_git(_Table(u.data["git"], f"{u.where}.git", path)) if "git" in u.data else None
         sources = u.strings("sources") or tuple(k for k in SOURCE_KINDS if k in u.data)
@@ -322,8 +324,9 @@ def load(series_dir: Path, *, check: bool = True) -> Series:
                 raise ConfigError(f"{path}: [{u.where}] sources lists {kind!r} but has no [{u.where}.{kind}]")
         if not sources:
             raise ConfigError(f"{path}: [{u.where}] needs a [pypi] or [git] source")
+        tests = load_tests(_Table(u.data["tests"], f"{u.where}.tests", path), uname) if "tests" in u.data else None
         upstreams.append(Upstream(uname, u.get("description", str, ""), u.get("python_path", str, "."),
-                                  sources, pypi, git))
+                                  sources, pypi, git, tests))
 
     patches = []
     fields = ["id", "upstream", "title", "file", "status", "owner", "why", "retire_when", "links",

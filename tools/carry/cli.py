@@ -23,6 +23,7 @@ VERBS = {
     "rebase": "move one upstream's patches onto a new base (3-way)",
     "build-image": "build a container image of the patched stack",
     "nightly": "run, judge and bisect the integration matrix",
+    "upstream-tests": "each upstream's own unit tests, pristine against patched",
 }
 
 

@@ -1,0 +1,335 @@
+"""tools/upstream_tests.py end to end on a small real upstream: its own tests (a git repository with
+a pytest configuration, a conftest and tests), run with torchrun on the pristine base and on the
+patched trees, compared test by test, regressions and fixes bisected to their patch.
+
+The tests of the demo upstream are written to meet every verdict and every way a launch ends: a test
+the series breaks, one it fixes, one that fails on both, a crash (the rank dies: the next launch goes
+on after it), a hang (the reporter's per-test timeout ends it), a skip that asks for another world
+size (launched again at that size), a module that fails to collect, one that skips itself whole.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from carry.evidence.upstream.results import Outcome, merge, wants_world
+from carry.evidence.upstream.verdict import classify
+from carry.runner import Git
+from fakeup import make_patch, make_upstream, patch_entry, series_toml, write
+from helpers import read_json, tool
+
+TESTS = {
+    "pyproject.toml": """
+        [tool.pytest.ini_options]
+        addopts = "-x -rA"
+        markers = ["flaky_in_dev: upstream's own flaky marker"]
+    """,
+    "tests/__init__.py": "",
+    "tests/unit_tests/__init__.py": "",
+    "tests/unit_tests/conftest.py": """
+        import os
+        WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+    """,
+    "tests/unit_tests/test_alpha.py": """
+        import os, time
+        import pytest
+        import megatron.core.alpha as alpha
+
+        def test_fixed_by_the_series():
+            assert alpha.value_5 == "patched"
+
+        def test_fails_on_both():
+            assert alpha.value_1 == "never"
+
+        def test_crashes_its_rank():
+            if os.environ.get("RANK", "0") == "1":
+                os._exit(9)
+            time.sleep(2)
+
+        def test_after_the_crash():
+            assert alpha.value_2 == 2
+
+        def test_hangs():
+            time.sleep(600)
+
+        def test_after_the_hang():
+            assert alpha.value_3 == 3
+
+        def test_wants_three_ranks():
+            if int(os.environ["WORLD_SIZE"]) != 3:
+                pytest.skip("Requires world_size=3 (launch with torchrun --nproc-per-node=3)")
+            assert alpha.value_4 == 4
+
+        @pytest.mark.flaky_in_dev
+        def test_upstream_deselects():
+            assert False
+
+        def test_skips():
+            pytest.skip("needs something this host lacks")
+
+        def test_flaky_on_the_patched_trees():
+            marker = os.environ.get("FLAKY_MARKER")
+            if marker and alpha.value_5 == "patched":
+                try:
+                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+                except FileExistsError:
+                    return
+                raise AssertionError("the first run on the patched trees fails, no later one")
+
+        def test_sees_its_own_temporary_folder():
+            import pathlib, tempfile
+            pathlib.Path(__file__).with_name(f"tmpdir-{os.environ.get('RANK', '0')}.txt").write_text(tempfile.gettempdir())
+    """,
+    "tests/unit_tests/sub/test_beta.py": """
+        from megatron.core import beta
+
+        def test_broken_by_the_series():
+            assert beta.value_10 == 10
+
+        def test_still_fine():
+            assert beta.value_11 == 11
+    """,
+    "tests/unit_tests/test_delta.py": """
+        import megatron.core.delta as delta
+
+        def test_a_value_the_patch_leaves():
+            assert delta.value_1 == 1
+    """,
+    "tests/unit_tests/test_gamma.py": """
+        import megatron.core.gamma as gamma
+
+        def test_untouched_module():
+            assert gamma.value_1 == 1
+    """,
+    "tests/unit_tests/test_collect.py": """
+        import megatron.core.alpha
+        import a_module_nobody_has
+    """,
+    "tests/unit_tests/test_skipped_module.py": """
+        import pytest
+        import megatron.core.alpha
+        pytest.importorskip("another_module_nobody_has")
+    """,
+}
+
+
+def _tests_repo(root: Path) -> tuple[Path, str, str]:
+    repo = root / "upstream-tests"
+    Git(repo).init()
+    for rel, text in TESTS.items():
+        write(repo, rel, textwrap.dedent(text).lstrip())
+    write(repo, "megatron/core/alpha.py", "value_5 = 'the checkout's own copy, never tested'\n")
+    commit = Git(repo).commit_all("upstream tests")
+    hashes = {p: Git(repo)("rev-parse", f"{commit}:{p}").stdout.strip() for p in ("pyproject.toml", "tests", "megatron")}
+    return repo, commit, hashes
+
+
+@pytest.fixture
+def up(tmp_path):
+    src = make_upstream(tmp_path)
+    v0 = Git(src).head()
+    sdir = tmp_path / "patches" / "demo"
+    make_patch(src, v0, [("megatron/core/alpha.py", 5, "value_5 = 'patched'\n")], "demo: fix", sdir / "megatron-lm/0001-fix.patch")
+    make_patch(src, v0, [("megatron/core/delta.py", 3, "value_3 = 'harmless'\n")], "demo: harmless",
+               sdir / "megatron-lm/0002-harmless.patch")
+    make_patch(src, v0, [("megatron/core/beta.py", 10, "value_10 = 'broken'\n")], "demo: break",
+               sdir / "megatron-lm/0003-break.patch")
+    repo, commit, hashes = _tests_repo(tmp_path)
+    entries = [patch_entry("fix", "megatron-lm/0001-fix.patch"), patch_entry("harmless", "megatron-lm/0002-harmless.patch"),
+               patch_entry("break", "megatron-lm/0003-break.patch")]
+    text = series_toml(v0, "https://example.invalid/upstream.git", entries)
+    paths = ", ".join(f'"{p}" = "{h}"' for p, h in hashes.items())
+    pin = (f'[upstreams.megatron-lm.tests]\nurl = "{repo.as_uri()}"\ncommit = "{commit}"\npaths = {{ {paths} }}\n'
+           'replace = "megatron/core"\nroot = "tests/unit_tests"\nlaunch = "torchrun"\nnproc = 2\n'
+           'markers = "not flaky_in_dev"\n')
+    text = text.replace("\n[[patches]]", "\n" + pin + "\n[[patches]]", 1)
+    (sdir / "series.toml").write_text(text)
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    tool("apply", "--series", sdir, "--workdir", work, "--cache", cache, "--source", f"megatron-lm={src}", check=0)
+    return {"series": sdir, "work": work, "cache": cache, "tmp": tmp_path, "tests_repo": repo, "commit": commit}
+
+
+def _run(up, *extra, check=None, env=None):
+    out = up["tmp"] / "out"
+    proc = tool("upstream_tests", "--series", up["series"], "--workdir", up["work"], "--cache", up["cache"],
+                "--out", out, "--json", up["tmp"] / "report.json", *extra, check=check, timeout=600, env=env)
+    return proc, out
+
+
+def test_select_only_derives_the_files_from_what_the_series_touches(up):
+    proc, _ = _run(up, "--select-only", check=0)
+    report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+    picked = {s["path"]: s["reasons"] for s in report["selection"]}
+    assert set(picked) == {"tests/unit_tests/test_alpha.py", "tests/unit_tests/sub/test_beta.py",
+                           "tests/unit_tests/test_collect.py", "tests/unit_tests/test_skipped_module.py",
+                           "tests/unit_tests/test_delta.py"}, picked
+    assert picked["tests/unit_tests/test_alpha.py"] == ["imports megatron.core.alpha (fix)",
+                                                         "mirror of megatron/core/alpha.py (fix)"]
+    assert picked["tests/unit_tests/sub/test_beta.py"] == ["imports megatron.core.beta (break)"]
+    assert "test_gamma.py" not in proc.stdout  # it imports a module no patch touches
+
+
+@pytest.mark.slow
+def test_regressions_and_fixes_are_found_bisected_and_every_launch_end_is_survived(up):
+    proc, out = _run(up, "--test-timeout", "8", check=1, env={"FLAKY_MARKER": str(up["tmp"] / "flaky-marker")})
+    assert "error: not green for: megatron-lm" in proc.stderr, proc.stderr
+    report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+    rows = {r["id"].split("::")[-1] if "::" in r["id"] else r["id"]: r
+            for r in read_json(out / "megatron-lm" / "result.json")["rows"]}
+    cat = {k: r["category"] for k, r in rows.items()}
+    assert cat["test_broken_by_the_series"] == "regression", rows["test_broken_by_the_series"]
+    assert cat["test_fixed_by_the_series"] == "fixed"
+    assert cat["test_fails_on_both"] == "known-failure"
+    assert "AssertionError" in rows["test_fails_on_both"]["pristine_reason"]
+    assert cat["test_still_fine"] == "passed" and cat["test_skips"] == "skipped"
+    # the crash and the hang cost only themselves: the tests after them ran, on both sides
+    assert (rows["test_crashes_its_rank"]["pristine"], rows["test_crashes_its_rank"]["patched"]) == ("crashed", "crashed")
+    assert (rows["test_hangs"]["pristine"], rows["test_hangs"]["patched"]) == ("timeout", "timeout")
+    assert cat["test_after_the_crash"] == "passed" and cat["test_after_the_hang"] == "passed"
+    # asked for three ranks: launched again so, and passed there
+    assert cat["test_wants_three_ranks"] == "passed", rows["test_wants_three_ranks"]
+    sides = read_json(out / "megatron-lm" / "result.json")["sides"]
+    assert sides["patched"]["outcomes"]["tests/unit_tests/test_alpha.py::test_wants_three_ranks"]["world"] == 3
+    assert "3" in report["seconds_per_world"]["patched"] and "2" in report["seconds_per_world"]["patched"]
+    # a module that cannot be collected is one row; one that skips itself whole is a skip
+    assert cat["tests/unit_tests/test_collect.py"] == "known-failure"
+    assert "a_module_nobody_has" in rows["tests/unit_tests/test_collect.py"]["patched_reason"]
+    assert cat["tests/unit_tests/test_skipped_module.py"] == "skipped"
+    # upstream's own -m deselected its flaky test on both sides (counted, never run)
+    assert "test_upstream_deselects" not in rows
+    assert report["sides"]["patched"]["deselected by upstream"] == 1
+    # bisected: the regression to the patch that breaks it, the fix to the patch that fixes it
+    found = {b["id"].split("::")[-1]: b for b in report["bisect"]}
+    assert found["test_broken_by_the_series"]["first_patch"] == "break", found
+    assert found["test_fixed_by_the_series"]["first_patch"] == "fix", found
+    assert report["regressions"][0]["id"].endswith("test_broken_by_the_series") and len(report["regressions"]) == 1
+    # a regression that does not happen again on the same trees is flaky, not a regression
+    assert cat["test_flaky_on_the_patched_trees"] == "flaky", rows["test_flaky_on_the_patched_trees"]
+    assert "then passed on the same trees" in rows["test_flaky_on_the_patched_trees"]["note"]
+    assert found["test_flaky_on_the_patched_trees"]["category"] == "flaky"
+    # each launch has a temporary folder of its own: two sides at once never share checkpoint paths
+    seen = {side: {p.read_text() for p in (out / "megatron-lm" / "trees" / side / "tests/unit_tests").glob("tmpdir-*.txt")}
+            for side in ("pristine", "patched")}
+    assert all(len(v) == 1 for v in seen.values()) and seen["pristine"] != seen["patched"], seen
+    assert all(Path(d).name.startswith("carry-ut-") for v in seen.values() for d in v), seen
+
+
+def test_a_series_that_breaks_nothing_is_green_and_says_what_it_compared(up):
+    series = up["series"] / "series.toml"
+    text = series.read_text()
+    start = text.index('[[patches]]\nid = "break"')
+    series.write_text(text[:start])
+    (up["series"] / "megatron-lm/0003-break.patch").unlink()
+    tool("apply", "--series", up["series"], "--workdir", up["work"], "--cache", up["cache"],
+         "--source", f"megatron-lm={up['tmp'] / 'upstream'}", check=0)
+    proc, out = _run(up, "--files", "tests/unit_tests/test_delta.py", check=0)
+    report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+    assert report["status"] == "passed" and report["ok"], report
+    assert report["counts"]["*"] == {"passed": 1}, report["counts"]
+    assert "no regression among 1 test(s) compared" in proc.stdout, proc.stdout
+
+
+def test_the_tests_commit_is_fetched_and_its_tree_checked(up):
+    """No --tests-source: the pinned commit is fetched from the pin's URL into the cache; a tree hash
+    that is not the commit's stops the run (exit 1) naming both."""
+    proc, _ = _run(up, "--select-only", check=0)
+    assert Git(up["cache"] / "upstream-tests" / "megatron-lm.git").has_commit(up["commit"])
+    series = up["series"] / "series.toml"
+    series.write_text(re.sub(r'"tests" = "[0-9a-f]{40}"', '"tests" = "' + "f" * 40 + '"', series.read_text()))
+    proc, _ = _run(up, "--select-only", check=1)
+    assert "tests in the cached clone" in proc.stderr and "the pin says " + "f" * 40 in proc.stderr, proc.stderr
+
+
+def test_an_unpacked_folder_of_the_pinned_paths_is_checked_byte_for_byte(up, tmp_path):
+    """An offline host gets the paths as a folder (git archive): it stands for the clone only when every
+    pinned hash matches; one changed byte in a test is refused, naming the path."""
+    folder = tmp_path / "unpacked"
+    folder.mkdir()
+    archive = Git(up["tests_repo"]).archive(up["commit"], ["pyproject.toml", "tests", "megatron"])
+    import io, tarfile  # noqa: E401
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    proc, _ = _run(up, "--select-only", "--tests-source", f"megatron-lm={folder}", check=0)
+    assert not (up["cache"] / "upstream-tests").exists()  # nothing fetched
+    test = folder / "tests/unit_tests/sub/test_beta.py"
+    test.write_text(test.read_text().replace("== 10", "== 10 or True"))
+    proc, _ = _run(up, "--select-only", "--tests-source", f"megatron-lm={folder}", check=1)
+    assert "tests in the folder" in proc.stderr and "the pin says" in proc.stderr, proc.stderr
+
+
+def test_a_tests_source_that_lacks_the_commit_is_bad_input(up, tmp_path):
+    empty = tmp_path / "empty-clone"
+    Git(empty).init()
+    proc, _ = _run(up, "--select-only", "--tests-source", f"megatron-lm={empty}", check=2)
+    assert f"lacks commit {up['commit']}" in proc.stderr and "fetch" in proc.stderr, proc.stderr
+    proc, _ = _run(up, "--select-only", "--tests-source", f"megatron-lm={tmp_path / 'nowhere'}", check=2)
+    assert "no such folder" in proc.stderr
+    (tmp_path / "stray").mkdir()
+    proc, _ = _run(up, "--select-only", "--tests-source", f"megatron-lm={tmp_path / 'stray'}", check=2)
+    assert "neither a git clone nor a folder with the pinned paths" in proc.stderr, proc.stderr
+
+
+# -- the verdict's own rules, each able to fail --------------------------------------------------
+@pytest.mark.parametrize("p,q,want", [
+    ("passed", "failed", "regression"), ("skipped", "error", "regression"), ("passed", "crashed", "regression"),
+    ("passed", "skipped", "regression"), ("absent", "failed", "regression"), ("passed", "absent", "regression"),
+    ("failed", "passed", "fixed"), ("timeout", "passed", "fixed"), ("failed", "failed", "known-failure"),
+    ("crashed", "timeout", "known-failure"), ("passed", "passed", "passed"), ("skipped", "skipped", "skipped"),
+    ("absent", "passed", "new"), ("skipped", "passed", "changed"), ("not-run", "failed", "not-compared"),
+    ("passed", "not-run", "not-compared")])
+def test_classify(p, q, want):
+    assert classify(p, q)[0] == want
+
+
+def test_a_test_fails_when_any_rank_fails_it_and_passes_when_one_ran_it_and_none_failed():
+    rec = lambda o, why="": {"outcome": o, "reason": why}  # noqa: E731
+    assert merge({"0": rec("passed"), "1": rec("failed", "boom")}, 2).outcome == "failed"
+    assert merge({"0": rec("passed"), "1": rec("failed", "boom")}, 2).reason == "boom"
+    assert merge({"0": rec("error"), "1": rec("passed")}, 2).outcome == "error"
+    assert merge({"0": rec("passed"), "1": rec("skipped")}, 2).outcome == "passed"
+    assert merge({"0": rec("skipped", "a"), "1": rec("skipped", "b")}, 2).outcome == "skipped"
+
+
+def test_a_skip_that_names_a_world_size_asks_for_it():
+    assert wants_world(Outcome("skipped", "Requires world_size=4, got 8 (launch with torchrun --nproc-per-node=4)")) == 4
+    assert wants_world(Outcome("skipped", "Requires at least 4 CUDA devices")) is None
+    assert wants_world(Outcome("failed", "world_size=4")) is None
+
+
+def test_the_report_json_is_what_the_table_says(up):
+    proc, out = _run(up, "--select-only", check=0)
+    doc = json.loads((up["tmp"] / "report.json").read_text())
+    assert doc["ok"] is False and doc["upstreams"][0]["upstream"] == "megatron-lm"
+
+
+@pytest.mark.slow
+def test_the_nightly_cell_fails_on_a_regression_and_names_its_patch(up, tmp_path):
+    """kind = "upstream-tests": one cell per upstream that pins tests, judged by the comparison (no gates),
+    red with the regression and the patch its bisection found, the counts in summary.md."""
+    series = up["series"] / "series.toml"
+    text = series.read_text()
+    start, end = text.index('[[patches]]\nid = "fix"'), text.index('[[patches]]\nid = "harmless"')
+    series.write_text(text[:start] + text[end:])
+    (up["series"] / "megatron-lm/0001-fix.patch").unlink()
+    config = tmp_path / "nightly.toml"
+    config.write_text(f'[nightly]\nseries = ["{up["series"]}"]\n\n[images.host]\nlauncher = "local"\n\n'
+                      '[[tests]]\nname = "upstream-tests"\nkind = "upstream-tests"\nimages = ["host"]\ntimeout_s = 600\n')
+    out = tmp_path / "night"
+    tool("nightly", "--config", config, "--out", out, "--workdir", tmp_path / "nwork", "--cache", up["cache"],
+         "--source", f"megatron-lm={up['tmp'] / 'upstream'}", check=1, timeout=600)
+    (run,) = read_json(out / "nightly.json")["runs"]
+    assert run["test"] == "upstream-tests[megatron-lm]" and run["status"] == "failed", run
+    u = run["upstream_tests"]
+    assert [r["id"] for r in u["regressions"]] == ["tests/unit_tests/sub/test_beta.py::test_broken_by_the_series"], u
+    assert [(b["category"], b["first_patch"]) for b in u["bisect"]] == [("regression", "break")], u["bisect"]
+    assert u["counts"]["*"] == {"regression": 1, "passed": 2}, u["counts"]
+    summary = (out / "summary.md").read_text()
+    assert "## Upstream's own tests, pristine against patched" in summary
+    assert "| upstream-tests[megatron-lm] | 2 | 1 | 0 | 0 | 0 | 2 |" in summary, summary
+    assert "regression: tests/unit_tests/sub/test_beta.py::test_broken_by_the_series" in summary
+    assert run["bisect"]["probes"] == [] and "the cell bisects its own" in run["bisect"]["note"], run["bisect"]

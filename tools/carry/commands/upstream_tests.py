@@ -1,0 +1,89 @@
+"""gtp-carry upstream-tests / tools/upstream_tests.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .. import report
+from ..errors import UsageError
+from ..evidence import tesite
+from ..evidence.upstream.check import Options, check_series
+from . import options
+
+DESCRIPTION = """\
+Run each upstream's own unit tests on the pristine base and on the patched trees, and compare them
+test by test. Which test files run is derived from the series (the files its patches touch: the
+tests that import them, name them, or live in their mirror folder); --select-only prints that
+selection with each file's reasons and runs nothing. The tests come from the commit pinned in
+series.toml ([upstreams.NAME.tests]): fetched once into the cache, or from --tests-source
+NAME=CLONE (any clone that has the commit). They run with the upstream's own launch (Megatron-LM:
+torchrun --nproc-per-node 8 -m pytest; the others: pytest) and the marker expression its CI uses.
+
+Verdicts per test: regression (pristine did not fail, patched does: bisected to a patch), fixed
+(the series turns a failing upstream test green: bisected too), known-failure (both fail), and
+the tests that behave the same. Needs the workspaces from tools/apply.py.
+
+On a host with one GPU, --shared-gpu runs the ranks on it, each process its own NCCL_HOSTID, and
+answers the tests' torch.cuda.device_count() with the number of ranks; times measured so are not
+the upstreams' price. Exit 0: no regression and at least one test passed on both sides; 1: a
+regression (or nothing to compare); 2: bad usage or input."""
+
+
+def main(argv: list[str], prog: str) -> int:
+    p = options.parser(prog, DESCRIPTION)
+    options.add_series(p)
+    options.add_workdir(p)
+    p.add_argument("--only", metavar="UPSTREAM,...", help="the upstreams whose tests run (default: each that pins tests)")
+    p.add_argument("--tests-source", action="append", metavar="NAME=CLONE",
+                   help="a git clone that has NAME's pinned tests commit (instead of fetching it)")
+    p.add_argument("--out", type=options.output_path("dir"), required=True, metavar="DIR",
+                   help="where each side's folders, logs and results go (DIR/<upstream>/result.json)")
+    p.add_argument("--select-only", action="store_true", help="print the derived selection and run nothing")
+    p.add_argument("--files", action="append", metavar="PATH",
+                   help="run only the selected files under PATH (repeatable), e.g. tests/unit_tests/generalized_tensor_parallel")
+    p.add_argument("--nproc", type=int, metavar="N", help="ranks per launch (default: the pin's, upstream CI's)")
+    p.add_argument("--budget", type=options.seconds, metavar="SECONDS",
+                   help="stop each side after this long; what it did not reach is reported as not compared")
+    p.add_argument("--test-timeout", type=options.seconds, default=900.0, metavar="SECONDS",
+                   help="a test running longer ends its launch as a timeout; the next launch goes on after it (900)")
+    p.add_argument("--python", metavar="PYTHON", help="the interpreter the tests run in (default: this one)")
+    p.add_argument("--shared-gpu", action="store_true", help="all ranks on one GPU (see above)")
+    p.add_argument("--one-side-at-a-time", action="store_true", help="run pristine, then patched (default: both at once)")
+    p.add_argument("--no-bisect", action="store_true", help="do not bisect regressions and fixed tests")
+    options.add_json(p)
+    options.add_cache(p)
+    options.add_lock_timeout(p)
+    tesite.add_option(p)
+    a = p.parse_args(argv)
+    if a.nproc is not None and a.nproc < 1:
+        raise UsageError(f"--nproc must be 1 or more, got {a.nproc}")
+    series = options.load_series(a)
+    tesite.use(a.te_site)
+    sources = {name: path.absolute() for name, path in options.name_paths(a.tests_source, "--tests-source").items()}
+    for name in sources:
+        series.upstream(name)
+    opts = Options(cache=options.cache(a), out=a.out.absolute(), sources=sources, python=a.python, nproc=a.nproc,
+                   budget_s=a.budget, test_timeout=a.test_timeout, shared_gpu=a.shared_gpu,
+                   files=a.files, bisect=not a.no_bisect, together=not a.one_side_at_a_time,
+                   select_only=a.select_only)
+    reports = check_series(series, a.workdir, options.comma_list(a.only), opts, a.lock_timeout)
+    options.write_report(a.json, {"ok": all(r.get("ok") for r in reports) and not a.select_only,
+                                  "series": series.name, "upstreams": reports})
+    if a.select_only:
+        for r in reports:
+            print(f"{r['upstream']}: {len(r['selection'])} test file(s), {r['tests']}")
+            print(report.table([[s["path"], "; ".join(s["reasons"])] for s in r["selection"]], ["file", "why"]))
+        return 0
+    for r in reports:
+        print(f"{r['upstream']}: {r.get('status', '?')}: {r.get('reason', '')}")
+        total = r.get("counts", {}).get("*", {})
+        if total:
+            print(report.table([[k, str(v)] for k, v in sorted(total.items())], ["category", "tests"]))
+        for b in r.get("bisect", []):
+            print(f"  {b['category']}: {b['id']}: {b.get('note', '')}")
+        print(f"  details: {Path(opts.out) / r['upstream'] / 'result.json'}")
+    bad = [r["upstream"] for r in reports if not r.get("ok")]
+    if bad:
+        print(f"error: not green for: {', '.join(bad)} (see each result.json)", file=sys.stderr)
+    return 1 if bad else 0

@@ -1,0 +1,217 @@
+"""An upstream's own tests, pristine against patched, judged and bisected: the one call the command
+(tools/upstream_tests.py) and the nightly cell (``kind = "upstream-tests"``) make.
+
+The pristine side runs every upstream at its pristine base, the patched side every upstream at the
+series' head (a test of Megatron-Bridge meets Megatron-LM's trees too). Both sides run at once by
+default. A regression, and a test the series turns green, is first run again on the patched trees
+(a move that does not happen again is ``flaky``, never a regression), then bisected over the series'
+prefixes: each probe runs just those tests, shared by every test it decides.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ... import progress
+from ...errors import UsageError
+from ...files import write_json
+from ...series.manifest import Series
+from ...series.repo import command
+from ...workspace.workdir import WorkDir
+from .. import scratch as scratchdirs
+from ..bisect import PrefixTrees, bisect
+from . import suite
+from .launch import Side, SideResult, run_side
+from .results import is_failing
+from .select import Picked, select
+from .verdict import Row, compare, counts, side_counts
+
+
+@dataclass
+class Options:
+    cache: Path
+    out: Path
+    sources: dict[str, Path] = field(default_factory=dict)   # --tests-source NAME=CHECKOUT
+    python: str | None = None
+    nproc: int | None = None
+    budget_s: float | None = None          # per side
+    test_timeout: float = 900.0
+    shared_gpu: bool = False
+    files: list[str] | None = None         # restrict the selection to files under these prefixes
+    bisect: bool = True
+    together: bool = True                  # both sides at once
+    select_only: bool = False
+
+
+def selection(series: Series, upstream: str, folder: Path, opts: Options) -> list[Picked]:
+    pin = series.upstream(upstream).tests
+    picked = select(series, upstream, folder, pin.root, pin.package)
+    if opts.files:
+        picked = [p for p in picked if any(p.path == f or p.path.startswith(f.rstrip("/") + "/") for f in opts.files)]
+    return picked
+
+
+def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: dict[str, Path],
+                   opts: Options) -> dict:
+    """Run (or, with select_only, just select) one upstream's tests; the report as a dict."""
+    u = series.upstream(upstream)
+    pin = u.tests
+    if pin is None:
+        raise UsageError(f"series {series.name}: {upstream} pins no tests ([upstreams.{upstream}.tests])")
+    out = opts.out / upstream
+    repo = suite.checkout(pin, opts.cache, opts.sources.get(upstream)) if pin.source == "git" else None
+    pristine_trees = {name: prefix.pristine(name) for name in trees}
+    folders = {"pristine": suite.side_folder(pin, repo, pristine_trees[upstream], out / "trees" / "pristine"),
+               "patched": suite.side_folder(pin, repo, trees[upstream], out / "trees" / "patched")}
+    picked = selection(series, upstream, folders["patched"], opts)
+    report = {"upstream": upstream, "tests": pin.describe(), "launch": pin.launch, "nproc": opts.nproc or pin.nproc,
+              "selection": [{"path": p.path, "reasons": p.reasons} for p in picked]}
+    if opts.select_only:
+        return report
+    if not picked:
+        report.update(ok=False, status="error", reason="the selection is empty: no test file meets what the series "
+                                                       "touches (a run would prove nothing)")
+        return report
+    files = [p.path for p in picked]
+    deadline = time.monotonic() + opts.budget_s if opts.budget_s else None
+    sides = {name: _side(name, series, upstream, folders[name], files, tree_set, out / name, opts, deadline)
+             for name, tree_set in (("pristine", pristine_trees), ("patched", trees))}
+    progress.say(f"{upstream}: {len(files)} test file(s) selected; running pristine and patched "
+                 f"({pin.launch}, {opts.nproc or pin.nproc} rank(s))")
+    t0 = {}
+    results: dict[str, SideResult] = {}
+    with ThreadPoolExecutor(max_workers=2 if opts.together else 1) as pool:
+        futures = {name: pool.submit(_timed, run_side, side, t0, name) for name, side in sides.items()}
+        results = {name: f.result() for name, f in futures.items()}
+    rows = compare(results["pristine"], results["patched"])
+    found = None
+    if opts.bisect and any(r.category in ("regression", "fixed") for r in rows):
+        found = _bisect_rows(series, upstream, prefix, repo, rows, files, out / "bisect", opts)
+    report.update(_summary(rows, results, pin.root, t0))
+    if found is not None:
+        report["bisect"] = found
+    write_json(out / "result.json", {**report, "rows": [r.to_dict() for r in rows],
+                                     "sides": {k: v.to_dict() for k, v in results.items()}})
+    return report
+
+
+def _timed(fn, side, seconds: dict, name: str):
+    t = time.monotonic()
+    try:
+        return fn(side)
+    finally:
+        seconds[name] = round(time.monotonic() - t, 1)
+
+
+def _side(name: str, series: Series, upstream: str, folder: Path, files: list[str], trees: dict[str, Path],
+          out: Path, opts: Options, deadline: float | None, only: list[str] | None = None) -> Side:
+    u = series.upstream(upstream)
+    own = folder if u.python_path in (".", "") else folder / u.python_path
+    others = [str(t if series.upstream(n).python_path in (".", "") else t / series.upstream(n).python_path)
+              for n, t in trees.items() if n != upstream]
+    kwargs = {"python": opts.python} if opts.python else {}
+    return Side(name, u.tests, folder, files, [str(own), *others], out, nproc=opts.nproc, deadline=deadline,
+                test_timeout=opts.test_timeout, shared_gpu=opts.shared_gpu, only=only, **kwargs)
+
+
+def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds: dict) -> dict:
+    per = counts(rows, root)
+    regressions = [r.to_dict() for r in rows if r.category == "regression"]
+    compared = sum(n for c, n in per["*"].items() if c not in ("not-compared",))
+    ok = not regressions and per["*"].get("passed", 0) > 0
+    if regressions:
+        status, reason = "failed", f"{len(regressions)} regression(s): {regressions[0]['id']}" + \
+            (f" ({regressions[0]['patched_reason'][:200]})" if regressions[0]["patched_reason"] else "")
+    elif not per["*"].get("passed", 0):
+        status, reason = "error", "no test passed on both sides: the run proves nothing about regressions"
+    else:
+        status, reason = "passed", f"no regression among {compared} test(s) compared"
+    walls: dict[str, dict[str, float]] = {}
+    for name, res in results.items():
+        for launch in res.launches:
+            w = walls.setdefault(name, {})
+            w[str(launch["world"])] = round(w.get(str(launch["world"]), 0.0) + launch["seconds"], 1)
+    return {"ok": ok, "status": status, "reason": reason, "counts": per,
+            "sides": {k: side_counts(v) for k, v in results.items()}, "seconds": seconds,
+            "seconds_per_world": walls, "regressions": regressions,
+            "fixed": [r.to_dict() for r in rows if r.category == "fixed"],
+            "flaky": [r.to_dict() for r in rows if r.category == "flaky"],
+            "known_failures": [{"id": r.id, "pristine": r.pristine_reason, "patched": r.patched_reason}
+                               for r in rows if r.category == "known-failure"],
+            "not_compared": sum(1 for r in rows if r.category == "not-compared")}
+
+
+def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows: list[Row], files: list[str],
+                 out: Path, opts: Options) -> list[dict]:
+    """Each regression and each fixed test, first run again on the patched trees, then bisected over
+    the series; one probe per prefix serves every test. A test whose move does not happen again (the
+    patched trees, or the pristine base at the bisection's first probe, give another outcome) is
+    ``flaky``: its row says what each run gave, and it is not bisected further."""
+    movers = [r for r in rows if r.category in ("regression", "fixed")]
+    ids = [r.id for r in movers]
+    cache: dict[int, dict[str, str]] = {}
+    pin = series.upstream(upstream).tests
+    n = len(prefix.order)
+
+    def outcomes(k: int) -> dict[str, str]:
+        if k not in cache:
+            trees = prefix.trees(k)
+            folder = suite.side_folder(pin, repo, trees[upstream], out / f"k{k:03d}" / "tree")
+            side = _side(f"bisect k={k}", series, upstream, folder, files, trees, out / f"k{k:03d}", opts, None, ids)
+            res = run_side(side)
+            cache[k] = {i: (res.outcomes[i].outcome if i in res.outcomes else "not-run") for i in ids}
+        return cache[k]
+
+    def signature(outcome: str) -> str:
+        return "failing" if is_failing(outcome) else "passing" if outcome in ("passed", "xpassed") else outcome
+
+    found = []
+    for r in movers:
+        target = "failing" if r.category == "regression" else "passing"
+        again = outcomes(n)[r.id]
+        if signature(again) != target:
+            r.note = f"flaky: {r.patched} on the patched trees, then {again} on the same trees"
+            r.category = "flaky"
+            found.append({"id": r.id, "category": "flaky", "note": r.note})
+            continue
+
+        def probe(k: int, nodeid=r.id) -> tuple[str, str, str]:
+            o = outcomes(k)[nodeid]
+            return signature(o), o, ""
+
+        res = bisect(prefix.order, target, probe, [p.id for p in series.patches])
+        if not res.changed:
+            r.note = f"flaky: {r.pristine} on the pristine base, then {outcomes(0)[r.id]} on the same base"
+            r.category = "flaky"
+        found.append({"id": r.id, "category": r.category, **res.to_dict()})
+    (out / "bisect.json").parent.mkdir(parents=True, exist_ok=True)
+    (out / "bisect.json").write_text(json.dumps(found, indent=2, sort_keys=True) + "\n")
+    return found
+
+
+def check_series(series: Series, workdir: Path, upstreams: list[str] | None, opts: Options,
+                 lock_timeout: float) -> list[dict]:
+    """Every named upstream (default: each that pins tests and has a workspace), under the work
+    directory's lock, on the trees of the workspaces' recorded commits (not their working files)."""
+    wd = WorkDir(workdir)
+    with wd.lock(lock_timeout), scratchdirs.folder() as tmp:
+        finished = wd.recover()
+        if finished:
+            progress.say(f"finished the swap of {', '.join(finished)} that an interrupted apply left")
+        state = wd.require(series)
+        applied = [name for name, _ in state.records()]
+        names = upstreams or [u.name for u in series.upstreams if u.tests and u.name in applied]
+        for name in names:
+            if series.upstream(name).tests is None:
+                raise UsageError(f"{name} pins no tests in series {series.name}",
+                                 hint=f"add [upstreams.{name}.tests] to {series.root / 'series.toml'}")
+            if name not in applied:
+                raise UsageError(f"{name}: no workspace in {workdir}",
+                                 hint=f"`{command('apply', series, '--workdir', wd.root)}` first")
+        prefix = PrefixTrees(series, workdir, tmp / "trees")
+        trees = prefix.trees(len(prefix.order))
+        return [check_upstream(series, name, prefix, trees, opts) for name in names]

@@ -1,0 +1,272 @@
+"""One side of an upstream's tests, run with the upstream's own launch until every selected test has
+an outcome or the time budget is spent.
+
+A launch is ``torchrun --nproc-per-node N -m pytest`` (or plain ``pytest``) in the side's folder, with
+the reporter (site/) on the path and upstream CI's ``-m`` and options. Two stops are lifted, because
+every test's outcome is wanted: ``--maxfail`` (NeMo-RL's addopts stop at the first failure) and the stop
+at a module that fails to collect (``--continue-on-collection-errors``: that module is one ``error``). When a launch dies inside a test
+(a crash, a hung collective the reporter ended), that test gets its outcome, ``crashed`` or
+``timeout``, and the next launch goes on after it: one bad test does not cost the rest. Tests that
+skipped asking for another world size (``launch with torchrun --nproc-per-node=4``) are launched
+again at that size, and those runs decide them; with a time budget, the first launches stop at 65% of
+it so that these have the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ... import progress
+from ...errors import CommandError
+from ...runner import spawn
+from ...series.testspin import TestsPin
+from .results import Outcome, merge, read_launch, wants_world
+
+SITE = Path(__file__).resolve().parent / "site"
+MAX_LAUNCHES = 200  # a side whose every launch dies in a new test still ends
+
+
+@dataclass
+class Side:
+    """How one side runs: its folder, interpreter, paths and limits."""
+    name: str                       # pristine | patched | a bisection probe's name
+    pin: TestsPin
+    folder: Path
+    files: list[str]                # relative to the folder (the selection), run in this order
+    pythonpath: list[str]
+    out: Path
+    python: str = sys.executable
+    nproc: int | None = None        # None: the pin's
+    deadline: float | None = None   # time.monotonic() by which the side stops
+    test_timeout: float = 900.0
+    shared_gpu: bool = False
+    only: list[str] | None = None   # run just these test ids (a probe)
+
+
+@dataclass
+class SideResult:
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    not_run: dict[str, str] = field(default_factory=dict)            # id or file -> why
+    collect_errors: dict[str, str] = field(default_factory=dict)
+    deselected: dict[str, str] = field(default_factory=dict)
+    launches: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"outcomes": {k: v.to_dict() for k, v in sorted(self.outcomes.items())},
+                "not_run": dict(sorted(self.not_run.items())), "collect_errors": self.collect_errors,
+                "deselected": self.deselected, "launches": self.launches}
+
+
+PORT_TRIES = 4
+RESERVE = 0.35  # of a side's time budget, kept for the tests that ask for another world size
+
+
+def run_side(side: Side) -> SideResult:
+    res = SideResult()
+    world = side.nproc or side.pin.nproc
+    full = side.deadline
+    if full is not None:  # the first launches stop early enough for the re-launches to have time
+        side.deadline = time.monotonic() + (full - time.monotonic()) * (1 - RESERVE)
+    try:
+        _launches(side, res, world, side.only)
+    finally:
+        side.deadline = full
+    again: dict[int, list[str]] = {}
+    for nodeid, o in res.outcomes.items():
+        n = wants_world(o)
+        if n and n != world and (side.pin.launch == "torchrun"):
+            again.setdefault(n, []).append(nodeid)
+    for n, ids in sorted(again.items()):
+        progress.say(f"{side.pin.upstream} {side.name}: {len(ids)} test(s) ask for {n} ranks: launching them so")
+        _launches(side, res, n, ids)
+    return res
+
+
+def _launches(side: Side, res: SideResult, world: int, only: list[str] | None) -> None:
+    """Launch at ``world`` ranks until the launch finishes, resuming past tests it died in."""
+    done: set[str] = set()
+    wanted = set(only) if only is not None else None
+    for i in range(MAX_LAUNCHES):
+        folder = side.out / f"launch-{len(res.launches) + 1:02d}-n{world}"
+        left = None if side.deadline is None else side.deadline - time.monotonic()
+        if left is not None and left <= 0:
+            _not_reached(res, side, wanted, done, "the side's time budget was spent before it ran")
+            return
+        rc, timed_out, seconds = _launch(side, folder, world, sorted(done), only, left)
+        got = read_launch(folder, world)
+        for nodeid, records in got.tests.items():
+            res.outcomes[nodeid] = merge(records, world)
+            done.add(nodeid)
+        res.collect_errors.update(got.collect_errors)
+        for node, why in got.collect_skips.items():
+            res.outcomes.setdefault(node, Outcome("skipped", why, "collect", 0.0, {}, world))
+        for nodeid, by in got.deselected.items():
+            if by == "upstream":
+                res.deselected[nodeid] = by
+        died = got.unfinished()
+        entry = {"launch": folder.name, "world": world, "returncode": rc, "seconds": round(seconds, 1),
+                 "ended": len(got.tests), "timed_out": timed_out}
+        res.launches.append(entry)
+        if wanted is None and got.collected:
+            wanted = set(got.collected)
+        if timed_out:
+            for nodeid in set(died.values()):
+                done.add(nodeid)
+                res.not_run[nodeid] = "the side's time budget ran out while it ran"
+            _not_reached(res, side, wanted, done, "the side's time budget ran out before it")
+            return
+        if len(got.finished) >= len(got.ranks) and got.ranks and not died:
+            _not_reached(res, side, wanted, done, f"the session ended (exit {rc}) without running it")
+            return
+        if not died:
+            entry["error"] = _tail(folder / "console.log")
+            last = entry["error"][-1] if entry["error"] else "no output"
+            if not got.tests:
+                _not_reached(res, side, wanted, done, f"the launch ended (exit {rc}) before any test ended: {last}")
+                return
+            progress.say(f"{side.pin.upstream} {side.name}: the launch ended between tests (exit {rc}): {last}; "
+                         f"going on after the {len(got.tests)} that ended")
+            continue
+        for nodeid in sorted(set(died.values())):
+            timeout = nodeid in got.timeouts.values()
+            tail = _tail(folder / "console.log")
+            res.outcomes[nodeid] = Outcome("timeout" if timeout else "crashed",
+                                           f"{'ran past the per-test timeout' if timeout else f'the launch died in it (exit {rc})'}"
+                                           f": {tail[-1] if tail else ''}"[:500], "call", 0.0,
+                                           {r: "died" for r, x in died.items() if x == nodeid}, world)
+            done.add(nodeid)
+        progress.say(f"{side.pin.upstream} {side.name}: the launch died in {', '.join(sorted(set(died.values())))}; "
+                     f"going on after it")
+    _not_reached(res, side, wanted, done, f"more than {MAX_LAUNCHES} launches died")
+
+
+def _not_reached(res: SideResult, side: Side, wanted: set[str] | None, done: set[str], why: str) -> None:
+    if wanted is None:  # nothing was ever collected: name the files
+        for f in side.files:
+            res.not_run.setdefault(f, why)
+        return
+    for nodeid in sorted(wanted - done - res.outcomes.keys()):
+        res.not_run.setdefault(nodeid, why)
+
+
+def command(side: Side, world: int) -> list[str]:
+    pin = side.pin
+    pytest = ["-m", "pytest", "-p", "carry_upstream_report", "--maxfail=1000000", "--continue-on-collection-errors"]
+    if pin.markers:
+        pytest += ["-m", pin.markers]
+    pytest += list(pin.args)
+    cwd_prefix = "" if pin.cwd == "." else pin.cwd.rstrip("/") + "/"
+    pytest += [f[len(cwd_prefix):] if f.startswith(cwd_prefix) else f for f in side.files]
+    if pin.launch == "torchrun":
+        return [side.python, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
+                "--master-port", str(_free_port()), *pytest]
+    return [side.python, *pytest]
+
+
+def _launch(side: Side, folder: Path, world: int, skip: list[str], only: list[str] | None,
+            limit: float | None) -> tuple[int | None, bool, float]:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "skip.txt").write_text("".join(f"{x}\n" for x in skip))
+    env = dict(os.environ)
+    env.update(CARRY_UT_OUT=str(folder), CARRY_UT_SKIP=str(folder / "skip.txt"),
+               CARRY_UT_TEST_TIMEOUT=str(side.test_timeout),
+               PYTHONPATH=os.pathsep.join([str(SITE), *side.pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env.pop("CARRY_UT_ONLY", None)
+    if only is not None:
+        (folder / "only.txt").write_text("".join(f"{x}\n" for x in only))
+        env["CARRY_UT_ONLY"] = str(folder / "only.txt")
+    if side.shared_gpu:
+        env["CARRY_SHARED_GPU"] = "1"
+        if side.pin.launch == "torchrun":
+            env["CARRY_UT_DEVICES"] = str(world)
+    argv = command(side, world)
+    cwd = side.folder / side.pin.cwd
+    t0 = time.monotonic()
+    # A temporary folder of the launch's own: upstream tests share paths under it between their ranks
+    # (Megatron-LM's checkpoint tests write to <tmp>/pytest-of-USER/tmp_dist_ckpt and rank 0 deletes it
+    # after), so two sides running at once on one host would delete each other's checkpoints. Short:
+    # sockets are made under it.
+    tmp = tempfile.mkdtemp(prefix="carry-ut-")
+    env["TMPDIR"] = tmp
+    try:
+        for attempt in range(PORT_TRIES):
+            rc, timed_out, seconds = _spawn_and_wait(side, folder, world, argv, cwd, env, limit, t0)
+            # A port found free and then taken before torchrun bound it (another run on the host):
+            # nothing ran, so launch again on another port.
+            if timed_out or any(folder.glob("rank-*.jsonl")) or "EADDRINUSE" not in "".join(_tail(folder / "console.log")):
+                return rc, timed_out, seconds
+            (folder / "console.log").rename(folder / f"console.port-taken-{attempt + 1}.log")
+            argv = command(side, world)
+        return rc, timed_out, seconds
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _spawn_and_wait(side: Side, folder: Path, world: int, argv: list[str], cwd: Path, env: dict, limit: float | None,
+                    t0: float) -> tuple[int | None, bool, float]:
+    with open(folder / "console.log", "wb") as log:
+        log.write(("$ cd " + shlex.quote(str(cwd)) + " && " + shlex.join(argv) + "\n").encode())
+        log.flush()
+        try:
+            proc = spawn(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+        except CommandError as exc:
+            log.write(f"could not start: {exc.message}\n".encode())
+            return None, False, 0.0
+        try:
+            with progress.ticking(f"{side.pin.upstream} {side.name} ({world} rank(s))",
+                                  lambda: f"{_ended(folder)} test(s) ended", every=60.0):
+                rc = proc.wait(timeout=limit)
+            return rc, False, time.monotonic() - t0
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            log.write(b"\n[carry] the side's time budget ran out: the launch was killed\n")
+            return proc.returncode, True, time.monotonic() - t0
+        except BaseException:
+            _kill(proc)
+            raise
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=15)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _ended(folder: Path) -> int:
+    try:
+        return max((p.read_text(errors="replace").count('"ev": "end"') for p in folder.glob("rank-*.jsonl")),
+                   default=0)
+    except OSError:
+        return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(log: Path, n: int = 12) -> list[str]:
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    keep = [line for line in lines if line.strip() and not line.startswith("[carry] shared GPU")]
+    return keep[-n:]

@@ -1,0 +1,115 @@
+"""What the ranks of one launch reported (site/carry_upstream_report.py), read and merged per test.
+
+A test's outcome over the ranks: ``failed`` if any rank failed it, else ``error`` if any rank errored
+(a fixture, a teardown), else ``passed`` if any rank passed it (a rank may skip its share),
+else the outcome all ranks agree on (``skipped`` with the first rank's reason). A test a rank began
+and never ended is ``crashed`` (the launch died in it: a segfault, a rank killed) or ``timeout``
+(the reporter's watchdog ended it), with what the console said last.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FAILING = ("failed", "error", "crashed", "timeout")
+ORDER = ("failed", "error", "crashed", "timeout", "xpassed", "passed", "xfailed", "skipped")
+# A skip that asks for another launch: "launch with torchrun --nproc-per-node=4", "Requires world_size=4".
+_WORLD = re.compile(r"nproc[-_]per[-_]node[= ](\d+)|world[_ ]size[= ](\d+)", re.I)
+
+
+@dataclass
+class Outcome:
+    outcome: str
+    reason: str = ""
+    phase: str = ""
+    seconds: float = 0.0
+    ranks: dict[str, str] = field(default_factory=dict)   # rank -> its outcome
+    world: int = 1
+
+    def to_dict(self) -> dict:
+        return {"outcome": self.outcome, "reason": self.reason, "phase": self.phase,
+                "seconds": round(self.seconds, 3), "ranks": self.ranks, "world": self.world}
+
+
+@dataclass
+class Launch:
+    """One launch's reports: per test the ranks' records, what began and never ended, how it ended."""
+    world: int
+    tests: dict[str, dict[str, dict]] = field(default_factory=dict)    # id -> rank -> end record
+    started: dict[str, list[str]] = field(default_factory=dict)         # rank -> ids begun, in order
+    timeouts: dict[str, str] = field(default_factory=dict)              # rank -> id
+    collect_errors: dict[str, str] = field(default_factory=dict)        # node -> reason
+    collect_skips: dict[str, str] = field(default_factory=dict)         # module -> why it skipped whole
+    deselected: dict[str, str] = field(default_factory=dict)            # id -> by whom
+    finished: set[str] = field(default_factory=set)                     # ranks that ended their session
+    collected: list[str] = field(default_factory=list)                  # what the launch meant to run
+    ranks: set[str] = field(default_factory=set)
+
+    def unfinished(self) -> dict[str, str]:
+        """Per rank, the test it began and never ended (where it died), if any."""
+        out = {}
+        for rank, ids in self.started.items():
+            for nodeid in reversed(ids):
+                if rank not in self.tests.get(nodeid, {}):
+                    out[rank] = nodeid
+                    break
+        return out
+
+
+def read_launch(folder: Path, world: int) -> Launch:
+    launch = Launch(world)
+    for path in sorted(folder.glob("rank-*.jsonl")):
+        rank = path.stem.split("-", 1)[1]
+        launch.ranks.add(rank)
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue  # a line cut by the kill
+            kind, nodeid = ev.get("ev"), ev.get("id", "")
+            if kind == "start":
+                launch.started.setdefault(rank, []).append(nodeid)
+            elif kind == "end":
+                launch.tests.setdefault(nodeid, {})[rank] = ev
+            elif kind == "timeout":
+                launch.timeouts[rank] = nodeid
+            elif kind == "collect-error":
+                launch.collect_errors.setdefault(nodeid, ev.get("reason", ""))
+            elif kind == "collect-skip":
+                launch.collect_skips.setdefault(nodeid, ev.get("reason", ""))
+            elif kind == "deselected":
+                launch.deselected.setdefault(nodeid, ev.get("by", ""))
+            elif kind == "collected" and not launch.collected:
+                launch.collected = list(ev.get("ids", []))
+            elif kind == "finish":
+                launch.finished.add(rank)
+    return launch
+
+
+def merge(records: dict[str, dict], world: int) -> Outcome:
+    """One test's outcome over the ranks that ended it."""
+    by_rank = {rank: rec.get("outcome", "error") for rank, rec in sorted(records.items())}
+    outcomes = set(by_rank.values())
+    for choice in ("failed", "error"):
+        if choice in outcomes:
+            break
+    else:
+        choice = "passed" if "passed" in outcomes else min(outcomes, key=ORDER.index)
+    first = next(rec for rank, rec in sorted(records.items()) if rec.get("outcome") == choice)
+    return Outcome(choice, first.get("reason", ""), first.get("phase", ""),
+                   max(float(r.get("seconds", 0) or 0) for r in records.values()), by_rank, world)
+
+
+def wants_world(outcome: Outcome) -> int | None:
+    """The world size a test skipped for asks to be launched with, if it says so."""
+    if outcome.outcome != "skipped":
+        return None
+    m = _WORLD.search(outcome.reason)
+    return int(m.group(1) or m.group(2)) if m else None
+
+
+def is_failing(outcome: str) -> bool:
+    return outcome in FAILING

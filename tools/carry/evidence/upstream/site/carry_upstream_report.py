@@ -1,0 +1,208 @@
+"""The reporter of an upstream test run: a pytest plugin loaded with ``-p carry_upstream_report`` in
+every rank (upstream's launch and tests are unchanged; this only writes down what happened).
+
+Each rank appends one JSON line per event to ``$CARRY_UT_OUT/rank-<RANK>.jsonl``, flushed at once, so
+that a rank killed by a crash or a hang has told which test it was in:
+``collected`` (what this launch will run, in order), ``start`` (a test begins), ``end`` (its outcome over its phases, the first line of why), ``collect-error``, ``collect-skip``,
+``deselected`` (by upstream's ``-m`` or conftest, or by this run's skip/only lists), ``timeout`` and
+``finish``. A test running past ``$CARRY_UT_TEST_TIMEOUT`` seconds has its threads' stacks dumped to
+stderr, a ``timeout`` line written, and the rank ends (exit 3): a hung collective must not hold the
+whole run.
+
+Two settings of the host, never of a test, applied at import (before any test imports torch):
+- ``CARRY_SHARED_GPU=1``: the ranks share one physical GPU. Each process gets its own
+  ``NCCL_HOSTID`` (NCCL refuses two ranks on one device otherwise) and, when ``CARRY_UT_DEVICES=N``,
+  ``torch.cuda.device_count()`` answers N and device indices below N name GPU 0
+  (``set_device``, ``device(...)``, the property queries), so that tests which count devices see
+  the ranks they run on. A tensor placed on ``cuda:k`` by index still fails, with CUDA's own error.
+- Python 3.11 (CI): ``typing.override`` (3.12) is taken from typing_extensions where missing;
+  megatron-core's own metadata asks for 3.12.
+Imports nothing of carry: it runs in the upstream's interpreter.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import typing
+
+_OUT = os.environ.get("CARRY_UT_OUT", "")
+_RANK = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
+_TIMEOUT = float(os.environ.get("CARRY_UT_TEST_TIMEOUT", "0") or 0)
+_stream = None
+_lock = threading.Lock()
+
+
+def _emit(**event) -> None:
+    global _stream
+    if not _OUT:
+        return
+    with _lock:
+        if _stream is None:
+            os.makedirs(_OUT, exist_ok=True)
+            _stream = open(os.path.join(_OUT, f"rank-{_RANK}.jsonl"), "a", buffering=1, encoding="utf-8")
+        event["t"] = round(time.time(), 3)  # wall clock: lines of two sides or ranks can be set side by side
+        _stream.write(json.dumps(event, sort_keys=True) + "\n")
+        _stream.flush()
+
+
+def _lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.strip() for line in f if line.strip()]
+    except OSError:
+        return []
+
+
+# -- the host's settings -------------------------------------------------------------------------
+def _shared_gpu() -> None:
+    os.environ["NCCL_HOSTID"] = f"{socket.gethostname()}-carry-shared-gpu-{os.getpid()}"
+    n = int(os.environ.get("CARRY_UT_DEVICES", "0") or 0)
+    if n <= 0:
+        return
+    import torch
+
+    cuda = torch.cuda
+
+    def one(index):
+        if isinstance(index, torch.device):
+            index = index.index
+        if isinstance(index, str):
+            index = torch.device(index).index
+        return 0 if index is not None and 0 <= int(index) < n else index
+
+    def mapped(fn):
+        def call(device=None, *args, **kwargs):
+            return fn(one(device) if device is not None else None, *args, **kwargs)
+        call.__wrapped__ = fn
+        return call
+
+    real_set, real_device = cuda.set_device, cuda.device
+    cuda.device_count = lambda: n
+    cuda.set_device = lambda device: real_set(one(device))
+
+    class device(real_device):  # noqa: N801 - torch's own name
+        def __init__(self, index):
+            super().__init__(one(index))
+
+    cuda.device = device
+    for name in ("get_device_properties", "get_device_name", "get_device_capability", "mem_get_info"):
+        if hasattr(cuda, name):
+            setattr(cuda, name, mapped(getattr(cuda, name)))
+    print(f"[carry] shared GPU: device_count() -> {n}, device indices 0..{n - 1} -> GPU 0, "
+          f"NCCL_HOSTID {os.environ['NCCL_HOSTID']}", file=sys.stderr, flush=True)
+
+
+if os.environ.get("CARRY_SHARED_GPU") == "1":
+    _shared_gpu()
+if not hasattr(typing, "override"):
+    import typing_extensions
+
+    typing.override = typing_extensions.override
+
+
+# -- the hooks -----------------------------------------------------------------------------------
+_state: dict[str, dict] = {}
+_timer: threading.Timer | None = None
+
+
+def pytest_collection_modifyitems(session, config, items):
+    skip = set(_lines(os.environ.get("CARRY_UT_SKIP", "")))
+    only = set(_lines(os.environ.get("CARRY_UT_ONLY", ""))) if os.environ.get("CARRY_UT_ONLY") else None
+    keep, drop = [], []
+    for item in items:
+        if item.nodeid in skip or (only is not None and item.nodeid not in only):
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        for item in drop:
+            _emit(ev="deselected", id=item.nodeid, by="carry")
+        items[:] = keep
+
+
+def pytest_collection_finish(session):
+    _emit(ev="collected", ids=[item.nodeid for item in session.items])
+
+
+def pytest_deselected(items):
+    for item in items:
+        _emit(ev="deselected", id=item.nodeid, by="upstream")
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _emit(ev="collect-error", id=report.nodeid or ".", reason=_why(report))
+    elif report.skipped:  # a module that skips itself whole (pytest.importorskip, a module-level skip)
+        _emit(ev="collect-skip", id=report.nodeid or ".", reason=_why(report))
+
+
+def _expire(nodeid: str) -> None:
+    _emit(ev="timeout", id=nodeid, seconds=_TIMEOUT)
+    print(f"[carry] {nodeid} ran past {_TIMEOUT:.0f} s: the threads' stacks follow, then this rank ends",
+          file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()
+    os._exit(3)
+
+
+def pytest_runtest_logstart(nodeid, location):
+    global _timer
+    _state[nodeid] = {"t0": time.monotonic(), "outcome": "passed", "phase": "call", "reason": ""}
+    _emit(ev="start", id=nodeid)
+    if _TIMEOUT > 0:
+        _timer = threading.Timer(_TIMEOUT, _expire, (nodeid,))
+        _timer.daemon = True
+        _timer.start()
+        faulthandler.dump_traceback_later(_TIMEOUT + 60, exit=True)  # if the GIL never comes back
+
+
+def pytest_runtest_logreport(report):
+    st = _state.setdefault(report.nodeid, {"t0": time.monotonic(), "outcome": "passed", "phase": "call", "reason": ""})
+    xfail = getattr(report, "wasxfail", None)
+    if report.skipped:
+        outcome = "xfailed" if xfail is not None else "skipped"
+    elif report.failed:
+        outcome = "failed" if report.when == "call" else "error"
+    elif report.when == "call" and xfail is not None:
+        outcome = "xpassed"
+    else:
+        return
+    if st["outcome"] in ("passed", "xpassed") or outcome in ("failed", "error"):
+        st.update(outcome=outcome, phase=report.when, reason=_why(report))
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    global _timer
+    if _timer is not None:
+        _timer.cancel()
+        _timer = None
+        faulthandler.cancel_dump_traceback_later()
+    st = _state.pop(nodeid, None) or {"t0": time.monotonic(), "outcome": "error", "phase": "?", "reason": "no report"}
+    _emit(ev="end", id=nodeid, outcome=st["outcome"], phase=st["phase"], reason=st["reason"],
+          seconds=round(time.monotonic() - st["t0"], 3))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _emit(ev="finish", exitstatus=int(exitstatus))
+
+
+def _why(report) -> str:
+    """The first line that says why: a skip's reason, a failure's exception line."""
+    rep = report.longrepr
+    if rep is None:
+        return ""
+    if isinstance(rep, tuple) and len(rep) == 3:  # a skip: (file, line, reason)
+        return str(rep[2]).removeprefix("Skipped: ")[:500]
+    crash = getattr(rep, "reprcrash", None)
+    text = crash.message if crash is not None else str(rep)
+    lines = [line for line in text.splitlines() if line.strip()]
+    if crash is None and lines:  # a collection error's text: its last E line says it best
+        errors = [line for line in lines if line.startswith("E ")]
+        lines = errors[-1:] or lines[-1:]
+    return (lines[0] if lines else "")[:500]

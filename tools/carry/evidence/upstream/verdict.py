@@ -1,0 +1,110 @@
+"""Pristine against patched, test by test: what the series broke, fixed, or left as it was.
+
+- ``regression``: patched fails a test that pristine did not (passed, skipped), skips one that pristine
+  passed (the series hid it), fails a test only it has, or lost a test pristine had; the night fails,
+  and each is bisected to the patch that made it;
+- ``fixed``: pristine fails, patched passes: the carry fixes upstream's own test (evidence for the patch
+  that turns it green, found by the same bisection);
+- ``known-failure``: both fail (listed with each side's first error line, never counted green);
+- ``passed``, ``skipped``, ``xfailed``: the same on both sides; ``new``: only the patched side has it,
+  and it passes; ``changed``: another move that is not a failure either way (a skip that now runs);
+- ``not-compared``: a side did not reach it (its time budget, the launch), said why;
+- ``flaky``: a regression or fix that did not happen again when its trees ran it a second time
+  (carry.evidence.upstream.check): listed with each run's outcome, it does not fail the night.
+A module that fails to collect is one row (``error`` in phase collect) standing for its tests.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .launch import SideResult
+from .results import Outcome, is_failing
+
+NOT_GREEN = ("regression",)
+CATEGORIES = ("regression", "fixed", "flaky", "known-failure", "passed", "skipped", "xfailed", "new", "changed",
+              "not-compared")
+
+
+@dataclass
+class Row:
+    id: str
+    pristine: str
+    patched: str
+    category: str
+    pristine_reason: str = ""
+    patched_reason: str = ""
+    note: str = ""
+
+    @property
+    def file(self) -> str:
+        return self.id.split("::", 1)[0]
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "pristine": self.pristine, "patched": self.patched, "category": self.category,
+                "pristine_reason": self.pristine_reason, "patched_reason": self.patched_reason, "note": self.note}
+
+
+def outcomes_of(side: SideResult) -> dict[str, Outcome]:
+    """The side's outcomes with each module that failed to collect as one ``error`` row."""
+    out = dict(side.outcomes)
+    for node, reason in side.collect_errors.items():
+        out.setdefault(node, Outcome("error", reason, "collect"))
+    return out
+
+
+def classify(p: str, q: str) -> tuple[str, str]:
+    """(category, note) of a test whose outcome is ``p`` on pristine and ``q`` patched.
+
+    ``absent``: the side never had the test; ``not-run``: it had it and did not reach it."""
+    if "not-run" in (p, q):
+        return "not-compared", ""
+    if p == "absent":
+        return ("regression", "only the patched side has it, and it fails") if is_failing(q) else ("new", "")
+    if q == "absent":
+        return "regression", "the patched side lost a test the pristine side has"
+    if is_failing(q):
+        return ("known-failure", "") if is_failing(p) else ("regression", "")
+    if is_failing(p):
+        return ("fixed", "") if q in ("passed", "xpassed") else ("changed", f"{p} on pristine, {q} patched")
+    if p == "passed" and q in ("skipped", "xfailed"):
+        return "regression", f"passed on pristine, {q} patched: the series hides it"
+    if p == q:
+        return (p if p in CATEGORIES else "passed"), ""
+    if {p, q} <= {"passed", "xpassed"}:
+        return "passed", ""
+    return "changed", f"{p} on pristine, {q} patched"
+
+
+def compare(pristine: SideResult, patched: SideResult) -> list[Row]:
+    a, b = outcomes_of(pristine), outcomes_of(patched)
+    rows = []
+    for nodeid in sorted(a.keys() | b.keys() | pristine.not_run.keys() | patched.not_run.keys()):
+        p = a[nodeid].outcome if nodeid in a else "not-run" if nodeid in pristine.not_run else "absent"
+        q = b[nodeid].outcome if nodeid in b else "not-run" if nodeid in patched.not_run else "absent"
+        category, note = classify(p, q)
+        if category == "not-compared":
+            note = pristine.not_run.get(nodeid) or patched.not_run.get(nodeid) or ""
+        rows.append(Row(nodeid, p, q, category, a[nodeid].reason if nodeid in a else "",
+                        b[nodeid].reason if nodeid in b else "", note))
+    return rows
+
+
+def counts(rows: list[Row], root: str = "") -> dict[str, dict[str, int]]:
+    """Per test folder (relative to ``root``), how many rows fall in each category; "*" is the total."""
+    per: dict[str, Counter] = {"*": Counter()}
+    for r in rows:
+        folder = r.file.rsplit("/", 1)[0] if "/" in r.file else "."
+        if root and (folder == root or folder.startswith(root + "/")):
+            folder = folder[len(root):].lstrip("/") or "."
+        per.setdefault(folder, Counter())[r.category] += 1
+        per["*"][r.category] += 1
+    return {k: dict(v) for k, v in sorted(per.items())}
+
+
+def side_counts(side: SideResult) -> dict[str, int]:
+    c = Counter(o.outcome for o in outcomes_of(side).values())
+    c["not-run"] = len(side.not_run)
+    c["deselected by upstream"] = len(side.deselected)
+    return dict(c)

@@ -36,6 +36,11 @@ def print_plans(cfg: NightlyConfig, opts: Options) -> None:
                 print(f"# {cell.id}\nproof {cell.proof} (carry.evidence.prove.run_proof on the patched trees, "
                       f"then on the pristine {cell.patch.upstream})\n")
                 continue
+            if cell.spec.kind == "upstream-tests":
+                pin = cell.series.upstream(cell.upstream).tests
+                print(f"# {cell.id}\n{cell.upstream}'s own tests ({pin.describe()}): {pin.launch}, pristine against "
+                      f"patched (carry.evidence.upstream; the same as tools/upstream_tests.py --only {cell.upstream})\n")
+                continue
             p = plan(cell, trees, out, opts, timeout_for(cell, opts, cfg.timeout_s))
             print(f"# {cell.id} ({cell.launcher})\n{p.shell()}\n")
 
@@ -98,6 +103,9 @@ def main(argv: list[str], prog: str) -> int:
                    help="the shared-GPU mode: a cell whose ranks take a GPU each runs them all on one GPU, each "
                         "process with its own NCCL_HOSTID (CARRY_SHARED_GPU=1 in its environment); its times are "
                         "marked as not GTP's price, its per-rank memory counts (integration/README.md)")
+    p.add_argument("--tests-source", action="append", metavar="NAME=CLONE",
+                   help="for the upstream-tests cells: a git clone, or a folder of the pinned paths, holding upstream "
+                        "NAME's tests commit (default: fetched once into the cache)")
     p.add_argument("--print-commands", action="store_true",
                    help="print each cell's command line (docker run / srun / local) and exit")
     tesite.add_option(p)
@@ -113,7 +121,8 @@ def main(argv: list[str], prog: str) -> int:
                    series=options.comma_list(a.series, "--series"), images=options.comma_list(a.images, "--images"),
                    tests=options.comma_list(a.tests, "--tests"), launcher=a.launcher,
                    bisect=not a.no_bisect, timeout=a.timeout, canary=options.name_paths(a.canary, "--canary"),
-                   shared_gpu=a.shared_gpu)
+                   shared_gpu=a.shared_gpu,
+                   tests_sources={k: v.absolute() for k, v in options.name_paths(a.tests_source, "--tests-source").items()})
     for name in opts.images or []:
         if name not in cfg.images:
             raise ConfigError(f"--images names an unknown image {name!r}", hint=f"known: {', '.join(cfg.images)}")

@@ -22,7 +22,7 @@ from ..series.manifest import _suggest, _Table
 from .judge import Gate, StepMarker, parse_gate, parse_step_marker
 from .launch import LAUNCHERS
 
-KINDS = ("functional", "command", "proof")
+KINDS = ("functional", "command", "proof", "upstream-tests")
 METRIC_SOURCES = ("result-line", "none")  # or "file:RELATIVE/PATH" under {out}
 
 
@@ -201,10 +201,10 @@ def _test(t: _Table, images: dict[str, Image]) -> Spec:
         raise ConfigError(f"{t.path}: [{t.where}] a functional test needs script = \"tests/functional/...sh\"")
     if kind == "functional" and spec.metrics == "none":
         spec = replace(spec, metrics="file:metrics.json")
-    if kind == "proof":
+    if kind in ("proof", "upstream-tests"):
         for img in on:
             if images[img].launcher != "local":
-                raise ConfigError(f"{t.path}: [{t.where}] proofs run on this machine: image {img!r} is not local")
+                raise ConfigError(f"{t.path}: [{t.where}] {kind} cells run on this machine: image {img!r} is not local")
     return spec
 
 
@@ -244,7 +244,7 @@ def _checks(t: _Table, kind: str) -> tuple[tuple[Gate, ...], tuple[str, ...], tu
     if step_markers and not gates:
         raise ConfigError(f"{t.path}: [{t.where}] step_markers need gates: the steps to check are those "
                           f"the gated metrics show", hint='add gates = [\'max(data["NAME"]) < N\'] on a per-step metric')
-    if kind != "proof" and not gates and not markers:
+    if kind not in ("proof", "upstream-tests") and not gates and not markers:
         raise ConfigError(f"{t.path}: [{t.where}] has neither gates nor markers: it would pass on exit 0 alone",
                           hint='add gates = [\'max(data["NAME"]) < N\'] on its metrics and/or markers = ["the start '
                                'of a line the run prints only when it did the work"]')

@@ -44,6 +44,7 @@ class Options:
     timeout: float | None = None
     canary: dict[str, Path] = field(default_factory=dict)  # NAME -> checkout of its main (carry.evidence.canary)
     shared_gpu: bool = False  # the shared-GPU mode: a cell's ranks share one GPU (gpus.py)
+    tests_sources: dict[str, Path] = field(default_factory=dict)  # --tests-source: upstreams' own tests
 
 
 @dataclass
@@ -54,9 +55,12 @@ class Cell:
     launcher: str
     patch: PatchMeta | None = None
     proof: str | None = None  # for proof cells: which of the patch's proofs
+    upstream: str | None = None  # for upstream-tests cells: whose own tests
 
     @property
     def test(self) -> str:
+        if self.upstream:
+            return f"{self.spec.name}[{self.upstream}]"
         if not self.patch:
             return self.spec.name
         first = _proofs(self.patch)[0]
@@ -89,7 +93,9 @@ def cells(cfg: NightlyConfig, series: Series, opts: Options) -> list[Cell]:
                 continue
             image = cfg.images[name]
             launcher = image.launcher if image.launcher == "local" or not opts.launcher else opts.launcher
-            if spec.kind == "proof":
+            if spec.kind == "upstream-tests":
+                out += [Cell(series, image, spec, launcher, upstream=u.name) for u in series.upstreams if u.tests]
+            elif spec.kind == "proof":
                 wanted = set(spec.patches)
                 for p in series.patches:
                     if not wanted or p.id in wanted:

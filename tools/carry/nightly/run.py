@@ -39,7 +39,7 @@ from ..evidence.prove import jobs, run_proof
 from ..files import write_json
 from ..workspace.apply import Options as ApplyOptions
 from ..workspace.apply import apply_series
-from . import artifacts, figures, gpus
+from . import artifacts, figures, gpus, upstream
 from . import report as reports
 from .config import NightlyConfig
 from .judge import Verdict, deterministic_flags, judge
@@ -135,6 +135,8 @@ def _proof_pristine(cell: Cell, trees: dict[str, Path], prefix: PrefixTrees, out
 
 def depends_on_trees(cell: Cell) -> str | None:
     """Why bisecting this cell is pointless, or None when its check depends on the trees."""
+    if cell.spec.kind == "upstream-tests":
+        return "the cell bisects its own regressions, test by test (its record's upstream_tests.bisect)"
     if cell.spec.kind == "proof" or cell.image.swaps_trees:
         return None
     if any("{tree:" in a for a in cell.spec.argv + cell.image.functional) or any("{tree:" in v for _, v in cell.spec.env):
@@ -183,7 +185,9 @@ def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[s
                 cell_out.mkdir(parents=True, exist_ok=True)
             else:
                 try:
-                    if i in ahead:
+                    if cell.spec.kind == "upstream-tests":
+                        v, info = upstream.run_cell(cell, trees, prefix, cell_out, opts, timeout)
+                    elif i in ahead:
                         # Both runs went at once with other cells' runs; the pristine one decides only a pass.
                         (v, info), pv = ahead[i][0].result(), ahead[i][1].result()
                         if v.status == "passed":
@@ -285,6 +289,7 @@ def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig, warnings:
     if shared:
         header["gpu mode"] = gpus.TIMING_NOTE
     text = (reports.summary(runs, opts.run_id, header, warnings)
+            + "".join(line + "\n" for line in upstream.summary_lines(runs))
             + "\n".join(canary.summary_lines(canaries or [])) + ("\n" if canaries else ""))
     (opts.out / "summary.md").write_text(text)
     note = gpus.TIMING_NOTE if shared else ""

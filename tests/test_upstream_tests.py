@@ -10,6 +10,7 @@ size (launched again at that size), a module that fails to collect, one that ski
 
 from __future__ import annotations
 
+import shutil
 import json
 import re
 import textwrap
@@ -333,3 +334,28 @@ def test_the_nightly_cell_fails_on_a_regression_and_names_its_patch(up, tmp_path
     assert "| upstream-tests[megatron-lm] | 2 | 1 | 0 | 0 | 0 | 2 |" in summary, summary
     assert "regression: tests/unit_tests/sub/test_beta.py::test_broken_by_the_series" in summary
     assert run["bisect"]["probes"] == [] and "the cell bisects its own" in run["bisect"]["note"], run["bisect"]
+
+
+def test_only_needs_the_workspaces_of_the_upstreams_it_tests(up, tmp_path):
+    """A work directory copied to a test host without the workspace of an upstream not asked for
+    (--only megatron-lm): the run goes on with the trees that are there."""
+    other = tmp_path / "other-upstream"
+    Git(other).init()
+    write(other, "pkg/mod.py", "".join(f"line {i}\n" for i in range(20)))
+    base = Git(other).commit_all("other v0")
+    make_patch(other, base, [("pkg/mod.py", 4, "line 4 patched\n")], "other: change",
+               up["series"] / "megatron-bridge/0001-change.patch")
+    series = up["series"] / "series.toml"
+    text = series.read_text()
+    start = text.index('[[patches]]\nid = "break"')
+    entry = patch_entry("other-change", "megatron-bridge/0001-change.patch", upstream="megatron-bridge")
+    other_toml = (f'[upstreams.megatron-bridge]\npython_path = "."\nsources = ["git"]\n\n'
+                  f'[upstreams.megatron-bridge.git]\nurl = "{other.as_uri()}"\ncommit = "{base}"\n\n')
+    rest = series_toml(base, "x", [entry]).split("[[patches]]", 1)[1]
+    series.write_text(text[:start].replace("[[patches]]", other_toml + "[[patches]]", 1) + "[[patches]]" + rest)
+    (up["series"] / "megatron-lm/0003-break.patch").unlink()
+    tool("apply", "--series", up["series"], "--workdir", up["work"], "--cache", up["cache"],
+         "--source", f"megatron-lm={up['tmp'] / 'upstream'}", "--source", f"megatron-bridge={other}", check=0)
+    shutil.rmtree(up["work"] / "megatron-bridge")
+    proc, _ = _run(up, "--only", "megatron-lm", "--files", "tests/unit_tests/test_delta.py", check=0)
+    assert "no regression among 1 test(s) compared" in proc.stdout, proc.stdout + proc.stderr

@@ -58,10 +58,12 @@ class PrefixTrees:
                              hint=f"`{command('apply', series, '--workdir', self.wd.root)}` first")
         by_id = {p.id: p for p in series.patches}
         self.order: list[PatchMeta] = [by_id[pid] for pid in self.state.order if pid in by_id]
+        self.only: list[str] | None = None
 
     def trees(self, k: int) -> dict[str, Path]:
+        """Each workspace's tree at prefix k (with ``only`` set, those upstreams' alone)."""
         return {upstream: self._tree(upstream, self.state.prefix_commit(upstream, k))
-                for upstream, _ in self.state.records()}
+                for upstream, _ in self.state.records() if self.only is None or upstream in self.only}
 
     def pristine(self, upstream: str) -> Path:
         return self._tree(upstream, self.state.prefix_commit(upstream, 0))

@@ -213,5 +213,8 @@ def check_series(series: Series, workdir: Path, upstreams: list[str] | None, opt
                 raise UsageError(f"{name}: no workspace in {workdir}",
                                  hint=f"`{command('apply', series, '--workdir', wd.root)}` first")
         prefix = PrefixTrees(series, workdir, tmp / "trees")
+        # The trees of the workspaces that are there: an upstream's tests need its own tree and the
+        # trees it imports (Bridge's tests import megatron.core), not every upstream of the series.
+        prefix.only = [n for n in applied if wd.workspace(n).is_dir()]
         trees = prefix.trees(len(prefix.order))
         return [check_upstream(series, name, prefix, trees, opts) for name in names]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import json
+import sys
 import re
 import textwrap
 from pathlib import Path
@@ -359,3 +360,52 @@ def test_only_needs_the_workspaces_of_the_upstreams_it_tests(up, tmp_path):
     shutil.rmtree(up["work"] / "megatron-bridge")
     proc, _ = _run(up, "--only", "megatron-lm", "--files", "tests/unit_tests/test_delta.py", check=0)
     assert "no regression among 1 test(s) compared" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_launcher_that_fails_before_any_test_is_launched_again(up, tmp_path):
+    """The launcher dies before a rank begins a test (here: twice, as a rendezvous refused on a host
+    out of threads): launched again after a pause, and the tests then run on both sides."""
+    count = tmp_path / "count"
+    wrapper = tmp_path / "python-refused-twice"
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        n=$(cat {count} 2>/dev/null || echo 0)
+        if [ "$n" -lt 2 ]; then
+          echo $((n + 1)) > {count}
+          echo "RuntimeError: Resource temporarily unavailable" >&2
+          exit 1
+        fi
+        exec {sys.executable} "$@"
+        """))
+    wrapper.chmod(0o755)
+    proc, out = _run(up, "--python", wrapper, "--one-side-at-a-time", "--no-bisect",
+                     "--files", "tests/unit_tests/test_delta.py", check=0, env={"GTP_CARRY_VERBOSE": "1"})
+    assert "the launcher failed before any test began (exit 1): RuntimeError: Resource temporarily unavailable" \
+        in proc.stderr + proc.stdout, proc.stderr
+    assert "no regression among 1 test(s) compared" in proc.stdout, proc.stdout + proc.stderr
+    tries = sorted(p.name for p in (out / "megatron-lm" / "pristine").glob("launch-*/console.try-*.log"))
+    assert tries == ["console.try-1.log", "console.try-2.log"], tries
+    launches = read_json(out / "megatron-lm" / "result.json")["sides"]["pristine"]["launches"]
+    assert launches[0]["launcher_failures"] == 2, launches
+
+
+def test_tests_a_budget_left_unrun_make_the_verdict_incomplete_not_green(up):
+    """A side whose time budget ends before it ran every selected test gives no green: the tests
+    not compared are counted and the run exits 1 (incomplete), even with no regression."""
+    proc, _ = _run(up, "--budget", "1", "--no-bisect", "--files", "tests/unit_tests/test_delta.py", check=1)
+    report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+    assert report["status"] == "incomplete" and not report["ok"], report
+    assert report["not_compared"] >= 1 and "not compared" in report["reason"], report
+
+
+def test_the_te_site_is_on_every_launch_path_after_the_trees(up, tmp_path):
+    """--te-site (as for prove and the nightly) reaches the ranks: on each launch's path, after the
+    trees under test, so a test that imports TransformerEngine finds it."""
+    site = tmp_path / "te-site"
+    (site / "transformer_engine").mkdir(parents=True)
+    _, out = _run(up, "--te-site", site, "--no-bisect", "--files", "tests/unit_tests/test_delta.py", check=0)
+    for side in ("pristine", "patched"):
+        paths = (out / "megatron-lm" / side / "launch-01-n2" / "pythonpath.txt").read_text().split()
+        tree = str(out / "megatron-lm" / "trees" / side)
+        assert str(site) in paths and tree in paths, paths
+        assert paths.index(tree) < paths.index(str(site)), paths

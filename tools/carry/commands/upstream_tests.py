@@ -26,8 +26,9 @@ the tests that behave the same. Needs the workspaces from tools/apply.py.
 
 On a host with one GPU, --shared-gpu runs the ranks on it, each process its own NCCL_HOSTID, and
 answers the tests' torch.cuda.device_count() with the number of ranks; times measured so are not
-the upstreams' price. Exit 0: no regression and at least one test passed on both sides; 1: a
-regression (or nothing to compare); 2: bad usage or input."""
+the upstreams' price. Exit 0: every selected test ran on both sides, none regressed and at least
+one passed on both; 1: a regression, or a verdict not given (tests not compared: the budget ran
+out, a launch failed; or nothing passed); 2: bad usage or input."""
 
 
 def main(argv: list[str], prog: str) -> int:

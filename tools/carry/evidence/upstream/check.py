@@ -23,6 +23,7 @@ from ...series.manifest import Series
 from ...series.repo import command
 from ...workspace.workdir import WorkDir
 from .. import scratch as scratchdirs
+from .. import tesite
 from ..bisect import PrefixTrees, bisect
 from . import suite
 from .launch import Side, SideResult, run_side
@@ -114,7 +115,8 @@ def _side(name: str, series: Series, upstream: str, folder: Path, files: list[st
     others = [str(t if series.upstream(n).python_path in (".", "") else t / series.upstream(n).python_path)
               for n, t in trees.items() if n != upstream]
     kwargs = {"python": opts.python} if opts.python else {}
-    return Side(name, u.tests, folder, files, [str(own), *others], out, nproc=opts.nproc, deadline=deadline,
+    te = tesite.site()  # after the trees, as for the proofs: the trees under test come first
+    return Side(name, u.tests, folder, files, [str(own), *others, *([str(te)] if te else [])], out, nproc=opts.nproc, deadline=deadline,
                 test_timeout=opts.test_timeout, shared_gpu=opts.shared_gpu, only=only, **kwargs)
 
 
@@ -122,10 +124,16 @@ def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds
     per = counts(rows, root)
     regressions = [r.to_dict() for r in rows if r.category == "regression"]
     compared = sum(n for c, n in per["*"].items() if c not in ("not-compared",))
-    ok = not regressions and per["*"].get("passed", 0) > 0
+    missing = per["*"].get("not-compared", 0)
+    ok = not regressions and per["*"].get("passed", 0) > 0 and not missing
     if regressions:
         status, reason = "failed", f"{len(regressions)} regression(s): {regressions[0]['id']}" + \
             (f" ({regressions[0]['patched_reason'][:200]})" if regressions[0]["patched_reason"] else "")
+    elif missing:  # a test not run on both sides is a verdict not given, never a green one
+        first = next((r for r in rows if r.category == "not-compared"), None)
+        status, reason = "incomplete", (f"{missing} of {compared + missing} test(s) not compared"
+                                        + (f" (first: {first.id}: {first.note or first.patched_reason or first.pristine_reason})"[:300]
+                                           if first else "") + f"; no regression among the {compared} compared")
     elif not per["*"].get("passed", 0):
         status, reason = "error", "no test passed on both sides: the run proves nothing about regressions"
     else:
@@ -173,6 +181,10 @@ def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows:
     for r in movers:
         target = "failing" if r.category == "regression" else "passing"
         again = outcomes(n)[r.id]
+        if again == "not-run":  # the second run never reached it: nothing is confirmed, nothing excused
+            r.note = "not confirmed: the second run on the patched trees did not reach it"
+            found.append({"id": r.id, "category": r.category, "note": r.note})
+            continue
         if signature(again) != target:
             r.note = f"flaky: {r.patched} on the patched trees, then {again} on the same trees"
             r.category = "flaky"

@@ -67,7 +67,7 @@ class SideResult:
                 "deselected": self.deselected, "launches": self.launches}
 
 
-PORT_TRIES = 4
+LAUNCH_TRIES = 4
 RESERVE = 0.35  # of a side's time budget, kept for the tests that ask for another world size
 
 
@@ -115,7 +115,8 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None) -
                 res.deselected[nodeid] = by
         died = got.unfinished()
         entry = {"launch": folder.name, "world": world, "returncode": rc, "seconds": round(seconds, 1),
-                 "ended": len(got.tests), "timed_out": timed_out}
+                 "ended": len(got.tests), "timed_out": timed_out,
+                 "launcher_failures": len(list(folder.glob("console.try-*.log")))}
         res.launches.append(entry)
         if wanted is None and got.collected:
             wanted = set(got.collected)
@@ -191,6 +192,7 @@ def _launch(side: Side, folder: Path, world: int, skip: list[str], only: list[st
             env["CARRY_UT_DEVICES"] = str(world)
     argv = command(side, world)
     cwd = side.folder / side.pin.cwd
+    (folder / "pythonpath.txt").write_text("".join(f"{x}\n" for x in env["PYTHONPATH"].split(os.pathsep)))
     t0 = time.monotonic()
     # A temporary folder of the launch's own: upstream tests share paths under it between their ranks
     # (Megatron-LM's checkpoint tests write to <tmp>/pytest-of-USER/tmp_dist_ckpt and rank 0 deletes it
@@ -199,13 +201,23 @@ def _launch(side: Side, folder: Path, world: int, skip: list[str], only: list[st
     tmp = tempfile.mkdtemp(prefix="carry-ut-")
     env["TMPDIR"] = tmp
     try:
-        for attempt in range(PORT_TRIES):
-            rc, timed_out, seconds = _spawn_and_wait(side, folder, world, argv, cwd, env, limit, t0)
-            # A port found free and then taken before torchrun bound it (another run on the host):
-            # nothing ran, so launch again on another port.
-            if timed_out or any(folder.glob("rank-*.jsonl")) or "EADDRINUSE" not in "".join(_tail(folder / "console.log")):
+        for attempt in range(1, LAUNCH_TRIES + 1):
+            left = None if limit is None else limit - (time.monotonic() - t0)
+            rc, timed_out, seconds = _spawn_and_wait(side, folder, world, argv, cwd, env, left, t0)
+            # The launcher failed before any rank began a test (a port found free and then taken by
+            # another run on the host; a rendezvous refused while the host is out of processes or
+            # threads): nothing ran, so launch again, on another port, after a pause that grows.
+            # A launch that fails so every time ends as before: its tests are not run, with its reason.
+            started = any(folder.glob("rank-*.jsonl"))
+            pause = 2.0 ** attempt
+            if timed_out or started or rc == 0 or attempt == LAUNCH_TRIES or \
+                    (limit is not None and time.monotonic() - t0 + pause >= limit):
                 return rc, timed_out, seconds
-            (folder / "console.log").rename(folder / f"console.port-taken-{attempt + 1}.log")
+            last = (_tail(folder / "console.log") or ["no output"])[-1]
+            (folder / "console.log").rename(folder / f"console.try-{attempt}.log")
+            progress.say(f"{side.pin.upstream} {side.name}: the launcher failed before any test began "
+                         f"(exit {rc}): {last}; launching again in {pause:.0f} s")
+            time.sleep(pause)
             argv = command(side, world)
         return rc, timed_out, seconds
     finally:

@@ -59,10 +59,11 @@ def summary_lines(runs: list[dict]) -> list[str]:
     for r in cells:
         u = r["upstream_tests"]
         for b in u.get("bisect") or []:
-            out.append(f"- `{r['test']}` {b['category']}: {b['id']}: {b.get('note') or ''}")
+            out.append(f"- {r['test']} {b['category']}: {b['id']}: {b.get('note') or ''}")
         walls = u.get("seconds_per_world") or {}
         if walls:
             per = "; ".join(f"{side}: " + ", ".join(f"{n} rank(s) {s:g} s" for n, s in sorted(w.items()))
                             for side, w in sorted(walls.items()))
-            out.append(f"- `{r['test']}` wall time per world size: {per}")
+            out.append(f"- {r['test']} wall time per world size: {per} (this host's times, "
+                       f"not GTP's price where ranks share a GPU)")
     return out

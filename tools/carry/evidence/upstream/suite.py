@@ -22,6 +22,7 @@ from pathlib import Path
 from ... import progress
 from ...errors import CommandError, IntegrityError, SourceError, UsageError
 from ...runner import Git
+from ...shell import code
 from ...series.testspin import TestsPin
 
 NO_REPLACE = {"GIT_NO_REPLACE_OBJECTS": "1"}  # a hash is the commit's own, not a replacement's
@@ -64,15 +65,15 @@ def checkout(pin: TestsPin, cache: Path, source: Path | None) -> Checkout:
         if not repo.has_commit(pin.commit):
             raise UsageError(f"--tests-source {pin.upstream}={source}: the clone lacks commit {pin.commit} "
                              f"({pin.ref or 'the pinned commit'})",
-                             hint=f"`git -C {source} fetch {pin.url} {pin.commit}`, then run this again")
+                             hint=f"{code('git', '-C', source, 'fetch', pin.url, pin.commit)}, then run this again")
         _check(pin, repo, pin.commit, f"the clone {source}")
         return Checkout(pin, repo=repo)
     missing = [p for p in pin.path_names if not (source / p).exists()]
     if missing:
         raise UsageError(f"--tests-source {pin.upstream}={source}: neither a git clone nor a folder with the "
                          f"pinned paths (it lacks {', '.join(missing)})",
-                         hint=f"pass a clone of {pin.url}, or unpack `git archive {pin.commit} "
-                              f"{' '.join(pin.path_names)}` there")
+                         hint=f"pass a clone of {pin.url}, or unpack "
+                              f"{code('git', 'archive', pin.commit, *pin.path_names)} there")
     with tempfile.TemporaryDirectory(prefix="carry-tests-index-") as tmp:
         scratch = Git(Path(tmp) / "repo.git")
         scratch.init_bare()
@@ -105,8 +106,8 @@ def _fetched(pin: TestsPin, cache: Path) -> Git:
     except CommandError as exc:
         raise SourceError(f"could not fetch {pin.upstream}'s tests from {pin.url} ({pin.commit[:12]}): "
                           f"{exc.message.splitlines()[-1] if exc.message else 'git fetch failed'}",
-                          hint=f"on a machine without that network, unpack `git archive {pin.commit} "
-                               f"{' '.join(pin.path_names)}` from a clone elsewhere and pass "
+                          hint=f"on a machine without that network, unpack "
+                               f"{code('git', 'archive', pin.commit, *pin.path_names)} from a clone elsewhere and pass "
                                f"--tests-source {pin.upstream}=FOLDER") from None
     return repo
 

@@ -53,8 +53,12 @@ class Cluster:
         self.cpus = os.cpu_count() or 1
         self.conf = root / "slurm.conf"
         self.kill_wait = kill_wait
-        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
         self.procs: list[subprocess.Popen] = []
+
+    @property
+    def env(self) -> dict[str, str]:
+        """This process's environment as it is now (a test's own HOME, PATH), with the cluster's conf."""
+        return dict(os.environ, SLURM_CONF=str(self.conf))
 
     def write_conf(self) -> None:
         for sub in ("state", "spool"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -86,17 +86,35 @@ OK = command("ok", ["{python}", "-c", "import megatron.core.alpha as a; print('a
              "alpha.value_5 is patched", env='env = { PYTHONPATH = "{tree:megatron-lm}" }')
 
 
-class Job:
-    """One ``sbatch --wait`` of the nightly, from the repository root, as a user runs it."""
+def readme_lines() -> list[str]:
+    """The sbatch lines of integration/README.md's Slurm section, as a user copies them."""
+    text = (ROOT / "integration" / "README.md").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith(("sbatch ", "GTP_TE219_SQUASHFS=<path>.sqsh sbatch "))]
+    assert len(lines) == 2 and all(f" {SBATCH}" in ln for ln in lines), lines
+    return lines
 
-    def __init__(self, slurm, d: dict, root: Path, config: Path, *night: str, sbatch: tuple[str, ...] = (),
-                 env: dict | None = None):
+
+def readme_argv(which: int, **values: str) -> tuple[dict[str, str], list[str]]:
+    """README line ``which`` (0: the image cells, 1: the CPU cells): its variables and its words."""
+    words = shlex.split(readme_lines()[which].replace("<path>.sqsh", values.get("sqsh", "")))
+    env = dict(w.split("=", 1) for w in words[:words.index("sbatch")])
+    return env, words[words.index("sbatch"):]
+
+
+class Job:
+    """One night submitted with a line of the README's Slurm section, from the repository root,
+    with ``--wait`` (as a user waits for it) and ``--parsable`` (its job id) added: ``sbatch``
+    options go before the script, ``night``'s arguments after the line's own (to tools/nightly.py)."""
+
+    def __init__(self, slurm, d: dict, root: Path, config: Path | None, *night: str, line: int = 1,
+                 sbatch: tuple[str, ...] = (), env: dict | None = None):
         self.out_pattern = d["tmp"] / "job-%j.out"
+        variables, words = readme_argv(line, sqsh=(env or {}).get("GTP_TE219_SQUASHFS", ""))
         full = python_env(d["tmp"] / "bin", slurm.env)
-        full.update(GTP_NIGHTLY_ROOT=str(root), **(env or {}))
-        argv = ["sbatch", "--parsable", "--wait", "--gpus-per-node=0", f"--output={self.out_pattern}", *sbatch,
-                SBATCH, "--config", str(config), "--images", "host", "--cache", str(d["cache"]),
-                "--source", f"megatron-lm={d['up']}", *night]
+        full.update({"GTP_NIGHTLY_ROOT": str(root), **(env or {}), **variables})
+        where = ["--config", str(config), "--cache", str(d["cache"]), "--source", f"megatron-lm={d['up']}"] \
+            if config else []
+        argv = [words[0], "--parsable", "--wait", f"--output={self.out_pattern}", *sbatch, *words[1:], *where, *night]
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
         first = self.proc.stdout.readline().strip()
@@ -268,24 +286,13 @@ def test_two_nights_at_once_take_the_history_and_the_mains_in_turn(slurm, series
         assert c["error"] is None and c["head"] == series["v1"], c
 
 
-def test_without_pyxis_a_night_with_container_cells_stops_before_it_starts(slurm, series, tmp_path):
-    config = matrix(series, """
-[images.sq]
-launcher = "docker"
-squashfs = "${CARRY_TEST_SQUASHFS}"
-
-[[tests]]
-name = "in-image"
-kind = "command"
-images = ["sq"]
-argv = ["true"]
-markers = ["never printed"]
-""", proofs=False)
+def test_without_pyxis_the_image_night_stops_before_it_starts(slurm, demo, tmp_path):
+    """The README's line for the image cells, on the shipped matrix, on a Slurm without pyxis."""
     root = tmp_path / "root"
-    sqsh = tmp_path / "image.sqsh"
+    sqsh = tmp_path / "gtp-te219.sqsh"
     sqsh.write_bytes(b"hsqs")
-    job = Job(slurm, series, root, config, "--images", "sq", env={"CARRY_TEST_SQUASHFS": str(sqsh)})
-    assert job.wait() == 2, job.output()
+    job = Job(slurm, demo, root, None, line=0, sbatch=("--gpus-per-node=0",), env={"GTP_TE219_SQUASHFS": str(sqsh)})
+    assert job.wait(120) == 2, job.output()
     errors = [line for line in job.output().splitlines() if line.startswith("error:")]
     assert errors == ["error: srun has no --container-image here: pyxis is not installed; install enroot and "
                       "NVIDIA's pyxis (its SPANK plugin) on the nodes, or run the cells that need no container "

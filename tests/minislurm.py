@@ -47,7 +47,7 @@ def _free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, root: Path, kill_wait: int = 5):
+    def __init__(self, root: Path, kill_wait: int = 30):
         self.root = root
         self.node = socket.gethostname().split(".")[0]
         self.cpus = os.cpu_count() or 1

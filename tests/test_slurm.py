@@ -43,6 +43,23 @@ def slurm(tmp_path_factory):
     cluster.stop()
 
 
+SUBMITTED: list["Job"] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_job_left(slurm):
+    """A test that fails midway leaves no job behind for the next one (nor an sbatch --wait)."""
+    yield
+    if slurm.jobs():
+        slurm.run("scancel", *slurm.jobs(), check=False)
+        until("the jobs left are gone", lambda: not slurm.jobs(), timeout=90)
+    while SUBMITTED:
+        job = SUBMITTED.pop()
+        if job.proc.poll() is None:
+            job.proc.kill()
+            job.proc.wait()
+
+
 def matrix(d: dict, tests: str, proofs: bool = True) -> Path:
     """A matrix on the demo series: its proofs cell (the 'clean' patch's), then ``tests``; the
     canary's mains (the sbatch fetches all three) are the demo upstream."""
@@ -121,6 +138,7 @@ class Job:
         assert first, f"sbatch said no job id: {self.proc.stderr.read()}"
         self.id = first.split(";")[0]
         self.slurm = slurm
+        SUBMITTED.append(self)
 
     @property
     def out(self) -> Path:
@@ -244,42 +262,53 @@ def test_scancel_stops_the_night_which_says_what_it_did_and_the_next_night_runs(
 
 
 def test_two_nights_at_once_take_the_history_and_the_mains_in_turn(slurm, series, tmp_path):
-    """Two real jobs on one GTP_NIGHTLY_ROOT, a third party (this test, as a third night would)
-    holding the main's cache and then the history: neither job touches them meanwhile; let go,
-    both nights end green with whole history lines and one sound cache of main."""
+    """Two real jobs at once on one GTP_NIGHTLY_ROOT (a night submitted again). A third party,
+    this test, holds what a third night would, when the two need it: the main's cache as they
+    fetch, the history as they read it, then as they append to it (their cell waits at a gate
+    the test opens with the history held). Neither touches a thing held; let go, both nights
+    end green, with whole history lines and one sound cache of main."""
     from carry.lock import DirLock
     from carry.runner import Git
 
     if slurm.cpus < 2:
         pytest.skip("two jobs at once need two CPUs on the one node")
-    config = matrix(series, OK, proofs=False)
+    gate = tmp_path / "gate"
+    config = matrix(series, command("gated", ["bash", "-c", "until [ -e ${CARRY_TEST_GATE} ]; do sleep 0.2; done; "
+                                              "echo through the gate"], "through the gate"), proofs=False)
     root = tmp_path / "root"
     hist, main = root / "history.jsonl", root / "mains" / "megatron-lm.git"
     root.mkdir()
     hist.write_text(json.dumps({"run_id": "earlier", "cell": "x", "status": "passed"}) + "\n")
     before = hist.read_bytes()
-    env = {"GTP_CARRY_QUIET": "0"}
-    with open(hist, "ab") as held:
-        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
-        with DirLock(main.parent / "megatron-lm.git.lock", what=main):
-            # --oversubscribe: the two jobs share the one node, a CPU each.
-            jobs = [Job(slurm, series, root, config, sbatch=("--oversubscribe",), env=env) for _ in range(2)]
-            until("both nights wait for the main's cache",
-                  lambda: all(f"waiting for the lock on {main}" in j.output() for j in jobs) or
-                  any(j.proc.poll() is not None for j in jobs))
-            assert not main.exists(), [j.output() for j in jobs]
-            states = slurm.run("squeue", "-h", "-o", "%i %T").stdout.split("\n")
-            assert sum(f"{j.id} RUNNING" in states for j in jobs) == 2, states
-        until("both nights wait for the history",
-              lambda: all(f"waiting for the lock on {hist}" in j.output() for j in jobs) or
+    env = {"GTP_CARRY_QUIET": "0", "CARRY_TEST_GATE": str(gate)}
+
+    def waiting(what: Path, times: int = 1):
+        until(f"both nights wait for {what} ({times})",
+              lambda: all(j.output().count(f"waiting for the lock on {what}") >= times for j in jobs) or
               any(j.proc.poll() is not None for j in jobs))
-        assert hist.read_bytes() == before, [j.output() for j in jobs]
-        fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+        assert all(j.proc.poll() is None for j in jobs), [j.output() for j in jobs]
+
+    held = open(hist, "ab")
+    fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+    with DirLock(main.parent / "megatron-lm.git.lock", what=main):
+        # --oversubscribe: the two jobs share the one node, a CPU each.
+        jobs = [Job(slurm, series, root, config, sbatch=("--oversubscribe",), env=env) for _ in range(2)]
+        waiting(main)
+        assert not main.exists(), [j.output() for j in jobs]
+        states = slurm.run("squeue", "-h", "-o", "%i %T").stdout.splitlines()
+        assert sorted(states) == sorted(f"{j.id} RUNNING" for j in jobs), states
+    waiting(hist)  # to read it
+    fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+    until("both gated cells run", lambda: len(list(root.glob("*/cells/*--gated/artifacts/console.log"))) == 2)
+    fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+    gate.touch()
+    waiting(hist, 2)  # to append to it
+    assert hist.read_bytes() == before, [j.output() for j in jobs]
+    fcntl.flock(held.fileno(), fcntl.LOCK_UN)
+    held.close()
     assert [j.wait() for j in jobs] == [0, 0], [j.output() for j in jobs]
-    lines = history(root)
-    assert [h["run_id"] for h in lines[1:]].count(jobs[0].night(root).name) == 1
-    assert sorted(h["run_id"] for h in lines) == sorted(["earlier", jobs[0].night(root).name,
-                                                         jobs[1].night(root).name])
+    names = sorted(j.night(root).name for j in jobs)
+    assert sorted(h["run_id"] for h in history(root)) == sorted(["earlier", *names])
     assert Git(main)("fsck", "--no-progress").ok and Git(main).rev_parse("HEAD") == series["v1"]
     for j in jobs:
         (c,) = read_json(j.night(root) / "nightly.json")["canary"]

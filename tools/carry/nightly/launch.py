@@ -109,11 +109,10 @@ class Finished:
 
 
 def run_logged(plan: Plan, log: Path, *, timeout: float | None,
-               on_timeout: Callable[[], str | None] | None = None) -> Finished:
+               on_timeout: Callable[[], None] | None = None) -> Finished:
     """Run a plan with its output streamed to ``log``; bounded by ``timeout``. ``on_timeout``
-    stops what the process group does not hold (a container, a job step), saying what it did or
-    None; it is called too when the night is stopped as this runs (carry.nightly.stop), and the
-    run is then killed."""
+    stops what the process group does not hold (a container); it is called too when the night is
+    stopped as this runs (carry.nightly.stop), and the run is then killed."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     if plan.launcher == "local":
@@ -134,10 +133,10 @@ def run_logged(plan: Plan, log: Path, *, timeout: float | None,
             rc = proc.wait(timeout=timeout)
             return Finished(rc, False, time.monotonic() - t0, log)
         except subprocess.TimeoutExpired:
-            note = on_timeout() if on_timeout is not None else None
+            if on_timeout is not None:
+                on_timeout()
             kill_group(proc)
-            # Written here: the run shares this file's offset, a line written through another would be overwritten.
-            out.write(f"\n[carry] killed after {timeout:g}s{'; ' + note if note else ''}\n".encode())
+            out.write(f"\n[carry] killed after {timeout:g}s\n".encode())
             return Finished(proc.returncode, True, time.monotonic() - t0, log)
         except BaseException:
             # Stopped (SIGTERM, Ctrl-C) as it ran: the run, in a session of its own, would live on.
@@ -168,5 +167,4 @@ def docker_killer(name: str, docker: str = "docker") -> Callable[[], None]:
             run([docker, "kill", name], check=False, timeout=60)
         except CommandError:
             pass  # already gone, or the engine does not answer: the client is killed anyway
-        return None
     return kill

@@ -78,7 +78,7 @@ def run_check(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, time
     step = slurm.as_step(cell, opts.launcher)
     if step:
         p = slurm.step_plan(p, cell.id, timeout, gpus.needs_gpus(cell))
-    killer = docker_killer(p.container) if p.container else slurm.step_canceller(log) if step else None
+    killer = docker_killer(p.container) if p.container else None
     fin = run_logged(p, log, timeout=timeout, on_timeout=killer)
     v = judge_outputs(cell, fin, out, timeout)
     info = {"seconds": round(fin.seconds, 1), "command": p.shell(), "log": str(log), "returncode": fin.returncode,

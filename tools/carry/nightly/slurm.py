@@ -4,10 +4,11 @@ A cell that needs no container (a command or functional test on a local image) r
 step: ``srun`` with the cell's command line, folder and environment (``--export=ALL``: the
 launcher puts the cell's variables in srun's own), inside the night's allocation (else srun makes
 one of its own). A wrapper prints the step's id as the run's first line (``[carry] slurm step
-JOB.STEP on NODE``), read back for the cell's record (``slurm_step``). Past its timeout the
-step is cancelled (``scancel JOB.STEP``) before srun is stopped: nothing of it runs on, and what
-it printed stays in its log. The step's own ``--time``, a minute past the cell's timeout, is
-Slurm's backstop should the night itself die.
+JOB.STEP on NODE``), read back for the cell's record (``slurm_step``). Past its timeout srun
+is stopped as any run is (SIGTERM to its process group, carry.nightly.launch): srun then cancels
+its step, whatever the step's processes do with SIGTERM, and what they printed stays in the log
+with slurmstepd's ``*** STEP JOB.STEP ... CANCELLED ***``. The step's own ``--time``, a minute
+past the cell's timeout, is Slurm's backstop should the night itself die.
 
 Before the night (``preflight``): srun must be there for any cell that uses it, and a container
 cell needs pyxis (srun's ``--container-image``), which Slurm alone lacks. Each is one line,
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 from ..errors import CommandError, ConfigError
 from ..runner import run
@@ -68,23 +69,6 @@ def step_id(log: Path) -> str | None:
             sid = words[0] if words else ""
             return sid if sid.replace(".", "", 1).isdigit() else None
     return None
-
-
-def step_canceller(log: Path) -> Callable[[], str | None]:
-    """Cancel the run's job step (stopping srun alone may leave it running on its node); what it
-    did, for the log."""
-    def cancel() -> str | None:
-        sid = step_id(log)
-        if not sid:
-            return None  # not started yet (srun still waits for its resources): stopping srun is enough
-        try:
-            res = run(["scancel", sid], check=False, timeout=60)
-        except CommandError as exc:
-            return f"could not cancel slurm step {sid}: {exc.message}"
-        if res.ok:
-            return f"slurm step {sid} cancelled"
-        return f"scancel {sid} exited {res.returncode}: {(res.stderr or res.stdout).strip()[:200]}"
-    return cancel
 
 
 def has_pyxis() -> bool:

@@ -89,9 +89,15 @@ def slurm_plan(*, squashfs: str, argv: Sequence[str], env: Mapping[str, str], mo
     if env:
         cmd.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in sorted(env.items())))
     if time_limit_s:
-        cmd.append(f"--time={max(1, int(time_limit_s // 60) + 1)}")
+        cmd.append(f"--time={minutes(time_limit_s)}")
     cmd += [*argv]
     return Plan("slurm", cmd, dict(env))
+
+
+def minutes(timeout: float) -> int:
+    """srun's --time for a run bounded by ``timeout`` seconds: a whole minute past it (Slurm's
+    backstop; the launcher's own timeout comes first)."""
+    return max(1, int(timeout // 60) + 1)
 
 
 def local_plan(*, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None) -> Plan:

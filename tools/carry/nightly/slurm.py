@@ -11,8 +11,8 @@ with slurmstepd's ``*** STEP JOB.STEP ... CANCELLED ***``. The step's own ``--ti
 past the cell's timeout, is Slurm's backstop should the night itself die.
 
 Before the night (``preflight``): srun must be there for any cell that uses it, and a container
-cell needs pyxis (srun's ``--container-image``), which Slurm alone lacks. Each is one line,
-before anything runs, rather than srun's own message on every image cell.
+cell needs pyxis (srun's ``--container-image``), which Slurm alone lacks: said once, before
+anything runs, rather than in srun's own message on every image cell.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Iterable
 from ..errors import CommandError, ConfigError
 from ..runner import run
 from .config import expand_env
-from .launch import Plan
+from .launch import Plan, minutes
 
 STEP_LINE = "[carry] slurm step "
 # The step's id, then the command itself (exec: its exit status is the step's).
@@ -38,11 +38,6 @@ def as_step(cell, launcher: str | None) -> bool:
     """Whether a cell runs as a job step: ``--launcher slurm`` and a cell that needs no container
     (proofs and upstream tests run inside the batch step, as the processes they start)."""
     return launcher == "slurm" and cell.launcher == "local" and cell.spec.kind in STEP_KINDS
-
-
-def minutes(timeout: float) -> int:
-    """srun's --time for a run bounded by ``timeout`` seconds: a whole minute past it."""
-    return max(1, int(timeout // 60) + 1)
 
 
 def step_plan(p: Plan, name: str, timeout: float, gpus: int = 0) -> Plan:

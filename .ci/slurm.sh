@@ -45,11 +45,11 @@ fi
 
 mkdir -p /run/munge /var/log/munge /var/lib/munge
 chown munge:munge /run/munge /var/log/munge /var/lib/munge
-if ! pgrep -x munged >/dev/null 2>&1; then
-  echo "== starting munged"
-  # munged puts itself in the background; setsid keeps it out of this script's process group.
-  setsid runuser -u munge -- /usr/sbin/munged </dev/null
-fi
+echo "== starting munged"
+# Not answering is what counts (pgrep would count a dead daemon's zombie where nothing reaps
+# it); --force takes over the socket a dead one left. munged puts itself in the background;
+# setsid keeps it out of this script's process group.
+setsid runuser -u munge -- /usr/sbin/munged --force </dev/null || true
 for _ in $(seq 1 "$WAIT_S"); do
   if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
     echo "== munged up, $(slurmd -V) installed ($((SECONDS - t0)) s)"

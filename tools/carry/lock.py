@@ -136,7 +136,7 @@ def holding(f, what: Path, *, shared: bool = False, timeout: float = LOCK_TIMEOU
             raise LockError(f"{what} is locked by another run for more than {timeout:g} s",
                             hint="wait for it to finish, then try again")
         if not announced:
-            progress.say(f"waiting for the lock on {what} (another run writes it)")
+            progress.say(f"waiting for the lock on {what} (another run reads or writes it)")
             announced = True
         time.sleep(0.05)
     try:

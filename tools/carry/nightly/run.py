@@ -180,13 +180,14 @@ def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[s
         for cell in planned:
             if cell.id in done:
                 continue
+            ran = round(time.monotonic() - now["t0"], 1) if cell.id == now.get("cell") else 0.0
             if cell.id == now.get("cell"):
-                reason = (f"stopped as it ran ({why}, after {time.monotonic() - now['t0']:.1f} s): not judged; "
+                reason = (f"stopped as it ran ({why}, after {ran:.1f} s): not judged; "
                           f"its log so far is in {opts.out / 'cells' / cell.id}")
             else:
                 reason = f"not run: the night was stopped before it ({why})"
             rec = _record(cell, opts, Verdict(status="error", reason=reason), {}, "")
-            rec.update(stopped=True, flags=[], seconds=0.0)
+            rec.update(stopped=True, flags=[], seconds=ran)
             write_json(opts.out / "cells" / cell.id / "run.json", rec)
             runs.append(rec)
     return runs

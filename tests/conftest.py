@@ -13,11 +13,13 @@ from helpers import ROOT, tool
 
 def pytest_collection_modifyitems(config, items):
     """The slow tests first (with -n, the longest, the zygote/fresh comparison, then runs beside
-    all the rest instead of after it), and the Docker tests in one group (one worker builds the
-    images they share, never two at once)."""
+    all the rest instead of after it), the Docker tests in one group (one worker builds the
+    images they share, never two at once), and the slurm tests in another (one worker's cluster
+    runs their jobs: two at once would wait on each other's node)."""
     for item in items:
-        if item.get_closest_marker("docker"):
-            item.add_marker(pytest.mark.xdist_group("docker"))
+        for group in ("docker", "slurm"):
+            if item.get_closest_marker(group):
+                item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

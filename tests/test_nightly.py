@@ -296,6 +296,13 @@ def test_print_commands_docker_and_srun(tmp_path):
     line = next(x for x in res.stdout.splitlines() if x.startswith("srun"))
     assert f"--container-image={tmp_path / 'gtp-te219.sqsh'}" in line and "--gpus=2" in line
     assert "--container-mounts=" in line and "--time=91" in line
+    # A cell that needs no container: a plain job step, its id printed first (carry.nightly.slurm).
+    res = tool("nightly", "--out", tmp_path / "o", "--print-commands", "--launcher", "slurm",
+               "--tests", "gtp-refit-mini-gloo", env=env, check=0)
+    line = next(x for x in res.stdout.splitlines() if " srun " in x)
+    assert line.startswith(f"cd {ROOT} && PYTHONPATH=") and "--job-name=gtp--host--gtp-refit-mini-gloo" in line
+    assert "--time=21 " in line and "--gpus=1 " in line and "--container-image" not in line
+    assert "[carry] slurm step ${SLURM_JOB_ID}.${SLURM_STEP_ID} on" in line and "integration/gtp_refit_mini/run.py" in line
     # Without the squashfs variable, srun cannot be planned: a usage error naming the variable.
     res = tool("nightly", "--out", tmp_path / "o", "--print-commands", "--launcher", "slurm",
                "--tests", "grpo-megatron-generation-gtp", env={"GTP_TE219_SQUASHFS": ""}, check=2)

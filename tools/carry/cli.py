@@ -42,9 +42,9 @@ def guarded(entry, *args) -> int:
             raise
         print(named.render(), file=sys.stderr)
         return named.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("interrupted: nothing was changed that a later run does not finish or undo", file=sys.stderr)
-        return 130
+        return getattr(exc, "exit_code", 130)  # 128 + the signal (carry.nightly.stop: SIGTERM too)
 
 
 def run(verb: str, argv: list[str], prog: str | None = None) -> int:

@@ -117,6 +117,34 @@ class DirLock:
             pass
 
 
+@contextmanager
+def holding(f, what: Path, *, shared: bool = False, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    """``flock`` on the open file ``f`` itself, for a file that several runs write in place (the
+    nightly's history): exclusive, or ``shared`` among readers; LockError after ``timeout`` s.
+    The file stays where it is (a DirLock's file goes with its holder)."""
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    deadline = time.monotonic() + timeout
+    announced = False
+    while True:
+        try:
+            fcntl.flock(f.fileno(), mode | fcntl.LOCK_NB)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        if time.monotonic() >= deadline:
+            raise LockError(f"{what} is locked by another run for more than {timeout:g} s",
+                            hint="wait for it to finish, then try again")
+        if not announced:
+            progress.say(f"waiting for the lock on {what} (another run reads or writes it)")
+            announced = True
+        time.sleep(0.05)
+    try:
+        yield
+    finally:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 def process_alive(pid: int) -> bool:
     """Whether a process ``pid`` runs here (one of another user's counts: it may be at work)."""
     if pid <= 0:

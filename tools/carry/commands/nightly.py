@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from .. import progress
 from ..errors import ConfigError
 from ..evidence import canary, tesite
 from ..nightly import config as nightly_config
+from ..nightly import slurm, stop
+from ..nightly.gpus import needs_gpus
 from ..nightly.config import NightlyConfig
 from ..nightly.plan import Options, cells, default_run_id, plan, seed_for, timeout_for
 from ..nightly.run import NOT_GREEN, run_canaries, run_nightly, write_outputs
@@ -41,7 +44,10 @@ def print_plans(cfg: NightlyConfig, opts: Options) -> None:
                 print(f"# {cell.id}\n{cell.upstream}'s own tests ({pin.describe()}): {pin.launch}, pristine against "
                       f"patched (carry.evidence.upstream; the same as tools/upstream_tests.py --only {cell.upstream})\n")
                 continue
-            p = plan(cell, trees, out, opts, timeout_for(cell, opts, cfg.timeout_s))
+            timeout = timeout_for(cell, opts, cfg.timeout_s)
+            p = plan(cell, trees, out, opts, timeout)
+            if slurm.as_step(cell, opts.launcher):
+                p = slurm.step_plan(p, cell.id, timeout, needs_gpus(cell))
             print(f"# {cell.id} ({cell.launcher})\n{p.shell()}\n")
 
 
@@ -133,13 +139,30 @@ def main(argv: list[str], prog: str) -> int:
     if a.print_commands:
         print_plans(cfg, opts)
         return 0
-    fetch_errors = fetch_mains(cfg, opts) if a.fetch_mains else {}
+    slurm.preflight((c for s in opts.series or list(cfg.series) for c in cells(cfg, _load_series(s, cfg), opts)),
+                    opts.launcher)
+    with stop.catching():
+        return _night(cfg, opts, a.fetch_mains)
+
+
+def _night(cfg: NightlyConfig, opts: Options, fetch: bool) -> int:
+    fetch_errors, canaries = {}, []
+    try:
+        fetch_errors = fetch_mains(cfg, opts) if fetch else {}
+    except stop.Stopped:
+        pass  # run_nightly names every cell as not run
     warnings: list[str] = []
     runs = run_nightly(cfg, opts, _load_series, warnings)
     if not runs:
         raise ConfigError("the selection matched no cell", hint="check --series, --images and --tests")
-    canaries = run_canaries(cfg, opts, _load_series, fetch_errors) if opts.canary else []
-    write_outputs(runs, opts, cfg, warnings, canaries)
+    if opts.canary and not stop.stopped():
+        try:
+            canaries = run_canaries(cfg, opts, _load_series, fetch_errors)
+        except stop.Stopped:
+            canaries = []
+    halted = stop.stopped()
+    write_outputs(runs, opts, cfg, warnings, canaries, halted)
+    out = opts.out
     rows = [[r["series"], r["image"], r["test"], r["status"], (r.get("reason") or "")[:90]] for r in runs]
     print(table(rows, ["series", "image", "test", "status", "reason"]))
     for r in runs:
@@ -153,4 +176,9 @@ def main(argv: list[str], prog: str) -> int:
     for w in canary.warnings(canaries):
         print(f"warning: {w}")
     print(f"results in {out} (summary.md, junit.xml, nightly.json); history {opts.history}")
+    if halted:
+        left = sum(bool(r.get("stopped")) for r in runs)
+        print(f"stopped by {halted}: {len(runs) - left} cell(s) judged, {left} not; the next night starts afresh",
+              file=sys.stderr)
+        return halted.exit_code
     return 1 if any(r["status"] in NOT_GREEN for r in runs) else 0

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import CarryError
+from ..lock import DirLock
 from ..runner import Git
 
 VERDICTS = ("landed", "needed", "conflicts", "unknown", "error")
@@ -97,6 +98,15 @@ def fetch_main(url: str, dest: Path, branch: str = "main", timeout: float = FETC
     left alone. Its HEAD names the fetched branch, so it is a mirror "whose HEAD is main"."""
     dest = dest.expanduser().absolute()
     again = f"git -C {shlex.quote(str(dest))} fetch --no-tags {shlex.quote(url)} +refs/heads/{branch}:refs/heads/{branch}"
+    try:
+        # Two nights at once (a job submitted again) take turns: neither finds the other's half-made cache.
+        with DirLock(dest.parent / f"{dest.name}.lock", timeout=timeout, what=dest):
+            return _fetch(url, dest, branch, timeout, again)
+    except CarryError as exc:
+        return None, f"could not fetch {branch} of {url} into {dest}: {exc.message} (next: {again})"
+
+
+def _fetch(url: str, dest: Path, branch: str, timeout: float, again: str) -> tuple[str | None, str]:
     repo = Git(dest)
     try:
         if not dest.exists():

@@ -89,9 +89,15 @@ def slurm_plan(*, squashfs: str, argv: Sequence[str], env: Mapping[str, str], mo
     if env:
         cmd.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in sorted(env.items())))
     if time_limit_s:
-        cmd.append(f"--time={max(1, int(time_limit_s // 60) + 1)}")
+        cmd.append(f"--time={minutes(time_limit_s)}")
     cmd += [*argv]
     return Plan("slurm", cmd, dict(env))
+
+
+def minutes(timeout: float) -> int:
+    """srun's --time for a run bounded by ``timeout`` seconds: a whole minute past it (Slurm's
+    backstop; the launcher's own timeout comes first)."""
+    return max(1, int(timeout // 60) + 1)
 
 
 def local_plan(*, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None) -> Plan:
@@ -110,7 +116,9 @@ class Finished:
 
 def run_logged(plan: Plan, log: Path, *, timeout: float | None,
                on_timeout: Callable[[], None] | None = None) -> Finished:
-    """Run a plan with its output streamed to ``log``; bounded by ``timeout``."""
+    """Run a plan with its output streamed to ``log``; bounded by ``timeout``. ``on_timeout``
+    stops what the process group does not hold (a container); it is called too when the night is
+    stopped as this runs (carry.nightly.stop), and the run is then killed."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     if plan.launcher == "local":
@@ -136,6 +144,12 @@ def run_logged(plan: Plan, log: Path, *, timeout: float | None,
             kill_group(proc)
             out.write(f"\n[carry] killed after {timeout:g}s\n".encode())
             return Finished(proc.returncode, True, time.monotonic() - t0, log)
+        except BaseException:
+            # Stopped (SIGTERM, Ctrl-C) as it ran: the run, in a session of its own, would live on.
+            if on_timeout is not None:
+                on_timeout()
+            kill_group(proc)
+            raise
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..files import json_text
+from ..lock import holding
 from .judge import STATUSES as JUDGED
 
 # carry.nightly.run adds "error": a proof that could not run on this host (its environment).
@@ -31,8 +32,10 @@ def read_history(path: Path) -> tuple[list[dict], list[str]]:
     """
     if not path.exists():
         return [], []
+    with open(path, "rb") as f, holding(f, path, shared=True):  # not a line another night is writing
+        data = f.read()
     out, warnings = [], []
-    for n, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+    for n, raw in enumerate(data.split(b"\n"), 1):
         if not raw.strip():
             continue
         problem = None
@@ -70,17 +73,17 @@ def previous_run(history: list[dict], cell: str, run_id: str) -> dict | None:
 
 
 def append_history(path: Path, records: Iterable[dict]) -> None:
+    """Tonight's records, appended under the history's lock: two nights on one history (a job
+    submitted again while the first runs) each add whole lines, and neither's check for a torn
+    last line reads the other's half-written one. Append mode alone is not enough: a write is cut
+    into pieces, and on NFS, where such histories live, appends are not atomic at all."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    torn = False
-    if path.exists() and path.stat().st_size:
-        with open(path, "rb") as f:
-            f.seek(-1, os.SEEK_END)
-            torn = f.read(1) != b"\n"
-    with open(path, "a", encoding="utf-8") as f:
-        if torn:
-            f.write("\n")  # end the torn line, so that tonight's first record is a line of its own
-        for rec in records:
-            f.write(json_text(rec, sort_keys=True) + "\n")
+    text = "".join(json_text(rec, sort_keys=True) + "\n" for rec in records).encode("utf-8")
+    with open(path, "a+b") as f, holding(f, path):
+        size = os.fstat(f.fileno()).st_size
+        if size and os.pread(f.fileno(), 1, size - 1) != b"\n":
+            text = b"\n" + text  # end the torn line, so that tonight's first record is a line of its own
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
 

@@ -37,9 +37,10 @@ from ..evidence import canary
 from ..evidence.bisect import BisectResult, PrefixTrees, bisect
 from ..evidence.prove import jobs, run_proof
 from ..files import write_json
+from ..runner import kill_groups
 from ..workspace.apply import Options as ApplyOptions
 from ..workspace.apply import apply_series
-from . import artifacts, figures, gpus, upstream
+from . import artifacts, figures, gpus, slurm, stop, upstream
 from . import report as reports
 from .config import NightlyConfig
 from .judge import Verdict, deterministic_flags, judge
@@ -74,11 +75,16 @@ def run_check(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, time
             return Verdict(status="skipped", reason=short), {}
     p = plan(cell, trees, out, opts, timeout)
     log = out / "console.log"
+    step = slurm.as_step(cell, opts.launcher)
+    if step:
+        p = slurm.step_plan(p, cell.id, timeout, gpus.needs_gpus(cell))
     killer = docker_killer(p.container) if p.container else None
     fin = run_logged(p, log, timeout=timeout, on_timeout=killer)
     v = judge_outputs(cell, fin, out, timeout)
     info = {"seconds": round(fin.seconds, 1), "command": p.shell(), "log": str(log), "returncode": fin.returncode,
             "timed_out": fin.timed_out, "artifacts": artifacts.listing(out)}
+    if step:
+        info["slurm_step"] = slurm.step_id(log)
     return v, info
 
 
@@ -147,37 +153,82 @@ def depends_on_trees(cell: Cell) -> str | None:
 
 # -- the whole night -----------------------------------------------------------------------------
 def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[str] | None = None) -> list[dict]:
-    """Run every selected cell; ``warnings`` (when given) collects what was wrong with the history."""
+    """Run every selected cell; ``warnings`` (when given) collects what was wrong with the history.
+
+    Stopped (carry.nightly.stop) at any point, it returns the cells judged so far and one ``error``
+    record per cell that was not (``stopped``: true); the caller writes the night's files."""
     history, bad = reports.read_history(opts.history)
     for w in bad:
         print(f"warning: {w}", file=sys.stderr, flush=True)
     if warnings is not None:
         warnings.extend(bad)
+    # Every series' cells first: a night stopped midway names each cell it did not reach.
+    matrix = [(series, list(cells(cfg, series, opts)))
+              for series in (load_series(s, cfg) for s in opts.series or list(cfg.series))]
     runs: list[dict] = []
-    for sname in opts.series or list(cfg.series):
-        series = load_series(sname, cfg)
-        wd_path = opts.workdir / series.name
-        apply_error, digest, trees = None, "", {}
-        try:
-            rep = apply_series(series, ApplyOptions(workdir=wd_path, cache=opts.cache, sources=dict(opts.sources),
-                                             only=opts.only))
-            digest = rep.digest
-            if rep.ok:
-                trees = {u.name: Path(u.workspace) for u in rep.upstreams}
+    now: dict = {}  # the cell in progress: "cell", "t0"
+    try:
+        for series, planned in matrix:
+            _run_series(cfg, opts, series, planned, history, runs, now)
+    except stop.Stopped:
+        pass
+    why = stop.stopped()
+    if why is None:
+        return runs
+    done = {r["cell"] for r in runs}
+    for series, planned in matrix:
+        for cell in planned:
+            if cell.id in done:
+                continue
+            ran = round(time.monotonic() - now["t0"], 1) if cell.id == now.get("cell") else 0.0
+            if cell.id == now.get("cell"):
+                reason = (f"stopped as it ran ({why}, after {ran:.1f} s): not judged; "
+                          f"its log so far is in {opts.out / 'cells' / cell.id}")
             else:
-                apply_error = rep.error or "apply failed"
-        except CarryError as exc:
-            apply_error = exc.message
-        scratch = opts.out / "trees" / series.name
-        prefix = PrefixTrees(series, wd_path, scratch) if not apply_error else None
-        planned = list(cells(cfg, series, opts))
-        pool = ThreadPoolExecutor(max_workers=jobs()) if not apply_error and jobs() > 1 else None
+                reason = f"not run: the night was stopped before it ({why})"
+            rec = _record(cell, opts, Verdict(status="error", reason=reason), {}, "")
+            rec.update(stopped=True, flags=[], seconds=ran)
+            write_json(opts.out / "cells" / cell.id / "run.json", rec)
+            runs.append(rec)
+    return runs
+
+
+def _record(cell: Cell, opts: Options, v: Verdict, info: dict, digest: str) -> dict:
+    return {
+        "run_id": opts.run_id, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cell": cell.id, "series": cell.series.name, "image": cell.image.name, "test": cell.test,
+        "kind": cell.spec.kind, "launcher": cell.launcher, "digest": digest, "seed": opts.seed,
+        "patch": cell.patch.id if cell.patch else None, "watched": list(cell.spec.watched),
+        **v.to_dict(), **info,
+    }
+
+
+def _run_series(cfg: NightlyConfig, opts: Options, series, planned: list[Cell], history: list[dict],
+                runs: list[dict], now: dict) -> None:
+    """One series' cells, each record appended to ``runs`` as it is made."""
+    wd_path = opts.workdir / series.name
+    apply_error, digest, trees = None, "", {}
+    try:
+        rep = apply_series(series, ApplyOptions(workdir=wd_path, cache=opts.cache, sources=dict(opts.sources),
+                                                only=opts.only))
+        digest = rep.digest
+        if rep.ok:
+            trees = {u.name: Path(u.workspace) for u in rep.upstreams}
+        else:
+            apply_error = rep.error or "apply failed"
+    except CarryError as exc:
+        apply_error = exc.message
+    scratch = opts.out / "trees" / series.name
+    prefix = PrefixTrees(series, wd_path, scratch) if not apply_error else None
+    pool = ThreadPoolExecutor(max_workers=jobs()) if not apply_error and jobs() > 1 else None
+    try:
         ahead = _proofs_ahead(planned, trees, prefix, opts, cfg, pool) if pool else {}
         for i, cell in enumerate(planned):
             progress.say(f"{cell.id}: running")
             timeout = timeout_for(cell, opts, cfg.timeout_s)
             cell_out = opts.out / "cells" / cell.id
             t0 = time.monotonic()
+            now.update(cell=cell.id, t0=t0)
             if i not in ahead and ahead:
                 wait([f for pair in ahead.values() for f in pair])  # no other cell shares the host with proofs
             if apply_error:
@@ -200,13 +251,7 @@ def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[s
                     v, info = Verdict(status="failed", reason=f"could not run: {exc.message}"), {}
                 except Exception as exc:  # noqa: BLE001 - one cell's output must not end the night
                     v, info = cell_error(cell_out, exc), {}
-            record = {
-                "run_id": opts.run_id, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "cell": cell.id, "series": series.name, "image": cell.image.name, "test": cell.test,
-                "kind": cell.spec.kind, "launcher": cell.launcher, "digest": digest, "seed": opts.seed,
-                "patch": cell.patch.id if cell.patch else None, "watched": list(cell.spec.watched),
-                **v.to_dict(), **info,
-            }
+            record = _record(cell, opts, v, info, digest)
             record["seconds"] = info.get("seconds", round(time.monotonic() - t0, 1))
             mode = gpus.gpu_mode(cell, opts.shared_gpu)
             if mode:
@@ -220,12 +265,21 @@ def run_nightly(cfg: NightlyConfig, opts: Options, load_series, warnings: list[s
                 if why_not:
                     record["bisect"] = BisectResult(target=v.signature(), note=f"not bisected: {why_not}").to_dict()
                 else:
-                    record["bisect"] = _bisect(cell, v, prefix, cell_out / "bisect", opts, timeout).to_dict()
+                    try:
+                        record["bisect"] = _bisect(cell, v, prefix, cell_out / "bisect", opts, timeout).to_dict()
+                    except stop.Stopped as why:  # the verdict stands; its bisection was cut short
+                        record["bisect"] = BisectResult(target=v.signature(),
+                                                        note=f"not bisected: the night was stopped ({why})").to_dict()
             write_json(cell_out / "run.json", record)
             runs.append(record)
+            now.clear()
+            if stop.stopped():
+                return
+    finally:
         if pool:
-            pool.shutdown()
-    return runs
+            if stop.stopped():
+                kill_groups()  # the proofs' runs still going (run(group=True)): they end now, unjudged
+            pool.shutdown(wait=not stop.stopped(), cancel_futures=True)
 
 
 def _proofs_ahead(planned: list[Cell], trees: dict[str, Path], prefix: PrefixTrees, opts: Options,
@@ -275,16 +329,23 @@ def run_canaries(cfg: NightlyConfig, opts: Options, load_series,
 
 
 def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig, warnings: list[str] = (),
-                  canaries: list[canary.UpstreamCanary] | None = None) -> None:
+                  canaries: list[canary.UpstreamCanary] | None = None, stopped: stop.Stopped | None = None) -> None:
+    """``stopped``: the signal that stopped the night; the history then gets the cells judged
+    before it, and the figures are not drawn (the files must be there before the SIGKILL)."""
     # The canary's warnings stay out of ok: the release cells alone judge the night.
     ok = not any(r["status"] in NOT_GREEN for r in runs)
     write_json(opts.out / "nightly.json", {"ok": ok, "run_id": opts.run_id, "seed": opts.seed,
                                            "config": str(cfg.path), "runs": runs,
+                                           "stopped": str(stopped) if stopped else None,
                                            "history_warnings": list(warnings),
                                            "canary": canary.to_dicts(canaries or [])})
     (opts.out / "junit.xml").write_text(reports.junit(runs))
-    reports.append_history(opts.history, [reports.history_record(r) for r in runs])
+    reports.append_history(opts.history, [reports.history_record(r) for r in runs if not r.get("stopped")])
     header = {"seed": opts.seed, "history": opts.history.name, "cells": len(runs)}
+    if stopped:
+        left = sum(bool(r.get("stopped")) for r in runs)
+        header["stopped"] = (f"by {stopped}: {len(runs) - left} cell(s) judged, {left} not (error: 'not run' or "
+                             f"'stopped as it ran'); no canary, no figures")
     shared = any(r.get("gpu_mode") == gpus.SHARED_GPU for r in runs)
     if shared:
         header["gpu mode"] = gpus.TIMING_NOTE
@@ -292,6 +353,8 @@ def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig, warnings:
             + "".join(line + "\n" for line in upstream.summary_lines(runs))
             + "\n".join(canary.summary_lines(canaries or [])) + ("\n" if canaries else ""))
     (opts.out / "summary.md").write_text(text)
+    if stopped:
+        return
     note = gpus.TIMING_NOTE if shared else ""
     (opts.out / "summary.md").write_text(text + "\n".join(_figures(opts, runs, note)) + "\n")
 

@@ -1,0 +1,93 @@
+"""The nightly on Slurm (``--launcher slurm``, integration/slurm/nightly.sbatch).
+
+A cell that needs no container (a command or functional test on a local image) runs as a job
+step: ``srun`` with the cell's command line, folder and environment (``--export=ALL``: the
+launcher puts the cell's variables in srun's own), inside the night's allocation (else srun makes
+one of its own). A wrapper prints the step's id as the run's first line (``[carry] slurm step
+JOB.STEP on NODE``), read back for the cell's record (``slurm_step``). Past its timeout srun
+is stopped as any run is (SIGTERM to its process group, carry.nightly.launch): srun then cancels
+its step, whatever the step's processes do with SIGTERM, and what they printed stays in the log
+with slurmstepd's ``*** STEP JOB.STEP ... CANCELLED ***``. The step's own ``--time``, a minute
+past the cell's timeout, is Slurm's backstop should the night itself die.
+
+Before the night (``preflight``): srun must be there for any cell that uses it, and a container
+cell needs pyxis (srun's ``--container-image``), which Slurm alone lacks: said once, before
+anything runs, rather than in srun's own message on every image cell.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Iterable
+
+from ..errors import CommandError, ConfigError
+from ..runner import run
+from .config import expand_env
+from .launch import Plan, minutes
+
+STEP_LINE = "[carry] slurm step "
+# The step's id, then the command itself (exec: its exit status is the step's).
+_WRAPPER = 'echo "[carry] slurm step ${SLURM_JOB_ID}.${SLURM_STEP_ID} on ${SLURMD_NODENAME:-?}"; exec "$@"'
+STEP_KINDS = ("command", "functional")
+PYXIS = ("srun has no --container-image here: pyxis is not installed; install enroot and NVIDIA's pyxis "
+         "(its SPANK plugin) on the nodes, or run the cells that need no container (--images host)")
+
+
+def as_step(cell, launcher: str | None) -> bool:
+    """Whether a cell runs as a job step: ``--launcher slurm`` and a cell that needs no container
+    (proofs and upstream tests run inside the batch step, as the processes they start)."""
+    return launcher == "slurm" and cell.launcher == "local" and cell.spec.kind in STEP_KINDS
+
+
+def step_plan(p: Plan, name: str, timeout: float, gpus: int = 0) -> Plan:
+    """A local plan as a job step; ``gpus``: the GPUs the cell's ranks take (0: none asked)."""
+    cmd = ["srun", "--nodes=1", "--ntasks=1", f"--job-name={name}", "--export=ALL", f"--time={minutes(timeout)}"]
+    if gpus:
+        cmd.append(f"--gpus={gpus}")
+    if p.cwd:
+        cmd.append(f"--chdir={p.cwd}")
+    cmd += ["sh", "-c", _WRAPPER, "carry-step", *p.argv]
+    return Plan(p.launcher, cmd, dict(p.env), p.cwd)
+
+
+def step_id(log: Path) -> str | None:
+    """The job step a run went to, from its log's first lines (``JOB.STEP``), or None."""
+    try:
+        with open(log, "rb") as f:
+            head = f.read(64 * 1024).decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in head.splitlines():
+        if line.startswith(STEP_LINE):
+            words = line[len(STEP_LINE):].split()
+            sid = words[0] if words else ""
+            return sid if sid.replace(".", "", 1).isdigit() else None
+    return None
+
+
+def has_pyxis() -> bool:
+    try:
+        res = run(["srun", "--help"], check=False, timeout=60)
+    except CommandError:
+        return False
+    return "--container-image" in res.stdout + res.stderr
+
+
+def preflight(cells: Iterable, launcher: str | None) -> None:
+    """What a night on Slurm needs, checked before it starts (ConfigError: exit 2)."""
+    cells = list(cells)
+    steps = [c for c in cells if as_step(c, launcher)]
+    containers = [c for c in cells if c.launcher == "slurm"]
+    if not steps and not containers:
+        return
+    if shutil.which("srun") is None:
+        raise ConfigError("srun is not on PATH: --launcher slurm runs cells with srun, on a Slurm cluster",
+                          hint="submit the night with sbatch integration/slurm/nightly.sbatch, or leave out "
+                               "--launcher slurm")
+    if containers and not has_pyxis():
+        raise ConfigError(PYXIS)
+    for c in containers:  # each image's squashfs named (a variable that is not set stops here, once)
+        if not expand_env(c.image.squashfs or "", f"image {c.image.name!r}: squashfs"):
+            raise ConfigError(f"image {c.image.name!r} has no squashfs for --launcher slurm",
+                              hint="point it at the image exported with mksquashfs (integration/README.md)")

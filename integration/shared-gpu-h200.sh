@@ -72,7 +72,7 @@ case ${1:?step} in
       CARRY_NRL_CASE_TIMEOUT=840 python3 tools/nightly.py --images gpu-host --shared-gpu --no-bisect --timeout 900 \
         --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl='"$S"'/nemo-rl.git \
         --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning
-      echo "[$(date -u +%H:%M:%S)] learning nightly exit $?"' learning "${SRC[@]}" \
+      rc=$?; echo "[$(date -u +%H:%M:%S)] learning nightly exit $rc"' learning "${SRC[@]}" \
       > /tmp/o/learning.console 2>&1 < /dev/null &
     echo $! > /tmp/o/learning.pid; stamp "learning cell queued (pid $!)" ;;
   red)

@@ -261,3 +261,23 @@ def test_the_stage_refuses_a_cot_prompt_the_pretrain_copy_does_not_match(tmp_pat
     cot.write_text(fixtures.COT_PROMPT)
     doc = stage.stage_fixtures(SimpleNamespace(seed=7), tmp_path / "b", cot)
     assert doc["prompt"] == "fixtures/prompt.txt" and (tmp_path / "b" / "prompt.txt").read_text() == fixtures.COT_PROMPT
+
+
+def test_the_docstrings_say_what_the_code_does():
+    """cases.py once said "six cases" (there are more, mutations included); runlog.py said a per-rank check
+    prints one line for all ranks, where the refit check prints one per rank and the learning entry has a
+    step marker per rank."""
+    import ast
+    import re
+
+    from carry.nightly import runlog
+    doc = ast.get_docstring(ast.parse((NRL / "harness" / "host" / "cases.py").read_text()))
+    counted = re.findall(r"\b(one|two|three|four|five|six|seven|eight|nine|ten|\d+) (?:cases|mutations)\b", doc)
+    assert not counted, f"cases.py's docstring counts cases: {counted}"
+    named = set(re.findall(r"[a-z][a-z0-9-]+", doc))
+    plain = {n for n, c in casing.CASES.items() if not n.startswith("learning")}
+    assert plain <= named and "learning_cases" in doc, plain - named
+    spec = next(t for t in __import__("carry.nightly.config", fromlist=["load"]).load(
+        ROOT / "integration" / "nightly.toml").tests if t.name == casing.LEARNING_TEST)
+    assert [m.text.rsplit(" ", 1)[-1] for m in spec.step_markers] == ["0", "1"], "a step marker per rank"
+    assert "one line per rank" in runlog.__doc__ and "once for all ranks" not in runlog.__doc__

@@ -10,9 +10,11 @@ when the line then *starts* with it (the details after it are free); a step mark
 regex that must match at the start of such a line. Nothing else may come first: no
 indentation, no logging prefix (``INFO:name:`` could as well be ``ERROR:name:``; the
 markers are ``print()``-ed), no quote: ``ERROR: never saw '[gtp] enabling ...'`` does
-not count as the marker. Any one matching line satisfies a step marker's step: Ray folds
-lines of different workers that differ only in numbers, so a per-rank check must be printed
-once for all ranks (integration/README.md, "Verdicts").
+not count as the marker. Any one matching line satisfies a step marker's step. Ray folds
+lines of different workers that differ only in numbers into one, so a check that runs on
+several ranks prints one line per rank, each rank with a step marker of its own (the learning
+entry's ``... on rank 0`` and ``... on rank 1``), and its run keeps Ray from folding them
+(``RAY_DEDUP_LOGS=0``, integration/README.md, "Verdicts").
 
 Tracebacks (``Traceback (most recent call last):`` as a whole line) fail a
 ``metrics = "result-line"`` run even with exit 0, after the result line or before it: that

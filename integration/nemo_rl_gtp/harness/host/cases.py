@@ -1,4 +1,6 @@
-"""The runs on the GPU host: one functional script, six cases.
+"""The runs on the GPU host: one functional script, every case of ``CASES`` (patched, resume,
+pristine-nemo-rl, pristine-mcore, gtp-off, moe, and the learning cases with their mutations and
+matrix runs, ``learning_cases()``).
 
 Every case runs NeMo-RL's own ``tests/functional/grpo_megatron_generation_gtp.sh``
 (patch nrl 0004: megatron generation, colocated, refit over NCCL, two GPUs,

@@ -116,8 +116,11 @@ def test_a_marker_quoted_in_an_error_message_does_not_count():
     assert v.status == "vacuous", v
     assert MARK_GTP in v.reason and MARK_RESHARD in v.reason
     # ... nor behind Ray's prefix, nor the functional script's own complaint about it.
-    v = fn(good(), log=f"{RAY}ERROR: never saw '{MARK_GTP}'\nFAIL: '{MARK_RESHARD}' is not in run.log: no refit\n")
+    v = fn(good(), log=f"{RAY}ERROR: never saw '{MARK_GTP}'\n")
     assert v.status == "vacuous" and not any(v.markers.values()), v
+    # The script's own FAIL: line quoting a marker is no marker either, and it fails the run (it says so).
+    v = fn(good(), log=f"FAIL: '{MARK_RESHARD}' is not in run.log: no refit\n")
+    assert v.status == "failed" and not any(v.markers.values()) and "the run printed FAIL:" in v.reason, v
 
 
 @pytest.mark.parametrize("line,counts", [
@@ -364,9 +367,12 @@ def test_the_committed_green_grpo_runs_still_pass_and_a_nan_in_them_fails():
     runs = _green_functional_runs()
     assert len(runs) >= 3, [r[0] for r in runs]
     for stem, log, metrics in runs:
+        # A resumed run (the resume case) makes the steps after its checkpoint alone.
+        first = min(int(s) for s in metrics["train/token_mult_prob_error"])
+
         def verdict(m):
             return judge(rc=0, timed_out=False, text=log, metrics=m, gates=spec.gates, markers=spec.markers,
-                         step_markers=spec.step_markers, metrics_source=spec.metrics)
+                         step_markers=spec.step_markers, metrics_source=spec.metrics, first_step=first)
         v = verdict(metrics)
         assert v.status == "passed", (stem, v.reason)
         last = max(metrics["train/grad_norm"], key=int)
@@ -487,7 +493,8 @@ def test_a_result_line_cut_off_is_not_judged_on_an_earlier_one():
 ])
 def test_steps_missing_from_every_gated_series_fail(steps, series, lack):
     m = metrics_json(**{"train/token_mult_prob_error": series, "train/grad_norm": series})
-    assert fn(m).status == "passed"  # the series agree with each other: only the configuration can tell
+    # The series agree with each other: without the configuration only a gap can tell (steps 1 and 3).
+    assert fn(m).status == ("failed" if steps == 3 else "passed")
     v = fn(m, steps=steps)
     assert v.status == "failed" and f"train/token_mult_prob_error {lack}" in v.reason, v.reason
     assert f"train/grad_norm {lack}" in v.reason

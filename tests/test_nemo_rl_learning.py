@@ -82,29 +82,46 @@ def test_acceptance_is_the_window_and_the_entropy_limit():
 # -- the cases -------------------------------------------------------------------------------------
 def test_learning_cases_add_only_their_own_overrides():
     learning_names = {"learning", "learning-stale-refit", "learning-corrupt-tensor", "learning-frozen-weights",
-                      "learning-gtp-off", "learning-no-cuda-graphs", "learning-gtp-off-no-cuda-graphs"}
+                      "learning-gtp-off", "learning-no-cuda-graphs", "learning-gtp-off-no-cuda-graphs",
+                      "learning-sign-flip", "learning-lr1e-5", "learning-lr3e-5", "learning-lr1e-4"}
     assert learning_names <= set(casing.CASES)
     for name in learning_names:
         case = casing.CASES[name]
         args = casing.script_args(case, "/m", "/d.jsonl", "/ck")
-        assert args[:7] == ["policy.model_name=/m", "data.train.dataset_name=ResponseDataset",
+        assert args[:5] == ["policy.model_name=/m", "data.train.dataset_name=ResponseDataset",
                             "++data.train.data_path=/d.jsonl", "++data.train.input_key=problem",
-                            "++data.train.output_key=expected_answer", "grpo.max_num_steps=5",
-                            "grpo.num_prompts_per_step=8"], name
+                            "++data.train.output_key=expected_answer"], name
+        assert args[5:15] == list(casing.learning_settings(casing.LEARNING_LR if "-lr" not in name
+                                                            else name.rsplit("-lr", 1)[1])), name
         assert case.model == "trained" and not [a for a in args if "checkpoint" in a]
+        assert case.validation and casing.script_args(case, "/m", "/d.jsonl", "/ck", "/v.jsonl")[-1] == (
+            "++data.validation={dataset_name:ResponseDataset,data_path:/v.jsonl,input_key:problem,"
+            "output_key:expected_answer}")
+    # The case's own training settings; every GTP, refit and generation setting stays the script's.
+    own = ("grpo.", "policy.megatron_cfg.optimizer.lr=", "policy.megatron_cfg.scheduler.lr_warmup_iters=",
+           "data.train.split_validation_size=")
+    assert all(o.startswith(own) for o in casing.LEARNING), casing.LEARNING
+    assert {"grpo.val_at_start=true", "grpo.val_at_end=true", f"grpo.max_val_samples={casing.VALIDATION}",
+            "grpo.num_prompts_per_step=16", "grpo.max_num_steps=6"} <= set(casing.LEARNING)
+    assert casing.VALIDATION == fixtures.VALIDATION_PROBLEMS
+    assert {f"learning-lr{lr}" for lr in ("1e-5", "3e-5", "1e-4")} <= set(casing.CASES)
+    assert casing.CASES["learning-sign-flip"].red_by == (casing.GAIN,)
     env = casing.case_env
-    assert env(casing.CASES["learning"]) == {"CARRY_REFIT_CHECK": "1"}
-    assert env(casing.CASES["learning-stale-refit"]) == {"CARRY_REFIT_CHECK": "1", "CARRY_REFIT_MUTATION": "stale-refit"}
+    assert env(casing.CASES["learning"]) == {"CARRY_REFIT_CHECK": "1", "CARRY_GREEDY_VALIDATION": "1"}
+    assert env(casing.CASES["learning-stale-refit"]) == {"CARRY_REFIT_CHECK": "1", "CARRY_REFIT_MUTATION": "stale-refit",
+                                                         "CARRY_GREEDY_VALIDATION": "1"}
+    assert env(casing.CASES["learning-sign-flip"])["CARRY_LEARNING_MUTATION"] == "sign-flip"
     assert env(casing.CASES["learning-corrupt-tensor"])["CARRY_REFIT_MUTATION"] == "corrupt-tensor"
     assert env(casing.CASES["learning-frozen-weights"])["CARRY_REFIT_MUTATION"] == "frozen-weights"
-    assert env(casing.CASES["learning-gtp-off"]) == {} and env(casing.CASES["patched"]) == {}
+    assert env(casing.CASES["learning-gtp-off"]) == {"CARRY_GREEDY_VALIDATION": "1"} and env(casing.CASES["patched"]) == {}
     assert casing.CASES["learning-no-cuda-graphs"].overrides[-1] == \
         "policy.generation.mcore_generation_config.cuda_graph_impl=none"
 
 
 # -- recorded runs -------------------------------------------------------------------------------
-def _run(root, name, *, equal=lambda step, rank: 170, drift=2e-3, mixed=(25.0,) * 5, rc=0, steps=5, ranks=2,
-         moved=lambda step, rank: True, changed=lambda rel, rank: f"{rel * 100:.6e}"):
+def _run(root, name, *, equal=lambda step, rank: 170, drift=2e-3, mixed=(25.0,) * 6, rc=0, steps=6, ranks=2,
+         moved=lambda step, rank: True, changed=lambda rel, rank: f"{rel * 100:.6e}", accuracy=(0.40, 0.52),
+         total=170, refit=True, case=None):
     d = root / name
     d.mkdir(parents=True)
     lines = [RAY.format(r=r, pid=10 + r) + MARK_GTP for r in range(ranks)]
@@ -112,9 +129,11 @@ def _run(root, name, *, equal=lambda step, rank: 170, drift=2e-3, mixed=(25.0,) 
     lines += [RAY.format(r=r, pid=10 + r) + MARK_RESHARD for r in range(ranks)]
     for step in range(1, steps + 1):
         for r in range(ranks):
+            if not refit:
+                continue
             lines.append(RAY.format(r=r, pid=10 + r) +
-                         f"[refit-check] step {step}: {equal(step, r)} of 170 tensors equal on rank {r}")
-            rel = 0.0 if step == 1 else drift * (step - 1) / 4
+                         f"[refit-check] step {step}: {equal(step, r)} of {total} tensors equal on rank {r}")
+            rel = 0.0 if step == 1 else drift * (step - 1) / (steps - 1)
             if moved(step, r):
                 lines.append(RAY.format(r=r, pid=10 + r) +
                              f"[weight-change] step {step}: rel_l2 {rel:.6e}, changed {changed(rel, r)} of 494032768 "
@@ -130,9 +149,12 @@ def _run(root, name, *, equal=lambda step, rank: 170, drift=2e-3, mixed=(25.0,) 
                "train/advantages/max": {k: (0.9 if m > 0 else 0.0) for k, m in zip(s, mixed)},
                "train/advantages/min": {k: (-0.9 if m > 0 else 0.0) for k, m in zip(s, mixed)},
                "train/loss": {k: 0.01 for k in s}}
+    if accuracy is not None:   # NeMo-RL's validation: step 0 (val_at_start) and the last step (val_at_end)
+        metrics["validation/accuracy"] = {"0": accuracy[0], str(steps): accuracy[1]}
     (d / "metrics.json").write_text(json.dumps(metrics, indent=2))
     (d / "exit_status").write_text(f"{rc}\n")
-    learning.merge_metrics(d, ranks)
+    c = casing.CASES[case or "learning"]
+    learning.merge_metrics(d, ranks, refit=refit, tensors=learning.model_tensors(c), last_step=casing.configured_steps(c))
     return d
 
 
@@ -148,31 +170,32 @@ def test_case_verdicts_of_the_learning_cases_name_their_reasons(tmp_path):
     from harness.host import caserun
     got = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "green"), 0)
     assert got["observed"] == "green" and got["as_expected"] and got["reasons"] == [], got["reasons"]
-    assert got["per_step"][learning.UNVERIFIED] == {str(k): 0.0 for k in range(1, 6)}
-    assert got["per_step"][learning.DRIFT]["5"] == pytest.approx(2e-3)
-    assert got["token_mult_prob_error_per_step"] == {str(k): 1.01 for k in range(1, 6)}
+    assert got["per_step"][learning.UNVERIFIED] == {str(k): 0.0 for k in range(1, 7)}
+    assert got["per_step"][learning.DRIFT]["6"] == pytest.approx(2e-3)
+    assert got["token_mult_prob_error_per_step"] == {str(k): 1.01 for k in range(1, 7)}
+    assert got["validation"] == {"accuracy_start": 0.40, "accuracy_end": 0.52, "accuracy_gain": pytest.approx(0.12)}
     stale = caserun.summarize(casing.CASES["learning-stale-refit"], _run(tmp_path, "stale", equal=_stale), 0)
     assert stale["observed"] == "red" and stale["as_expected"]
     assert any("unverified_tensors" in r and "= 170" in r for r in stale["reasons"]), stale["reasons"]
-    assert any("tensors equal on rank 0" in r and "at steps 2, 3, 4, 5" in r for r in stale["reasons"]), stale["reasons"]
+    assert any("tensors equal on rank 0" in r and "at steps 2, 3, 4, 5, 6" in r for r in stale["reasons"]), stale["reasons"]
     corrupt = caserun.summarize(casing.CASES["learning-corrupt-tensor"], _run(tmp_path, "corrupt", equal=_corrupt), 0)
     assert corrupt["observed"] == "red" and corrupt["as_expected"]
     assert any("unverified_tensors" in r and "= 1," in r for r in corrupt["reasons"]), corrupt["reasons"]
-    assert any("at steps 1, 2, 3, 4, 5" in r for r in corrupt["reasons"]), corrupt["reasons"]
+    assert any("at steps 1, 2, 3, 4, 5, 6" in r for r in corrupt["reasons"]), corrupt["reasons"]
     # The same cases' gates, other ways to be red: a step without a mixed group, weights that did not move,
     # a rank whose check line is missing (its tensors count as unverified).
-    flat = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "flat", mixed=(25.0, 25.0, 0.0, 25.0, 25.0)), 0)
+    flat = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "flat", mixed=(25.0, 25.0, 0.0, 25.0, 25.0, 25.0)), 0)
     assert flat["observed"] == "red" and any("pct_mixed" in r for r in flat["reasons"])
     assert any("advantages/max" in r for r in flat["reasons"])
     still = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "still", drift=1e-6), 0)
     assert still["observed"] == "red" and any("changed_fraction" in r for r in still["reasons"])
-    # A drift the last refit did not show on every rank is no drift: without step 5's lines the gate
-    # would read step 4 (last() of what is there); one rank silent counts as nothing moved; a NaN fails.
-    cut = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "no-last-drift", moved=lambda s, r: s < 5), 0)
+    # A drift the last refit did not show on every rank is no drift: without step 6's lines the gate
+    # would read step 5 (last() of what is there); one rank silent counts as nothing moved; a NaN fails.
+    cut = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "no-last-drift", moved=lambda s, r: s < 6), 0)
     assert cut["observed"] == "red" and any(r.startswith("gated steps: harness/policy/changed_fraction has no "
-                                                         "value at step 5") for r in cut["reasons"]), cut["reasons"]
+                                                         "value at step 6") for r in cut["reasons"]), cut["reasons"]
     half = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "one-rank-drift",
-                                                            moved=lambda s, r: s < 5 or r == 0), 0)
+                                                            moved=lambda s, r: s < 6 or r == 0), 0)
     assert half["observed"] == "red" and any("changed_fraction) = 0," in r for r in half["reasons"]), half["reasons"]
     nan = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "nan-drift",
                                                            changed=lambda rel, r: "nan" if r == 1 else f"{rel * 100:.6e}"), 0)

@@ -304,3 +304,144 @@ def test_the_docstrings_say_what_the_code_does():
         ROOT / "integration" / "nightly.toml").tests if t.name == casing.LEARNING_TEST)
     assert [m.text.rsplit(" ", 1)[-1] for m in spec.step_markers] == ["0", "1"], "a step marker per rank"
     assert "one line per rank" in runlog.__doc__ and "once for all ranks" not in runlog.__doc__
+
+
+# -- learning on held-out prompts (issue 40) ------------------------------------------------------
+def test_the_learning_gate_margin_is_the_held_out_sets_noise():
+    """The gate's bound is 3 standard deviations of the difference of two accuracies on n held-out
+    problems at the worst p (0.5): 3 * sqrt(2 * 0.25 / n), n the set the case validates on."""
+    spec = caserun_spec()
+    gate = next(g for g in spec.gates if g.key == casing.GAIN)
+    derived = 3 * math.sqrt(2 * 0.25 / casing.VALIDATION)
+    assert gate.op == ">" and derived <= gate.threshold < derived + 1e-4, (gate.text, derived)
+    assert casing.VALIDATION == fixtures.VALIDATION_PROBLEMS == 1024
+
+
+def caserun_spec():
+    from harness.host import caserun
+    return caserun.grpo_test(casing.LEARNING_TEST)
+
+
+def test_the_held_out_set_is_disjoint_from_the_grpo_prompts_and_the_pretrain_stream(tmp_path):
+    train = fixtures.write_dataset(tmp_path / "train.jsonl", 1234)
+    val = fixtures.write_validation(tmp_path / "validation.jsonl", 1234, train)
+    rows = [json.loads(x) for x in val.read_text().splitlines()]
+    prompts = {json.loads(x)["problem"] for x in train.read_text().splitlines()}
+    assert len(rows) == 1024 and len({r["problem"] for r in rows}) == 1024
+    assert not prompts & {r["problem"] for r in rows}
+    assert fixtures.write_validation(tmp_path / "again.jsonl", 1234, train).read_bytes() == val.read_bytes()
+    # The pretrain step skips them as it skips the GRPO prompts (its input key names the file too).
+    held = prompts | {r["problem"] for r in rows}
+    stream = pretrain.training_problems(1234, held)
+    assert not {next(stream)["problem"] for _ in range(3000)} & held
+
+
+def test_learning_verdicts_from_the_held_out_accuracy(tmp_path):
+    from harness.host import caserun
+    green = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "green"), 0)
+    assert green["observed"] == "green" and green["validation"]["accuracy_gain"] == pytest.approx(0.12)
+    # A rise within the noise of 1024 problems is no evidence of learning.
+    noise = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "noise", accuracy=(0.40, 0.46)), 0)
+    assert noise["observed"] == "red" and [r for r in noise["reasons"] if casing.GAIN in r] == noise["reasons"]
+    # A run that stopped before its end validation (or never validated) shows no gain at all.
+    for name, acc in (("no-validation", None),):
+        got = caserun.summarize(casing.CASES["learning"], _run(tmp_path, name, accuracy=acc), 0)
+        assert got["observed"] == "red" and any(f"'{casing.GAIN}' is missing" in r for r in got["reasons"])
+    # learning-sign-flip: weights move, every refit exact, groups mixed, advantages both ways; the policy
+    # is pushed away from the reward: red by the learning gate alone, as expected.
+    flip = caserun.summarize(casing.CASES["learning-sign-flip"],
+                             _run(tmp_path, "flip", accuracy=(0.40, 0.21), case="learning-sign-flip"), 0)
+    assert flip["observed"] == "red" and flip["as_expected"] and flip["red_by_missing"] == []
+    assert len(flip["reasons"]) == 1 and casing.GAIN in flip["reasons"][0], flip["reasons"]
+    # The same mutation's run if it learnt all the same: green, hence not as expected (the gate is blind).
+    blind = caserun.summarize(casing.CASES["learning-sign-flip"],
+                              _run(tmp_path, "flip-blind", case="learning-sign-flip"), 0)
+    assert blind["observed"] == "green" and not blind["as_expected"]
+    # GTP off must learn too: the matrix case is judged by the script's gates and the learning gate.
+    off = casing.CASES["learning-gtp-off"]
+    flat = caserun.summarize(off, _run(tmp_path, "off-flat", accuracy=(0.4, 0.4), refit=False, case="learning-gtp-off"), 1)
+    assert any(casing.GAIN in r for r in flat["reasons"]), flat["reasons"]
+    learnt = caserun.summarize(off, _run(tmp_path, "off-learns", refit=False, case="learning-gtp-off"), 1)
+    assert not any(casing.GAIN in r for r in learnt["reasons"]), learnt["reasons"]
+
+
+def test_the_refit_gate_counts_the_models_tensors_not_what_the_check_says():
+    """The tensor count comes from the model's config: a check that silently compares 10 tensors ("10 of 10
+    tensors equal") leaves 160 of Qwen2.5-0.5B's 170 unverified."""
+    assert learning.model_tensors(casing.CASES["learning"]) == 170   # as the H200's check lines say
+    cfg = dict(fixtures.SHAPE, num_hidden_layers=2, tie_word_embeddings=False)
+    assert learning.model_tensors(casing.CASES["learning"], cfg) == 17
+    log = "".join(f"[refit-check] step 1: 10 of 10 tensors equal on rank {r}\n" for r in range(2))
+    got = learning.harness_metrics(log, ["1"], 2, learning.model_tensors(casing.CASES["learning"]))
+    assert got[learning.UNVERIFIED] == {"1": 160.0}
+
+
+def test_skipping_tensors_turns_the_learning_case_red(tmp_path):
+    from harness.host import caserun
+    got = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "ten", equal=lambda s, r: 10, total=10), 0)
+    assert got["observed"] == "red" and any("unverified_tensors" in r and "= 160" in r for r in got["reasons"])
+
+
+FAKE_GRPO = '''
+calls = []
+
+def run_multi_turn_rollout(policy, batch, *args, greedy=False, **kwargs):
+    calls.append(("rollout", greedy))
+    return batch, {}
+
+def validate(policy, batch):
+    return run_multi_turn_rollout(policy, batch, greedy=False)
+
+def train_step(policy, batch):
+    return run_multi_turn_rollout(policy, batch, greedy=False)
+'''
+FAKE_LOSS = '''
+import torch
+
+class ClippedPGLossFn:
+    def __call__(self, next_token_logprobs, data, global_valid_seqs, global_valid_toks):
+        # The policy-gradient term: -advantage * logprob, summed (what the sign decides).
+        return -(data["advantages"] * next_token_logprobs).sum(), {}
+'''
+LEARNING_PROBE = '''
+import torch
+import nemo_rl.algorithms.grpo as g
+import nemo_rl.algorithms.loss.loss_functions as lf
+g.train_step(None, 1); g.validate(None, 1); g.train_step(None, 1)
+print("rollouts", g.calls)
+data = {"advantages": torch.tensor([1.0, -2.0])}
+loss, _ = lf.ClippedPGLossFn()(torch.tensor([0.5, 0.1]), data, 2, 2)
+print("loss", float(loss), "advantages after", data["advantages"].tolist())
+'''
+
+
+def _fake_nemo_rl(root):
+    for sub in ("nemo_rl", "nemo_rl/algorithms", "nemo_rl/algorithms/loss"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        (root / sub / "__init__.py").write_text("")
+    (root / "nemo_rl" / "algorithms" / "grpo.py").write_text(FAKE_GRPO)
+    (root / "nemo_rl" / "algorithms" / "loss" / "loss_functions.py").write_text(FAKE_LOSS)
+
+
+@pytest.mark.parametrize("env, rollouts, loss", [
+    ({}, [False, False, False], -0.3),   # nothing asked: NeMo-RL's own behaviour: -(1 * 0.5 - 2 * 0.1)
+    ({"CARRY_GREEDY_VALIDATION": "1"}, [False, True, False], -0.3),
+    ({"CARRY_GREEDY_VALIDATION": "1", "CARRY_LEARNING_MUTATION": "sign-flip"}, [False, True, False], 0.3),
+])
+def test_the_learning_hooks_make_validation_greedy_and_flip_the_advantages_into_the_loss(tmp_path, env, rollouts, loss):
+    """Through the same import hook as on the GPU host (hooks/sitecustomize.py): validate's rollouts greedy,
+    training's as they were; sign-flip: the loss sees -advantages (the caller's tensor is given back)."""
+    import os
+    _fake_nemo_rl(tmp_path)
+    hooks = NRL / "hooks"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CARRY_")}
+    res = subprocess.run([sys.executable, "-c", LEARNING_PROBE], capture_output=True, text=True, timeout=120,
+                         env={**base, "PYTHONPATH": f"{hooks}:{tmp_path}", **env}, check=False)
+    assert res.returncode == 0, res.stderr
+    out = dict(ln.split(" ", 1) for ln in res.stdout.splitlines() if ln.startswith(("rollouts", "loss")))
+    assert out["rollouts"] == repr([("rollout", g) for g in rollouts])
+    assert float(out["loss"].split()[0]) == pytest.approx(loss)
+    assert out["loss"].endswith("advantages after [1.0, -2.0]")
+    flipped = "[learning-mutation] sign-flip" in res.stdout
+    assert flipped == bool(env.get("CARRY_LEARNING_MUTATION"))
+    assert ("[validation] greedy" in res.stdout) == bool(env.get("CARRY_GREEDY_VALIDATION"))

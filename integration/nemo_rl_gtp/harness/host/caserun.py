@@ -295,8 +295,10 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
         except ValueError:
             metrics = {}
     spec = case_spec(case)
-    gates = list(spec.gates)
-    if case.validation and case.test != casing.LEARNING_TEST:   # a learning run of the matrix must learn too
+    # The learning gate reads the held-out validation: every learning case has it (cases.py), a learning run
+    # of the matrix too; a run recorded before it (cases.as_recorded) cannot show it and is judged without.
+    gates = [g for g in spec.gates if case.validation or g.key != casing.GAIN]
+    if case.validation and case.test != casing.LEARNING_TEST:
         gates += [g for g in grpo_test(casing.LEARNING_TEST).gates if g.key == casing.GAIN]
     results = [evaluate_gate(g, metrics) for g in gates]
     gate = results[0]   # token_mult_prob_error, the one the control reports

@@ -189,6 +189,20 @@ def case_env(case: Case) -> dict[str, str]:
     return env
 
 
+_NOT_THE_CASES = ("policy.model_name=", "data.train.dataset_name=", "++data.train.", "++data.validation=",
+                  "checkpointing.")
+
+
+def as_recorded(name: str, args: list[str]) -> Case:
+    """Case NAME as a recorded run ran it (its case.json's ``args``): the case's own overrides are the
+    recorded ones, and it validated only if they asked for it (evidence recorded before the held-out
+    validation is judged without the learning gate, which it could not show)."""
+    from dataclasses import replace
+
+    own = tuple(a for a in args if not a.startswith(_NOT_THE_CASES))
+    return replace(CASES[name], overrides=own, validation="grpo.val_at_start=true" in own)
+
+
 def validation_overrides(path: str) -> list[str]:
     """NeMo-RL's validation data: the held-out set as a ResponseDataset of its own (data.validation is null
     in the config, hence one dict)."""

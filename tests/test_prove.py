@@ -43,9 +43,36 @@ def test_red_green_and_the_ways_a_proof_can_be_wrong(proved, tmp_path):
     assert (tmp_path / "logs" / "clean.test_good.pristine.log").exists()
     # Only the good one: exit 0
     tool("prove", "--series", proved["series"], "--workdir", proved["work"], "--only", "clean", check=0)
-    # The skipped one alone is not a failure, and is never reported as passed.
-    res = tool("prove", "--series", proved["series"], "--workdir", proved["work"], "--only", "conflict", check=0)
+    # The skipped one alone is never reported as passed, and a prove whose every proof skipped proved
+    # nothing: it says so and exits 2.
+    res = tool("prove", "--series", proved["series"], "--workdir", proved["work"], "--only", "conflict",
+               "--json", tmp_path / "skipped.json", check=2)
     assert "not run here" in res.stdout and "pass" not in res.stdout.split("verdict")[1]
+    assert "every selected proof skipped (1): this prove showed nothing" in res.stderr
+    assert read_json(tmp_path / "skipped.json")["all_skipped"] is True and read_json(tmp_path / "skipped.json")["ok"] is False
+
+
+def test_a_pristine_red_counts_only_for_the_reason_its_proof_declares(demo, tmp_path):
+    """Red on pristine means a test body ran and failed with what the proof says it fails with: a
+    collection error (a name only a patch would add) and a fixture's error are `error`, never red; a body
+    red for another reason, or a proof that declares nothing, is not red/green."""
+    from fakeup import FIXTURE_ERROR, NEW_NAME, UNDECLARED, WRONG_REASON
+    add_proofs(demo["series"], {"good": GOOD, "wrong": WRONG_REASON, "undeclared": UNDECLARED, "newname": NEW_NAME},
+               {"clean": "good", "threeway": "wrong", "upstreamed": "undeclared", "conflict": "newname"},
+               SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    res, by = _prove(demo, tmp_path, check=1)
+    assert (by["clean"]["pristine"], by["clean"]["ok"]) == ("fail", True), by["clean"]
+    assert (by["threeway"]["pristine"], by["threeway"]["patched"], by["threeway"]["ok"]) == ("fail", "pass", False)
+    assert "red on the pristine base for another reason: KeyError: 'something else broke'" in \
+        by["threeway"]["pristine_detail"], by["threeway"]
+    assert by["upstreamed"]["ok"] is False and "declares no PRISTINE_FAILS" in by["upstreamed"]["pristine_detail"]
+    assert (by["conflict"]["pristine"], by["conflict"]["ok"]) == ("error", None), by["conflict"]
+    assert "no test body failed: a collect error" in by["conflict"]["pristine_detail"], by["conflict"]
+    (demo["series"] / "proofs" / "megatron_lm" / "test_newname.py").write_text(FIXTURE_ERROR)
+    res, by = _prove(demo, tmp_path, "--only", "conflict", check=2)
+    assert (by["conflict"]["pristine"], by["conflict"]["patched"]) == ("error", "pass"), by["conflict"]
+    assert "no test body failed: a setup error" in by["conflict"]["pristine_detail"], by["conflict"]
 
 
 def test_several_runs_at_once_report_in_series_order(proved, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from .. import progress
@@ -10,7 +11,7 @@ from ..evidence import canary, tesite
 from ..nightly import config as nightly_config
 from ..nightly.config import NightlyConfig
 from ..nightly.plan import Options, cells, default_run_id, plan, seed_for, timeout_for
-from ..nightly.run import NOT_GREEN, run_canaries, run_nightly, write_outputs
+from ..nightly.run import all_proofs_skipped, night_ok, run_canaries, run_nightly, write_outputs
 from ..report import table
 from ..series.manifest import Series, load
 from ..series.repo import REPO_ROOT, load_series
@@ -153,4 +154,6 @@ def main(argv: list[str], prog: str) -> int:
     for w in canary.warnings(canaries):
         print(f"warning: {w}")
     print(f"results in {out} (summary.md, junit.xml, nightly.json); history {opts.history}")
-    return 1 if any(r["status"] in NOT_GREEN for r in runs) else 0
+    if all_proofs_skipped(runs):
+        print("error: every proof cell skipped: the night proved nothing of the series (not green)", file=sys.stderr)
+    return 0 if night_ok(runs) else 1

@@ -16,7 +16,12 @@ CUDA was initialised, when its environment cannot be built, or when the interpre
 stops before any test body started (no pytest, a crash at start-up, pytest's own usage or
 internal errors). The plugin ``proofsite/carry_proof_plugin.py`` records, from inside the proof's
 pytest, when each test body starts and what each exception was; a crash or a timeout after a
-body started is a ``fail`` of that body. ``error`` is never evidence: prove exits 2 for it (the
+body started is a ``fail`` of that body. A red is a body that ran and failed: an error of
+collection (an import of what only the patch adds), of a fixture's setup or teardown is ``error``,
+never red; and each proof declares what it fails with on the pristine base (``PRISTINE_FAILS``, a
+regex every failing body's ``Type: message`` must match), else its red is not counted
+(``red_for_its_reason``). A prove in which every selected proof skipped proved nothing: it is not
+``ok`` and exits 2. ``error`` is never evidence: prove exits 2 for it (the
 host is not configured for the proof) unless a proof is also not red/green (exit 1), the nightly
 reports it as ``error`` and does not bisect it, and retire takes no behaviour evidence from it.
 """
@@ -51,6 +56,45 @@ class Outcome:
     result: str          # pass | fail | skipped | error (the environment: see the module's docstring)
     detail: str = ""
     seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)   # each failed test body's "Type: message" (a fail's)
+
+
+# What a proof declares it fails with on the pristine base: a module-level string of the proof file, a
+# regular expression that every failing test body's "Type: message" (the innermost exception, a rank's
+# own) must match (re.search). Read with ast: the file is not imported.
+PRISTINE_FAILS = "PRISTINE_FAILS"
+
+
+def declared_failure(proof_file: Path) -> str | None:
+    """The proof's PRISTINE_FAILS, or None when it declares none (or the file cannot be read)."""
+    import ast
+
+    try:
+        tree = ast.parse(proof_file.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == PRISTINE_FAILS
+                                                 for t in node.targets)
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            return node.value.value
+    return None
+
+
+def red_for_its_reason(outcome: Outcome, proof_file: Path) -> str:
+    """Why a pristine ``fail`` is not the red its proof declares ("" when it is): every failing test body
+    must fail with what PRISTINE_FAILS says; a proof that declares nothing cannot show it."""
+    if outcome.result != "fail":
+        return ""
+    expected = declared_failure(proof_file)
+    if expected is None:
+        return f"{proof_file.name} declares no {PRISTINE_FAILS}: what it fails with on the pristine base is unchecked"
+    if not outcome.failures:   # a body started and the interpreter died or hung: no exception to compare
+        return f"no test body failed with an exception to compare with {PRISTINE_FAILS} ({outcome.detail[:200]})"
+    other = [f for f in outcome.failures if not re.search(expected, f)]
+    if other:
+        return f"red on the pristine base for another reason: {other[0][:200]} (it declares {expected!r})"
+    return ""
 
 
 @dataclass
@@ -72,8 +116,13 @@ class ProveReport:
     proofs: list[ProofResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # patches whose proof could not run here
 
+    @property
+    def all_skipped(self) -> bool:
+        """Every selected proof skipped on both trees: the prove showed nothing."""
+        return bool(self.proofs) and all(r.pristine == r.patched == "skipped" for r in self.proofs)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "all_skipped": self.all_skipped}
 
 
 # What every proof interpreter runs with (zygote child or fresh). No bytecode left in the trees. No
@@ -236,6 +285,11 @@ def _classify(rc: int | None, xml: Path, output: str, secs: float, events: list[
         return Outcome("error", f"environment ({e.get('phase')} of {e.get('nodeid') or 'the proof'}): "
                                 f"{e.get('reason')}", secs)
     bodies = [e["nodeid"] for e in events if e.get("event") == "body"]
+    # A red is a test body that ran and failed: an exception of the call phase. One of collection (an
+    # import the pristine base lacks, a name only the patch adds), of setup or teardown (a fixture)
+    # never met the bug: it is no red.
+    called = [e for e in events if e.get("event") == "error" and e.get("phase") == "call"]
+    before = [e for e in events if e.get("event") == "error" and e.get("phase") != "call"]
     tail = " | ".join(output.strip().splitlines()[-3:])[-400:]
     if rc is None or not xml.exists():
         what = output if rc is None else f"the interpreter exited {rc} without a report: {tail}"
@@ -258,10 +312,13 @@ def _classify(rc: int | None, xml: Path, output: str, secs: float, events: list[
         return Outcome("skipped", skip_note or "all tests skipped", secs)
     if rc == 0 and tests > skipped:
         return Outcome("pass", f"{tests - skipped} passed" + (f", {skipped} skipped" if skipped else ""), secs)
+    if rc in (1, 2) and failed and called:
+        return Outcome("fail", first_failure, secs, [str(e.get("reason") or "") for e in called])
     if rc in (1, 2) and failed:
-        # rc 2 with a recorded error is a collection error: the tree lacks what the proof imports
-        # (an import the trees cannot provide was an environment error above).
-        return Outcome("fail", first_failure, secs)
+        e = before[0] if before else {}
+        return Outcome("error", f"no test body failed: a {e.get('phase') or 'collection'} error of "
+                                f"{e.get('nodeid') or 'the proof'} ({e.get('reason') or first_failure}) says nothing "
+                                "of the bug", secs)
     return Outcome("error", f"environment: pytest exited {rc}: {tail}", secs)
 
 
@@ -313,7 +370,7 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
         finally:
             for z in zygotes.values():
                 z.close()
-    report.ok = all(r.ok is not False for r in report.proofs) and not report.errors
+    report.ok = all(r.ok is not False for r in report.proofs) and not report.errors and not report.all_skipped
     return report
 
 
@@ -367,14 +424,16 @@ def _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd: Path, repo
         for (p, proof, _, _), (first, second) in zip(pairs, runs):  # series order, whatever finishes first
             a, b = first.result(), second.result()
             progress.say(f"{p.id}: {proof}: pristine {a.result}, patched {b.result}")
+            wrong = red_for_its_reason(a, series.root / proof.split("::")[0])
             if "error" in (a.result, b.result):
                 ok = None  # it could not run here: no evidence either way (an environment error)
                 report.errors.append(p.id)
             elif a.result == "skipped" and b.result == "skipped":
                 ok = None
             else:
-                ok = a.result == "fail" and b.result == "pass"
-            report.proofs.append(ProofResult(p.id, proof, a.result, b.result, ok, a.detail, b.detail,
+                ok = a.result == "fail" and b.result == "pass" and not wrong
+            report.proofs.append(ProofResult(p.id, proof, a.result, b.result, ok,
+                                             f"{wrong}; {a.detail}" if wrong else a.detail, b.detail,
                                              round(a.seconds + b.seconds, 1)))
     except BaseException:
         # Ctrl-C (or a failure of ours): nothing queued starts, the running proofs are killed, and

@@ -698,3 +698,26 @@ def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness(tmp_path):
     assert {("learning", "green"), ("learning-frozen-weights", "red"), ("learning-stale-refit", "red"),
             ("learning-corrupt-tensor", "red"), ("learning-gtp-off", "green"), ("learning-no-cuda-graphs", "green"),
             ("learning-gtp-off-no-cuda-graphs", "green"), ("moe", "green")} <= seen
+
+
+def test_a_night_whose_every_proof_skipped_is_not_green(demo, tmp_path):
+    """Every proof cell skipped (a GPU proof on a host without one): the night proved nothing of the series;
+    it is not green (exit 1, nightly.json's ok false) and says why. One proof that ran makes it green again."""
+    from helpers import proofs_matrix
+    add_proofs(demo["series"], {"gpu": GPU, "good": GOOD}, {"conflict": "gpu", "clean": "good"},
+               SERIES / "proofs" / "pytest.ini")
+
+    def night(patches, name, check):
+        cfg = tmp_path / f"{name}.toml"
+        cfg.write_text(proofs_matrix(str(demo["series"]), patches=patches))
+        out = tmp_path / name
+        res = tool("nightly", "--config", cfg, "--out", out, "--workdir", tmp_path / f"w-{name}", "--cache",
+                   demo["cache"], "--source", f"megatron-lm={demo['up']}", "--no-bisect", "--history",
+                   tmp_path / f"{name}.jsonl", check=check)
+        return res, read_json(out / "nightly.json")
+
+    res, doc = night(["conflict"], "skipped", 1)
+    assert [r["status"] for r in doc["runs"]] == ["skipped"] and doc["all_proofs_skipped"] and doc["ok"] is False
+    assert "every proof cell skipped: the night proved nothing" in res.stderr
+    res, doc = night(["conflict", "clean"], "one-ran", 0)
+    assert sorted(r["status"] for r in doc["runs"]) == ["passed", "skipped"] and doc["ok"] is True

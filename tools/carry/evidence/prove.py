@@ -57,6 +57,7 @@ class Outcome:
     detail: str = ""
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)   # each failed test body's "Type: message" (a fail's)
+    via: str = ""        # "zygote" (forked from it) or "fresh" (an interpreter of its own): how the run started
 
 
 # What a proof declares it fails with on the pristine base: a module-level string of the proof file, a
@@ -107,6 +108,7 @@ class ProofResult:
     pristine_detail: str = ""
     patched_detail: str = ""
     seconds: float = 0.0
+    via: list[str] = field(default_factory=list)   # how the pristine and the patched run started (Outcome.via)
 
 
 @dataclass
@@ -232,8 +234,10 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
         argv = [python, "-m", "pytest", *args]
         cwd = series.root.parents[1]
         t0 = time.monotonic()
+        via = "fresh"
         try:
             if z is not None and z.wait_ready() and z.forks_safely:
+                via = "zygote"
                 rc, out, err = z.run(args, env, cwd, timeout, Path(tmp))
             else:
                 # Its own process group: a timeout kills its ranks (and a forkserver) with it.
@@ -249,7 +253,9 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
             log_dir.mkdir(parents=True, exist_ok=True)
             stem = Path(proof.split("::")[0]).stem
             (log_dir / f"{patch.id}.{stem}.{label}.log").write_text(log_text)
-        return _classify(rc, xml, output, secs, _events(events))
+        outcome = _classify(rc, xml, output, secs, _events(events))
+        outcome.via = via
+        return outcome
 
 
 def _events(path: Path) -> list[dict]:
@@ -434,7 +440,7 @@ def _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd: Path, repo
                 ok = a.result == "fail" and b.result == "pass" and not wrong
             report.proofs.append(ProofResult(p.id, proof, a.result, b.result, ok,
                                              f"{wrong}; {a.detail}" if wrong else a.detail, b.detail,
-                                             round(a.seconds + b.seconds, 1)))
+                                             round(a.seconds + b.seconds, 1), [a.via, b.via]))
     except BaseException:
         # Ctrl-C (or a failure of ours): nothing queued starts, the running proofs are killed, and
         # the caller removes their trees once the threads let go of them.

@@ -64,7 +64,7 @@ def test_a_pristine_red_counts_only_for_the_reason_its_proof_declares(demo, tmp_
     res, by = _prove(demo, tmp_path, check=1)
     assert (by["clean"]["pristine"], by["clean"]["ok"]) == ("fail", True), by["clean"]
     assert (by["threeway"]["pristine"], by["threeway"]["patched"], by["threeway"]["ok"]) == ("fail", "pass", False)
-    assert "red on the pristine base for another reason: KeyError: 'something else broke'" in \
+    assert "red on the pristine base for another reason: test_value_5_is_patched: KeyError: 'something else broke'" in \
         by["threeway"]["pristine_detail"], by["threeway"]
     assert by["upstreamed"]["ok"] is False and "declares no PRISTINE_FAILS" in by["upstreamed"]["pristine_detail"]
     assert (by["conflict"]["pristine"], by["conflict"]["ok"]) == ("error", None), by["conflict"]

@@ -20,7 +20,9 @@ body started is a ``fail`` of that body. A red is a body that ran and failed: an
 collection (an import of what only the patch adds), of a fixture's setup or teardown is ``error``,
 never red; and each proof declares what it fails with on the pristine base (``PRISTINE_FAILS``, a
 regex every failing body's ``Type: message`` must match), else its red is not counted
-(``red_for_its_reason``). A prove in which every selected proof skipped proved nothing: it is not
+(``red_for_its_reason``). The pristine run of a patch that ``requires`` others of its upstream has
+those applied (``pristine_tree``): without them its proof meets their bugs first (the refit
+planner's proof met the inference collection's), red for another patch's reason. A prove in which every selected proof skipped proved nothing: it is not
 ``ok`` and exits 2. ``error`` is never evidence: prove exits 2 for it (the
 host is not configured for the proof) unless a proof is also not red/green (exit 1), the nightly
 reports it as ``error`` and does not bisect it, and retire takes no behaviour evidence from it.
@@ -56,17 +58,20 @@ class Outcome:
     result: str          # pass | fail | skipped | error (the environment: see the module's docstring)
     detail: str = ""
     seconds: float = 0.0
-    failures: list[str] = field(default_factory=list)   # each failed test body's "Type: message" (a fail's)
+    failures: list[list[str]] = field(default_factory=list)   # [test id, "Type: message"] per failed body
     via: str = ""        # "zygote" (forked from it) or "fresh" (an interpreter of its own): how the run started
 
 
-# What a proof declares it fails with on the pristine base: a module-level string of the proof file, a
-# regular expression that every failing test body's "Type: message" (the innermost exception, a rank's
-# own) must match (re.search). Read with ast: the file is not imported.
+# What a proof declares it fails with on the pristine base: a module-level literal of the proof file
+# (read with ast: the file is not imported). A string is a regular expression that every failing test
+# body's "Type: message" (the innermost exception, a rank's own) must match (re.search). A dict maps a
+# test function's name to its regex, or to None for a test that is no proof of the bug (it checks what
+# the patch adds: its pristine outcome counts for nothing, it must still pass patched); a test it does
+# not name may not fail there.
 PRISTINE_FAILS = "PRISTINE_FAILS"
 
 
-def declared_failure(proof_file: Path) -> str | None:
+def declared_failure(proof_file: Path) -> str | dict | None:
     """The proof's PRISTINE_FAILS, or None when it declares none (or the file cannot be read)."""
     import ast
 
@@ -75,16 +80,24 @@ def declared_failure(proof_file: Path) -> str | None:
     except (OSError, SyntaxError, ValueError):
         return None
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == PRISTINE_FAILS
-                                                 for t in node.targets)
-                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
-            return node.value.value
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == PRISTINE_FAILS
+                                                for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            return value if isinstance(value, (str, dict)) else None
     return None
 
 
+def _test_name(nodeid: str) -> str:
+    return nodeid.rsplit("::", 1)[-1].split("[", 1)[0]
+
+
 def red_for_its_reason(outcome: Outcome, proof_file: Path) -> str:
-    """Why a pristine ``fail`` is not the red its proof declares ("" when it is): every failing test body
-    must fail with what PRISTINE_FAILS says; a proof that declares nothing cannot show it."""
+    """Why a pristine ``fail`` is not the red its proof declares ("" when it is): a failing test body
+    that is a proof of the bug, and each such body failing with what PRISTINE_FAILS says; a proof that
+    declares nothing cannot show it."""
     if outcome.result != "fail":
         return ""
     expected = declared_failure(proof_file)
@@ -92,9 +105,19 @@ def red_for_its_reason(outcome: Outcome, proof_file: Path) -> str:
         return f"{proof_file.name} declares no {PRISTINE_FAILS}: what it fails with on the pristine base is unchecked"
     if not outcome.failures:   # a body started and the interpreter died or hung: no exception to compare
         return f"no test body failed with an exception to compare with {PRISTINE_FAILS} ({outcome.detail[:200]})"
-    other = [f for f in outcome.failures if not re.search(expected, f)]
-    if other:
-        return f"red on the pristine base for another reason: {other[0][:200]} (it declares {expected!r})"
+    counted = 0
+    for nodeid, reason in outcome.failures:
+        want = expected if isinstance(expected, str) else expected.get(_test_name(nodeid), "")
+        if want is None:
+            continue   # declared no proof of the bug: its failure there says nothing
+        if not want or not re.search(want, reason):
+            return (f"red on the pristine base for another reason: {_test_name(nodeid)}: {reason[:200]} "
+                    f"(it declares {want!r})" if want else
+                    f"red on the pristine base in {_test_name(nodeid)}, which its {PRISTINE_FAILS} does not name: "
+                    f"{reason[:200]}")
+        counted += 1
+    if not counted:
+        return f"only tests its {PRISTINE_FAILS} counts for nothing failed on the pristine base"
     return ""
 
 
@@ -319,7 +342,8 @@ def _classify(rc: int | None, xml: Path, output: str, secs: float, events: list[
     if rc == 0 and tests > skipped:
         return Outcome("pass", f"{tests - skipped} passed" + (f", {skipped} skipped" if skipped else ""), secs)
     if rc in (1, 2) and failed and called:
-        return Outcome("fail", first_failure, secs, [str(e.get("reason") or "") for e in called])
+        return Outcome("fail", first_failure, secs, [[str(e.get("nodeid") or ""), str(e.get("reason") or "")]
+                                                     for e in called])
     if rc in (1, 2) and failed:
         e = before[0] if before else {}
         return Outcome("error", f"no test body failed: a {e.get('phase') or 'collection'} error of "
@@ -393,6 +417,34 @@ def _tree_tops(roots: list[Path]) -> set[str]:
     return {t for t in tops if t.isidentifier()}
 
 
+def prerequisites(series: Series, patch: PatchMeta) -> list[PatchMeta]:
+    """The patches of PATCH's own upstream that it requires, directly or not, in series order: its
+    proof's pristine run has them (each upstream's other trees are at their patched heads anyway)."""
+    wanted, stack = set(), list(patch.requires)
+    while stack:
+        dep = series.patch(stack.pop())
+        if dep.id not in wanted:
+            wanted.add(dep.id)
+            stack.extend(dep.requires)
+    return [p for p in series.patches if p.id in wanted and p.upstream == patch.upstream]
+
+
+def pristine_tree(series: Series, patch: PatchMeta, base: Path, dest: Path) -> Path:
+    """The tree PATCH's proof must fail on: the pristine base, plus the patches PATCH requires (a proof
+    of a patch that builds on another would otherwise meet that other's bug first, and be red for it).
+    BASE itself when it requires none."""
+    import shutil
+
+    needed = prerequisites(series, patch)
+    if not needed:
+        return base
+    if not dest.exists():
+        shutil.copytree(base, dest, symlinks=True)
+        for dep in needed:
+            Git(dest)("apply", "--whitespace=nowarn", str(series.patch_path(dep).resolve()))
+    return dest
+
+
 def _extract_pairs(series, wd, state, with_proof, tmpd: Path) -> list:
     pairs = []  # (patch, proof, pristine trees, patched trees), in series order
     for p in with_proof:
@@ -403,12 +455,13 @@ def _extract_pairs(series, wd, state, with_proof, tmpd: Path) -> list:
                              hint=f"`{command('apply', series, '--workdir', wd.root, '--only', p.id)}` first")
         repo = wd.workspace(p.upstream)
         others = {u: wd.workspace(u) for u, _ in state.records() if u != p.upstream}
-        pristine_tree = tmpd / f"{p.upstream}-base"
-        if not pristine_tree.exists():
-            extract(repo, rec.base_commit, pristine_tree)
+        base = tmpd / f"{p.upstream}-base"
+        if not base.exists():
+            extract(repo, rec.base_commit, base)
+        pristine = pristine_tree(series, p, base, tmpd / f"{p.upstream}-base-for-{p.id}")
         patched_tree = extract(repo, commit, tmpd / f"{p.upstream}-{p.id}")
         for proof in p.proofs:
-            pairs.append((p, proof, {**others, p.upstream: pristine_tree}, {**others, p.upstream: patched_tree}))
+            pairs.append((p, proof, {**others, p.upstream: pristine}, {**others, p.upstream: patched_tree}))
     return pairs
 
 

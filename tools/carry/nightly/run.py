@@ -35,7 +35,7 @@ from .. import progress
 from ..errors import CarryError
 from ..evidence import canary
 from ..evidence.bisect import BisectResult, PrefixTrees, bisect
-from ..evidence.prove import jobs, red_for_its_reason, run_proof
+from ..evidence.prove import jobs, pristine_tree, red_for_its_reason, run_proof
 from ..files import write_json
 from ..workspace.apply import Options as ApplyOptions
 from ..workspace.apply import apply_series
@@ -134,7 +134,9 @@ def _proof_pristine(cell: Cell, trees: dict[str, Path], prefix: PrefixTrees, out
                     timeout: float, cache: Path) -> Verdict | None:
     """A passing proof must fail on its pristine base; else it proves nothing (vacuous)."""
     assert cell.patch is not None
-    base = {**trees, cell.patch.upstream: prefix.pristine(cell.patch.upstream)}
+    up = cell.patch.upstream
+    base = {**trees, up: pristine_tree(cell.series, cell.patch, prefix.pristine(up),
+                                       prefix.scratch / f"{up}-base-for-{cell.patch.id}")}
     o = run_proof(cell.series, cell.patch, base, timeout, out, "pristine", proof=cell.proof, cache=cache)
     wrong = red_for_its_reason(o, cell.series.root / (cell.proof or cell.patch.proof).split("::")[0])
     if o.result == "fail" and not wrong:

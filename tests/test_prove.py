@@ -418,3 +418,46 @@ def test_a_pytest_plugin_installed_beside_the_proof_is_not_loaded(demo, tmp_path
     # The proof body passes on both trees (it proves nothing of the patch: not red/green, exit 1), and
     # it ran: the plugin was kept out of both runs.
     assert (row["pristine"], row["patched"]) == ("pass", "pass"), row
+
+
+def test_every_proof_of_the_series_declares_what_it_fails_with_on_pristine():
+    """Each proof file of the three series names its pristine failure (PRISTINE_FAILS: a regex, or per test a
+    regex or None), and every regex compiles: prove can then tell a red for the bug from a red for another reason."""
+    import re
+
+    from carry.evidence.prove import declared_failure
+    from carry.series.repo import load_series
+    series = load_series("gtp")
+    files = {series.root / proof.split("::")[0] for p in series.patches for proof in p.proofs}
+    assert len(files) >= 19, files
+    for f in sorted(files):
+        declared = declared_failure(f)
+        assert declared is not None, f"{f.name} declares no PRISTINE_FAILS"
+        for regex in ([declared] if isinstance(declared, str) else declared.values()):
+            if regex is not None:
+                re.compile(regex)
+        if isinstance(declared, dict):
+            import ast
+            tests = {n.name for n in ast.parse(f.read_text()).body if isinstance(n, ast.FunctionDef)}
+            assert set(declared) <= tests and any(v is not None for v in declared.values()), (f.name, declared)
+
+
+def test_a_proofs_pristine_run_has_the_patches_it_requires(gtp_work, tmp_path):
+    """The refit planner's patch requires the two collection patches: its proof's pristine tree is the base with
+    those applied (and not its own), else the proof met their bugs first (red for the inference collection)."""
+    from carry.evidence.prove import extract, prerequisites, pristine_tree
+    from carry.runner import Git
+    from carry.series.repo import load_series
+    from carry.workspace.workdir import WorkDir
+    series = load_series("gtp")
+    plan = series.patch("mlm-gtp-refit-plan")
+    assert [p.id for p in prerequisites(series, plan)] == ["mlm-pg-collection", "mlm-inference-pg"]
+    assert prerequisites(series, series.patch("mlm-pg-collection")) == []
+    wd = WorkDir(gtp_work)
+    rec = wd.require(series).record("megatron-lm")
+    base = extract(wd.workspace("megatron-lm"), rec.base_commit, tmp_path / "base")
+    assert pristine_tree(series, series.patch("mlm-pg-collection"), base, tmp_path / "none") == base
+    tree = pristine_tree(series, plan, base, tmp_path / "with-requirements")
+    for dep in ("mlm-pg-collection", "mlm-inference-pg"):   # applied: they reverse-apply
+        Git(tree)("apply", "--check", "-R", str(series.patch_path(series.patch(dep)).resolve()))
+    Git(tree)("apply", "--check", str(series.patch_path(plan).resolve()))   # its own is not

@@ -342,8 +342,9 @@ def _classify(rc: int | None, xml: Path, output: str, secs: float, events: list[
     if rc == 0 and tests > skipped:
         return Outcome("pass", f"{tests - skipped} passed" + (f", {skipped} skipped" if skipped else ""), secs)
     if rc in (1, 2) and failed and called:
-        return Outcome("fail", first_failure, secs, [[str(e.get("nodeid") or ""), str(e.get("reason") or "")]
-                                                     for e in called])
+        # The detail is the first body's failure (JUnit's first may be another test's fixture error).
+        return Outcome("fail", str(called[0].get("reason") or first_failure)[:300], secs,
+                       [[str(e.get("nodeid") or ""), str(e.get("reason") or "")] for e in called])
     if rc in (1, 2) and failed:
         e = before[0] if before else {}
         return Outcome("error", f"no test body failed: a {e.get('phase') or 'collection'} error of "

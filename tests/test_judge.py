@@ -570,7 +570,7 @@ def test_steps_missing_from_every_gated_series_fail(steps, series, lack):
 def test_the_matrix_says_how_many_steps_a_run_makes():
     cfg = load_matrix(ROOT / "integration" / "nightly.toml")
     steps = {t.name: t.steps for t in cfg.tests}
-    assert steps["grpo-megatron-generation-gtp"] == 2 and steps["grpo-megatron-generation-gtp-learning"] == 5
+    assert steps["grpo-megatron-generation-gtp"] == 2 and steps["grpo-megatron-generation-gtp-learning"] == 6
     assert steps["gtp-refit-mini-nccl-bf16"] == 3  # from its argv's --steps 3
 
 

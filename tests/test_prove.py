@@ -194,6 +194,7 @@ from _world import spawn
 
 import megatron.core.alpha as alpha
 
+PRISTINE_FAILS = r"^AssertionError: assert .*'patched'"
 torch.cuda.device_count = lambda: 1
 POISONED = []
 os.register_at_fork(after_in_child=lambda: POISONED.append(True))
@@ -328,15 +329,20 @@ def test_a_proof_that_cannot_run_here_is_an_error_not_a_red_proof(with_world, tm
     (with_world["series"] / "proofs" / "megatron_lm" / "test_dies.py").write_text(NEEDS_A_TOOL)
     _, by = _prove(with_world, tmp_path, "--only", "conflict", check=2)
     assert by["conflict"]["pristine"] == "error" and "carry-test-no-such-tool" in by["conflict"]["pristine_detail"], by
-    # A module of the tree's own package that is missing stays a red proof (exit 1).
-    _, by = _prove(with_world, tmp_path, "--only", "upstreamed", check=1)
-    assert (by["upstreamed"]["pristine"], by["upstreamed"]["ok"]) == ("fail", False), by
+    # A module of the tree's own package that is missing at collection (what a patch would add) never met the
+    # bug: no test body ran, so it is no red (it was one before issue 40), and the host is not blamed either:
+    # the detail says no body failed.
+    _, by = _prove(with_world, tmp_path, "--only", "upstreamed", check=2)
+    assert (by["upstreamed"]["pristine"], by["upstreamed"]["ok"]) == ("error", None), by
+    assert "no test body failed: a collect error" in by["upstreamed"]["pristine_detail"], by
 
 
 # -- the work directory's record is read under its lock -------------------------------------------
 ON_V1 = '''
 import megatron.core.alpha as alpha
 import megatron.core.beta as beta
+
+PRISTINE_FAILS = r"^AssertionError: assert .*'patched'"
 
 
 def test_value_5_is_patched_on_v1():
@@ -425,7 +431,7 @@ def test_every_proof_of_the_series_declares_what_it_fails_with_on_pristine():
     regex or None), and every regex compiles: prove can then tell a red for the bug from a red for another reason."""
     import re
 
-    from carry.evidence.prove import declared_failure
+    from carry.evidence.pristine import declared_failure
     from carry.series.repo import load_series
     series = load_series("gtp")
     files = {series.root / proof.split("::")[0] for p in series.patches for proof in p.proofs}
@@ -445,7 +451,8 @@ def test_every_proof_of_the_series_declares_what_it_fails_with_on_pristine():
 def test_a_proofs_pristine_run_has_the_patches_it_requires(gtp_work, tmp_path):
     """The refit planner's patch requires the two collection patches: its proof's pristine tree is the base with
     those applied (and not its own), else the proof met their bugs first (red for the inference collection)."""
-    from carry.evidence.prove import extract, prerequisites, pristine_tree
+    from carry.evidence.pristine import prerequisites, pristine_tree
+    from carry.evidence.prove import extract
     from carry.runner import Git
     from carry.series.repo import load_series
     from carry.workspace.workdir import WorkDir

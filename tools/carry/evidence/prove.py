@@ -31,14 +31,11 @@ reports it as ``error`` and does not bisect it, and retire takes no behaviour ev
 from __future__ import annotations
 
 import io
-import json
 import os
-import re
 import sys
 import tarfile
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor, wait as futures_wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,74 +48,8 @@ from ..series.manifest import PatchMeta, Series
 from ..series.repo import command
 from ..workspace.workdir import WorkDir
 from . import proofenv, scratch as scratchdirs, tesite, zygote
-
-
-@dataclass
-class Outcome:
-    result: str          # pass | fail | skipped | error (the environment: see the module's docstring)
-    detail: str = ""
-    seconds: float = 0.0
-    failures: list[list[str]] = field(default_factory=list)   # [test id, "Type: message"] per failed body
-    via: str = ""        # "zygote" (forked from it) or "fresh" (an interpreter of its own): how the run started
-
-
-# What a proof declares it fails with on the pristine base: a module-level literal of the proof file
-# (read with ast: the file is not imported). A string is a regular expression that every failing test
-# body's "Type: message" (the innermost exception, a rank's own) must match (re.search). A dict maps a
-# test function's name to its regex, or to None for a test that is no proof of the bug (it checks what
-# the patch adds: its pristine outcome counts for nothing, it must still pass patched); a test it does
-# not name may not fail there.
-PRISTINE_FAILS = "PRISTINE_FAILS"
-
-
-def declared_failure(proof_file: Path) -> str | dict | None:
-    """The proof's PRISTINE_FAILS, or None when it declares none (or the file cannot be read)."""
-    import ast
-
-    try:
-        tree = ast.parse(proof_file.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return None
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == PRISTINE_FAILS
-                                                for t in node.targets):
-            try:
-                value = ast.literal_eval(node.value)
-            except ValueError:
-                return None
-            return value if isinstance(value, (str, dict)) else None
-    return None
-
-
-def _test_name(nodeid: str) -> str:
-    return nodeid.rsplit("::", 1)[-1].split("[", 1)[0]
-
-
-def red_for_its_reason(outcome: Outcome, proof_file: Path) -> str:
-    """Why a pristine ``fail`` is not the red its proof declares ("" when it is): a failing test body
-    that is a proof of the bug, and each such body failing with what PRISTINE_FAILS says; a proof that
-    declares nothing cannot show it."""
-    if outcome.result != "fail":
-        return ""
-    expected = declared_failure(proof_file)
-    if expected is None:
-        return f"{proof_file.name} declares no {PRISTINE_FAILS}: what it fails with on the pristine base is unchecked"
-    if not outcome.failures:   # a body started and the interpreter died or hung: no exception to compare
-        return f"no test body failed with an exception to compare with {PRISTINE_FAILS} ({outcome.detail[:200]})"
-    counted = 0
-    for nodeid, reason in outcome.failures:
-        want = expected if isinstance(expected, str) else expected.get(_test_name(nodeid), "")
-        if want is None:
-            continue   # declared no proof of the bug: its failure there says nothing
-        if not want or not re.search(want, reason):
-            return (f"red on the pristine base for another reason: {_test_name(nodeid)}: {reason[:200]} "
-                    f"(it declares {want!r})" if want else
-                    f"red on the pristine base in {_test_name(nodeid)}, which its {PRISTINE_FAILS} does not name: "
-                    f"{reason[:200]}")
-        counted += 1
-    if not counted:
-        return f"only tests its {PRISTINE_FAILS} counts for nothing failed on the pristine base"
-    return ""
+from .outcome import Outcome, classify as _classify, events as _events
+from .pristine import pristine_tree, red_for_its_reason
 
 
 @dataclass
@@ -281,78 +212,6 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
         return outcome
 
 
-def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line torn by a killed interpreter
-    return out
-
-
-_ERROR_LINE = re.compile(r"^\s*(?:E\s+)?([A-Za-z_.]*(?:Error|Exception|Failed|Interrupted)\b.*)$")
-
-
-def _headline(text: str) -> str:
-    """The most telling line of a failure: the innermost 'SomethingError: ...' (a rank's own)."""
-    hits = [m.group(1).strip() for line in text.splitlines() if (m := _ERROR_LINE.match(line))]
-    hits = [h for h in hits if not h.endswith("failed:")] or hits
-    if hits:
-        return hits[-1][:300]
-    lines = [x.strip() for x in text.splitlines() if x.strip()]
-    return lines[0][:300] if lines else ""
-
-
-def _classify(rc: int | None, xml: Path, output: str, secs: float, events: list[dict] = ()) -> Outcome:
-    """``rc`` None: the run did not finish (``output`` says why)."""
-    environment = [e for e in events if e.get("event") == "error" and e.get("kind") == "environment"]
-    if environment:
-        e = environment[0]
-        return Outcome("error", f"environment ({e.get('phase')} of {e.get('nodeid') or 'the proof'}): "
-                                f"{e.get('reason')}", secs)
-    bodies = [e["nodeid"] for e in events if e.get("event") == "body"]
-    # A red is a test body that ran and failed: an exception of the call phase. One of collection (an
-    # import the pristine base lacks, a name only the patch adds), of setup or teardown (a fixture)
-    # never met the bug: it is no red.
-    called = [e for e in events if e.get("event") == "error" and e.get("phase") == "call"]
-    before = [e for e in events if e.get("event") == "error" and e.get("phase") != "call"]
-    tail = " | ".join(output.strip().splitlines()[-3:])[-400:]
-    if rc is None or not xml.exists():
-        what = output if rc is None else f"the interpreter exited {rc} without a report: {tail}"
-        if bodies:  # it died or hung in a test body: that body's result
-            return Outcome("fail", f"{what} (in {bodies[-1]})", secs)
-        return Outcome("error", f"environment: no test body ran: {what}", secs)
-    tests = failed = skipped = 0
-    first_failure = skip_note = ""
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        tests += 1
-        for child in case:
-            line = _headline((child.get("message") or "") + "\n" + (child.text or "")) or child.tag
-            if child.tag in ("failure", "error"):
-                failed += 1
-                first_failure = first_failure or line
-            elif child.tag == "skipped":
-                skipped += 1
-                skip_note = skip_note or line
-    if rc == 0 and tests and skipped == tests:
-        return Outcome("skipped", skip_note or "all tests skipped", secs)
-    if rc == 0 and tests > skipped:
-        return Outcome("pass", f"{tests - skipped} passed" + (f", {skipped} skipped" if skipped else ""), secs)
-    if rc in (1, 2) and failed and called:
-        # The detail is the first body's failure (JUnit's first may be another test's fixture error).
-        return Outcome("fail", str(called[0].get("reason") or first_failure)[:300], secs,
-                       [[str(e.get("nodeid") or ""), str(e.get("reason") or "")] for e in called])
-    if rc in (1, 2) and failed:
-        e = before[0] if before else {}
-        return Outcome("error", f"no test body failed: a {e.get('phase') or 'collection'} error of "
-                                f"{e.get('nodeid') or 'the proof'} ({e.get('reason') or first_failure}) says nothing "
-                                "of the bug", secs)
-    return Outcome("error", f"environment: pytest exited {rc}: {tail}", secs)
-
-
 def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float, cache: Path,
           log_dir: Path | None = None, lock_timeout: float = LOCK_TIMEOUT, fresh: bool = False) -> ProveReport:
     """``fresh``: every run a fresh interpreter (no zygote: carry.evidence.zygote)."""
@@ -416,34 +275,6 @@ def _tree_tops(roots: list[Path]) -> set[str]:
     tops = {e.name[:-3] if e.name.endswith(".py") else e.name for root in roots for e in root.iterdir()
             if e.is_dir() or e.name.endswith(".py")}
     return {t for t in tops if t.isidentifier()}
-
-
-def prerequisites(series: Series, patch: PatchMeta) -> list[PatchMeta]:
-    """The patches of PATCH's own upstream that it requires, directly or not, in series order: its
-    proof's pristine run has them (each upstream's other trees are at their patched heads anyway)."""
-    wanted, stack = set(), list(patch.requires)
-    while stack:
-        dep = series.patch(stack.pop())
-        if dep.id not in wanted:
-            wanted.add(dep.id)
-            stack.extend(dep.requires)
-    return [p for p in series.patches if p.id in wanted and p.upstream == patch.upstream]
-
-
-def pristine_tree(series: Series, patch: PatchMeta, base: Path, dest: Path) -> Path:
-    """The tree PATCH's proof must fail on: the pristine base, plus the patches PATCH requires (a proof
-    of a patch that builds on another would otherwise meet that other's bug first, and be red for it).
-    BASE itself when it requires none."""
-    import shutil
-
-    needed = prerequisites(series, patch)
-    if not needed:
-        return base
-    if not dest.exists():
-        shutil.copytree(base, dest, symlinks=True)
-        for dep in needed:
-            Git(dest)("apply", "--whitespace=nowarn", str(series.patch_path(dep).resolve()))
-    return dest
 
 
 def _extract_pairs(series, wd, state, with_proof, tmpd: Path) -> list:

@@ -9,7 +9,6 @@ through a symlink, nothing blocks on a FIFO, nothing is read past a bound.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path

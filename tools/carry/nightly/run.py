@@ -35,7 +35,8 @@ from .. import progress
 from ..errors import CarryError
 from ..evidence import canary
 from ..evidence.bisect import BisectResult, PrefixTrees, bisect
-from ..evidence.prove import jobs, pristine_tree, red_for_its_reason, run_proof
+from ..evidence.pristine import pristine_tree, red_for_its_reason
+from ..evidence.prove import jobs, run_proof
 from ..files import write_json
 from ..workspace.apply import Options as ApplyOptions
 from ..workspace.apply import apply_series

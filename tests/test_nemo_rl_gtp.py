@@ -481,7 +481,7 @@ def test_logger_stand_ins_import_and_refuse_any_use():
 def test_every_case_appends_to_the_functional_scripts_own_config():
     assert {"patched", "resume", "pristine-nemo-rl", "pristine-mcore", "gtp-off", "moe"} <= set(casing.CASES)
     for case in casing.CASES.values():
-        args = casing.script_args(case, "/m", "/d.jsonl", "/ck")
+        args = casing.script_args(case, "/m", "/d.jsonl", "/ck", "/v.jsonl")
         assert args[:5] == ["policy.model_name=/m", "data.train.dataset_name=ResponseDataset",
                             "++data.train.data_path=/d.jsonl", "++data.train.input_key=problem",
                             "++data.train.output_key=expected_answer"]
@@ -489,7 +489,7 @@ def test_every_case_appends_to_the_functional_scripts_own_config():
     # Resume keeps the script's horizon: a longer one changes Bridge's scheduler lengths, which its load refuses.
     assert not [a for a in casing.script_args(casing.CASES["resume"], "/m", "/d", "/ck") if "max_num_steps" in a]
     for case in casing.CASES.values():  # Bridge's asynchronous checkpointing stays at its default (nvrx is staged)
-        assert not [a for a in casing.script_args(case, "/m", "/d", "/ck") if "async" in a], case.name
+        assert not [a for a in casing.script_args(case, "/m", "/d", "/ck", "/v") if "async" in a], case.name
     assert casing.script_args(casing.CASES["gtp-off"], "/m", "/d", "/ck")[-1] == \
         "policy.megatron_cfg.tensor_parallel_num_weight_shards=null"
     script = (ROOT / "patches/gtp/nemo-rl/0004-functional-test-grpo-megatron-generation-gtp.patch").read_text()

@@ -87,7 +87,9 @@ def test_learning_cases_add_only_their_own_overrides():
     assert learning_names <= set(casing.CASES)
     for name in learning_names:
         case = casing.CASES[name]
-        args = casing.script_args(case, "/m", "/d.jsonl", "/ck")
+        with pytest.raises(ValueError, match="give it the held-out set"):
+            casing.script_args(case, "/m", "/d.jsonl", "/ck")
+        args = casing.script_args(case, "/m", "/d.jsonl", "/ck", "/v.jsonl")
         assert args[:5] == ["policy.model_name=/m", "data.train.dataset_name=ResponseDataset",
                             "++data.train.data_path=/d.jsonl", "++data.train.input_key=problem",
                             "++data.train.output_key=expected_answer"], name

@@ -231,7 +231,11 @@ def checkpoint_overrides(case: Case, checkpoint_dir: str) -> list[str]:
 
 
 def script_args(case: Case, model: str, data: str, checkpoint_dir: str, validation: str | None = None) -> list[str]:
-    val = validation_overrides(validation) if case.validation and validation else []
+    """The script's arguments for CASE; VALIDATION is the held-out set a validating case needs (NeMo-RL stops
+    without one: validation on, no data)."""
+    if case.validation and not validation:
+        raise ValueError(f"case {case.name} validates: give it the held-out set (fixtures.write_validation)")
+    val = validation_overrides(validation) if case.validation else []
     return offline_overrides(model, data) + checkpoint_overrides(case, checkpoint_dir) + list(case.overrides) + val
 
 

@@ -447,3 +447,14 @@ def test_the_learning_hooks_make_validation_greedy_and_flip_the_advantages_into_
     flipped = "[learning-mutation] sign-flip" in res.stdout
     assert flipped == bool(env.get("CARRY_LEARNING_MUTATION"))
     assert ("[validation] greedy" in res.stdout) == bool(env.get("CARRY_GREEDY_VALIDATION"))
+
+
+def test_the_harness_reads_a_metrics_file_as_the_judge_does(tmp_path):
+    """A case's metrics.json with a key twice is ambiguous for the harness too (the nightly's reader): red,
+    named, never the last value's."""
+    from harness.host import caserun
+    d = _run(tmp_path, "twice")
+    text = (d / "metrics.json").read_text()
+    (d / "metrics.json").write_text(text.replace("{", '{"train/grad_norm": {"1": 1e40},', 1))
+    got = caserun.summarize(casing.CASES["learning"], d, 0)
+    assert got["observed"] == "red" and any("twice" in r for r in got["reasons"]), got["reasons"]

@@ -288,12 +288,14 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     """What the case showed, for the lead's table (the nightly judges the patched case itself)."""
     from carry.nightly.judge import evaluate_gate, gated_steps, markers_found, numeric_metrics, step_markers_missing
 
-    metrics = {}
+    from carry.nightly.runlog import loads_object
+
+    metrics, unreadable = {}, ""
     if (out / "metrics.json").exists():
-        try:
-            metrics = numeric_metrics(json.loads((out / "metrics.json").read_text()))
-        except ValueError:
-            metrics = {}
+        try:   # the judge's reader: a key twice is ambiguous, not the last value's
+            metrics = numeric_metrics(loads_object((out / "metrics.json").read_text()))
+        except ValueError as exc:
+            metrics, unreadable = {}, f"metrics.json cannot be read: {str(exc)[:200]}"
     spec = case_spec(case)
     # The learning gate reads the held-out validation: every learning case has it (cases.py), a learning run
     # of the matrix too; a run recorded before it (cases.as_recorded) cannot show it and is judged without.
@@ -320,7 +322,8 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     unmarked = step_markers_missing(log, spec.step_markers, steps) if spec.step_markers else []
     errors += [f"FAIL: {u}" for u in unmarked]
     # Why it is red, named: each gate that failed, each marker or step marker missing, the exit status.
-    reasons = ([f"gate {r.gate}: {r.detail}" for r in results if not r.ok] + [f"gated steps: {g}" for g in gaps]
+    reasons = ([unreadable] if unreadable else []) + (
+               [f"gate {r.gate}: {r.detail}" for r in results if not r.ok] + [f"gated steps: {g}" for g in gaps]
                + [f"marker missing: {m!r}" for m, ok in marks.items() if not ok] + unmarked
                + ([f"exit status {rc}"] if rc != 0 else []))
     if case.name == "gtp-off" or casing.GTP_OFF in case.overrides:

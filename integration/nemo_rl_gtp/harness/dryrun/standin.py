@@ -117,12 +117,10 @@ def record_script(lay: setup.Layout, case: casing.Case, venv: Path, work: Path,
     record.unlink(missing_ok=True)
     doc = lay.stage_doc()
     data = lay.payload / doc["fixtures"]["data"]
-    validation = None
-    if case.validation:   # the held-out set, written as the host writes it (caserun.run_case)
-        from ..models import fixtures
-        validation = str(fixtures.write_validation(work / f"{case.name}-{fixtures.VALIDATION_FILE}",
-                                                   doc["fixtures"]["seed"], data))
-    args = casing.script_args(case, str(setup.model_for(lay, case)), str(data), str(lay.checkpoints), validation)
+    held_out = work / f"held-out-{case.name}"   # the held-out set, written as the host writes it
+    held_out.mkdir(parents=True, exist_ok=True)
+    args = casing.script_args(case, str(setup.model_for(lay, case)), str(data), str(lay.checkpoints),
+                              caserun.validation_file(lay, case, held_out))
     env = env_for(venv, pythonpath + [tree, setup.STUBS],
                    {"CARRY_UV_RECORD": str(record), "GIT_CONFIG_GLOBAL": str(work / "gitconfig")})
     subprocess.run(["bash", casing.SCRIPT, *args], cwd=tree, env=env, stdout=subprocess.DEVNULL,

@@ -196,12 +196,7 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
                 log.write(f"[run-on-gpu-host] FAIL: {exc.message}\n")
                 raise _NoRun(1) from None
             env.update(more_env)
-            validation = None
-            if case.validation:   # the held-out set: the same rows the pretrain step left out
-                from ..models import fixtures
-                validation = str(fixtures.write_validation(out / fixtures.VALIDATION_FILE, doc["fixtures"]["seed"],
-                                                           data))
-            args = casing.script_args(case, model, str(data), str(ckpt), validation)
+            args = casing.script_args(case, model, str(data), str(ckpt), validation_file(lay, case, out))
             with ray_cluster(env, log, gpus, shared_gpu, running=ray_running) as rc_ray:
                 if rc_ray != 0:
                     rc = rc_ray
@@ -227,6 +222,16 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
     result.update(summarize(case, out, rc))
     (out / "case.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def validation_file(lay: Layout, case: casing.Case, folder: Path) -> str | None:
+    """FOLDER/validation.jsonl for a validating case: the held-out set, the same rows the pretrain step
+    left out (fixtures.write_validation, from the staged seed and GRPO prompts); None for the others."""
+    if not case.validation:
+        return None
+    from ..models import fixtures
+    doc = lay.stage_doc()["fixtures"]
+    return str(fixtures.write_validation(folder / fixtures.VALIDATION_FILE, doc["seed"], lay.payload / doc["data"]))
 
 
 class _NoRun(Exception):

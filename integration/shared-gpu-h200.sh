@@ -27,6 +27,12 @@
 #   stop-queue      kill the queue, its cases and its Ray
 #   proofs          the GPU proofs (tools/prove.py: the patches with a CUDA proof, PROVE_ONLY to choose;
 #                   their CPU-form proofs skip where TE gives HAVE_GTP) on the series, in the foreground
+#   learning-evidence-bg  issue 40, one command after the ferries: in the background, the setup and the
+#                   pretrain step, then the nightly's learning cell (tools/nightly.py --tests
+#                   grpo-megatron-generation-gtp-learning: held-out validation before and after, the learning
+#                   gate), then the harness queue of learning-sign-flip and learning-gtp-off side by side
+#                   (LR_RECIPES=1 adds learning-lr1e-5 and learning-lr1e-4: the lr's measurement)
+#   wait-learning-evidence S  wait (at most S seconds), pack what ended; exit 3 while anything still runs
 set -uo pipefail
 cd "$(dirname "$0")/.."
 S=/tmp/nrl-run/payload/sources
@@ -72,7 +78,7 @@ case ${1:?step} in
       CARRY_NRL_CASE_TIMEOUT=840 python3 tools/nightly.py --images gpu-host --shared-gpu --no-bisect --timeout 900 \
         --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl='"$S"'/nemo-rl.git \
         --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning
-      echo "[$(date -u +%H:%M:%S)] learning nightly exit $?"' learning "${SRC[@]}" \
+      rc=$?; echo "[$(date -u +%H:%M:%S)] learning nightly exit $rc"' learning "${SRC[@]}" \
       > /tmp/o/learning.console 2>&1 < /dev/null &
     echo $! > /tmp/o/learning.pid; stamp "learning cell queued (pid $!)" ;;
   red)
@@ -179,5 +185,30 @@ case ${1:?step} in
       --json /tmp/o/prove-gpu.json --logs /tmp/o/prove-logs --timeout 500 > /tmp/o/prove-gpu.txt 2>&1
     stamp "prove exit $?"; tail -15 /tmp/o/prove-gpu.txt
     pack proofs /tmp/o/prove-apply.txt /tmp/o/prove-gpu.txt /tmp/o/prove-gpu.json /tmp/o/prove-logs ;;
+  learning-evidence-bg)
+    for pid in /tmp/o/*.pid; do
+      if alive "$pid"; then stamp "refused: $pid still runs"; exit 1; fi
+    done
+    extra=""; [ "${LR_RECIPES:-0}" = 1 ] && extra="learning-lr1e-5 learning-lr1e-4"
+    setsid nohup bash -c '
+      say() { echo "[$(date -u +%H:%M:%S)] $*"; }
+      python3 integration/nemo_rl_gtp/run-on-gpu-host --pretrain-only --out /tmp/o/pretrain > /tmp/o/pretrain.console 2>&1
+      rc=$?; say "setup + pretrain exit $rc"; [ "$rc" = 0 ] || exit "$rc"
+      CARRY_NRL_CASE_TIMEOUT=840 python3 tools/nightly.py --images gpu-host --shared-gpu --no-bisect --timeout 900 \
+        --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl='"$S"'/nemo-rl.git \
+        --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning > /tmp/o/learning.console 2>&1
+      rc=$?; say "learning nightly exit $rc"
+      QUEUE_WIDTH=2 bash integration/shared-gpu-h200.sh queue-bg learning-sign-flip learning-gtp-off '"$extra"'
+      rc=$?; say "queue-bg exit $rc"' evidence "${SRC[@]}" > /tmp/o/evidence.log 2>&1 < /dev/null &
+    echo $! > /tmp/o/evidence.pid; stamp "learning evidence started (pid $!): setup, pretrain, the nightly's learning cell, then the queue" ;;
+  wait-learning-evidence)
+    done=0
+    wait_for "${2:-540}" bash -c '! kill -0 "$(cat /tmp/o/evidence.pid)" 2>/dev/null' && done=1
+    cat /tmp/o/evidence.log
+    [ -e /tmp/nightly-learning/summary.md ] && pack learning /tmp/nightly-learning /tmp/o/learning.console
+    if [ "$done" = 0 ]; then stamp "setup, pretrain or the learning cell still runs: wait-learning-evidence again"; exit 3; fi
+    if [ -e /tmp/o/queue.pid ]; then
+      bash "$0" wait-queue "${3:-500}"; exit $?
+    fi ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac

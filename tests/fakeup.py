@@ -135,6 +135,8 @@ def make_demo(tmp_path: Path) -> dict:
 GOOD = '''
 import megatron.core.alpha as alpha
 
+PRISTINE_FAILS = r"^AssertionError: assert .*'patched'"   # what the pristine base fails with
+
 def test_value_5_is_patched():
     assert alpha.value_5 == "patched"
 '''
@@ -165,6 +167,8 @@ import sys
 
 import megatron.core.alpha as alpha
 
+PRISTINE_FAILS = r"^AssertionError: assert .*'patched'"   # what the pristine base fails with
+
 
 def test_the_site_is_on_the_path_after_the_tree():
     site, tree = {site!r}, os.path.dirname(os.path.dirname(os.path.dirname(alpha.__file__)))
@@ -180,7 +184,56 @@ MISSING_DEPENDENCY = '''
 import carry_test_no_such_dependency  # noqa: F401
 import megatron.core.alpha as alpha
 
+PRISTINE_FAILS = r"^AssertionError: assert .*'patched'"   # what the pristine base fails with
+
 
 def test_value_5_is_patched():
     assert alpha.value_5 == "patched"
+'''
+# Red on the pristine base, but not for the reason it declares (a KeyError, not the assertion).
+WRONG_REASON = '''
+import megatron.core.alpha as alpha
+
+PRISTINE_FAILS = r"^AssertionError: assert .*'patched'"
+
+
+def test_value_5_is_patched():
+    if alpha.value_5 != "patched":
+        raise KeyError("something else broke")
+'''
+# Red on the pristine base without saying what it expects: its red cannot be checked.
+UNDECLARED = '''
+import megatron.core.alpha as alpha
+
+
+def test_value_5_is_patched():
+    assert alpha.value_5 == "patched"
+'''
+# Imports at collection what neither tree has (a name only a patch would add): no test body runs.
+NEW_NAME = '''
+from megatron.core.alpha import value_only_a_patch_adds  # noqa: F401
+
+PRISTINE_FAILS = r"^AssertionError"
+
+
+def test_uses_it():
+    assert value_only_a_patch_adds
+'''
+# A fixture that fails on the pristine base: its setup error is no red of the body.
+FIXTURE_ERROR = '''
+import pytest
+import megatron.core.alpha as alpha
+
+PRISTINE_FAILS = r"^AssertionError"
+
+
+@pytest.fixture
+def patched_value():
+    if alpha.value_5 != "patched":
+        raise RuntimeError("the fixture could not set up")
+    return alpha.value_5
+
+
+def test_value_5_is_patched(patched_value):
+    assert patched_value == "patched"
 '''

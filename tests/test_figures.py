@@ -172,3 +172,20 @@ def test_the_figures_tolerate_an_empty_history(tmp_path, name):
     made = {p.name: d for _, p, d in figures.write(tmp_path, [], [])}
     _, _, drawn = png(tmp_path / name)
     assert drawn == made[name]
+
+
+@pytest.mark.parametrize("size", [(10.0, 4.5), (13.0, 7.0)])
+def test_a_long_note_under_the_title_is_wrapped_not_cut(size):
+    """The shared-GPU note is wider than a figure: drawn on one centred line it was cut at both edges. Every
+    line of the title must lie inside the figure, and no word of the note may be lost."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from carry.nightly import figures, gpus
+    note = gpus.TIMING_NOTE
+    fig, _ = figures._new("GRPO per step: gtp--gpu-host--grpo-megatron-generation-gtp-learning", note, size=size)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    box = fig._suptitle.get_window_extent(renderer=canvas.get_renderer())
+    assert 0 <= box.x0 and box.x1 <= fig.get_figwidth() * fig.dpi, (box, fig._suptitle.get_text())
+    assert fig._suptitle.get_text().split() == ("GRPO per step: gtp--gpu-host--grpo-megatron-generation-gtp-learning "
+                                                + note).split()

@@ -481,7 +481,7 @@ def test_logger_stand_ins_import_and_refuse_any_use():
 def test_every_case_appends_to_the_functional_scripts_own_config():
     assert {"patched", "resume", "pristine-nemo-rl", "pristine-mcore", "gtp-off", "moe"} <= set(casing.CASES)
     for case in casing.CASES.values():
-        args = casing.script_args(case, "/m", "/d.jsonl", "/ck")
+        args = casing.script_args(case, "/m", "/d.jsonl", "/ck", "/v.jsonl")
         assert args[:5] == ["policy.model_name=/m", "data.train.dataset_name=ResponseDataset",
                             "++data.train.data_path=/d.jsonl", "++data.train.input_key=problem",
                             "++data.train.output_key=expected_answer"]
@@ -489,7 +489,7 @@ def test_every_case_appends_to_the_functional_scripts_own_config():
     # Resume keeps the script's horizon: a longer one changes Bridge's scheduler lengths, which its load refuses.
     assert not [a for a in casing.script_args(casing.CASES["resume"], "/m", "/d", "/ck") if "max_num_steps" in a]
     for case in casing.CASES.values():  # Bridge's asynchronous checkpointing stays at its default (nvrx is staged)
-        assert not [a for a in casing.script_args(case, "/m", "/d", "/ck") if "async" in a], case.name
+        assert not [a for a in casing.script_args(case, "/m", "/d", "/ck", "/v") if "async" in a], case.name
     assert casing.script_args(casing.CASES["gtp-off"], "/m", "/d", "/ck")[-1] == \
         "policy.megatron_cfg.tensor_parallel_num_weight_shards=null"
     script = (ROOT / "patches/gtp/nemo-rl/0004-functional-test-grpo-megatron-generation-gtp.patch").read_text()
@@ -522,16 +522,18 @@ sys.exit(int((rec / "exit_status").read_text()))
 
 
 def _recorded(root: Path, name: str, *, rc: int, markers: tuple[str, ...], err: float | None, extra: str = "",
-              grad_norm: float = 0.75):
+              grad_norm: float = 0.75, first: int = 1):
     d = root / name
     d.mkdir(parents=True)
     log = "".join(f"{m} (gtp_remat_size=2)\n" for m in markers) + "step 2/2 done\n" + extra
     (d / "run.log").write_text(log)
     (d / "case.log").write_text("[run-on-gpu-host] case patched\n" + log)
     if err is not None:
-        (d / "metrics.json").write_text(json.dumps({"train/token_mult_prob_error": {"1": 1.0001, "2": err},
-                                                    "train/loss": {"1": 0.5, "2": 0.4},
-                                                    "train/grad_norm": {"1": 0.8, "2": grad_norm}}, indent=2))
+        # A resumed run (first 2) logs the steps after its checkpoint alone, as 16-resume.metrics.json does.
+        metrics = {"train/token_mult_prob_error": {"1": 1.0001, "2": err}, "train/loss": {"1": 0.5, "2": 0.4},
+                   "train/grad_norm": {"1": 0.8, "2": grad_norm}}
+        metrics = {k: {s: v for s, v in series.items() if int(s) >= first} for k, series in metrics.items()}
+        (d / "metrics.json").write_text(json.dumps(metrics, indent=2))
     (d / "exit_status").write_text(f"{rc}\n")
     return d
 
@@ -633,7 +635,8 @@ def test_resume_starts_from_the_step_1_checkpoint_alone_and_must_run_step_2(tmp_
     assert (lay.checkpoints / "step_2").is_dir(), "the patched case's checkpoints stay as they were"
     # Green needs the run to go on at step 2: a run that starts over at step 1 did not resume.
     steps = "========================= Step {}/2 =========================\n"
-    d = _recorded(tmp_path, "resumed", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003, extra=steps.format(2))
+    d = _recorded(tmp_path, "resumed", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003, extra=steps.format(2),
+                  first=2)
     got = caserun.summarize(resume, d, 0)
     assert got["observed"] == "green" and got["steps_run"] == [2]
     d = _recorded(tmp_path, "restarted", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003,

@@ -82,29 +82,48 @@ def test_acceptance_is_the_window_and_the_entropy_limit():
 # -- the cases -------------------------------------------------------------------------------------
 def test_learning_cases_add_only_their_own_overrides():
     learning_names = {"learning", "learning-stale-refit", "learning-corrupt-tensor", "learning-frozen-weights",
-                      "learning-gtp-off", "learning-no-cuda-graphs", "learning-gtp-off-no-cuda-graphs"}
+                      "learning-gtp-off", "learning-no-cuda-graphs", "learning-gtp-off-no-cuda-graphs",
+                      "learning-sign-flip", "learning-lr1e-5", "learning-lr3e-5", "learning-lr1e-4"}
     assert learning_names <= set(casing.CASES)
     for name in learning_names:
         case = casing.CASES[name]
-        args = casing.script_args(case, "/m", "/d.jsonl", "/ck")
-        assert args[:7] == ["policy.model_name=/m", "data.train.dataset_name=ResponseDataset",
+        with pytest.raises(ValueError, match="give it the held-out set"):
+            casing.script_args(case, "/m", "/d.jsonl", "/ck")
+        args = casing.script_args(case, "/m", "/d.jsonl", "/ck", "/v.jsonl")
+        assert args[:5] == ["policy.model_name=/m", "data.train.dataset_name=ResponseDataset",
                             "++data.train.data_path=/d.jsonl", "++data.train.input_key=problem",
-                            "++data.train.output_key=expected_answer", "grpo.max_num_steps=5",
-                            "grpo.num_prompts_per_step=8"], name
+                            "++data.train.output_key=expected_answer"], name
+        assert args[5:15] == list(casing.learning_settings(casing.LEARNING_LR if "-lr" not in name
+                                                            else name.rsplit("-lr", 1)[1])), name
         assert case.model == "trained" and not [a for a in args if "checkpoint" in a]
+        assert case.validation and casing.script_args(case, "/m", "/d.jsonl", "/ck", "/v.jsonl")[-1] == (
+            "++data.validation={dataset_name:ResponseDataset,data_path:/v.jsonl,input_key:problem,"
+            "output_key:expected_answer}")
+    # The case's own training settings; every GTP, refit and generation setting stays the script's.
+    own = ("grpo.", "policy.megatron_cfg.optimizer.lr=", "policy.megatron_cfg.scheduler.lr_warmup_iters=",
+           "data.train.split_validation_size=")
+    assert all(o.startswith(own) for o in casing.LEARNING), casing.LEARNING
+    assert {"grpo.val_at_start=true", "grpo.val_at_end=true", f"grpo.max_val_samples={casing.VALIDATION}",
+            "grpo.num_prompts_per_step=16", "grpo.max_num_steps=6"} <= set(casing.LEARNING)
+    assert casing.VALIDATION == fixtures.VALIDATION_PROBLEMS
+    assert {f"learning-lr{lr}" for lr in ("1e-5", "3e-5", "1e-4")} <= set(casing.CASES)
+    assert casing.CASES["learning-sign-flip"].red_by == (casing.GAIN,)
     env = casing.case_env
-    assert env(casing.CASES["learning"]) == {"CARRY_REFIT_CHECK": "1"}
-    assert env(casing.CASES["learning-stale-refit"]) == {"CARRY_REFIT_CHECK": "1", "CARRY_REFIT_MUTATION": "stale-refit"}
+    assert env(casing.CASES["learning"]) == {"CARRY_REFIT_CHECK": "1", "CARRY_GREEDY_VALIDATION": "1"}
+    assert env(casing.CASES["learning-stale-refit"]) == {"CARRY_REFIT_CHECK": "1", "CARRY_REFIT_MUTATION": "stale-refit",
+                                                         "CARRY_GREEDY_VALIDATION": "1"}
+    assert env(casing.CASES["learning-sign-flip"])["CARRY_LEARNING_MUTATION"] == "sign-flip"
     assert env(casing.CASES["learning-corrupt-tensor"])["CARRY_REFIT_MUTATION"] == "corrupt-tensor"
     assert env(casing.CASES["learning-frozen-weights"])["CARRY_REFIT_MUTATION"] == "frozen-weights"
-    assert env(casing.CASES["learning-gtp-off"]) == {} and env(casing.CASES["patched"]) == {}
+    assert env(casing.CASES["learning-gtp-off"]) == {"CARRY_GREEDY_VALIDATION": "1"} and env(casing.CASES["patched"]) == {}
     assert casing.CASES["learning-no-cuda-graphs"].overrides[-1] == \
         "policy.generation.mcore_generation_config.cuda_graph_impl=none"
 
 
 # -- recorded runs -------------------------------------------------------------------------------
-def _run(root, name, *, equal=lambda step, rank: 170, drift=2e-3, mixed=(25.0,) * 5, rc=0, steps=5, ranks=2,
-         moved=lambda step, rank: True, changed=lambda rel, rank: f"{rel * 100:.6e}"):
+def _run(root, name, *, equal=lambda step, rank: 170, drift=2e-3, mixed=(25.0,) * 6, rc=0, steps=6, ranks=2,
+         moved=lambda step, rank: True, changed=lambda rel, rank: f"{rel * 100:.6e}", accuracy=(0.40, 0.52),
+         total=170, refit=True, case=None):
     d = root / name
     d.mkdir(parents=True)
     lines = [RAY.format(r=r, pid=10 + r) + MARK_GTP for r in range(ranks)]
@@ -112,9 +131,11 @@ def _run(root, name, *, equal=lambda step, rank: 170, drift=2e-3, mixed=(25.0,) 
     lines += [RAY.format(r=r, pid=10 + r) + MARK_RESHARD for r in range(ranks)]
     for step in range(1, steps + 1):
         for r in range(ranks):
+            if not refit:
+                continue
             lines.append(RAY.format(r=r, pid=10 + r) +
-                         f"[refit-check] step {step}: {equal(step, r)} of 170 tensors equal on rank {r}")
-            rel = 0.0 if step == 1 else drift * (step - 1) / 4
+                         f"[refit-check] step {step}: {equal(step, r)} of {total} tensors equal on rank {r}")
+            rel = 0.0 if step == 1 else drift * (step - 1) / (steps - 1)
             if moved(step, r):
                 lines.append(RAY.format(r=r, pid=10 + r) +
                              f"[weight-change] step {step}: rel_l2 {rel:.6e}, changed {changed(rel, r)} of 494032768 "
@@ -130,9 +151,12 @@ def _run(root, name, *, equal=lambda step, rank: 170, drift=2e-3, mixed=(25.0,) 
                "train/advantages/max": {k: (0.9 if m > 0 else 0.0) for k, m in zip(s, mixed)},
                "train/advantages/min": {k: (-0.9 if m > 0 else 0.0) for k, m in zip(s, mixed)},
                "train/loss": {k: 0.01 for k in s}}
+    if accuracy is not None:   # NeMo-RL's validation: step 0 (val_at_start) and the last step (val_at_end)
+        metrics["validation/accuracy"] = {"0": accuracy[0], str(steps): accuracy[1]}
     (d / "metrics.json").write_text(json.dumps(metrics, indent=2))
     (d / "exit_status").write_text(f"{rc}\n")
-    learning.merge_metrics(d, ranks)
+    c = casing.CASES[case or "learning"]
+    learning.merge_metrics(d, ranks, refit=refit, tensors=learning.model_tensors(c), last_step=casing.configured_steps(c))
     return d
 
 
@@ -148,31 +172,32 @@ def test_case_verdicts_of_the_learning_cases_name_their_reasons(tmp_path):
     from harness.host import caserun
     got = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "green"), 0)
     assert got["observed"] == "green" and got["as_expected"] and got["reasons"] == [], got["reasons"]
-    assert got["per_step"][learning.UNVERIFIED] == {str(k): 0.0 for k in range(1, 6)}
-    assert got["per_step"][learning.DRIFT]["5"] == pytest.approx(2e-3)
-    assert got["token_mult_prob_error_per_step"] == {str(k): 1.01 for k in range(1, 6)}
+    assert got["per_step"][learning.UNVERIFIED] == {str(k): 0.0 for k in range(1, 7)}
+    assert got["per_step"][learning.DRIFT]["6"] == pytest.approx(2e-3)
+    assert got["token_mult_prob_error_per_step"] == {str(k): 1.01 for k in range(1, 7)}
+    assert got["validation"] == {"accuracy_start": 0.40, "accuracy_end": 0.52, "accuracy_gain": pytest.approx(0.12)}
     stale = caserun.summarize(casing.CASES["learning-stale-refit"], _run(tmp_path, "stale", equal=_stale), 0)
     assert stale["observed"] == "red" and stale["as_expected"]
     assert any("unverified_tensors" in r and "= 170" in r for r in stale["reasons"]), stale["reasons"]
-    assert any("tensors equal on rank 0" in r and "at steps 2, 3, 4, 5" in r for r in stale["reasons"]), stale["reasons"]
+    assert any("tensors equal on rank 0" in r and "at steps 2, 3, 4, 5, 6" in r for r in stale["reasons"]), stale["reasons"]
     corrupt = caserun.summarize(casing.CASES["learning-corrupt-tensor"], _run(tmp_path, "corrupt", equal=_corrupt), 0)
     assert corrupt["observed"] == "red" and corrupt["as_expected"]
     assert any("unverified_tensors" in r and "= 1," in r for r in corrupt["reasons"]), corrupt["reasons"]
-    assert any("at steps 1, 2, 3, 4, 5" in r for r in corrupt["reasons"]), corrupt["reasons"]
+    assert any("at steps 1, 2, 3, 4, 5, 6" in r for r in corrupt["reasons"]), corrupt["reasons"]
     # The same cases' gates, other ways to be red: a step without a mixed group, weights that did not move,
     # a rank whose check line is missing (its tensors count as unverified).
-    flat = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "flat", mixed=(25.0, 25.0, 0.0, 25.0, 25.0)), 0)
+    flat = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "flat", mixed=(25.0, 25.0, 0.0, 25.0, 25.0, 25.0)), 0)
     assert flat["observed"] == "red" and any("pct_mixed" in r for r in flat["reasons"])
     assert any("advantages/max" in r for r in flat["reasons"])
     still = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "still", drift=1e-6), 0)
     assert still["observed"] == "red" and any("changed_fraction" in r for r in still["reasons"])
-    # A drift the last refit did not show on every rank is no drift: without step 5's lines the gate
-    # would read step 4 (last() of what is there); one rank silent counts as nothing moved; a NaN fails.
-    cut = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "no-last-drift", moved=lambda s, r: s < 5), 0)
+    # A drift the last refit did not show on every rank is no drift: without step 6's lines the gate
+    # would read step 5 (last() of what is there); one rank silent counts as nothing moved; a NaN fails.
+    cut = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "no-last-drift", moved=lambda s, r: s < 6), 0)
     assert cut["observed"] == "red" and any(r.startswith("gated steps: harness/policy/changed_fraction has no "
-                                                         "value at step 5") for r in cut["reasons"]), cut["reasons"]
+                                                         "value at step 6") for r in cut["reasons"]), cut["reasons"]
     half = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "one-rank-drift",
-                                                            moved=lambda s, r: s < 5 or r == 0), 0)
+                                                            moved=lambda s, r: s < 6 or r == 0), 0)
     assert half["observed"] == "red" and any("changed_fraction) = 0," in r for r in half["reasons"]), half["reasons"]
     nan = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "nan-drift",
                                                            changed=lambda rel, r: "nan" if r == 1 else f"{rel * 100:.6e}"), 0)
@@ -261,3 +286,175 @@ def test_the_stage_refuses_a_cot_prompt_the_pretrain_copy_does_not_match(tmp_pat
     cot.write_text(fixtures.COT_PROMPT)
     doc = stage.stage_fixtures(SimpleNamespace(seed=7), tmp_path / "b", cot)
     assert doc["prompt"] == "fixtures/prompt.txt" and (tmp_path / "b" / "prompt.txt").read_text() == fixtures.COT_PROMPT
+
+
+def test_the_docstrings_say_what_the_code_does():
+    """cases.py once said "six cases" (there are more, mutations included); runlog.py said a per-rank check
+    prints one line for all ranks, where the refit check prints one per rank and the learning entry has a
+    step marker per rank."""
+    import ast
+    import re
+
+    from carry.nightly import runlog
+    doc = ast.get_docstring(ast.parse((NRL / "harness" / "host" / "cases.py").read_text()))
+    counted = re.findall(r"\b(one|two|three|four|five|six|seven|eight|nine|ten|\d+) (?:cases|mutations)\b", doc)
+    assert not counted, f"cases.py's docstring counts cases: {counted}"
+    named = set(re.findall(r"[a-z][a-z0-9-]+", doc))
+    plain = {n for n, c in casing.CASES.items() if not n.startswith("learning")}
+    assert plain <= named and "learning_cases" in doc, plain - named
+    spec = next(t for t in __import__("carry.nightly.config", fromlist=["load"]).load(
+        ROOT / "integration" / "nightly.toml").tests if t.name == casing.LEARNING_TEST)
+    assert [m.text.rsplit(" ", 1)[-1] for m in spec.step_markers] == ["0", "1"], "a step marker per rank"
+    assert "one line per rank" in runlog.__doc__ and "once for all ranks" not in runlog.__doc__
+
+
+# -- learning on held-out prompts (issue 40) ------------------------------------------------------
+def test_the_learning_gate_margin_is_the_held_out_sets_noise():
+    """The gate's bound is 3 standard deviations of the difference of two accuracies on n held-out
+    problems at the worst p (0.5): 3 * sqrt(2 * 0.25 / n), n the set the case validates on."""
+    spec = caserun_spec()
+    gate = next(g for g in spec.gates if g.key == casing.GAIN)
+    derived = 3 * math.sqrt(2 * 0.25 / casing.VALIDATION)
+    assert gate.op == ">" and derived <= gate.threshold < derived + 1e-4, (gate.text, derived)
+    assert casing.VALIDATION == fixtures.VALIDATION_PROBLEMS == 1024
+
+
+def caserun_spec():
+    from harness.host import caserun
+    return caserun.grpo_test(casing.LEARNING_TEST)
+
+
+def test_the_held_out_set_is_disjoint_from_the_grpo_prompts_and_the_pretrain_stream(tmp_path):
+    train = fixtures.write_dataset(tmp_path / "train.jsonl", 1234)
+    val = fixtures.write_validation(tmp_path / "validation.jsonl", 1234, train)
+    rows = [json.loads(x) for x in val.read_text().splitlines()]
+    prompts = {json.loads(x)["problem"] for x in train.read_text().splitlines()}
+    assert len(rows) == 1024 and len({r["problem"] for r in rows}) == 1024
+    assert not prompts & {r["problem"] for r in rows}
+    assert fixtures.write_validation(tmp_path / "again.jsonl", 1234, train).read_bytes() == val.read_bytes()
+    # The pretrain step skips them as it skips the GRPO prompts (its input key names the file too).
+    held = prompts | {r["problem"] for r in rows}
+    stream = pretrain.training_problems(1234, held)
+    assert not {next(stream)["problem"] for _ in range(3000)} & held
+
+
+def test_learning_verdicts_from_the_held_out_accuracy(tmp_path):
+    from harness.host import caserun
+    green = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "green"), 0)
+    assert green["observed"] == "green" and green["validation"]["accuracy_gain"] == pytest.approx(0.12)
+    # A rise within the noise of 1024 problems is no evidence of learning.
+    noise = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "noise", accuracy=(0.40, 0.46)), 0)
+    assert noise["observed"] == "red" and [r for r in noise["reasons"] if casing.GAIN in r] == noise["reasons"]
+    # A run that stopped before its end validation (or never validated) shows no gain at all.
+    for name, acc in (("no-validation", None),):
+        got = caserun.summarize(casing.CASES["learning"], _run(tmp_path, name, accuracy=acc), 0)
+        assert got["observed"] == "red" and any(f"'{casing.GAIN}' is missing" in r for r in got["reasons"])
+    # learning-sign-flip: weights move, every refit exact, groups mixed, advantages both ways; the policy
+    # is pushed away from the reward: red by the learning gate alone, as expected.
+    flip = caserun.summarize(casing.CASES["learning-sign-flip"],
+                             _run(tmp_path, "flip", accuracy=(0.40, 0.21), case="learning-sign-flip"), 0)
+    assert flip["observed"] == "red" and flip["as_expected"] and flip["red_by_missing"] == []
+    assert len(flip["reasons"]) == 1 and casing.GAIN in flip["reasons"][0], flip["reasons"]
+    # The same mutation's run if it learnt all the same: green, hence not as expected (the gate is blind).
+    blind = caserun.summarize(casing.CASES["learning-sign-flip"],
+                              _run(tmp_path, "flip-blind", case="learning-sign-flip"), 0)
+    assert blind["observed"] == "green" and not blind["as_expected"]
+    # GTP off must learn too: the matrix case is judged by the script's gates and the learning gate.
+    off = casing.CASES["learning-gtp-off"]
+    flat = caserun.summarize(off, _run(tmp_path, "off-flat", accuracy=(0.4, 0.4), refit=False, case="learning-gtp-off"), 1)
+    assert any(casing.GAIN in r for r in flat["reasons"]), flat["reasons"]
+    learnt = caserun.summarize(off, _run(tmp_path, "off-learns", refit=False, case="learning-gtp-off"), 1)
+    assert not any(casing.GAIN in r for r in learnt["reasons"]), learnt["reasons"]
+
+
+def test_the_refit_gate_counts_the_models_tensors_not_what_the_check_says():
+    """The tensor count comes from the model's config: a check that silently compares 10 tensors ("10 of 10
+    tensors equal") leaves 160 of Qwen2.5-0.5B's 170 unverified."""
+    assert learning.model_tensors(casing.CASES["learning"]) == 170   # as the H200's check lines say
+    cfg = dict(fixtures.SHAPE, num_hidden_layers=2, tie_word_embeddings=False)
+    assert learning.model_tensors(casing.CASES["learning"], cfg) == 17
+    log = "".join(f"[refit-check] step 1: 10 of 10 tensors equal on rank {r}\n" for r in range(2))
+    got = learning.harness_metrics(log, ["1"], 2, learning.model_tensors(casing.CASES["learning"]))
+    assert got[learning.UNVERIFIED] == {"1": 160.0}
+
+
+def test_skipping_tensors_turns_the_learning_case_red(tmp_path):
+    from harness.host import caserun
+    got = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "ten", equal=lambda s, r: 10, total=10), 0)
+    assert got["observed"] == "red" and any("unverified_tensors" in r and "= 160" in r for r in got["reasons"])
+
+
+FAKE_GRPO = '''
+calls = []
+
+def run_multi_turn_rollout(policy, batch, *args, greedy=False, **kwargs):
+    calls.append(("rollout", greedy))
+    return batch, {}
+
+def validate(policy, batch):
+    return run_multi_turn_rollout(policy, batch, greedy=False)
+
+def train_step(policy, batch):
+    return run_multi_turn_rollout(policy, batch, greedy=False)
+'''
+FAKE_LOSS = '''
+import torch
+
+class ClippedPGLossFn:
+    def __call__(self, next_token_logprobs, data, global_valid_seqs, global_valid_toks):
+        # The policy-gradient term: -advantage * logprob, summed (what the sign decides).
+        return -(data["advantages"] * next_token_logprobs).sum(), {}
+'''
+LEARNING_PROBE = '''
+import torch
+import nemo_rl.algorithms.grpo as g
+import nemo_rl.algorithms.loss.loss_functions as lf
+g.train_step(None, 1); g.validate(None, 1); g.train_step(None, 1)
+print("rollouts", g.calls)
+data = {"advantages": torch.tensor([1.0, -2.0])}
+loss, _ = lf.ClippedPGLossFn()(torch.tensor([0.5, 0.1]), data, 2, 2)
+print("loss", float(loss), "advantages after", data["advantages"].tolist())
+'''
+
+
+def _fake_nemo_rl(root):
+    for sub in ("nemo_rl", "nemo_rl/algorithms", "nemo_rl/algorithms/loss"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        (root / sub / "__init__.py").write_text("")
+    (root / "nemo_rl" / "algorithms" / "grpo.py").write_text(FAKE_GRPO)
+    (root / "nemo_rl" / "algorithms" / "loss" / "loss_functions.py").write_text(FAKE_LOSS)
+
+
+@pytest.mark.parametrize("env, rollouts, loss", [
+    ({}, [False, False, False], -0.3),   # nothing asked: NeMo-RL's own behaviour: -(1 * 0.5 - 2 * 0.1)
+    ({"CARRY_GREEDY_VALIDATION": "1"}, [False, True, False], -0.3),
+    ({"CARRY_GREEDY_VALIDATION": "1", "CARRY_LEARNING_MUTATION": "sign-flip"}, [False, True, False], 0.3),
+])
+def test_the_learning_hooks_make_validation_greedy_and_flip_the_advantages_into_the_loss(tmp_path, env, rollouts, loss):
+    """Through the same import hook as on the GPU host (hooks/sitecustomize.py): validate's rollouts greedy,
+    training's as they were; sign-flip: the loss sees -advantages (the caller's tensor is given back)."""
+    import os
+    _fake_nemo_rl(tmp_path)
+    hooks = NRL / "hooks"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CARRY_")}
+    res = subprocess.run([sys.executable, "-c", LEARNING_PROBE], capture_output=True, text=True, timeout=120,
+                         env={**base, "PYTHONPATH": f"{hooks}:{tmp_path}", **env}, check=False)
+    assert res.returncode == 0, res.stderr
+    out = dict(ln.split(" ", 1) for ln in res.stdout.splitlines() if ln.startswith(("rollouts", "loss")))
+    assert out["rollouts"] == repr([("rollout", g) for g in rollouts])
+    assert float(out["loss"].split()[0]) == pytest.approx(loss)
+    assert out["loss"].endswith("advantages after [1.0, -2.0]")
+    flipped = "[learning-mutation] sign-flip" in res.stdout
+    assert flipped == bool(env.get("CARRY_LEARNING_MUTATION"))
+    assert ("[validation] greedy" in res.stdout) == bool(env.get("CARRY_GREEDY_VALIDATION"))
+
+
+def test_the_harness_reads_a_metrics_file_as_the_judge_does(tmp_path):
+    """A case's metrics.json with a key twice is ambiguous for the harness too (the nightly's reader): red,
+    named, never the last value's."""
+    from harness.host import caserun
+    d = _run(tmp_path, "twice")
+    text = (d / "metrics.json").read_text()
+    (d / "metrics.json").write_text(text.replace("{", '{"train/grad_norm": {"1": 1e40},', 1))
+    got = caserun.summarize(casing.CASES["learning"], d, 0)
+    assert got["observed"] == "red" and any("twice" in r for r in got["reasons"]), got["reasons"]

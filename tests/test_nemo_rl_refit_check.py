@@ -16,6 +16,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from helpers import ROOT
 
 HOOKS = ROOT / "integration" / "nemo_rl_gtp" / "hooks"
@@ -208,3 +210,131 @@ def test_the_import_hook_wraps_the_name_nemo_rls_worker_module_binds(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], env={**env, "CARRY_REFIT_CHECK": "0"}, capture_output=True, check=False,
                          text=True, timeout=120)
     assert res.stdout.splitlines()[-2:] == ["False", "original"], "off unless asked for"
+
+
+# -- the wrapper end to end, through the import hook (issue 40) -----------------------------------
+# NeMo-RL's worker module as the hook meets it: its own binding of swap_model_weights, called from
+# _reshard_into_inference_model. The binding here is the transfer under test's stand-in on two gloo ranks:
+# every training tensor whole (each GTP shard all-gathered over its group, padding cut) into the inference
+# model, written independently of the check's own gather.
+E2E_WORKER = '''
+import torch
+import torch.distributed as dist
+
+
+def swap_model_weights(src_model, target_model, refit_method="nccl"):
+    dst = dict(target_model.named_parameters())
+    with torch.no_grad():
+        for name, p in src_model.named_parameters():
+            local = p.detach().as_subclass(torch.Tensor)
+            size = getattr(p, "gtp_remat_size", 1)
+            if size > 1:
+                parts = [torch.zeros_like(local) for _ in range(size)]
+                dist.all_gather(parts, local.contiguous(), group=p.group)
+                local = torch.cat(parts)[: local.shape[0] * size - p.pad_length]
+            dst[name].copy_(local)
+
+
+def _reshard_into_inference_model(src, dst):
+    return swap_model_weights(src, dst, refit_method="nccl")
+'''
+E2E_RANKS = r'''
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+import nemo_rl.models.generation.megatron.megatron_worker as worker   # the hook wraps it here
+
+torch.manual_seed(0)
+WHOLE = {"decoder.layers.0.mlp.linear_fc1.weight": (torch.randn(5, 3), 1),
+         "decoder.layers.0.self_attention.linear_qkv.weight": (torch.randn(4, 3), 0),
+         "decoder.layers.0.self_attention.linear_qkv.bias": (torch.randn(4), None),
+         "embedding.word_embeddings.weight": (torch.randn(7, 3), 1)}
+
+
+def model(sharded):
+    root = torch.nn.Module()
+    for name, (t, pad) in WHOLE.items():
+        mod = root
+        *path, leaf = name.split(".")
+        for part in path:
+            if not hasattr(mod, part):
+                mod.add_module(part, torch.nn.Module())
+            mod = getattr(mod, part)
+        if sharded and pad is not None:
+            padded = torch.nn.functional.pad(t, (0, 0, 0, pad))
+            rows = padded.shape[0] // 2
+            p = torch.nn.Parameter(padded[rank * rows:(rank + 1) * rows].clone().to(torch.bfloat16))
+            p.group, p.gtp_remat_size, p.pad_length = dist.group.WORLD, 2, pad
+        else:
+            p = torch.nn.Parameter(t.clone().to(torch.bfloat16) if sharded else torch.zeros_like(t, dtype=torch.bfloat16))
+        mod.register_parameter(leaf, p)
+    return root
+
+
+train, infer = model(True), model(False)
+for step in range(1, 5):
+    worker._reshard_into_inference_model(train, infer)
+    with torch.no_grad():   # a training step: every element moves
+        for p in train.parameters():
+            p.add_(0.5)
+dist.barrier()
+dist.destroy_process_group()
+os._exit(0)
+'''
+
+
+def _e2e(tmp_path, mcore_tree, mutation: str) -> dict[int, str]:
+    pkg = tmp_path / "nemo_rl" / "models" / "generation" / "megatron"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for d in (pkg, *pkg.parents):
+        if d == tmp_path:
+            break
+        (d / "__init__.py").write_text("")
+    (pkg / "megatron_worker.py").write_text(E2E_WORKER)
+    port = str(_free_port())
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CARRY_")}
+    env = {**base, "PYTHONPATH": f"{HOOKS}:{tmp_path}:{mcore_tree}", "CARRY_REFIT_CHECK": "1",
+           "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+           **({"CARRY_REFIT_MUTATION": mutation} if mutation else {})}
+    procs = [subprocess.Popen([sys.executable, "-c", E2E_RANKS], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-3000:] for o in outs]
+    return {r: outs[r][0] for r in range(2)}
+
+
+def _counts(out: str) -> dict[int, tuple[int, int]]:
+    import re
+    return {int(m["step"]): (int(m["eq"]), int(m["n"])) for m in re.finditer(
+        r"^\[refit-check\] step (?P<step>\d+): (?P<eq>\d+) of (?P<n>\d+) tensors equal on rank \d+$", out, re.M)}
+
+
+def _changed(out: str) -> dict[int, float]:
+    import re
+    return {int(m["step"]): float(m["frac"]) for m in re.finditer(
+        r"^\[weight-change\] step (?P<step>\d+): rel_l2 \S+, changed (?P<frac>\S+) of \d+ elements", out, re.M)}
+
+
+@pytest.mark.parametrize("mutation, counts, moved", [
+    ("", {1: 4, 2: 4, 3: 4, 4: 4}, True),                 # every refit exact; the weights move
+    ("stale-refit", {1: 4, 2: 0, 3: 0, 4: 0}, True),      # only the first refit sends: every tensor differs after
+    ("corrupt-tensor", {1: 3, 2: 3, 3: 3, 4: 3}, True),   # one shard negated in transit: one tensor, every step
+    ("frozen-weights", {1: 4, 2: 4, 3: 4, 4: 4}, False),  # exact refits of weights put back: nothing moved
+])
+def test_the_wrapper_end_to_end_through_the_import_hook_on_two_gloo_ranks(tmp_path, mcore_tree, mutation, counts, moved):
+    """The hook (sitecustomize, CARRY_REFIT_CHECK=1) wraps the worker module's binding; each refit is checked on
+    both ranks after the transfer, against the training model's tensors: each mutation changes the counts it
+    should, on every rank. A wrapper that compared the training model with itself would print 4 of 4 for the
+    stale and the corrupted refits; one that undid the corruption before the transfer, 4 of 4 for the latter."""
+    outs = _e2e(tmp_path, mcore_tree, mutation)
+    for rank, out in outs.items():
+        assert "[refit-check] wrapping nemo_rl.models.generation.megatron.megatron_worker.swap_model_weights" in out
+        assert {s: eq for s, (eq, n) in _counts(out).items()} == counts, (rank, out)
+        assert {n for _, n in _counts(out).values()} == {4}, out
+        changed = _changed(out)
+        assert changed[1] == 0.0 and all((changed[s] > 0) == moved for s in (2, 3, 4)), (rank, changed)
+    if mutation == "corrupt-tensor":
+        assert "negated in transit" in outs[0] and "decoder.layers.0.mlp.linear_fc1.weight:" in outs[0]

@@ -13,6 +13,7 @@ import ast
 import sys
 
 from carry.errors import PatchFormatError
+from carry.evidence.pristine import red_for_its_reason
 from carry.evidence.prove import run_proof
 from carry.series.manifest import load
 from carry.series.patchfile import new_file_text
@@ -46,17 +47,43 @@ def test_shim_proof_is_red_without_the_module_and_green_with_it(mcore_tree, tmp_
     series = load(SERIES)
     patch = series.patch("nrl-gtp-shim")
     assert patch.proofs == ("proofs/nemo_rl/test_gtp_shim.py",)
+    # setup_model_and_optimizer's call of Bridge's initialize_megatron, as the pin has it and as the patch
+    # leaves it (the whole setup.py needs NeMo-RL's checkout; prove runs the proof on the real trees).
     pristine = tmp_path / "pristine"
-    (pristine / "nemo_rl").mkdir(parents=True)
+    (pristine / SETUP).parent.mkdir(parents=True)
+    (pristine / SETUP).write_text(SETUP_PRISTINE)
     patched = tmp_path / "patched"
     (patched / GTP_MODULE).parent.mkdir(parents=True)
     (patched / GTP_MODULE).write_text(_module_text(series))
+    (patched / SETUP).write_text(SETUP_PATCHED)
     logs = tmp_path / "logs"
     red = run_proof(series, patch, {"megatron-lm": mcore_tree, "nemo-rl": pristine}, 900, logs, "pristine")
     green = run_proof(series, patch, {"megatron-lm": mcore_tree, "nemo-rl": patched}, 900, logs, "patched")
-    assert red.result == "fail" and f"no {GTP_MODULE}" in red.detail, red
+    # Red in the body that meets the bug; the shim's own tests cannot load the module there (setup errors).
+    assert red.result == "fail" and "outside the GTP shim" in red.detail, red
+    assert [t.rsplit("::", 1)[-1] for t, _ in red.failures] == ["test_setup_hands_bridge_the_gtp_sizes"], red
+    assert red_for_its_reason(red, series.root / patch.proofs[0]) == "", red
     assert green.result == "pass", (green, (logs / "nrl-gtp-shim.test_gtp_shim.patched.log").read_text()[-3000:])
-    assert green.detail.startswith("8 passed") or green.detail == "7 passed, 1 skipped", green
+    assert green.detail.startswith("9 passed") or green.detail == "8 passed, 1 skipped", green
+
+
+SETUP = "nemo_rl/models/megatron/setup.py"
+SETUP_PRISTINE = """
+def setup_model_and_optimizer(policy_cfg, megatron_cfg):
+    initialize_megatron(cfg=megatron_cfg, get_embedding_ranks=None, get_position_embedding_ranks=None)
+"""
+SETUP_PATCHED = """
+from nemo_rl.models.megatron.gtp import (
+    gtp_remat_sizes,
+    initialize_model_parallel_with_gtp,
+)
+
+
+def setup_model_and_optimizer(policy_cfg, megatron_cfg):
+    gtp_sizes = gtp_remat_sizes(policy_cfg["megatron_cfg"])
+    with initialize_model_parallel_with_gtp(*gtp_sizes):
+        initialize_megatron(cfg=megatron_cfg, get_embedding_ranks=None, get_position_embedding_ranks=None)
+"""
 
 
 # -- the expert key, through Megatron-Bridge's own call ------------------------------------------

@@ -9,6 +9,7 @@ What is judged is what the runs printed and wrote; nothing is handed to the judg
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -661,7 +662,7 @@ def _remove_deep(top: Path) -> None:
 NRL_CASE_LOGS = sorted((ROOT / "integration" / "h200").glob("*/runs.json"))
 
 
-def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness():
+def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness(tmp_path):
     """NeMo-RL's GRPO cases from the H200 (integration/h200/<day>/runs.json), judged again from their
     files by today's harness: each as its entry expects, a red one red for its own reason (the
     case's red_by), a green learning case with every rank's refit check line at every step."""
@@ -669,13 +670,33 @@ def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness():
     from harness.host import caserun
     from harness.host import cases as casing
 
+    from harness.host import learning
+
     assert NRL_CASE_LOGS, "integration/h200/*/runs.json: the committed NeMo-RL case logs are gone"
     seen = set()
     for index in NRL_CASE_LOGS:
         for run in json.loads(index.read_text())["runs"]:
-            d = index.parent / run["dir"]
-            rc = int((d / "exit_status").read_text().strip())
-            got = caserun.summarize(casing.CASES[run["case"]], d, rc)
+            rec = index.parent / run["dir"]
+            rc = int((rec / "exit_status").read_text().strip())
+            # The case as it ran (its recorded overrides), and every harness series recomputed from the raw
+            # files alone (run.log, the script's own metrics), never read from the metrics.json the device merged.
+            case = casing.as_recorded(run["case"], json.loads((rec / "case.json").read_text())["args"])
+            d = tmp_path / index.parent.name / run["dir"]
+            d.mkdir(parents=True)
+            raw = rec / "script-metrics.json" if (rec / "script-metrics.json").exists() else rec / "metrics.json"
+            shutil.copy2(raw, d / "script-metrics.json")
+            for name in ("run.log", "case.log", "exit_status"):
+                shutil.copy2(rec / name, d / name)
+            if case.refit_check or case.validation:
+                learning.merge_metrics(d, 2, refit=case.refit_check, tensors=learning.model_tensors(case),
+                                       last_step=casing.configured_steps(case))
+            else:
+                shutil.copy2(raw, d / "metrics.json")
+            merged = json.loads((rec / "metrics.json").read_text())
+            again = json.loads((d / "metrics.json").read_text())
+            assert {k: v for k, v in merged.items() if k.startswith("harness/")} == \
+                {k: v for k, v in again.items() if k.startswith("harness/")}, (run["dir"], "the device's merge differs")
+            got = caserun.summarize(case, d, rc)
             assert got["observed"] == run["expect"] and got["as_expected"], (run["dir"], got["reasons"],
                                                                              got["red_by_missing"])
             if run["expect"] == "green" and casing.CASES[run["case"]].refit_check:
@@ -684,3 +705,26 @@ def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness():
     assert {("learning", "green"), ("learning-frozen-weights", "red"), ("learning-stale-refit", "red"),
             ("learning-corrupt-tensor", "red"), ("learning-gtp-off", "green"), ("learning-no-cuda-graphs", "green"),
             ("learning-gtp-off-no-cuda-graphs", "green"), ("moe", "green")} <= seen
+
+
+def test_a_night_whose_every_proof_skipped_is_not_green(demo, tmp_path):
+    """Every proof cell skipped (a GPU proof on a host without one): the night proved nothing of the series;
+    it is not green (exit 1, nightly.json's ok false) and says why. One proof that ran makes it green again."""
+    from helpers import proofs_matrix
+    add_proofs(demo["series"], {"gpu": GPU, "good": GOOD}, {"conflict": "gpu", "clean": "good"},
+               SERIES / "proofs" / "pytest.ini")
+
+    def night(patches, name, check):
+        cfg = tmp_path / f"{name}.toml"
+        cfg.write_text(proofs_matrix(str(demo["series"]), patches=patches))
+        out = tmp_path / name
+        res = tool("nightly", "--config", cfg, "--out", out, "--workdir", tmp_path / f"w-{name}", "--cache",
+                   demo["cache"], "--source", f"megatron-lm={demo['up']}", "--no-bisect", "--history",
+                   tmp_path / f"{name}.jsonl", check=check)
+        return res, read_json(out / "nightly.json")
+
+    res, doc = night(["conflict"], "skipped", 1)
+    assert [r["status"] for r in doc["runs"]] == ["skipped"] and doc["all_proofs_skipped"] and doc["ok"] is False
+    assert "every proof cell skipped: the night proved nothing" in res.stderr
+    res, doc = night(["conflict", "clean"], "one-ran", 0)
+    assert sorted(r["status"] for r in doc["runs"]) == ["passed", "skipped"] and doc["ok"] is True

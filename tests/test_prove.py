@@ -43,9 +43,36 @@ def test_red_green_and_the_ways_a_proof_can_be_wrong(proved, tmp_path):
     assert (tmp_path / "logs" / "clean.test_good.pristine.log").exists()
     # Only the good one: exit 0
     tool("prove", "--series", proved["series"], "--workdir", proved["work"], "--only", "clean", check=0)
-    # The skipped one alone is not a failure, and is never reported as passed.
-    res = tool("prove", "--series", proved["series"], "--workdir", proved["work"], "--only", "conflict", check=0)
+    # The skipped one alone is never reported as passed, and a prove whose every proof skipped proved
+    # nothing: it says so and exits 2.
+    res = tool("prove", "--series", proved["series"], "--workdir", proved["work"], "--only", "conflict",
+               "--json", tmp_path / "skipped.json", check=2)
     assert "not run here" in res.stdout and "pass" not in res.stdout.split("verdict")[1]
+    assert "every selected proof skipped (1): this prove showed nothing" in res.stderr
+    assert read_json(tmp_path / "skipped.json")["all_skipped"] is True and read_json(tmp_path / "skipped.json")["ok"] is False
+
+
+def test_a_pristine_red_counts_only_for_the_reason_its_proof_declares(demo, tmp_path):
+    """Red on pristine means a test body ran and failed with what the proof says it fails with: a
+    collection error (a name only a patch would add) and a fixture's error are `error`, never red; a body
+    red for another reason, or a proof that declares nothing, is not red/green."""
+    from fakeup import FIXTURE_ERROR, NEW_NAME, UNDECLARED, WRONG_REASON
+    add_proofs(demo["series"], {"good": GOOD, "wrong": WRONG_REASON, "undeclared": UNDECLARED, "newname": NEW_NAME},
+               {"clean": "good", "threeway": "wrong", "upstreamed": "undeclared", "conflict": "newname"},
+               SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    res, by = _prove(demo, tmp_path, check=1)
+    assert (by["clean"]["pristine"], by["clean"]["ok"]) == ("fail", True), by["clean"]
+    assert (by["threeway"]["pristine"], by["threeway"]["patched"], by["threeway"]["ok"]) == ("fail", "pass", False)
+    assert "red on the pristine base for another reason: test_value_5_is_patched: KeyError: 'something else broke'" in \
+        by["threeway"]["pristine_detail"], by["threeway"]
+    assert by["upstreamed"]["ok"] is False and "declares no PRISTINE_FAILS" in by["upstreamed"]["pristine_detail"]
+    assert (by["conflict"]["pristine"], by["conflict"]["ok"]) == ("error", None), by["conflict"]
+    assert "no test body failed: a collect error" in by["conflict"]["pristine_detail"], by["conflict"]
+    (demo["series"] / "proofs" / "megatron_lm" / "test_newname.py").write_text(FIXTURE_ERROR)
+    res, by = _prove(demo, tmp_path, "--only", "conflict", check=2)
+    assert (by["conflict"]["pristine"], by["conflict"]["patched"]) == ("error", "pass"), by["conflict"]
+    assert "no test body failed: a setup error" in by["conflict"]["pristine_detail"], by["conflict"]
 
 
 def test_several_runs_at_once_report_in_series_order(proved, tmp_path):
@@ -167,6 +194,7 @@ from _world import spawn
 
 import megatron.core.alpha as alpha
 
+PRISTINE_FAILS = r"^AssertionError: assert .*'patched'"
 torch.cuda.device_count = lambda: 1
 POISONED = []
 os.register_at_fork(after_in_child=lambda: POISONED.append(True))
@@ -301,15 +329,20 @@ def test_a_proof_that_cannot_run_here_is_an_error_not_a_red_proof(with_world, tm
     (with_world["series"] / "proofs" / "megatron_lm" / "test_dies.py").write_text(NEEDS_A_TOOL)
     _, by = _prove(with_world, tmp_path, "--only", "conflict", check=2)
     assert by["conflict"]["pristine"] == "error" and "carry-test-no-such-tool" in by["conflict"]["pristine_detail"], by
-    # A module of the tree's own package that is missing stays a red proof (exit 1).
-    _, by = _prove(with_world, tmp_path, "--only", "upstreamed", check=1)
-    assert (by["upstreamed"]["pristine"], by["upstreamed"]["ok"]) == ("fail", False), by
+    # A module of the tree's own package that is missing at collection (what a patch would add) never met the
+    # bug: no test body ran, so it is no red (it was one before issue 40), and the host is not blamed either:
+    # the detail says no body failed.
+    _, by = _prove(with_world, tmp_path, "--only", "upstreamed", check=2)
+    assert (by["upstreamed"]["pristine"], by["upstreamed"]["ok"]) == ("error", None), by
+    assert "no test body failed: a collect error" in by["upstreamed"]["pristine_detail"], by
 
 
 # -- the work directory's record is read under its lock -------------------------------------------
 ON_V1 = '''
 import megatron.core.alpha as alpha
 import megatron.core.beta as beta
+
+PRISTINE_FAILS = r"^AssertionError: assert .*'patched'"
 
 
 def test_value_5_is_patched_on_v1():
@@ -391,3 +424,47 @@ def test_a_pytest_plugin_installed_beside_the_proof_is_not_loaded(demo, tmp_path
     # The proof body passes on both trees (it proves nothing of the patch: not red/green, exit 1), and
     # it ran: the plugin was kept out of both runs.
     assert (row["pristine"], row["patched"]) == ("pass", "pass"), row
+
+
+def test_every_proof_of_the_series_declares_what_it_fails_with_on_pristine():
+    """Each proof file of the three series names its pristine failure (PRISTINE_FAILS: a regex, or per test a
+    regex or None), and every regex compiles: prove can then tell a red for the bug from a red for another reason."""
+    import re
+
+    from carry.evidence.pristine import declared_failure
+    from carry.series.repo import load_series
+    series = load_series("gtp")
+    files = {series.root / proof.split("::")[0] for p in series.patches for proof in p.proofs}
+    assert len(files) >= 19, files
+    for f in sorted(files):
+        declared = declared_failure(f)
+        assert declared is not None, f"{f.name} declares no PRISTINE_FAILS"
+        for regex in ([declared] if isinstance(declared, str) else declared.values()):
+            if regex is not None:
+                re.compile(regex)
+        if isinstance(declared, dict):
+            import ast
+            tests = {n.name for n in ast.parse(f.read_text()).body if isinstance(n, ast.FunctionDef)}
+            assert set(declared) <= tests and any(v is not None for v in declared.values()), (f.name, declared)
+
+
+def test_a_proofs_pristine_run_has_the_patches_it_requires(gtp_work, tmp_path):
+    """The refit planner's patch requires the two collection patches: its proof's pristine tree is the base with
+    those applied (and not its own), else the proof met their bugs first (red for the inference collection)."""
+    from carry.evidence.pristine import prerequisites, pristine_tree
+    from carry.evidence.prove import extract
+    from carry.runner import Git
+    from carry.series.repo import load_series
+    from carry.workspace.workdir import WorkDir
+    series = load_series("gtp")
+    plan = series.patch("mlm-gtp-refit-plan")
+    assert [p.id for p in prerequisites(series, plan)] == ["mlm-pg-collection", "mlm-inference-pg"]
+    assert prerequisites(series, series.patch("mlm-pg-collection")) == []
+    wd = WorkDir(gtp_work)
+    rec = wd.require(series).record("megatron-lm")
+    base = extract(wd.workspace("megatron-lm"), rec.base_commit, tmp_path / "base")
+    assert pristine_tree(series, series.patch("mlm-pg-collection"), base, tmp_path / "none") == base
+    tree = pristine_tree(series, plan, base, tmp_path / "with-requirements")
+    for dep in ("mlm-pg-collection", "mlm-inference-pg"):   # applied: they reverse-apply
+        Git(tree)("apply", "--check", "-R", str(series.patch_path(series.patch(dep)).resolve()))
+    Git(tree)("apply", "--check", str(series.patch_path(plan).resolve()))   # its own is not

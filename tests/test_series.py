@@ -34,7 +34,9 @@ def test_apply_then_export_check(tmp_path, pin_cache):
 def test_cpu_proofs_red_green_the_same_from_the_zygote_and_fresh(tmp_path, gtp_work):
     """The Megatron-LM and Megatron-Bridge proofs on the real pins: CPU ones red on pristine and
     green patched, the GPU ones skipped here (never 'pass' without a GPU); and the same outcome
-    of every run from the zygote and with --fresh (a difference is a bug of the zygote)."""
+    of every run from the zygote and with --fresh (a difference is a bug of the zygote). Each run
+    says how it started (``via``): every run of the first prove forked from a zygote, every run of
+    the second was a fresh interpreter, so the comparison compares the two ways."""
     import torch
 
     reports = {}
@@ -44,6 +46,8 @@ def test_cpu_proofs_red_green_the_same_from_the_zygote_and_fresh(tmp_path, gtp_w
              *(["--fresh"] if mode == "fresh" else []), timeout=3000, check=0)
         rows = read_json(out)["proofs"]
         reports[mode] = {(r["id"], r["proof"]): (r["pristine"], r["patched"], r["ok"]) for r in rows}
+        if not torch.cuda.is_available():   # where torch sees a device, no run forks (README, "A zygote per prove")
+            assert {v for r in rows for v in r["via"]} == {mode}, (mode, [(r["proof"], r["via"]) for r in rows])
         by_proof = {r["proof"].rsplit("/", 1)[1]: r for r in rows}
         for name in ("test_pg_collection.py", "test_inference_pg.py", "test_tied_weight_guard.py",
                      "test_gtp_ckpt_offsets.py", "test_swiglu_ckpt_layouts.py", "test_ckpt_replica_groups.py"):

@@ -351,3 +351,21 @@ def test_the_scheduled_gpu_night_runs_the_two_rank_cells_on_one_gpu_only_when_as
                               capture_output=True, text=True, check=True).stdout.split()
         assert "tools/nightly.py" in argv and ("--shared-gpu" in argv) == bool(shared), argv
     assert not any("--shared-gpu" in (s.get("run") or "") for s in jobs["cpu"]["steps"])
+
+
+
+def test_no_logged_exit_status_comes_after_a_command_substitution():
+    """``echo "[$(date)] exit $?"`` logs date's status, always 0 (2026-12-01-shared-gpu/learning.console said
+    "exit 0" for a failed cell): in every shell script of the repository no ``$?`` follows a ``$(...)`` in
+    the same command. Bash itself shows why the rule is right: the status after ``false`` reads 0 there."""
+    import re
+    import subprocess
+    said = subprocess.run(["bash", "-c", 'false; echo "[$(date -u +%H)] exit $?"'], capture_output=True, text=True,
+                          check=False).stdout
+    assert said.endswith("exit 0\n"), said
+    scripts = [p for p in ROOT.rglob("*.sh") if ".git" not in p.parts]
+    scripts += [ROOT / "integration" / "slurm" / "nightly.sbatch"]
+    bad = [f"{p.relative_to(ROOT)}:{no}: {ln.strip()}" for p in scripts
+           for no, ln in enumerate(p.read_text(errors="replace").splitlines(), 1)
+           for command in re.split(r";|&&|\|\|", ln) if "$?" in command and "$(" in command[:command.find("$?")]]
+    assert not bad, bad

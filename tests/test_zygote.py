@@ -27,6 +27,7 @@ import sys
 import megatron.core.{module} as mod
 import torch
 
+PRISTINE_FAILS = r"^AssertionError: assert .*'patched'"   # the last line: every other check holds on both trees
 PRELOADED = "torch._inductor.compile_fx" in sys.modules  # before this file imported anything of torch's
 
 

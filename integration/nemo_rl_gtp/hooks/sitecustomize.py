@@ -18,6 +18,10 @@ if os.environ.get("CARRY_REFIT_CHECK") == "1":
     import carry_refit_check
 
     carry_refit_check.install()
+if os.environ.get("CARRY_GREEDY_VALIDATION") == "1" or os.environ.get("CARRY_LEARNING_MUTATION"):
+    import carry_learning
+
+    carry_learning.install()
 
 _rest = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 _spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _rest)

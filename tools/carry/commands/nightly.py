@@ -13,7 +13,7 @@ from ..nightly import slurm, stop
 from ..nightly.gpus import needs_gpus
 from ..nightly.config import NightlyConfig
 from ..nightly.plan import Options, cells, default_run_id, plan, seed_for, timeout_for
-from ..nightly.run import NOT_GREEN, run_canaries, run_nightly, write_outputs
+from ..nightly.run import all_proofs_skipped, night_ok, run_canaries, run_nightly, write_outputs
 from ..report import table
 from ..series.manifest import Series, load
 from ..series.repo import REPO_ROOT, load_series
@@ -181,4 +181,6 @@ def _night(cfg: NightlyConfig, opts: Options, fetch: bool) -> int:
         print(f"stopped by {halted}: {len(runs) - left} cell(s) judged, {left} not; the next night starts afresh",
               file=sys.stderr)
         return halted.exit_code
-    return 1 if any(r["status"] in NOT_GREEN for r in runs) else 0
+    if all_proofs_skipped(runs):
+        print("error: every proof cell skipped: the night proved nothing of the series (not green)", file=sys.stderr)
+    return 0 if night_ok(runs) else 1

@@ -52,7 +52,12 @@ def main(argv: list[str], prog: str) -> int:
               file=sys.stderr)
         print("next: give the proof what it imports (see the detail column), then " + shell.run_again(),
               file=sys.stderr)
-    return 1 if bad else 2 if rep.errors else 0
+    if rep.all_skipped and not bad:
+        print(f"error: every selected proof skipped ({len(rep.proofs)}): this prove showed nothing of the series",
+              file=sys.stderr)
+        print("next: run it where the proofs can run (the detail column says what they need), then "
+              + shell.run_again(), file=sys.stderr)
+    return 1 if bad else 2 if rep.errors or rep.all_skipped else 0
 
 
 def _verdict(r) -> str:

@@ -16,7 +16,14 @@ CUDA was initialised, when its environment cannot be built, or when the interpre
 stops before any test body started (no pytest, a crash at start-up, pytest's own usage or
 internal errors). The plugin ``proofsite/carry_proof_plugin.py`` records, from inside the proof's
 pytest, when each test body starts and what each exception was; a crash or a timeout after a
-body started is a ``fail`` of that body. ``error`` is never evidence: prove exits 2 for it (the
+body started is a ``fail`` of that body. A red is a body that ran and failed: an error of
+collection (an import of what only the patch adds), of a fixture's setup or teardown is ``error``,
+never red; and each proof declares what it fails with on the pristine base (``PRISTINE_FAILS``, a
+regex every failing body's ``Type: message`` must match), else its red is not counted
+(``red_for_its_reason``). The pristine run of a patch that ``requires`` others of its upstream has
+those applied (``pristine_tree``): without them its proof meets their bugs first (the refit
+planner's proof met the inference collection's), red for another patch's reason. A prove in which every selected proof skipped proved nothing: it is not
+``ok`` and exits 2. ``error`` is never evidence: prove exits 2 for it (the
 host is not configured for the proof) unless a proof is also not red/green (exit 1), the nightly
 reports it as ``error`` and does not bisect it, and retire takes no behaviour evidence from it.
 """
@@ -24,14 +31,11 @@ reports it as ``error`` and does not bisect it, and retire takes no behaviour ev
 from __future__ import annotations
 
 import io
-import json
 import os
-import re
 import sys
 import tarfile
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor, wait as futures_wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,13 +48,8 @@ from ..series.manifest import PatchMeta, Series
 from ..series.repo import command
 from ..workspace.workdir import WorkDir
 from . import proofenv, scratch as scratchdirs, tesite, zygote
-
-
-@dataclass
-class Outcome:
-    result: str          # pass | fail | skipped | error (the environment: see the module's docstring)
-    detail: str = ""
-    seconds: float = 0.0
+from .outcome import Outcome, classify as _classify, events as _events
+from .pristine import pristine_tree, red_for_its_reason
 
 
 @dataclass
@@ -63,6 +62,7 @@ class ProofResult:
     pristine_detail: str = ""
     patched_detail: str = ""
     seconds: float = 0.0
+    via: list[str] = field(default_factory=list)   # how the pristine and the patched run started (Outcome.via)
 
 
 @dataclass
@@ -72,8 +72,13 @@ class ProveReport:
     proofs: list[ProofResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # patches whose proof could not run here
 
+    @property
+    def all_skipped(self) -> bool:
+        """Every selected proof skipped on both trees: the prove showed nothing."""
+        return bool(self.proofs) and all(r.pristine == r.patched == "skipped" for r in self.proofs)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "all_skipped": self.all_skipped}
 
 
 # What every proof interpreter runs with (zygote child or fresh). No bytecode left in the trees. No
@@ -183,8 +188,10 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
         argv = [python, "-m", "pytest", *args]
         cwd = series.root.parents[1]
         t0 = time.monotonic()
+        via = "fresh"
         try:
             if z is not None and z.wait_ready() and z.forks_safely:
+                via = "zygote"
                 rc, out, err = z.run(args, env, cwd, timeout, Path(tmp))
             else:
                 # Its own process group: a timeout kills its ranks (and a forkserver) with it.
@@ -200,69 +207,9 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
             log_dir.mkdir(parents=True, exist_ok=True)
             stem = Path(proof.split("::")[0]).stem
             (log_dir / f"{patch.id}.{stem}.{label}.log").write_text(log_text)
-        return _classify(rc, xml, output, secs, _events(events))
-
-
-def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line torn by a killed interpreter
-    return out
-
-
-_ERROR_LINE = re.compile(r"^\s*(?:E\s+)?([A-Za-z_.]*(?:Error|Exception|Failed|Interrupted)\b.*)$")
-
-
-def _headline(text: str) -> str:
-    """The most telling line of a failure: the innermost 'SomethingError: ...' (a rank's own)."""
-    hits = [m.group(1).strip() for line in text.splitlines() if (m := _ERROR_LINE.match(line))]
-    hits = [h for h in hits if not h.endswith("failed:")] or hits
-    if hits:
-        return hits[-1][:300]
-    lines = [x.strip() for x in text.splitlines() if x.strip()]
-    return lines[0][:300] if lines else ""
-
-
-def _classify(rc: int | None, xml: Path, output: str, secs: float, events: list[dict] = ()) -> Outcome:
-    """``rc`` None: the run did not finish (``output`` says why)."""
-    environment = [e for e in events if e.get("event") == "error" and e.get("kind") == "environment"]
-    if environment:
-        e = environment[0]
-        return Outcome("error", f"environment ({e.get('phase')} of {e.get('nodeid') or 'the proof'}): "
-                                f"{e.get('reason')}", secs)
-    bodies = [e["nodeid"] for e in events if e.get("event") == "body"]
-    tail = " | ".join(output.strip().splitlines()[-3:])[-400:]
-    if rc is None or not xml.exists():
-        what = output if rc is None else f"the interpreter exited {rc} without a report: {tail}"
-        if bodies:  # it died or hung in a test body: that body's result
-            return Outcome("fail", f"{what} (in {bodies[-1]})", secs)
-        return Outcome("error", f"environment: no test body ran: {what}", secs)
-    tests = failed = skipped = 0
-    first_failure = skip_note = ""
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        tests += 1
-        for child in case:
-            line = _headline((child.get("message") or "") + "\n" + (child.text or "")) or child.tag
-            if child.tag in ("failure", "error"):
-                failed += 1
-                first_failure = first_failure or line
-            elif child.tag == "skipped":
-                skipped += 1
-                skip_note = skip_note or line
-    if rc == 0 and tests and skipped == tests:
-        return Outcome("skipped", skip_note or "all tests skipped", secs)
-    if rc == 0 and tests > skipped:
-        return Outcome("pass", f"{tests - skipped} passed" + (f", {skipped} skipped" if skipped else ""), secs)
-    if rc in (1, 2) and failed:
-        # rc 2 with a recorded error is a collection error: the tree lacks what the proof imports
-        # (an import the trees cannot provide was an environment error above).
-        return Outcome("fail", first_failure, secs)
-    return Outcome("error", f"environment: pytest exited {rc}: {tail}", secs)
+        outcome = _classify(rc, xml, output, secs, _events(events))
+        outcome.via = via
+        return outcome
 
 
 def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float, cache: Path,
@@ -313,7 +260,7 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
         finally:
             for z in zygotes.values():
                 z.close()
-    report.ok = all(r.ok is not False for r in report.proofs) and not report.errors
+    report.ok = all(r.ok is not False for r in report.proofs) and not report.errors and not report.all_skipped
     return report
 
 
@@ -340,12 +287,13 @@ def _extract_pairs(series, wd, state, with_proof, tmpd: Path) -> list:
                              hint=f"`{command('apply', series, '--workdir', wd.root, '--only', p.id)}` first")
         repo = wd.workspace(p.upstream)
         others = {u: wd.workspace(u) for u, _ in state.records() if u != p.upstream}
-        pristine_tree = tmpd / f"{p.upstream}-base"
-        if not pristine_tree.exists():
-            extract(repo, rec.base_commit, pristine_tree)
+        base = tmpd / f"{p.upstream}-base"
+        if not base.exists():
+            extract(repo, rec.base_commit, base)
+        pristine = pristine_tree(series, p, base, tmpd / f"{p.upstream}-base-for-{p.id}")
         patched_tree = extract(repo, commit, tmpd / f"{p.upstream}-{p.id}")
         for proof in p.proofs:
-            pairs.append((p, proof, {**others, p.upstream: pristine_tree}, {**others, p.upstream: patched_tree}))
+            pairs.append((p, proof, {**others, p.upstream: pristine}, {**others, p.upstream: patched_tree}))
     return pairs
 
 
@@ -367,15 +315,17 @@ def _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd: Path, repo
         for (p, proof, _, _), (first, second) in zip(pairs, runs):  # series order, whatever finishes first
             a, b = first.result(), second.result()
             progress.say(f"{p.id}: {proof}: pristine {a.result}, patched {b.result}")
+            wrong = red_for_its_reason(a, series.root / proof.split("::")[0])
             if "error" in (a.result, b.result):
                 ok = None  # it could not run here: no evidence either way (an environment error)
                 report.errors.append(p.id)
             elif a.result == "skipped" and b.result == "skipped":
                 ok = None
             else:
-                ok = a.result == "fail" and b.result == "pass"
-            report.proofs.append(ProofResult(p.id, proof, a.result, b.result, ok, a.detail, b.detail,
-                                             round(a.seconds + b.seconds, 1)))
+                ok = a.result == "fail" and b.result == "pass" and not wrong
+            report.proofs.append(ProofResult(p.id, proof, a.result, b.result, ok,
+                                             f"{wrong}; {a.detail}" if wrong else a.detail, b.detail,
+                                             round(a.seconds + b.seconds, 1), [a.via, b.via]))
     except BaseException:
         # Ctrl-C (or a failure of ours): nothing queued starts, the running proofs are killed, and
         # the caller removes their trees once the threads let go of them.

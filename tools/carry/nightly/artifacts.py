@@ -9,11 +9,12 @@ through a symlink, nothing blocks on a FIFO, nothing is read past a bound.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
 from typing import Any
+
+from .runlog import DuplicateKey, loads_object
 
 LOG_LIMIT = 256 * 1024 * 1024       # a log past this is not read at all: its middle could hold anything
 METRICS_LIMIT = 64 * 1024 * 1024    # NeMo-RL's metrics.json is kilobytes
@@ -83,9 +84,11 @@ def read_metrics(path: Path, limit: int = METRICS_LIMIT) -> tuple[dict[str, Any]
     except UnicodeDecodeError as exc:
         return None, f"{path.name} is not UTF-8 ({exc.reason} at byte {exc.start})"
     try:
-        doc = json.loads(text)
+        doc = loads_object(text)
     except RecursionError:
         return None, f"{path.name} is nested too deeply to read"
+    except DuplicateKey as exc:
+        return None, f"{path.name} is ambiguous: {exc}"
     except ValueError as exc:  # JSONDecodeError, and the int digit limit's plain ValueError
         return None, f"{path.name} is not valid JSON: {str(exc)[:200]}"
     if not isinstance(doc, dict):

@@ -103,9 +103,26 @@ def _save(fig, path: Path) -> dict:
 def _new(title: str, note: str, rows: int = 1, cols: int = 1, size=(10.0, 4.5)):
     from matplotlib.figure import Figure
     fig = Figure(figsize=size, layout="constrained")
-    fig.suptitle(title + (f"\n{note}" if note else ""))
+    _fit_title(fig, title, note)
     axes = fig.subplots(rows, cols, squeeze=False)
     return fig, [ax for row in axes for ax in row]
+
+
+def _fit_title(fig, title: str, note: str) -> None:
+    """The title, and the note under it wrapped until every line fits the figure's width (a centred line
+    wider than the figure is cut at both edges: the shared-GPU note was)."""
+    import textwrap
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    width = fig.get_figwidth() * fig.dpi * 0.96
+    text = fig.suptitle(title)
+    for chars in range(max(len(note), 1), 9, -4):
+        lines = [title] + (textwrap.wrap(note, chars) if note else [])
+        text.set_text("\n".join(lines))
+        if text.get_window_extent(renderer=canvas.get_renderer()).width <= width:
+            return
 
 
 def _night_axis(ax, nights: list[str]) -> None:

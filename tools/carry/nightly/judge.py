@@ -35,6 +35,7 @@ from .metrics import (
     StepMarker,
     evaluate_gate,
     gated_steps,
+    marker_match,
     numeric_metrics,
     parse_gate,
     parse_step_marker,
@@ -43,6 +44,7 @@ from .metrics import (
 )
 from .runlog import (
     bug_hits,
+    fail_lines,
     last_line,
     markers_found,
     run_lines,
@@ -90,13 +92,13 @@ def judge(*, rc: int | None, timed_out: bool, text: str, metrics: dict[str, Any]
           gates: Iterable[Gate] = (), markers: Iterable[str] = (), timeout_s: float | None = None,
           launch_error: str | None = None, marker_text: str | None = None,
           step_markers: Iterable[StepMarker] = (), metrics_source: str = "none",
-          steps: int | None = None, metrics_problem: str = "") -> Verdict:
+          steps: int | None = None, metrics_problem: str = "", first_step: int = 1) -> Verdict:
     """Judge one run from its exit status, its log text and its metrics.
 
     ``metrics`` is the document as read (a result line, a metrics file): gates read it as it
     is, so a value that is not a number is named, not dropped. ``metrics_problem`` says why the
     document could not be read (a cut-off result line, a metrics file that is not a file): it
-    fails the run. ``marker_text`` is the test's own log (e.g. its run.log), where the markers
+    fails the run. ``first_step``: the first step a resumed run makes (gated_steps). ``marker_text`` is the test's own log (e.g. its run.log), where the markers
     and step markers must appear; None when the run left none (then ``text``). ``metrics_source``
     is the cell's ``metrics`` setting: with ``"result-line"`` a traceback anywhere in ``text``
     fails the run. ``steps``: how many steps the run is configured for (gated_steps).
@@ -144,8 +146,14 @@ def judge(*, rc: int | None, timed_out: bool, text: str, metrics: dict[str, Any]
         v.reason = f"exited {rc}" + (f"; last line: {last[:200]}" if last else "") + note
         return v
     problems = [metrics_problem] if metrics_problem else []
+    # What the run itself says of its outcome, whatever its exit status: its FAIL: lines, and the
+    # result's own status (the mini test writes "passed", "failed" or "skipped").
+    problems += [f"the run printed FAIL: {f[:200]}" for f in fail_lines(text if marker_text is text
+                                                                     else text + "\n" + marker_text)[:3]]
+    if "status" in metrics and metrics["status"] != "passed":
+        problems.append(f"its result says status {str(metrics['status'])[:40]!r}")
     problems += [f"gate {g.gate}: {g.detail}" for g in v.gates if not g.ok]
-    shown, gaps = gated_steps(gates, metrics, steps)
+    shown, gaps = gated_steps(gates, metrics, steps, first_step)
     problems += gaps
     if step_markers:
         if shown:
@@ -201,7 +209,7 @@ def _ran_anyway(*, rc, hits, traces, own_log, gates, metrics, markers, step_mark
         return f"it printed marker {found[0]!r}"
     lines = run_lines(marker_text) if step_markers else []
     for sm in step_markers:
-        if any(sm.pattern.match(ln) for ln in lines):
+        if any(marker_match(sm, ln) for ln in lines):
             return f"it printed a line of step marker {sm.text!r}"
     return ""
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from ..errors import ConfigError
-from .runlog import run_lines
+from .runlog import ends_clean, run_lines
 
 _GATE_RE = re.compile(
     r"""^\s*(?P<agg>max|min|mean|median|last|first|len)\(\s*data\[\s*(?P<q>["'])(?P<key>.+?)(?P=q)\s*\]\s*\)"""
@@ -125,6 +125,42 @@ def _fmt(v: float) -> str:
     return "NaN" if math.isnan(v) else repr(v)
 
 
+# Values a metric's own definition rules out, by the end of its name: (suffix, low, high, whole, why).
+# A value outside is no measurement of that metric (a wrong sign, a ratio the wrong way up, a
+# log-probability error taken as its logarithm), so a gate never passes on it.
+DOMAINS = (
+    ("token_mult_prob_error", 1.0, math.inf, False,
+     "mean exp|generation logprob - training logprob| over tokens, at least 1"),
+    ("pct_mixed", 0.0, 100.0, False, "a percentage of groups"),
+    ("changed_fraction", 0.0, 1.0, False, "a fraction of elements"),
+    ("accuracy", 0.0, 1.0, False, "a fraction of problems"),
+    ("accuracy_gain", -1.0, 1.0, False, "a difference of two fractions"),
+    ("rel_l2_change", 0.0, math.inf, False, "a norm ratio"),
+    ("grad_norm", 0.0, math.inf, False, "a norm"),
+    ("_tensors", 0.0, math.inf, True, "a count"),
+    ("tensors_equal", 0.0, math.inf, True, "a count"),
+    ("tensors_checked", 0.0, math.inf, True, "a count"),
+    ("_params", 0.0, math.inf, True, "a count"),
+    ("_gathered", 0.0, math.inf, True, "a count"),
+    ("_elements", 0.0, math.inf, True, "a count"),
+    ("_mib", 0.0, math.inf, False, "an amount of memory"),
+    ("_seconds", 0.0, math.inf, False, "a duration"),
+    ("_bytes_received", 0.0, math.inf, True, "a count of bytes"),
+)
+
+
+def ruled_out(key: str, value: float) -> str:
+    """Why VALUE cannot be a value of metric KEY by its definition (DOMAINS), else ""."""
+    for suffix, low, high, whole, why in DOMAINS:
+        if key.endswith(suffix):
+            if not low <= value <= high or (whole and value != int(value)):
+                span = f"a whole number >= {low:g}" if whole else (
+                    f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]")
+                return f"{why}: {span}"
+            return ""
+    return ""
+
+
 def read_values(key: str, value: Any, *, numbers: bool = True) -> list[tuple[str | None, float]]:
     """The (step, value) points of a metric, each checked: a finite number (``numbers``), else a
     MetricError naming the metric, the step and what the value is. Without ``numbers`` (``len``),
@@ -144,6 +180,9 @@ def read_values(key: str, value: Any, *, numbers: bool = True) -> list[tuple[str
             raise MetricError(f"{key} is an integer of {len(str(abs(v)))} digits{at}, past float range") from None
         if not math.isfinite(f):
             raise MetricError(f"{key} is {_fmt(f)}{at}", f)
+        why = ruled_out(key, f)
+        if why:
+            raise MetricError(f"{key} is {_fmt(f)}{at}, which its definition rules out ({why})", f)
         out.append((step, f))
     return out
 
@@ -196,13 +235,15 @@ def _series_steps(value: Any) -> list[str] | None:
 
 
 def gated_steps(gates: Iterable[Gate], metrics: dict[str, Any],
-                expected: int | None = None) -> tuple[list[str], list[str]]:
+                expected: int | None = None, first: int = 1) -> tuple[list[str], list[str]]:
     """The steps the gated series must show, and a problem for each gated series that lacks one.
 
     Without ``expected`` they are the union of what the gated {step: value} series show. With it
     (the run's configuration: the matrix's ``steps``, or ``--steps N`` in its command line) they are
     steps 1..expected, for {step: value} series and lists alike: a step missing from every series
-    (steps 1 and 3 of 3) or a run cut short (step 1 of 2) fails, and so does a step past the last."""
+    (steps 1 and 3 of 3) or a run cut short (step 1 of 2) fails, and so does a step past the last.
+    Without it the union must still be FIRST..N with no gap (FIRST is 1 unless the run resumed from a
+    checkpoint: then the step after it)."""
     keyed = {g.key: metrics[g.key] for g in gates if g.agg != "len" and g.key in metrics
              and (isinstance(metrics[g.key], dict) or (expected is not None and isinstance(metrics[g.key], list)))
              and metrics[g.key]}
@@ -223,6 +264,18 @@ def gated_steps(gates: Iterable[Gate], metrics: dict[str, Any],
         lack = [s for s in steps if s not in own]
         if lack:
             problems.append(f"{key} has no value at {_steps(lack)}, which other gated metrics have")
+    # Without a configured count the steps still run 1..N, one after another: a series at steps 1, 2
+    # and 4 lost step 3 from every series; one at steps 0 or "x" is not a run's steps.
+    if steps:
+        numbered = [s for s in steps if s.isdigit() and int(s) >= first]
+        odd = [s for s in steps if s not in numbered]
+        if odd:
+            problems.append(f"the gated series have {_steps(odd)}, which no run makes (its steps are "
+                            f"{first}, {first + 1}, ...)")
+        elif numbered != [str(i) for i in range(first, first + len(numbered))]:
+            gap = [str(i) for i in range(first, int(numbered[-1]) + 1) if str(i) not in numbered]
+            problems.append(f"the gated series lack {_steps(gap)} of steps {first}..{numbered[-1]}: a run's "
+                            "steps have no gap")
     return steps, problems
 
 
@@ -258,6 +311,13 @@ def summary_value(value: Any) -> float | None:
         return None
 
 
+def marker_match(sm: StepMarker, line: str):
+    """SM's match at the start of LINE, where it stops as a word or a number does (``rank 1`` is
+    not ``rank 10``: runlog.ends_clean); else None."""
+    m = sm.pattern.match(line)
+    return m if m and ends_clean(line, m.end()) else None
+
+
 def step_markers_missing(text: str, step_markers: Iterable[StepMarker], steps: list[str]) -> list[str]:
     """For each step marker, the steps no whole line of the run matches it for. A named group
     other than ``step`` is a count of what the line checked: a line whose count is 0 (``0 of 0
@@ -267,7 +327,7 @@ def step_markers_missing(text: str, step_markers: Iterable[StepMarker], steps: l
     for sm in step_markers:
         seen, empty = set(), set()
         for line in lines:
-            m = sm.pattern.match(line)
+            m = marker_match(sm, line)
             if not m or m.group("step") is None:
                 continue
             step = step_label(m.group("step"))

@@ -35,6 +35,7 @@ from .. import progress
 from ..errors import CarryError
 from ..evidence import canary
 from ..evidence.bisect import BisectResult, PrefixTrees, bisect
+from ..evidence.pristine import pristine_tree, red_for_its_reason
 from ..evidence.prove import jobs, run_proof
 from ..files import write_json
 from ..runner import kill_groups
@@ -49,6 +50,17 @@ from .plan import Cell, Options, cells, plan, timeout_for
 from .runlog import read_result_line
 
 NOT_GREEN = ("failed", "vacuous", "error")
+
+
+def all_proofs_skipped(runs: list[dict]) -> bool:
+    """The night ran proof cells and every one of them skipped: it proved nothing of the series."""
+    proofs = [r for r in runs if r.get("kind") == "proof"]
+    return bool(proofs) and all(r["status"] == "skipped" for r in proofs)
+
+
+def night_ok(runs: list[dict]) -> bool:
+    """Green: no cell failed, was vacuous or an error, and not every proof cell skipped."""
+    return not any(r["status"] in NOT_GREEN for r in runs) and not all_proofs_skipped(runs)
 
 
 # -- running one check ---------------------------------------------------------------------------
@@ -129,10 +141,15 @@ def _proof_pristine(cell: Cell, trees: dict[str, Path], prefix: PrefixTrees, out
                     timeout: float, cache: Path) -> Verdict | None:
     """A passing proof must fail on its pristine base; else it proves nothing (vacuous)."""
     assert cell.patch is not None
-    base = {**trees, cell.patch.upstream: prefix.pristine(cell.patch.upstream)}
+    up = cell.patch.upstream
+    base = {**trees, up: pristine_tree(cell.series, cell.patch, prefix.pristine(up),
+                                       prefix.scratch / f"{up}-base-for-{cell.patch.id}")}
     o = run_proof(cell.series, cell.patch, base, timeout, out, "pristine", proof=cell.proof, cache=cache)
-    if o.result == "fail":
+    wrong = red_for_its_reason(o, cell.series.root / (cell.proof or cell.patch.proof).split("::")[0])
+    if o.result == "fail" and not wrong:
         return None
+    if wrong:
+        return Verdict(status="vacuous", reason=f"on the pristine base: {wrong}")
     if o.result == "error":
         return Verdict(status="error", reason=f"on the pristine base: {o.detail}")
     return Verdict(status="vacuous",
@@ -333,11 +350,12 @@ def write_outputs(runs: list[dict], opts: Options, cfg: NightlyConfig, warnings:
     """``stopped``: the signal that stopped the night; the history then gets the cells judged
     before it, and the figures are not drawn (the files must be there before the SIGKILL)."""
     # The canary's warnings stay out of ok: the release cells alone judge the night.
-    ok = not any(r["status"] in NOT_GREEN for r in runs)
+    ok = night_ok(runs)
     write_json(opts.out / "nightly.json", {"ok": ok, "run_id": opts.run_id, "seed": opts.seed,
                                            "config": str(cfg.path), "runs": runs,
                                            "stopped": str(stopped) if stopped else None,
                                            "history_warnings": list(warnings),
+                                           "all_proofs_skipped": all_proofs_skipped(runs),
                                            "canary": canary.to_dicts(canaries or [])})
     (opts.out / "junit.xml").write_text(reports.junit(runs))
     reports.append_history(opts.history, [reports.history_record(r) for r in runs if not r.get("stopped")])

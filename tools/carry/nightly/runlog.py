@@ -10,14 +10,34 @@ when the line then *starts* with it (the details after it are free); a step mark
 regex that must match at the start of such a line. Nothing else may come first: no
 indentation, no logging prefix (``INFO:name:`` could as well be ``ERROR:name:``; the
 markers are ``print()``-ed), no quote: ``ERROR: never saw '[gtp] enabling ...'`` does
-not count as the marker. Any one matching line satisfies a step marker's step: Ray folds
-lines of different workers that differ only in numbers, so a per-rank check must be printed
-once for all ranks (integration/README.md, "Verdicts").
+not count as the marker. Any one matching line satisfies a step marker's step. Ray folds
+lines of different workers that differ only in numbers into one, so a check that runs on
+several ranks prints one line per rank, each rank with a step marker of its own (the learning
+entry's ``... on rank 0`` and ``... on rank 1``), and its run keeps Ray from folding them
+(``RAY_DEDUP_LOGS=0``, integration/README.md, "Verdicts").
+
+What a line is. A log's lines end at ``\n`` (one ``\r`` before it is dropped), nothing else:
+a carriage return, U+2028, U+2029, NEL and the other separators ``str.splitlines`` honours are
+what a terminal, an editor or a reader may split or join differently, so a line that holds one
+is ambiguous and counts for no marker, step marker or ``SKIP:`` line (``run_lines``). The signs
+of failure (``BUG_HIT``, ``FAIL:``, tracebacks, fatal errors) are read the other way: every one
+of those separators splits (``signal_lines``), so that no way of splitting hides one. A marker
+that ends in a letter or digit counts only where the line does not go on with one: ``... on
+rank 1`` is not a line that says ``... on rank 10``.
+
+The run's own word on its outcome. A whole line ``FAIL: ...`` (the functional script's and the
+mini test's form) fails the run whatever its exit status, as ``BUG_HIT`` does; so does a result
+line whose own ``status`` is not ``passed`` (carry.nightly.judge).
 
 Tracebacks (``Traceback (most recent call last):`` as a whole line) fail a
 ``metrics = "result-line"`` run even with exit 0, after the result line or before it: that
 run is one program (the mini test) that prints a traceback only when a rank raised, so a
-result line beside one cannot be trusted. Other cells are judged by their exit status,
+result line beside one cannot be trusted. The other forms a Python crash takes count the same:
+an exception group's ``Exception Group Traceback (most recent call last):`` (drawn with ``+``
+and ``|`` before it), a chained exception's ``During handling of the above exception ...`` and
+``The above exception was the direct cause ...``, and a crashed interpreter's
+``Fatal Python error: ...`` dump (faulthandler's ``Current thread 0x... (most recent call
+first):``). Other cells are judged by their exit status,
 gates and markers: NeMo-RL's logs carry Ray's and libraries' handled tracebacks.
 """
 
@@ -63,8 +83,68 @@ def run_line(line: str) -> str:
     return line.rstrip()
 
 
+# What str.splitlines splits at besides \n: a line holding one is ambiguous (module docstring).
+SEPARATORS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_SEPARATOR_RE = re.compile("[" + re.escape(SEPARATORS) + "\n]")
+AMBIGUOUS = "\ufffd"   # what an ambiguous line reads as: it starts no marker, no SKIP:, no step marker
+
+
+def log_lines(text: str) -> list[str]:
+    """The log's lines as written: split at \n only, one \r before it dropped."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+
+
 def run_lines(text: str) -> list[str]:
-    return [run_line(ln) for ln in text.splitlines()]
+    """Whole run lines (run_line each); an ambiguous line reads as AMBIGUOUS + its text."""
+    return [AMBIGUOUS + ln if any(c in SEPARATORS for c in ln) else run_line(ln) for ln in log_lines(text)]
+
+
+def signal_lines(text: str) -> list[str]:
+    """Lines as any reader may split them (every separator splits): where the signs of failure are read."""
+    return [run_line(ln) for ln in _SEPARATOR_RE.split(text.replace("\r\n", "\n"))]
+
+
+def starts_with(line: str, marker: str) -> bool:
+    """LINE starts with MARKER, and where the marker ends in a letter or digit, the line does not go on
+    with one (``rank 1`` is no prefix of ``rank 10``)."""
+    if not marker or not line.startswith(marker):
+        return False
+    return not (marker[-1].isalnum() and len(line) > len(marker) and line[len(marker)].isalnum())
+
+
+def ends_clean(line: str, end: int) -> bool:
+    """A regex match of LINE that stops at END stops where a word or number stops."""
+    return not (0 < end < len(line) and line[end - 1].isalnum() and line[end].isalnum())
+
+
+FAIL_RE = re.compile(r"FAIL: (?P<message>\S.*)")
+
+
+def fail_lines(text: str) -> list[str]:
+    """The run's own ``FAIL: ...`` lines (whole lines, read as the signs of failure are)."""
+    return [m["message"].rstrip() for m in (FAIL_RE.match(ln) for ln in signal_lines(text)) if m]
+
+
+class DuplicateKey(ValueError):
+    """A JSON object with a key twice: which value counts is the reader's choice, so the output is ambiguous."""
+
+
+def no_duplicate_keys(pairs: list) -> dict:
+    seen: dict = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DuplicateKey(f"the key {key[:80]!r} is there twice (which value counts would be the reader's "
+                               "choice)")
+        seen[key] = value
+    return seen
+
+
+def loads_object(text: str):
+    """json.loads refusing an object with a key twice (DuplicateKey, a ValueError), at any depth."""
+    return json.loads(text, object_pairs_hook=no_duplicate_keys)
 
 
 def _skip_lines(lines: list[str]) -> list[int]:
@@ -101,7 +181,7 @@ def skip_reason(text: str) -> str | None:
 
 
 def bug_hits(text: str) -> list[tuple[str, str]]:
-    return [(m["id"], m["message"].rstrip()) for m in (BUG_RE.match(ln) for ln in run_lines(text)) if m]
+    return [(m["id"], m["message"].rstrip()) for m in (BUG_RE.match(ln) for ln in signal_lines(text)) if m]
 
 
 def _result_line_at(text: str) -> tuple[int | None, dict | None]:
@@ -114,15 +194,17 @@ def read_result_line(text: str) -> tuple[int | None, dict | None, str]:
     JSON object; else a problem. A last such line that is not a whole JSON object (cut off by a
     kill or a full disk, nested past the parser's depth, a number past its digit limit) is the
     problem: an earlier line is never taken in its place."""
-    lines = text.splitlines()
+    lines = log_lines(text)
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i].strip()
         if not line.startswith("{"):
             continue
         try:
-            doc = json.loads(line)
+            doc = loads_object(line)
         except RecursionError:
             return None, None, f"the result line (log line {i + 1}) is nested too deeply to read"
+        except DuplicateKey as exc:
+            return None, None, f"the result line (log line {i + 1}) is ambiguous: {exc}"
         except ValueError as exc:  # JSONDecodeError, and the int digit limit's plain ValueError
             why = str(exc)[:200]
             return None, None, (f"the result line (log line {i + 1}, {len(line)} characters) is not valid "
@@ -138,17 +220,43 @@ def result_line(text: str) -> dict | None:
     return read_result_line(text)[1]
 
 
+# The forms a Python crash is printed in (module docstring), read after the exception group's
+# drawing ("  + ", "    | ") and indentation are taken off.
+CRASH_RE = re.compile(r"(?:Traceback \(most recent call last\):"
+                      r"|Exception Group Traceback \(most recent call last\):"
+                      r"|During handling of the above exception, another exception occurred:"
+                      r"|The above exception was the direct cause of the following exception:"
+                      r"|Fatal Python error: .*"
+                      r"|(?:Current thread|Thread) 0x[0-9a-fA-F]+ (?:\[.*\] )?\(most recent call first\):)$")
+_DRAWING_RE = re.compile(r"^[ \t+|-]*")
+_GROUP_DRAWING_RE = re.compile(r"^ *[+|] ?")
+
+
+def crash_line(line: str) -> bool:
+    return bool(CRASH_RE.match(_DRAWING_RE.sub("", line, count=1)))
+
+
 def tracebacks(text: str) -> list[str]:
-    """One problem per Python traceback in the log, placed against the result line, with its
-    exception line (the first unindented line after the frames)."""
+    """One problem per Python crash in the log (a traceback, an exception group, a chained exception, a
+    fatal-error dump), placed against the result line, with its exception line (the first line after
+    the frames that is not indented once the group's drawing is off)."""
     at, _ = _result_line_at(text)
-    lines = run_lines(text)
+    lines = signal_lines(text)
+    # The result line's place among these lines: what the log lines before it split into.
+    result = None if at is None else sum(len(_SEPARATOR_RE.split(ln)) for ln in log_lines(text)[:at])
     out = []
     for i, line in enumerate(lines):
-        if line != TRACEBACK:
+        if not crash_line(line):
             continue
-        exc = next((ln for ln in lines[i + 1:i + 400] if ln and not ln[0].isspace()), "")
-        where = "(no result line)" if at is None else ("after the result line" if i > at else "before the result line")
+        if i > 0 and crash_line(lines[i - 1]):
+            continue   # one crash, however many headers it prints in a row
+        # An exception group draws "  | " before each of its lines: off, a frame is indented and the
+        # exception line is not, as in a plain traceback.
+        bare = [_GROUP_DRAWING_RE.sub("", ln, count=1) for ln in lines[i + 1:i + 400]]
+        exc = next((ln for ln in bare if ln and not ln[0].isspace() and not ln.startswith("+-")
+                    and not crash_line(ln)), "")
+        where = ("(no result line)" if result is None
+                 else ("after the result line" if i > result else "before the result line"))
         out.append(f"a Python traceback {where} (log line {i + 1}): {exc[:200] or '?'}")
     return out
 
@@ -159,7 +267,7 @@ def markers_found(text: str, markers: Iterable[str]) -> dict[str, bool]:
     found = dict.fromkeys(markers, False)
     for line in run_lines(text):
         for m in markers:
-            if not found[m] and m and line.startswith(m):
+            if not found[m] and starts_with(line, m):
                 found[m] = True
     return found
 

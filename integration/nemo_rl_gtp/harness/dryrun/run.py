@@ -299,7 +299,8 @@ def dry_run(o: Options) -> dict:
         for case in o.cases:
             print(f"  {case.name}: ray start --head --num-gpus=2 --include-dashboard=false; "
                   f"(cd <nemo-rl copy> && bash {casing.SCRIPT} "
-                  + " ".join(casing.script_args(case, "<model>", "<train.jsonl>", "<checkpoints>"))
+                  + " ".join(casing.script_args(case, "<model>", "<train.jsonl>", "<checkpoints>",
+                                                     "<validation.jsonl>"))
                   + "); ray stop --force")
     finally:
         if ray_started and venv is not None:

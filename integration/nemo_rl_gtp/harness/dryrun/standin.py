@@ -116,8 +116,11 @@ def record_script(lay: setup.Layout, case: casing.Case, venv: Path, work: Path,
     record = work / f"{case.name}.uv.jsonl"
     record.unlink(missing_ok=True)
     doc = lay.stage_doc()
-    args = casing.script_args(case, str(setup.model_for(lay, case)),
-                              str(lay.payload / doc["fixtures"]["data"]), str(lay.checkpoints))
+    data = lay.payload / doc["fixtures"]["data"]
+    held_out = work / f"held-out-{case.name}"   # the held-out set, written as the host writes it
+    held_out.mkdir(parents=True, exist_ok=True)
+    args = casing.script_args(case, str(setup.model_for(lay, case)), str(data), str(lay.checkpoints),
+                              caserun.validation_file(lay, case, held_out))
     env = env_for(venv, pythonpath + [tree, setup.STUBS],
                    {"CARRY_UV_RECORD": str(record), "GIT_CONFIG_GLOBAL": str(work / "gitconfig")})
     subprocess.run(["bash", casing.SCRIPT, *args], cwd=tree, env=env, stdout=subprocess.DEVNULL,

@@ -90,7 +90,8 @@ def case_env(lay: Layout, trees: Trees, nrl: Path, out: Path, *, record: Path | 
              case: casing.Case | None = None, shared_gpu: bool = False) -> dict[str, str]:
     # The hooks' sitecustomize runs in every Python of the case, Ray's workers included: the refit
     # check, and the shared-GPU mode's NCCL_HOSTID per process.
-    hooks = [str(HOOKS)] if shared_gpu or (case is not None and case.refit_check) else []
+    hooked = case is not None and (case.refit_check or case.validation or bool(case.learning_mutation))
+    hooks = [str(HOOKS)] if shared_gpu or hooked else []
     pythonpath = [str(p) for p in trees.front] + [str(nrl), str(STUBS), *hooks]
     env = {
         "PATH": f"{lay.venv / 'bin'}:{SHIMS}:{os.environ.get('PATH', '')}",
@@ -195,7 +196,7 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
                 log.write(f"[run-on-gpu-host] FAIL: {exc.message}\n")
                 raise _NoRun(1) from None
             env.update(more_env)
-            args = casing.script_args(case, model, str(data), str(ckpt))
+            args = casing.script_args(case, model, str(data), str(ckpt), validation_file(lay, case, out))
             with ray_cluster(env, log, gpus, shared_gpu, running=ray_running) as rc_ray:
                 if rc_ray != 0:
                     rc = rc_ray
@@ -209,8 +210,9 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
         if (exp_dir / name).exists():
             shutil.copy2(exp_dir / name, out / name)
     (out / "exit_status").write_text(f"{rc}\n")
-    if case.refit_check:
-        learning.merge_metrics(out, gpus)
+    if case.refit_check or case.validation:
+        learning.merge_metrics(out, gpus, refit=case.refit_check, tensors=learning.model_tensors(case),
+                               last_step=casing.configured_steps(case))
     result = {"case": case.name, "expect": case.expect, "shows": case.shows, "exit_status": rc,
               "seconds": round(time.monotonic() - t0, 1), "args": args, "nemo_rl_tree": str(t.nemo_rl),
               "front": [str(p) for p in t.front],
@@ -220,6 +222,16 @@ def run_case(lay: Layout, case: casing.Case, out: Path, *, trees: Trees | None =
     result.update(summarize(case, out, rc))
     (out / "case.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def validation_file(lay: Layout, case: casing.Case, folder: Path) -> str | None:
+    """FOLDER/validation.jsonl for a validating case: the held-out set, the same rows the pretrain step
+    left out (fixtures.write_validation, from the staged seed and GRPO prompts); None for the others."""
+    if not case.validation:
+        return None
+    from ..models import fixtures
+    doc = lay.stage_doc()["fixtures"]
+    return str(fixtures.write_validation(folder / fixtures.VALIDATION_FILE, doc["seed"], lay.payload / doc["data"]))
 
 
 class _NoRun(Exception):
@@ -272,7 +284,7 @@ def resume_folder(lay: Layout, case: casing.Case) -> Path:
 
 STEP_LINE = re.compile(r"=+ Step (\d+)/(\d+) =+")
 # Reported per step in case.json (the 1.1011 table, and what the learning gates read).
-PER_STEP = ("train/token_mult_prob_error", "train/baseline_reward/pct_mixed", "train/advantages/min",
+PER_STEP = ("validation/accuracy", "train/token_mult_prob_error", "train/baseline_reward/pct_mixed", "train/advantages/min",
             "train/advantages/max", "train/mean_total_reward", "train/approx_entropy", "train/grad_norm",
             learning.DRIFT, learning.CHANGED, learning.UNVERIFIED)
 
@@ -281,18 +293,26 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     """What the case showed, for the lead's table (the nightly judges the patched case itself)."""
     from carry.nightly.judge import evaluate_gate, gated_steps, markers_found, numeric_metrics, step_markers_missing
 
-    metrics = {}
+    from carry.nightly.runlog import loads_object
+
+    metrics, unreadable = {}, ""
     if (out / "metrics.json").exists():
-        try:
-            metrics = numeric_metrics(json.loads((out / "metrics.json").read_text()))
-        except ValueError:
-            metrics = {}
+        try:   # the judge's reader: a key twice is ambiguous, not the last value's
+            metrics = numeric_metrics(loads_object((out / "metrics.json").read_text()))
+        except ValueError as exc:
+            metrics, unreadable = {}, f"metrics.json cannot be read: {str(exc)[:200]}"
     spec = case_spec(case)
-    results = [evaluate_gate(g, metrics) for g in spec.gates]
+    # The learning gate reads the held-out validation: every learning case has it (cases.py), a learning run
+    # of the matrix too; a run recorded before it (cases.as_recorded) cannot show it and is judged without.
+    gates = [g for g in spec.gates if case.validation or g.key != casing.GAIN]
+    if case.validation and case.test != casing.LEARNING_TEST:
+        gates += [g for g in grpo_test(casing.LEARNING_TEST).gates if g.key == casing.GAIN]
+    results = [evaluate_gate(g, metrics) for g in gates]
     gate = results[0]   # token_mult_prob_error, the one the control reports
     # The nightly's rule too: every gated series shows every step (the case's configured count where it
     # sets one), so that last() cannot read step 4 of a series whose step 5 is missing.
-    _, gaps = gated_steps(spec.gates, metrics, casing.configured_steps(case))
+    first = casing.RESUME_FROM + 1 if case.checkpoint == "resume" else 1
+    _, gaps = gated_steps(gates, metrics, casing.configured_steps(case), first)
     gates_ok = all(r.ok for r in results) and not gaps
     log = (out / "run.log").read_text(errors="replace") if (out / "run.log").exists() else ""
     marks = markers_found(log, list(spec.markers) + list(case.markers))
@@ -307,7 +327,8 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     unmarked = step_markers_missing(log, spec.step_markers, steps) if spec.step_markers else []
     errors += [f"FAIL: {u}" for u in unmarked]
     # Why it is red, named: each gate that failed, each marker or step marker missing, the exit status.
-    reasons = ([f"gate {r.gate}: {r.detail}" for r in results if not r.ok] + [f"gated steps: {g}" for g in gaps]
+    reasons = ([unreadable] if unreadable else []) + (
+               [f"gate {r.gate}: {r.detail}" for r in results if not r.ok] + [f"gated steps: {g}" for g in gaps]
                + [f"marker missing: {m!r}" for m, ok in marks.items() if not ok] + unmarked
                + ([f"exit status {rc}"] if rc != 0 else []))
     if case.name == "gtp-off" or casing.GTP_OFF in case.overrides:
@@ -326,7 +347,7 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     # step 1's generation precedes the first refit; compare step 1 with step 2, GTP on vs off.
     per_step = metrics.get("train/token_mult_prob_error")
     # A mutation is as expected only when it is red for its own reason: a gate on each red_by metric failed.
-    failed_keys = {g.key for g, r in zip(spec.gates, results) if not r.ok}
+    failed_keys = {g.key for g, r in zip(gates, results) if not r.ok}
     missing_red = [k for k in case.red_by if k not in failed_keys] if observed == "red" else []
     as_expected = observed == case.expect and not missing_red
     return {"observed": observed, "as_expected": as_expected, "gate": gate.gate, "gate_value": gate.value,
@@ -336,6 +357,8 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
             "gates": {r.gate: {"value": r.value, "ok": r.ok, "detail": r.detail} for r in results},
             "markers": marks, "step_markers": {"missing": unmarked, "patterns": [m.text for m in spec.step_markers]},
             "steps_run": steps_run,
+            "validation": {k.rsplit("/", 1)[-1]: metrics[k] for k in (learning.START, learning.END, learning.GAIN)
+                           if k in metrics} or None,
             "per_step": {k: metrics[k] for k in PER_STEP if isinstance(metrics.get(k), dict)},
             "reasons": reasons if observed == "red" else [], "first_error": errors[0][:300] if errors else None,
             "last_error": errors[-1][:300] if errors else None}

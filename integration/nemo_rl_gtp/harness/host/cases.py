@@ -1,4 +1,6 @@
-"""The runs on the GPU host: one functional script, six cases.
+"""The runs on the GPU host: one functional script, every case of ``CASES`` (patched, resume,
+pristine-nemo-rl, pristine-mcore, gtp-off, moe, and the learning cases with their mutations and
+matrix runs, ``learning_cases()``).
 
 Every case runs NeMo-RL's own ``tests/functional/grpo_megatron_generation_gtp.sh``
 (patch nrl 0004: megatron generation, colocated, refit over NCCL, two GPUs,
@@ -36,6 +38,10 @@ class Case:
     # A red case is as expected only when, for each metric named here, a gate that reads it failed (the
     # one the mutation is there to turn red), not merely when something failed.
     red_by: tuple[str, ...] = ()
+    # NeMo-RL's validation on the held-out set (fixtures.write_validation) before the first step and after
+    # the last, greedy (hooks/carry_learning.py); "sign-flip": the advantages negated into the loss.
+    validation: bool = False
+    learning_mutation: str = ""
 
 
 CASES: dict[str, Case] = {c.name: c for c in (
@@ -81,7 +87,27 @@ MATRIX_TEST = "grpo-megatron-generation-matrix"
 # group is 0.25^8 = 1.5e-5 likely, where the script's two prompts give 0.06. The script's
 # train_global_batch_size (4) is kept: 32 samples make 8 optimizer steps per GRPO step.
 # No checkpoints: the script's own setting (so no resume interplay with the longer horizon).
-LEARNING = ("grpo.max_num_steps=5", "grpo.num_prompts_per_step=8")
+LEARNING_LR = "3e-5"   # pending measurement: the learning-lr* recipes below measure 1e-5, 3e-5 and 1e-4
+LEARNING_STEPS = 6
+
+
+def learning_settings(lr: str = LEARNING_LR) -> tuple[str, ...]:
+    """The learning cases' own training settings (GTP, refit and generation stay the script's).
+
+    Six steps of 16 prompts x 4 samples (64 samples a step, where the reward of 32 was noise) at a
+    constant lr: the config's warmup (13 scheduler ticks from 5e-7, one tick per GRPO step) would keep
+    a 6-step run below 2.2e-6. The validation: the held-out set (VALIDATION rows, fixtures.py) before
+    the first step and after the last, all of it (max_val_samples, in batches of 256), and no split of
+    the GRPO prompts (their 5% would join the held-out set)."""
+    return (f"grpo.max_num_steps={LEARNING_STEPS}", "grpo.num_prompts_per_step=16",
+            f"policy.megatron_cfg.optimizer.lr={lr}", "policy.megatron_cfg.scheduler.lr_warmup_iters=0",
+            "grpo.val_at_start=true", "grpo.val_at_end=true", "grpo.val_period=0",
+            f"grpo.max_val_samples={VALIDATION}", "grpo.val_batch_size=256",
+            "data.train.split_validation_size=0")
+
+
+VALIDATION = 1024   # fixtures.VALIDATION_PROBLEMS: the held-out set's size, which the gate's margin is derived from
+LEARNING = learning_settings()
 GTP_OFF = "policy.megatron_cfg.tensor_parallel_num_weight_shards=null"
 NO_CUDA_GRAPHS = "policy.generation.mcore_generation_config.cuda_graph_impl=none"
 # What the refit check prints per rank after every refit (hooks/carry_refit_check.py), as a whole log
@@ -101,14 +127,26 @@ DRIFT = "harness/policy/rel_l2_change"
 CHANGED = "harness/policy/changed_fraction"
 
 
+GAIN = "harness/validation/accuracy_gain"   # learning.validation_metrics: end minus start, greedy, held out
+
+
 def learning_cases() -> tuple[Case, ...]:
-    def case(name, shows, expect, *extra, refit_check=True, mutation="", test=LEARNING_TEST, red_by=()):
-        return Case(name, shows, expect, "patched", "patched", LEARNING + extra, model="trained",
-                    refit_check=refit_check, mutation=mutation, test=test, red_by=red_by)
+    def case(name, shows, expect, *extra, refit_check=True, mutation="", test=LEARNING_TEST, red_by=(),
+             learning_mutation="", lr=LEARNING_LR):
+        return Case(name, shows, expect, "patched", "patched", learning_settings(lr) + extra, model="trained",
+                    refit_check=refit_check, mutation=mutation, test=test, red_by=red_by, validation=True,
+                    learning_mutation=learning_mutation)
     return (
-        case("learning", "GRPO that learns: 5 steps from the pretrained model (GTP2, dedicated inference model); "
-             "mixed groups and non-zero advantages at every step, the weights moving, token_mult_prob_error < 1.05, "
+        case("learning", f"GRPO that learns: {LEARNING_STEPS} steps from the pretrained model (GTP2, dedicated "
+             "inference model); greedy accuracy on the held-out set rises by more than that set's noise; mixed "
+             "groups and non-zero advantages at every step, the weights moving, token_mult_prob_error < 1.05, "
              "and every refit checked tensor by tensor on every rank", "green"),
+        case("learning-sign-flip", "mutation: the advantages negated on their way into the loss; the weights "
+             "move, refits are exact, groups are mixed: red by the learning gate alone", "red",
+             learning_mutation="sign-flip", red_by=(GAIN,)),
+        # The lr is the case's own setting, chosen by measurement (pending): one recipe per candidate.
+        *(case(f"learning-lr{lr}", f"recipe: the learning case at lr {lr} (to choose the case's lr by measurement)",
+               "green", lr=lr, test=MATRIX_TEST) for lr in ("1e-5", "3e-5", "1e-4")),
         case("learning-stale-refit", "mutation: every refit after the first is skipped; the refit check must fail "
              "from step 2 on", "red", mutation="stale-refit", red_by=(UNVERIFIED,)),
         case("learning-corrupt-tensor", "mutation: rank 0's GTP shard of one tensor is negated in transit; the refit "
@@ -117,7 +155,8 @@ def learning_cases() -> tuple[Case, ...]:
              "every later refit (the optimizer's updates never reach what is sent); every refit is exact, so "
              "the drift gate must fail", "red", mutation="frozen-weights", red_by=(CHANGED,)),
         # The 1.1011 question on the trained model: token_mult_prob_error per step in case.json.
-        case("learning-gtp-off", "matrix: the learning run with GTP off (shared model, no refit)", "green", GTP_OFF,
+        case("learning-gtp-off", "matrix: the learning run with GTP off (shared model, no refit); it must learn "
+             "too (the learning gate), so that the 1.1011 matrix compares two runs that learn", "green", GTP_OFF,
              refit_check=False, test=MATRIX_TEST),
         case("learning-no-cuda-graphs", "matrix: the learning run (GTP2) with Megatron generation's CUDA graphs off",
              "green", NO_CUDA_GRAPHS, test=MATRIX_TEST),
@@ -143,7 +182,32 @@ def case_env(case: Case) -> dict[str, str]:
         env["CARRY_REFIT_CHECK"] = "1"
     if case.mutation:
         env["CARRY_REFIT_MUTATION"] = case.mutation
+    if case.validation:
+        env["CARRY_GREEDY_VALIDATION"] = "1"
+    if case.learning_mutation:
+        env["CARRY_LEARNING_MUTATION"] = case.learning_mutation
     return env
+
+
+_NOT_THE_CASES = ("policy.model_name=", "data.train.dataset_name=", "++data.train.", "++data.validation=",
+                  "checkpointing.")
+
+
+def as_recorded(name: str, args: list[str]) -> Case:
+    """Case NAME as a recorded run ran it (its case.json's ``args``): the case's own overrides are the
+    recorded ones, and it validated only if they asked for it (evidence recorded before the held-out
+    validation is judged without the learning gate, which it could not show)."""
+    from dataclasses import replace
+
+    own = tuple(a for a in args if not a.startswith(_NOT_THE_CASES))
+    return replace(CASES[name], overrides=own, validation="grpo.val_at_start=true" in own)
+
+
+def validation_overrides(path: str) -> list[str]:
+    """NeMo-RL's validation data: the held-out set as a ResponseDataset of its own (data.validation is null
+    in the config, hence one dict)."""
+    return [f"++data.validation={{dataset_name:ResponseDataset,data_path:{path},input_key:{DATA_KEYS[0]},"
+            f"output_key:{DATA_KEYS[1]}}}"]
 
 
 def offline_overrides(model: str, data: str) -> list[str]:
@@ -166,8 +230,13 @@ def checkpoint_overrides(case: Case, checkpoint_dir: str) -> list[str]:
             "checkpointing.save_period=1"]
 
 
-def script_args(case: Case, model: str, data: str, checkpoint_dir: str) -> list[str]:
-    return offline_overrides(model, data) + checkpoint_overrides(case, checkpoint_dir) + list(case.overrides)
+def script_args(case: Case, model: str, data: str, checkpoint_dir: str, validation: str | None = None) -> list[str]:
+    """The script's arguments for CASE; VALIDATION is the held-out set a validating case needs (NeMo-RL stops
+    without one: validation on, no data)."""
+    if case.validation and not validation:
+        raise ValueError(f"case {case.name} validates: give it the held-out set (fixtures.write_validation)")
+    val = validation_overrides(validation) if case.validation else []
+    return offline_overrides(model, data) + checkpoint_overrides(case, checkpoint_dir) + list(case.overrides) + val
 
 
 def select(names: list[str]) -> list[Case]:

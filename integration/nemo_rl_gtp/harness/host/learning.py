@@ -41,6 +41,7 @@ def pretrain_fixtures(lay) -> Path:
         link.unlink() if link.is_symlink() else shutil.rmtree(link)
     link.symlink_to(lay.model, target_is_directory=True)
     shutil.copy2(lay.payload / doc["data"], fx / "data" / "train.jsonl")
+    fixtures.write_validation(fx / "data" / fixtures.VALIDATION_FILE, doc["seed"], fx / "data" / "train.jsonl")
     staged = lay.payload / doc.get("prompt", "fixtures/prompt.txt")
     if staged.exists():
         shutil.copy2(staged, fx / "prompt.txt")
@@ -95,12 +96,18 @@ _ANY_CHECK = re.compile(casing.RAY_PREFIX + r"\[refit-check\] step (?P<step>\d+)
 _DRIFT = re.compile(casing.WEIGHT_CHANGE_LINE)
 
 
-def harness_metrics(log: str, steps: list[str], ranks: int) -> dict[str, dict[str, float]]:
-    """Per step: tensors not shown equal on the worst rank (missing lines count all), the weights' drift."""
+def harness_metrics(log: str, steps: list[str], ranks: int, tensors: int | None = None) -> dict[str, dict[str, float]]:
+    """Per step: tensors not shown equal on the worst rank (missing lines count all), the weights' drift.
+
+    TENSORS is how many the model has (model_tensors): a line that checked fewer ("10 of 10") leaves
+    the rest unverified. Without it (an unknown model) the most any line counted stands in."""
     seen: dict[str, dict[int, tuple[int, int]]] = {}
     drift: dict[str, dict[int, tuple[float, float]]] = {}
-    for line in log.splitlines():
-        line = line.rstrip("\r")
+    from carry.nightly.runlog import SEPARATORS, log_lines
+
+    for line in log_lines(log):   # split at \n alone; a line other separators split or join counts for nothing
+        if any(c in line for c in SEPARATORS):
+            continue
         m = _ANY_CHECK.fullmatch(line)
         if m:
             seen.setdefault(m["step"], {})[int(m["rank"])] = (int(m["equal"]), int(m["n"]))
@@ -108,11 +115,11 @@ def harness_metrics(log: str, steps: list[str], ranks: int) -> dict[str, dict[st
         if d:
             drift.setdefault(d["step"], {})[int(d["rank"])] = (float(d["rel"]), float(d["frac"]))
     out: dict[str, dict[str, float]] = {UNVERIFIED: {}, EQUAL: {}, DRIFT: {}, CHANGED: {}}
-    total = max((n for per in seen.values() for _, n in per.values()), default=1)
+    total = tensors or max((n for per in seen.values() for _, n in per.values()), default=1)
     for step in steps:
         per = seen.get(step, {})
         if set(per) >= set(range(ranks)):
-            out[UNVERIFIED][step] = float(max(n - eq for eq, n in per.values()))
+            out[UNVERIFIED][step] = float(max(max(n, total) - eq for eq, n in per.values()))
             out[EQUAL][step] = float(min(eq for eq, _ in per.values()))
         else:
             out[UNVERIFIED][step] = float(max(total, 1))   # a rank said nothing: nothing was shown
@@ -128,19 +135,56 @@ def harness_metrics(log: str, steps: list[str], ranks: int) -> dict[str, dict[st
     return {k: v for k, v in out.items() if v}
 
 
-def merge_metrics(out: Path, ranks: int) -> dict:
-    """OUT/metrics.json gets the harness series (the script's own file is kept as script-metrics.json)."""
-    path = out / "metrics.json"
-    if not path.exists():
+def model_tensors(case: casing.Case, config: dict | None = None) -> int:
+    """How many tensors the training model has, from the model's config (the check must show them all):
+    Megatron's Qwen2 layout (TE layer spec) has per layer the fused QKV weight, its bias and its input
+    norm, the output projection, the fused gate/up weight and its norm, the down projection (7), then
+    the embedding and the final norm, and an output layer unless the embeddings are tied."""
+    from ..models import fixtures
+    cfg = config or fixtures.SHAPE
+    if case.shape != "dense":
+        raise ValueError(f"case {case.name}: no tensor count for shape {case.shape}")
+    return 7 * int(cfg["num_hidden_layers"]) + 2 + (0 if cfg.get("tie_word_embeddings") else 1)
+
+
+GAIN, START, END = casing.GAIN, "harness/validation/accuracy_start", "harness/validation/accuracy_end"
+VALIDATION = "validation/accuracy"   # NeMo-RL's own: logged at step 0 (val_at_start) and after the last step
+
+
+def validation_metrics(metrics: dict, last_step: int | None) -> dict[str, float]:
+    """Start, end and gain of the held-out accuracy, as scalars (one number each, not a step series): the
+    start is NeMo-RL's validation at step 0, the end the one at the last step the run was set for. Either
+    missing (the run stopped early, or never validated): nothing, and the gate on the gain fails."""
+    series = metrics.get(VALIDATION)
+    if not isinstance(series, dict) or last_step is None:
         return {}
-    try:
-        metrics = json.loads(path.read_text())
+    start, end = series.get("0"), series.get(str(last_step))
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (start, end)):
+        return {}
+    return {START: float(start), END: float(end), GAIN: float(end) - float(start)}
+
+
+def merge_metrics(out: Path, ranks: int, *, refit: bool = True, tensors: int | None = None,
+                  last_step: int | None = None) -> dict:
+    """OUT/metrics.json gets the harness series, computed from the raw files alone: run.log and the script's
+    own metrics (kept as script-metrics.json, and read from there when it is already). TENSORS: how many
+    the model has (model_tensors); LAST_STEP: the step the run was set to end at (the end validation's)."""
+    path, raw = out / "metrics.json", out / "script-metrics.json"
+    source = raw if raw.exists() else path
+    if not source.exists():
+        return {}
+    from carry.nightly.runlog import loads_object
+
+    try:   # a key twice is ambiguous (the judge's reader): nothing is merged, and the case's gates find nothing
+        metrics = loads_object(source.read_text())
     except ValueError:
         return {}
     log = (out / "run.log").read_text(errors="replace") if (out / "run.log").exists() else ""
     steps = sorted((metrics.get(STEPS_FROM) or {}), key=lambda s: int(s) if str(s).isdigit() else 0)
-    extra = harness_metrics(log, [str(s) for s in steps], ranks)
-    shutil.copy2(path, out / "script-metrics.json")
+    extra = harness_metrics(log, [str(s) for s in steps], ranks, tensors) if refit else {}
+    extra.update(validation_metrics(metrics, last_step))
+    if source is path:
+        shutil.copy2(path, raw)
     path.write_text(json.dumps({**metrics, **extra}, indent=2, sort_keys=True) + "\n")
     return extra
 

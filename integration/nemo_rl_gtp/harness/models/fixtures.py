@@ -102,6 +102,35 @@ def reward_rule():
     return check, f"math-verify {version('math-verify')} (HFVerifyWorker's math_metric)"
 
 
+# The learning cases' held-out validation set (NeMo-RL's own validation, before the first step and after
+# the last): problems of the same generator that neither GRPO (train.jsonl) nor the pretrain step (which
+# skips them too) trains on. Its size sets the learning gate's margin (nightly.toml).
+VALIDATION_PROBLEMS = 1024
+VALIDATION_FILE = "validation.jsonl"
+
+
+def validation_problems(seed: int, exclude: set[str], n: int = VALIDATION_PROBLEMS) -> list[dict[str, str]]:
+    """N distinct problems, none of EXCLUDE (the GRPO prompts), from their own stream of the seed."""
+    rng = random.Random(f"validation-{seed}")
+    out, seen = [], set(exclude)
+    while len(out) < n:
+        row = problems(rng.randrange(1 << 62), 1)[0]
+        if row[DATA_KEYS[0]] not in seen:
+            seen.add(row[DATA_KEYS[0]])
+            out.append(row)
+    return out
+
+
+def write_validation(path: Path, seed: int, train: Path, n: int = VALIDATION_PROBLEMS) -> Path:
+    """PATH gets the held-out set for the GRPO prompts in TRAIN (a jsonl of problems)."""
+    exclude = {json.loads(x)[DATA_KEYS[0]] for x in train.read_text(encoding="utf-8").splitlines() if x.strip()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in validation_problems(seed, exclude, n):
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+    return path
+
+
 def write_dataset(path: Path, seed: int, n: int = 256) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:

@@ -81,6 +81,8 @@ def fixture_files(fx: Path) -> dict[str, Path]:
     files = {f"model/{p.name}": p for p in sorted(model.iterdir())
              if p.is_file() and not p.name.endswith(WEIGHT_SUFFIX) and p.name != fixtures.WEIGHTS_STAMP}
     files["data/train.jsonl"] = fx / "data" / "train.jsonl"
+    if (fx / "data" / fixtures.VALIDATION_FILE).exists():   # held out as well (the learning cases' validation)
+        files[f"data/{fixtures.VALIDATION_FILE}"] = fx / "data" / fixtures.VALIDATION_FILE
     files[fixtures.PROMPT_FILE] = fx / fixtures.PROMPT_FILE
     missing = [k for k, p in files.items() if not p.exists()]
     if missing or "model/config.json" not in files:
@@ -318,6 +320,9 @@ def run(out: Path, fx: Path | None, *, seed: int, steps: int = DEFAULT_STEPS, lr
     prompt = (fx / fixtures.PROMPT_FILE).read_text(encoding="utf-8")
     rows = [json.loads(x) for x in (fx / "data" / "train.jsonl").read_text().splitlines() if x.strip()]
     excluded = {r[fixtures.DATA_KEYS[0]] for r in rows}
+    val = fx / "data" / fixtures.VALIDATION_FILE
+    if val.exists():   # the learning cases validate on these: the pass never trains on them either
+        excluded |= {json.loads(x)[fixtures.DATA_KEYS[0]] for x in val.read_text().splitlines() if x.strip()}
     # fp32 weights for AdamW; eager attention, whose backward is deterministic.
     model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager").to(dev)
     vocab = model.config.vocab_size

@@ -88,6 +88,9 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 from megatron.bridge.training import config as bridge_config  # noqa: E402
 from megatron.bridge.training.state import GlobalState  # noqa: E402
 
+# What this proof fails with on the pristine base (tools' prove checks it): both GTP peers claim replica 0.
+PRISTINE_FAILS = r"GTP peers (claim the same replica|write the same RNG shard)|fully parallel load left out a GTP peer|Invalid access pattern for ShardedTensor"
+
 
 # ---------------------------------------------------------------------------------------------
 # Per-rank setup.

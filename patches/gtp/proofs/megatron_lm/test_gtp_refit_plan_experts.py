@@ -27,6 +27,9 @@ import pytest
 from _layouts import run_refit
 from _world import spawn
 
+# What this proof fails with on the pristine base (tools' prove checks it): the planner reads a GTP shard as the TP-local tensor.
+PRISTINE_FAILS = r"Cannot build TP descriptor for .* dim0"
+
 
 @pytest.mark.parametrize(
     "ffn,gtp_size",

@@ -27,6 +27,9 @@ import torch.nn.functional as F
 from _te_gpt import GPU_ONLY
 from _world import spawn
 
+# What this proof fails with on the pristine base (tools' prove checks it): TE sizes the biases from the pre-sharded out_features (GPU).
+PRISTINE_FAILS = r"^AssertionError: GEMM biases not at their logical length under GTP"
+
 pytestmark = GPU_ONLY
 
 GTP = 2

@@ -31,6 +31,9 @@ import torch
 from _te_gpt import GPU_ONLY, assert_gtp_at_its_defaults, build, fixed_tokens, load_gtp_off_params, model_parallel
 from _world import spawn
 
+# What this proof fails with on the pristine base (tools' prove checks it): with the patches it requires, the first backward's prefetch (GPU).
+PRISTINE_FAILS = r"KeyError: None"
+
 pytestmark = GPU_ONLY
 
 GTP = 2

@@ -47,6 +47,9 @@ from _te_gpt import (
 )
 from _world import spawn
 
+# What this proof fails with on the pristine base (tools' prove checks it): the tied embedding's gradient holds the dummy wgrad (GPU).
+PRISTINE_FAILS = r"word_embeddings\.weight(: \d+ of \d+ main_grad elements are not finite| main_grad vs its GTP-off rows)"
+
 pytestmark = GPU_ONLY
 
 GTP = 2

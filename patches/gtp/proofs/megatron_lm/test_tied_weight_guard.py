@@ -33,6 +33,9 @@ from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+# What this proof fails with on the pristine base (tools' prove checks it): the guard compares the GTP shard's local shape with the logical one.
+PRISTINE_FAILS = r"^RuntimeError: supplied weight's shape is \(\d+, \d+\), not \(\d+, \d+\) as expected"
+
 HIDDEN = 128
 
 

@@ -12,8 +12,14 @@ has no GTP).
 How: load that module from the NeMo-RL tree under test (CARRY_TREE_NEMO_RL) by its path,
 without importing the rest of NeMo-RL, and run it against the real megatron-core on
 PYTHONPATH (the megatron-lm tree): the call Bridge makes, through the module attribute and
-without GTP sizes, on two gloo ranks, must build GTP groups of the requested size. The
-pristine tree has no such module: every test fails there.
+without GTP sizes, on two gloo ranks, must build GTP groups of the requested size.
+
+Where the pristine tree meets the bug: ``test_setup_hands_bridge_the_gtp_sizes`` reads
+``setup_model_and_optimizer`` (``nemo_rl/models/megatron/setup.py``: running it needs GPUs and the
+whole stack, and its module does not import on this Python), which must call Bridge's
+``initialize_megatron`` inside the shim, given the sizes from the policy's config. Pristine calls it
+bare: its body fails there, for the bug. The other tests need the module the patch adds; on the
+pristine tree their fixture cannot load it, an error of setup that is no red (tools' prove).
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ import pytest
 from _world import spawn
 
 GTP_MODULE = "nemo_rl/models/megatron/gtp.py"
+SETUP = "nemo_rl/models/megatron/setup.py"
+# What this proof fails with on the pristine base (tools' prove checks it): NeMo-RL's setup builds the
+# process groups through Bridge without the GTP sizes. The shim's own tests need the module the patch adds.
+PRISTINE_FAILS = {"test_setup_hands_bridge_the_gtp_sizes": r"^AssertionError: setup_model_and_optimizer calls "
+                                                           r"Megatron-Bridge's initialize_megatron outside the GTP shim"}
 
 
 @functools.cache
@@ -175,3 +186,37 @@ def test_preflight_names_the_requirement_when_gtp_is_unavailable(gtp):
 
 def test_preflight_passes_when_gtp_is_off(gtp):
     assert gtp.check_gtp_available(1, 1) is None
+
+
+def test_setup_hands_bridge_the_gtp_sizes():
+    """NeMo-RL's setup_model_and_optimizer calls Bridge's initialize_megatron inside
+    initialize_model_parallel_with_gtp (imported from nemo_rl.models.megatron.gtp), given the sizes
+    gtp_remat_sizes reads from the policy's megatron_cfg."""
+    import ast
+
+    tree = os.environ.get("CARRY_TREE_NEMO_RL")
+    if not tree:
+        pytest.skip("no NeMo-RL tree: run tools/prove.py (it sets CARRY_TREE_NEMO_RL)")
+    module = ast.parse((Path(tree) / SETUP).read_text(encoding="utf-8"))
+    imported = {a.asname or a.name for n in ast.walk(module) if isinstance(n, ast.ImportFrom)
+                and n.module == "nemo_rl.models.megatron.gtp" for a in n.names}
+    setup = next(n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == "setup_model_and_optimizer")
+
+    def shimmed(node, inside):
+        if isinstance(node, ast.With):
+            inside = inside or any(isinstance(i.context_expr, ast.Call) and isinstance(i.context_expr.func, ast.Name)
+                                   and i.context_expr.func.id == "initialize_model_parallel_with_gtp"
+                                   and i.context_expr.args for i in node.items)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "initialize_megatron":
+            return [inside]
+        return [r for child in ast.iter_child_nodes(node) for r in shimmed(child, inside)]
+
+    calls = shimmed(setup, False)
+    assert calls, "setup_model_and_optimizer no longer calls initialize_megatron: read it again"
+    assert all(calls) and "initialize_model_parallel_with_gtp" in imported, (
+        "setup_model_and_optimizer calls Megatron-Bridge's initialize_megatron outside the GTP shim: Bridge "
+        "builds the process groups without gtp_remat_size, so a config with two weight shards trains with GTP "
+        "off, its GTP peers data-parallel replicas")
+    sizes = [n for n in ast.walk(setup) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id == "gtp_remat_sizes"]
+    assert sizes and "gtp_remat_sizes" in imported, "the shim is not given the sizes from the policy's config"

@@ -24,6 +24,7 @@ VERBS = {
     "build-image": "build a container image of the patched stack",
     "nightly": "run, judge and bisect the integration matrix",
     "upstream-tests": "each upstream's own unit tests, pristine against patched",
+    "kept": "the old workspaces a rebuild kept aside: list, restore, delete, prune",
 }
 
 

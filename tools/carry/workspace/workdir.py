@@ -39,6 +39,7 @@ from ..runner import Git
 from ..series.manifest import Series
 from ..series.repo import command
 from ..shell import Raw, again, code, run_again, run_as
+from . import kept as keeping
 from . import userwork
 from .record import STATE_VERSION, PatchRecord, State, UpstreamRecord  # noqa: F401  (imported from here)
 
@@ -172,8 +173,10 @@ class WorkDir:
                 self._undo(staging, names, state)
             _tell_kept(self, kept, "finished" if done else "undid")
         if self.meta.exists():
-            for stale in [*self.meta.glob("staging-*"), *self.meta.glob("trash-*")]:
-                shutil.rmtree(stale, ignore_errors=True)
+            for stale in self.meta.glob("trash-*"):
+                self._keep_trash(stale)  # trees a swap replaced: the user's, kept
+            for stale in self.meta.glob("staging-*"):
+                shutil.rmtree(stale, ignore_errors=True)  # built by a killed run, never moved in
         return done
 
     def _moved_in(self, name: str, staging: Path, trash: Path, state: State, before: State) -> bool:
@@ -315,8 +318,16 @@ class WorkDir:
         self.save_state(state)
         self.journal_file.unlink(missing_ok=True)
         fsync_dir(self.meta)
-        shutil.rmtree(trash, ignore_errors=True)
+        self._keep_trash(trash)
         shutil.rmtree(staging, ignore_errors=True)
+
+    def _keep_trash(self, trash: Path) -> None:
+        """The replaced trees in ``trash`` go to DIR/.carry/kept whole (carry.workspace.kept); the
+        trash folder goes only once it is empty."""
+        if trash.is_dir():
+            for old in sorted(trash.iterdir()):
+                keeping.set_aside(self.root, old, old.name)
+            trash.rmdir()
 
     def _undo(self, staging: Path, names: list[str], state: State) -> None:
         """Put the previous trees back (the record was never replaced); drop the journal."""
@@ -324,16 +335,16 @@ class WorkDir:
         for name in reversed(names):
             ws, old = self.workspace(name), trash / name
             if old.exists() or old.is_symlink():
-                if ws.exists():
-                    shutil.rmtree(ws)  # the new tree, moved in already
+                if ws.exists() or ws.is_symlink():
+                    keeping.set_aside(self.root, ws, name, why="new")  # moved in already; the user may have worked in it
                 os.rename(old, ws)
             elif self._holds(name, state):
                 before = self.load_state().record(name)
                 if before is None or before.head != state.upstreams[name].head:
-                    shutil.rmtree(ws)  # a new tree where there was none before
+                    keeping.set_aside(self.root, ws, name, why="new")  # where there was none before
         self.journal_file.unlink(missing_ok=True)
         fsync_dir(self.meta)
-        shutil.rmtree(trash, ignore_errors=True)
+        self._keep_trash(trash)
         shutil.rmtree(staging, ignore_errors=True)
 
     # -- guarding the user's work -------------------------------------------------------------

@@ -1,0 +1,116 @@
+"""A rebuild keeps the whole old workspace aside, and only tools/kept.py removes it (issue 41, items 1-5).
+
+Each form of the user's work that a rebuild lost before: an older stash, a file the
+workspace's own .git/info/exclude ignores, an edit to a skip-worktree file, a commit in a
+linked worktree (which must keep working), a commit only the reflog reaches, an in-progress
+`git rebase -i`, a remote, a hook. Real git, the demo series rebuilt by a series change.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from helpers import apply_demo, git, tool
+
+ML = "megatron-lm"
+
+
+def _kept_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "kept whole in" in line]
+
+
+def _paste(line: str, which: int) -> subprocess.CompletedProcess:
+    """Run the ``which``-th backticked command of ``line`` as a user pastes it."""
+    return subprocess.run(["sh", "-c", line.split("`")[2 * which + 1]], capture_output=True, text=True,
+                          env=dict(os.environ))
+
+
+def _user_work(ws, tmp):
+    """Every form of work the issue lists, in workspace ``ws``; returns what to look for."""
+    f = ws / "megatron/core/alpha.py"
+    marks = {}
+    for n in (1, 2):
+        f.write_text(f.read_text() + f"# stash {n}\n")
+        git(ws, "stash", "push", "-q", "-m", f"stash {n}")
+    marks["stash1"] = git(ws, "rev-parse", "stash@{1}")
+    (ws / ".git/info/exclude").write_text("mine.local\n")
+    (ws / "mine.local").write_text("ignored but mine\n")
+    git(ws, "update-index", "--skip-worktree", "megatron/core/gamma.py")
+    (ws / "megatron/core/gamma.py").write_text("skip-worktree edit\n")
+    head = git(ws, "rev-parse", "HEAD")
+    (ws / "reflog.txt").write_text("reflog only\n")
+    git(ws, "add", "reflog.txt")
+    git(ws, "commit", "-q", "-m", "reachable from the reflog only")
+    marks["reflog"] = git(ws, "rev-parse", "HEAD")
+    git(ws, "reset", "-q", "--hard", head)
+    wt = tmp / "linked"
+    git(ws, "worktree", "add", "-q", "-b", "mine", str(wt))
+    (wt / "wt.txt").write_text("linked worktree\n")
+    git(wt, "add", "wt.txt")
+    git(wt, "commit", "-q", "-m", "made in a linked worktree")
+    marks["linked"], marks["wt"] = git(wt, "rev-parse", "HEAD"), wt
+    git(ws, "remote", "add", "mine", "https://example.invalid/mine.git")
+    (ws / ".git/hooks/post-commit").write_text("#!/bin/sh\necho mine\n")
+    env = dict(os.environ, GIT_SEQUENCE_EDITOR="sed -i s/^pick/edit/")
+    subprocess.run(["git", "-C", str(ws), "rebase", "-q", "-i", "HEAD~1"], env=env, check=True, capture_output=True)
+    return marks
+
+
+def _has_it_all(ws, marks) -> None:
+    assert git(ws, "rev-parse", "stash@{1}") == marks["stash1"]
+    assert (ws / "mine.local").read_text() == "ignored but mine\n"
+    assert (ws / "megatron/core/gamma.py").read_text() == "skip-worktree edit\n"
+    assert git(ws, "cat-file", "-t", marks["reflog"]) == "commit"
+    assert marks["reflog"] in git(ws, "reflog", "--format=%H")
+    assert git(ws, "remote", "get-url", "mine") == "https://example.invalid/mine.git"
+    assert (ws / ".git/hooks/post-commit").exists()
+    assert (ws / ".git/rebase-merge").is_dir()
+
+
+def test_a_rebuild_keeps_the_whole_old_workspace(demo):
+    apply_demo(demo, check=0)
+    ws = demo["work"] / ML
+    marks = _user_work(ws, demo["tmp"])
+    demo["write_series"](demo["v0"], ids=("clean", "threeway"))
+    res = apply_demo(demo)
+    assert res.returncode == 0, res.stderr
+    lines = _kept_lines(res.stderr)
+    assert len(lines) == 1 and ML in lines[0], res.stderr
+    kept = demo["work"] / ".carry" / "kept"
+    [old] = list(kept.iterdir())
+    _has_it_all(old, marks)
+    wt = marks["wt"]  # the linked worktree works, against the kept copy
+    assert git(wt, "rev-parse", "HEAD") == marks["linked"]
+    (wt / "more.txt").write_text("more\n")
+    git(wt, "add", "more.txt")
+    git(wt, "commit", "-q", "-m", "after the rebuild")
+    assert git(old, "log", "-1", "--format=%s", "mine") == "after the rebuild"
+
+    listed = tool("kept", "--workdir", demo["work"], check=0).stdout
+    assert old.name in listed and "MiB" in listed
+    res = _paste(lines[0], 0)  # restore: the rebuilt tree goes aside, the old one comes back
+    assert res.returncode == 0, res.stderr
+    _has_it_all(ws, marks)
+    assert len(_kept_lines(res.stderr)) == 1 and len(list(kept.iterdir())) == 1
+    assert git(wt, "status", "--porcelain") == ""
+    [new] = list(kept.iterdir())
+    tool("kept", "--workdir", demo["work"], "--delete", new.name, check=0)
+    assert not kept.exists() or not list(kept.iterdir())
+
+
+def test_prune_removes_only_what_is_older(demo):
+    apply_demo(demo, check=0)
+    demo["write_series"](demo["v0"], ids=("clean", "threeway"))
+    res = apply_demo(demo, check=0)
+    [line] = _kept_lines(res.stderr)
+    kept = demo["work"] / ".carry" / "kept"
+    assert tool("kept", "--workdir", demo["work"], "--prune", "--older-than", "1d", check=0)
+    assert len(list(kept.iterdir())) == 1
+    assert tool("kept", "--workdir", demo["work"], "--prune", check=2).stderr
+    assert tool("kept", "--workdir", demo["work"], "--prune", "--older-than", "soon", check=2)
+    assert tool("kept", "--workdir", demo["work"], "--delete", "nothing-20260101T000000Z", check=2)
+    res = _paste(line, 1)  # the one line's delete command
+    assert res.returncode == 0, res.stderr
+    assert not list(kept.iterdir())
+    assert "1 kept" not in tool("kept", "--workdir", demo["work"], check=0).stdout

@@ -1,0 +1,59 @@
+"""gtp-carry kept / tools/kept.py."""
+
+from __future__ import annotations
+
+import time
+
+from ..workspace import kept
+from ..workspace.workdir import WorkDir
+from . import options
+
+DESCRIPTION = """\
+The old workspaces a rebuild kept. apply (and the next run after an interrupted one) never deletes
+a workspace it replaces: it moves the whole tree, its .git (every commit, reflog, stash, worktree
+record, hook, remote) and every file (ignored ones too), to DIR/.carry/kept/<upstream>-<UTC time>,
+and says so in one line. Linked worktrees are pointed at the kept copy and keep working.
+Nothing removes a kept copy but this command:
+
+  kept.py --workdir DIR                         list them: name, age, size
+  kept.py --workdir DIR --restore NAME          put NAME back as DIR/<upstream> (the tree there now is kept first)
+  kept.py --workdir DIR --delete NAME           delete NAME
+  kept.py --workdir DIR --prune --older-than 30d  delete every copy older than that (s, m, h, d, w)"""
+
+
+def main(argv: list[str], prog: str) -> int:
+    p = options.parser(prog, DESCRIPTION)
+    options.add_workdir(p)
+    act = p.add_mutually_exclusive_group()
+    act.add_argument("--restore", metavar="NAME", help="put kept workspace NAME back in its place")
+    act.add_argument("--delete", metavar="NAME", help="delete kept workspace NAME")
+    act.add_argument("--prune", action="store_true", help="delete the kept workspaces older than --older-than")
+    p.add_argument("--older-than", type=kept.parse_age, metavar="AGE", help="with --prune: 30d, 12h, 45m, 90s")
+    options.add_lock_timeout(p)
+    a = p.parse_args(argv)
+    if a.prune != (a.older_than is not None):
+        p.error("--prune and --older-than go together")
+    wd = WorkDir(a.workdir)
+    with wd.lock(a.lock_timeout):
+        if a.restore:
+            print(f"restored {a.restore} as {kept.restore(wd.root, a.restore)}")
+        elif a.delete:
+            kept.delete(wd.root, a.delete)
+            print(f"deleted {a.delete}")
+        elif a.prune:
+            old = [k for k in kept.entries(wd.root) if time.time() - k.made > a.older_than]
+            for k in old:
+                kept.delete(wd.root, k.key)
+                print(f"deleted {k.key}")
+            print(f"{len(old)} kept workspace(s) deleted")
+        else:
+            _list(wd)
+    return 0
+
+
+def _list(wd: WorkDir) -> None:
+    rows = kept.entries(wd.root)
+    for k in rows:
+        age = (time.time() - k.made) / 3600
+        print(f"{k.key}  {k.upstream}  {age:.1f} h old  {kept.size(k.path) / 2**20:.1f} MiB")
+    print(f"{len(rows)} kept workspace(s) in {kept.kept_dir(wd.root)}")

@@ -35,6 +35,27 @@ def _cache_default() -> Path:
     return default_cache() / "nemo_rl_gtp"
 
 
+# What stage imports beyond the standard library (pip downloads the wheels; the tokenizer is trained
+# with tokenizers and written with transformers): the test extra holds them all.
+STAGE_NEEDS = ("pip", "tokenizers", "transformers")
+
+
+def _stage_needs(*modules: str) -> None:
+    """A missing dependency is one clear error naming what to install, before anything is downloaded."""
+    import importlib.util
+    import sys
+
+    from carry.shell import line
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        install = line(sys.executable, "-m", "pip", "install", "-e", f"{Path(__file__).resolve().parents[3]}[test]")
+        if "pip" in missing:
+            install = f"{line(sys.executable, '-m', 'ensurepip')} && {install}"
+        raise UsageError(f"stage needs {', '.join(missing)}, which {sys.executable} does not have "
+                         f"(the test extra holds them)", hint=f"install the test extra: `{install}`")
+
+
 def stage_main(argv: list[str]) -> int:
     from .staging import stage as staging
     from .staging import wheels
@@ -65,6 +86,7 @@ def stage_main(argv: list[str]) -> int:
                    help="re-download the pins of wheels.toml and rewrite their file names and sha256; then stop")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
     a = p.parse_args(argv)
+    _stage_needs("pip") if a.relock else _stage_needs(*STAGE_NEEDS)
     cache = (a.cache or _cache_default()).absolute()
     if a.relock:
         changed = wheels.relock(staging.LOCK, cache)

@@ -417,6 +417,29 @@ def test_a_discarded_export_is_dropped_from_the_workspace_too(d):
     assert patch.read_bytes() == before
 
 
+def test_the_drift_hint_rebuilds_only_what_drifted_offline(d):
+    """Two upstreams, the second given by --source (its URL unreachable, as github.com is offline);
+    only the first drifts: the hint names that one alone, and works pasted as printed (before it
+    named both, and rebuilding the second went to its URL)."""
+    toml = d["series"] / "series.toml"
+    commit = re.search(r'commit = "([0-9a-f]+)"', toml.read_text()).group(1)
+    toml.write_text(toml.read_text() + '\n[upstreams.nemo-rl]\npython_path = "."\nsources = ["git"]\n'
+                    f'[upstreams.nemo-rl.git]\nurl = "file:///nonexistent/offline.git"\ncommit = "{commit}"\n')
+    apply(d, "--source", f"nemo-rl={d['up']}", check=0)
+    patch = d["series"] / "megatron-lm/0004-conflict.patch"
+    before = patch.read_bytes()
+    edit(d["ws"], "megatron/core/delta.py", 30, "value_30 = 'an edit to throw away'\n")
+    git(d["ws"], "commit", "-q", "-a", "--amend", "--no-edit")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    patch.write_bytes(before)  # the export discarded
+    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=1)
+    _, drop = hints(failed)
+    assert "--only megatron-lm" in drop and "nemo-rl" not in drop, drop
+    sh(d, drop)
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=0)
+    assert patch.read_bytes() == before and (d["work"] / "nemo-rl").is_dir()
+
+
 def test_retire_write_on_the_pin_says_it_kept_the_pin(d):
     """The README: --write against the current pin "retires nothing and keeps the pin"."""
     res = run(d, "retire", "--series", d["series"], "--against", f"megatron-lm={d['v0']}", "--write",

@@ -138,12 +138,28 @@ def test_unknown_commit_dropped_with_the_reset_hint(d):
     assert set(statuses(d).values()) == {"already-applied"}
 
 
+def test_the_discard_hint_after_apply_ran_inside_a_workspace_does_not_loop(d):
+    """apply run from inside a workspace with a relative --workdir leaves a work directory (git
+    repositories) nested in it: the discard hint removes it (git clean needs -ff for a nested
+    repository) and the next apply succeeds, not the same hint again."""
+    apply(d, check=0)
+    inside = subprocess.run([sys.executable, str(TOOLS / "apply.py"), "--series", str(d["series"]),
+                             "--workdir", "work"], cwd=d["ws"], capture_output=True, text=True, timeout=900)
+    assert inside.returncode == 0, inside.stderr
+    assert (d["ws"] / "work" / "megatron-lm" / ".git").exists()
+    failed = apply(d, check=1)
+    *_, discard = hints(failed)
+    sh(d, discard)
+    assert not (d["ws"] / "work").exists()
+    apply(d, check=0)
+
+
 def test_uncommitted_changes_amend_export_or_discard(d):
     apply(d, check=0)
     alpha = d["ws"] / "megatron/core/alpha.py"
     alpha.write_text(alpha.read_text() + "more = 2\n")
     amend, export, discard = hints(apply(d, check=1))
-    assert "commit -a --amend --no-edit" in amend and "tools/export.py" in export and "clean -fdq" in discard
+    assert "commit -a --amend --no-edit" in amend and "tools/export.py" in export and "clean -ffdq" in discard
     sh(d, amend)
     sh(d, export)
     assert "+more = 2" in (d["series"] / "megatron-lm/0004-conflict.patch").read_text()

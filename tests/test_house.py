@@ -265,3 +265,25 @@ def test_no_import_circles_in_carry():
     circles = _circles()
     assert not circles, "modules that import each other (directly or round a circle):\n" + "\n".join(
         " <-> ".join(c) for c in circles)
+
+
+def test_every_error_class_is_raised():
+    """An error class of the carry or its harness is raised somewhere, or is the base of one that is:
+    a class nothing raises tells a reader of a failure that cannot happen."""
+    files = EVERY + sorted((ROOT / "integration").rglob("*.py"))
+    trees = [ast.parse(p.read_text()) for p in files]
+    defined, used = {}, set()
+    for path, tree in zip(files, trees):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+                used.update(bases)
+                if node.name.endswith("Error") or any(b.endswith(("Error", "Exception")) for b in bases):
+                    defined[node.name] = path.relative_to(ROOT).as_posix()
+            elif isinstance(node, ast.Call):  # a class handed to what raises it (raise_as(..., SwapError))
+                used.update(a.id for a in node.args if isinstance(a, ast.Name))
+            elif isinstance(node, ast.Raise) and node.exc is not None:
+                exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                used.add(exc.id if isinstance(exc, ast.Name) else getattr(exc, "attr", ""))
+    never = sorted(f"{where}: {name}" for name, where in defined.items() if name not in used)
+    assert not never, "error classes never raised:\n" + "\n".join(never)

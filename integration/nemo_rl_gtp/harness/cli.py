@@ -66,8 +66,9 @@ def stage_main(argv: list[str]) -> int:
                            "Qwen2.5-0.5B-shaped model (its ~1 GB of weights are built on the GPU host from it and\n"
                            "the seed), its tokenizer and the arithmetic data (fixed seed), apply the series (the patched\n"
                            "megatron wheels of images/gtp-te219, the pinned pristine sources), and pack it all as\n"
-                           "the 'nrl' ferry under .ferry/ (parts that fit a call beside the tree). TransformerEngine is the separate\n"
-                           "'te' ferry (shared/gpu/stage-te.sh). Prints the device calls to make.")
+                           "the 'nrl' ferry under .ferry/ (in parts, --part-mib). TransformerEngine >= 2.19 goes to the GPU\n"
+                           "host as wheels of its own. Prints what to copy there and the commands to run there\n"
+                           "(docs/guide/offline-gpu-host.md).")
     p.add_argument("--series", default="gtp", help="series name or folder (default gtp)")
     p.add_argument("--source", action="append", metavar="NAME=PATH",
                    help="as tools/apply.py --source (e.g. nemo-rl=CHECKOUT with the pinned commit)")
@@ -80,7 +81,7 @@ def stage_main(argv: list[str]) -> int:
                    help="xz preset of the payload (default 9: the fewest parts; 1 packs in a fraction of the "
                         "time on a small machine, for about one part more)")
     p.add_argument("--part-mib", type=int, default=0, choices=range(16, 57), metavar="16-56",
-                   help="size of a ferry part (default: what fits one device call's 64 MiB beside the working "
+                   help="size of a ferry part, for a link that limits each transfer (default: what fits 64 MiB beside the working "
                         "tree that travels with it, less 2 MiB, at most 56)")
     p.add_argument("--relock", action="store_true",
                    help="re-download the pins of wheels.toml and rewrite their file names and sha256; then stop")
@@ -102,14 +103,20 @@ def stage_main(argv: list[str]) -> int:
     doc = res["stage"]
     print(f"staged in {res['payload']} ({res['seconds']:.0f}s): {len(doc['wheels'])} wheels, series "
           f"{doc['series']} digest {doc['series_trees']['series_digest'][:12]}, seed {doc['fixtures']['seed']}")
-    if res.get("parts"):
-        print(f"ferry nrl: payload {res['payload_mb']} MB in {len(res['parts'])} part(s): "
-              + ", ".join(f"{Path(p).name} {mb} MB" for p, mb in zip(res["parts"], res["part_mb"])))
-        for part in res["parts"]:
-            rel = Path(part).relative_to(REPO)
-            print(f'  call: carry [".ferry/recv.sh", ".ferry/nrl.sha256", "{rel}"]  command: bash .ferry/recv.sh nrl /tmp/nrl')
-        print("then: the last call runs integration/nemo_rl_gtp/run-on-gpu-host (integration/README.md)")
+    print("\n".join(stage_next(res)))
     return 0
+
+
+def stage_next(res: dict) -> list[str]:
+    """What stage's report tells the user to do next: on their own GPU host, not on any machine of ours."""
+    if not res.get("parts"):
+        return []
+    return [f"ferry nrl: payload {res['payload_mb']} MB in {len(res['parts'])} part(s) under .ferry/: "
+            + ", ".join(f"{Path(p).name} {mb} MB" for p, mb in zip(res["parts"], res["part_mb"])),
+            "next, on the GPU host: copy this repository there with its .ferry/ folder and TransformerEngine >= 2.19 "
+            "as wheels; there, `bash .ferry/recv.sh nrl /tmp/nrl` joins the parts, checks their sha256 and unpacks "
+            "them, then `integration/nemo_rl_gtp/run-on-gpu-host` runs the cases "
+            "(docs/guide/offline-gpu-host.md)"]
 
 
 def gpuhost_main(argv: list[str]) -> int:

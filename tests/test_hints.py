@@ -138,12 +138,28 @@ def test_unknown_commit_dropped_with_the_reset_hint(d):
     assert set(statuses(d).values()) == {"already-applied"}
 
 
+def test_the_discard_hint_after_apply_ran_inside_a_workspace_does_not_loop(d):
+    """apply run from inside a workspace with a relative --workdir leaves a work directory (git
+    repositories) nested in it: the discard hint removes it (git clean needs -ff for a nested
+    repository) and the next apply succeeds, not the same hint again."""
+    apply(d, check=0)
+    inside = subprocess.run([sys.executable, str(TOOLS / "apply.py"), "--series", str(d["series"]),
+                             "--workdir", "work"], cwd=d["ws"], capture_output=True, text=True, timeout=900)
+    assert inside.returncode == 0, inside.stderr
+    assert (d["ws"] / "work" / "megatron-lm" / ".git").exists()
+    failed = apply(d, check=1)
+    *_, discard = hints(failed)
+    sh(d, discard)
+    assert not (d["ws"] / "work").exists()
+    apply(d, check=0)
+
+
 def test_uncommitted_changes_amend_export_or_discard(d):
     apply(d, check=0)
     alpha = d["ws"] / "megatron/core/alpha.py"
     alpha.write_text(alpha.read_text() + "more = 2\n")
     amend, export, discard = hints(apply(d, check=1))
-    assert "commit -a --amend --no-edit" in amend and "tools/export.py" in export and "clean -fdq" in discard
+    assert "commit -a --amend --no-edit" in amend and "tools/export.py" in export and "clean -ffdq" in discard
     sh(d, amend)
     sh(d, export)
     assert "+more = 2" in (d["series"] / "megatron-lm/0004-conflict.patch").read_text()
@@ -415,6 +431,29 @@ def test_a_discarded_export_is_dropped_from_the_workspace_too(d):
     run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=0)
     assert "throw away" not in (d["ws"] / "megatron/core/delta.py").read_text()
     assert patch.read_bytes() == before
+
+
+def test_the_drift_hint_rebuilds_only_what_drifted_offline(d):
+    """Two upstreams, the second given by --source (its URL unreachable, as github.com is offline);
+    only the first drifts: the hint names that one alone, and works pasted as printed (before it
+    named both, and rebuilding the second went to its URL)."""
+    toml = d["series"] / "series.toml"
+    commit = re.search(r'commit = "([0-9a-f]+)"', toml.read_text()).group(1)
+    toml.write_text(toml.read_text() + '\n[upstreams.nemo-rl]\npython_path = "."\nsources = ["git"]\n'
+                    f'[upstreams.nemo-rl.git]\nurl = "file:///nonexistent/offline.git"\ncommit = "{commit}"\n')
+    apply(d, "--source", f"nemo-rl={d['up']}", check=0)
+    patch = d["series"] / "megatron-lm/0004-conflict.patch"
+    before = patch.read_bytes()
+    edit(d["ws"], "megatron/core/delta.py", 30, "value_30 = 'an edit to throw away'\n")
+    git(d["ws"], "commit", "-q", "-a", "--amend", "--no-edit")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    patch.write_bytes(before)  # the export discarded
+    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=1)
+    _, drop = hints(failed)
+    assert "--only megatron-lm" in drop and "nemo-rl" not in drop, drop
+    sh(d, drop)
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=0)
+    assert patch.read_bytes() == before and (d["work"] / "nemo-rl").is_dir()
 
 
 def test_retire_write_on_the_pin_says_it_kept_the_pin(d):

@@ -7,7 +7,8 @@
 - one CLI: tools/*.py are shims onto carry.cli, commands live in carry.commands, library
   modules do not import the command line; `gtp-carry` is a console script that works;
 - the rooms (the core, carry.series, .workspace, .evidence, .images, .nightly, .commands) import
-  one way, as MAY_IMPORT says;
+  one way, as MAY_IMPORT says, and no two modules import each other, even round a circle or
+  from inside a function;
 - no module over 400 lines; the lock timeout is written once.
 """
 
@@ -223,3 +224,66 @@ def test_exit_codes_are_stated_where_the_code_points():
     section = readme.split("## Exit codes")[1].split("\n## ")[0]
     for code in ("0", "1", "2"):
         assert f"`{code}`" in section
+
+
+def _circles() -> list[list[str]]:
+    """The import circles among carry's modules (every import, at any depth: a function-level
+    import that closes a circle is a circle too), each as its modules in a cycle order."""
+    modules = {_module_name(p) for p in EVERY}
+    graph = {_module_name(p): {t for _, t in _carry_imports(p, modules) if t in modules} - {_module_name(p)}
+             for p in EVERY if p.parent.name != "proofsite"}
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles_in_carry():
+    circles = _circles()
+    assert not circles, "modules that import each other (directly or round a circle):\n" + "\n".join(
+        " <-> ".join(c) for c in circles)
+
+
+def test_every_error_class_is_raised():
+    """An error class of the carry or its harness is raised somewhere, or is the base of one that is:
+    a class nothing raises tells a reader of a failure that cannot happen."""
+    files = EVERY + sorted((ROOT / "integration").rglob("*.py"))
+    trees = [ast.parse(p.read_text()) for p in files]
+    defined, used = {}, set()
+    for path, tree in zip(files, trees):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+                used.update(bases)
+                if node.name.endswith("Error") or any(b.endswith(("Error", "Exception")) for b in bases):
+                    defined[node.name] = path.relative_to(ROOT).as_posix()
+            elif isinstance(node, ast.Call):  # a class handed to what raises it (raise_as(..., SwapError))
+                used.update(a.id for a in node.args if isinstance(a, ast.Name))
+            elif isinstance(node, ast.Raise) and node.exc is not None:
+                exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                used.add(exc.id if isinstance(exc, ast.Name) else getattr(exc, "attr", ""))
+    never = sorted(f"{where}: {name}" for name, where in defined.items() if name not in used)
+    assert not never, "error classes never raised:\n" + "\n".join(never)

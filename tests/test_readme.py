@@ -25,12 +25,24 @@ from helpers import ROOT, git, python_env
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 NOT_RUN = {
+    "python3 -m venv .venv": "the quick start's venv, install and clone; its apply and prove are the guide's, run here",
     "python3 -m pip install -e": "CI's .ci/run runs the setup; here it would reinstall the package under test",
     "python3 -m pytest -q -n auto": "this is that run",
+    "python3 tools/upstream_tests.py": "fetches upstream's pinned tests from github.com; tests/test_upstream_tests.py runs it",
     "python3 tools/build_image.py": "needs a Docker engine; tests/test_images.py builds the image",
     "git clone https://github.com/NVIDIA-NeMo/RL": "needs github.com; GTP_CARRY_TEST_NEMO_RL names a checkout",
 }
 NO_NEMO_RL = "no NeMo-RL checkout: GTP_CARRY_TEST_NEMO_RL is unset (a checkout that has the pinned commit)"
+
+
+# The README's quick start and commands, then the user guide's pages in reading order: the
+# walkthrough a newcomer follows (the README links to each).
+WALK = ["README.md", "docs/guide/install.md", "docs/guide/apply.md", "docs/guide/edit.md",
+        "docs/guide/prove.md", "docs/guide/retire-rebase.md", "docs/maintainers/tests.md"]
+
+
+def _walk_text(root) -> str:
+    return "".join((root / page).read_text() for page in WALK)
 
 
 def _is_nemo_rl(block: str) -> bool:
@@ -38,7 +50,8 @@ def _is_nemo_rl(block: str) -> bool:
 
 
 def _blocks(text: str) -> list[str]:
-    return re.findall(r"(?ms)^```\n(.*?)^```\n", text)
+    # the shell blocks (a fence without a language; the flow picture is ```mermaid)
+    return [body for lang, body in re.findall(r"(?ms)^```(\w*)\n(.*?)^```\n", text) if not lang]
 
 
 def _table_commands(text: str) -> list[str]:
@@ -73,7 +86,7 @@ def _run(clone, script: str, env: dict) -> subprocess.CompletedProcess:
 def walkthrough(clone, pin_cache, tmp_path_factory):
     """Every README command but the NeMo-RL ones, in order, in the clone: what ran, what was not
     run and why, the NeMo-RL blocks (for their own test) and the environment they ran in."""
-    text = (clone / "README.md").read_text()
+    text = _walk_text(clone)
     # `python3` is the Python running the tests, with its bin/ next on PATH: in a venv that is not
     # activated, PATH's python3 is another Python (the README says to type .venv/bin/python).
     env = {**python_env(tmp_path_factory.mktemp("bin")), "GTP_CARRY_CACHE": str(pin_cache),

@@ -3,6 +3,8 @@ and its patch files are exactly what export produces (no drift)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from helpers import read_json, tool
@@ -30,30 +32,47 @@ def test_apply_then_export_check(tmp_path, pin_cache):
          "--only", "megatron-lm,megatron-bridge", "--check", check=0)
 
 
+# The zygote/fresh comparison of every proof takes most of the suite's time on two cores (a fresh
+# interpreter per run is what it compares with): the suite runs a sample (a Megatron-LM proof and
+# Bridge's, which runs in an environment of its own); the
+# nightly's zygote-fresh cell runs them all (GTP_CARRY_TEST_ZYGOTE=all, integration/nightly.toml).
+ZYGOTE_SAMPLE = "mlm-tied-weight-guard,bridge-ckpt-replica-groups"
+ZYGOTE_WHOLE = os.environ.get("GTP_CARRY_TEST_ZYGOTE") == "all"
+
+
 @pytest.mark.slow
 def test_cpu_proofs_red_green_the_same_from_the_zygote_and_fresh(tmp_path, gtp_work):
-    """The Megatron-LM and Megatron-Bridge proofs on the real pins: CPU ones red on pristine and
-    green patched, the GPU ones skipped here (never 'pass' without a GPU); and the same outcome
-    of every run from the zygote and with --fresh (a difference is a bug of the zygote). Each run
-    says how it started (``via``): every run of the first prove forked from a zygote, every run of
-    the second was a fresh interpreter, so the comparison compares the two ways."""
+    """The Megatron-LM and Megatron-Bridge proofs on the real pins (a sample in the suite, all in
+    the nightly): CPU ones red on pristine and green patched, the GPU ones skipped here (never
+    'pass' without a GPU); and the same outcome of every run from the zygote and with --fresh (a
+    difference is a bug of the zygote). Each run says how it started (``via``): every run of the
+    first prove forked from a zygote, every run of the second was a fresh interpreter."""
     import torch
 
+    only = "megatron-lm,megatron-bridge" if ZYGOTE_WHOLE else ZYGOTE_SAMPLE
     reports = {}
     for mode in ("zygote", "fresh"):
         out = tmp_path / f"prove-{mode}.json"
-        tool("prove", "--series", "gtp", "--workdir", gtp_work, "--only", "megatron-lm,megatron-bridge", "--json", out,
+        tool("prove", "--series", "gtp", "--workdir", gtp_work, "--only", only, "--json", out,
              *(["--fresh"] if mode == "fresh" else []), timeout=3000, check=0)
         rows = read_json(out)["proofs"]
         reports[mode] = {(r["id"], r["proof"]): (r["pristine"], r["patched"], r["ok"]) for r in rows}
         if not torch.cuda.is_available():   # where torch sees a device, no run forks (README, "A zygote per prove")
             assert {v for r in rows for v in r["via"]} == {mode}, (mode, [(r["proof"], r["via"]) for r in rows])
         by_proof = {r["proof"].rsplit("/", 1)[1]: r for r in rows}
-        for name in ("test_pg_collection.py", "test_inference_pg.py", "test_tied_weight_guard.py",
-                     "test_gtp_ckpt_offsets.py", "test_swiglu_ckpt_layouts.py", "test_ckpt_replica_groups.py"):
+        red_green = ("test_pg_collection.py", "test_inference_pg.py", "test_tied_weight_guard.py",
+                     "test_gtp_ckpt_offsets.py", "test_swiglu_ckpt_layouts.py", "test_ckpt_replica_groups.py")
+        gpu_only = ("test_te_bias_sizing.py", "test_te_gpt_end_to_end.py", "test_tied_prefetch.py")
+        if not ZYGOTE_WHOLE:
+            assert {"test_tied_weight_guard.py", "test_ckpt_replica_groups.py"} <= set(by_proof), sorted(by_proof)
+        for name in red_green:
+            if name not in by_proof and not ZYGOTE_WHOLE:
+                continue  # not in the sample
             r = by_proof[name]
             assert (r["pristine"], r["patched"], r["ok"]) == ("fail", "pass", True), (mode, r)
-        for name in ("test_te_bias_sizing.py", "test_te_gpt_end_to_end.py", "test_tied_prefetch.py"):
+        for name in gpu_only:
+            if name not in by_proof and not ZYGOTE_WHOLE:
+                continue
             r = by_proof[name]
             if not torch.cuda.is_available():
                 assert (r["pristine"], r["patched"], r["ok"]) == ("skipped", "skipped", None), (mode, r)
@@ -90,3 +109,15 @@ def test_lint_rejects_a_malformed_link(tmp_path, field, bad, message):
     res = tool("lint", "--series", sdir, check=1)
     assert "patch mlm-gtp-tied-dummy-wgrad" in res.stderr and message in res.stderr, res.stderr
     assert "1 problem(s)" in res.stdout
+
+
+def test_the_nightly_runs_the_whole_zygote_fresh_comparison():
+    """The suite's sample above stands for the whole, which a nightly cell runs."""
+    from carry.nightly.config import load
+
+    from helpers import ROOT
+
+    cfg = load(ROOT / "integration" / "nightly.toml")
+    (cell,) = [c for c in cfg.tests if c.name == "zygote-fresh"]
+    assert "GTP_CARRY_TEST_ZYGOTE" in dict(cell.env) and dict(cell.env)["GTP_CARRY_TEST_ZYGOTE"] == "all"
+    assert any("test_cpu_proofs_red_green_the_same_from_the_zygote_and_fresh" in a for a in cell.argv), cell.argv

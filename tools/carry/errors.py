@@ -205,10 +205,6 @@ class DriftError(OperationError):
         self.files = files
 
 
-class ProofError(OperationError):
-    """A proof did not go red on the pristine base and green when patched."""
-
-
 class CommandError(OperationError):
     """An external command failed in a way the caller did not expect."""
 

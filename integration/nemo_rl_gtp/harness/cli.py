@@ -35,6 +35,27 @@ def _cache_default() -> Path:
     return default_cache() / "nemo_rl_gtp"
 
 
+# What stage imports beyond the standard library (pip downloads the wheels; the tokenizer is trained
+# with tokenizers and written with transformers): the test extra holds them all.
+STAGE_NEEDS = ("pip", "tokenizers", "transformers")
+
+
+def _stage_needs(*modules: str) -> None:
+    """A missing dependency is one clear error naming what to install, before anything is downloaded."""
+    import importlib.util
+    import sys
+
+    from carry.shell import line
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        install = line(sys.executable, "-m", "pip", "install", "-e", f"{Path(__file__).resolve().parents[3]}[test]")
+        if "pip" in missing:
+            install = f"{line(sys.executable, '-m', 'ensurepip')} && {install}"
+        raise UsageError(f"stage needs {', '.join(missing)}, which {sys.executable} does not have "
+                         f"(the test extra holds them)", hint=f"install the test extra: `{install}`")
+
+
 def stage_main(argv: list[str]) -> int:
     from .staging import stage as staging
     from .staging import wheels
@@ -45,8 +66,9 @@ def stage_main(argv: list[str]) -> int:
                            "Qwen2.5-0.5B-shaped model (its ~1 GB of weights are built on the GPU host from it and\n"
                            "the seed), its tokenizer and the arithmetic data (fixed seed), apply the series (the patched\n"
                            "megatron wheels of images/gtp-te219, the pinned pristine sources), and pack it all as\n"
-                           "the 'nrl' ferry under .ferry/ (parts that fit a call beside the tree). TransformerEngine is the separate\n"
-                           "'te' ferry (shared/gpu/stage-te.sh). Prints the device calls to make.")
+                           "the 'nrl' ferry under .ferry/ (in parts, --part-mib). TransformerEngine >= 2.19 goes to the GPU\n"
+                           "host as wheels of its own. Prints what to copy there and the commands to run there\n"
+                           "(docs/guide/offline-gpu-host.md).")
     p.add_argument("--series", default="gtp", help="series name or folder (default gtp)")
     p.add_argument("--source", action="append", metavar="NAME=PATH",
                    help="as tools/apply.py --source (e.g. nemo-rl=CHECKOUT with the pinned commit)")
@@ -59,12 +81,13 @@ def stage_main(argv: list[str]) -> int:
                    help="xz preset of the payload (default 9: the fewest parts; 1 packs in a fraction of the "
                         "time on a small machine, for about one part more)")
     p.add_argument("--part-mib", type=int, default=0, choices=range(16, 57), metavar="16-56",
-                   help="size of a ferry part (default: what fits one device call's 64 MiB beside the working "
+                   help="size of a ferry part, for a link that limits each transfer (default: what fits 64 MiB beside the working "
                         "tree that travels with it, less 2 MiB, at most 56)")
     p.add_argument("--relock", action="store_true",
                    help="re-download the pins of wheels.toml and rewrite their file names and sha256; then stop")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
     a = p.parse_args(argv)
+    _stage_needs("pip") if a.relock else _stage_needs(*STAGE_NEEDS)
     cache = (a.cache or _cache_default()).absolute()
     if a.relock:
         changed = wheels.relock(staging.LOCK, cache)
@@ -80,14 +103,20 @@ def stage_main(argv: list[str]) -> int:
     doc = res["stage"]
     print(f"staged in {res['payload']} ({res['seconds']:.0f}s): {len(doc['wheels'])} wheels, series "
           f"{doc['series']} digest {doc['series_trees']['series_digest'][:12]}, seed {doc['fixtures']['seed']}")
-    if res.get("parts"):
-        print(f"ferry nrl: payload {res['payload_mb']} MB in {len(res['parts'])} part(s): "
-              + ", ".join(f"{Path(p).name} {mb} MB" for p, mb in zip(res["parts"], res["part_mb"])))
-        for part in res["parts"]:
-            rel = Path(part).relative_to(REPO)
-            print(f'  call: carry [".ferry/recv.sh", ".ferry/nrl.sha256", "{rel}"]  command: bash .ferry/recv.sh nrl /tmp/nrl')
-        print("then: the last call runs integration/nemo_rl_gtp/run-on-gpu-host (integration/README.md)")
+    print("\n".join(stage_next(res)))
     return 0
+
+
+def stage_next(res: dict) -> list[str]:
+    """What stage's report tells the user to do next: on their own GPU host, not on any machine of ours."""
+    if not res.get("parts"):
+        return []
+    return [f"ferry nrl: payload {res['payload_mb']} MB in {len(res['parts'])} part(s) under .ferry/: "
+            + ", ".join(f"{Path(p).name} {mb} MB" for p, mb in zip(res["parts"], res["part_mb"])),
+            "next, on the GPU host: copy this repository there with its .ferry/ folder and TransformerEngine >= 2.19 "
+            "as wheels; there, `bash .ferry/recv.sh nrl /tmp/nrl` joins the parts, checks their sha256 and unpacks "
+            "them, then `integration/nemo_rl_gtp/run-on-gpu-host` runs the cases "
+            "(docs/guide/offline-gpu-host.md)"]
 
 
 def gpuhost_main(argv: list[str]) -> int:

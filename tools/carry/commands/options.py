@@ -36,6 +36,9 @@ class Parser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
         # argparse reports missing required options before unknown ones, so `apply --bogus`
         # would say "--workdir is required". Look for unknown flags first, with nothing required.
+        argv = sys.argv[1:] if args is None else [str(x) for x in args]
+        if "-h" in argv or "--help" in argv:  # help is printed in the pass it appears in: the real one,
+            return super().parse_args(args, namespace)  # where the required options show as required
         required = [a for a in self._actions if a.required]
         for a in required:
             a.required = False

@@ -52,6 +52,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
         pending: list[tuple[Path, str]] = []
         added = False
         exported: dict[str, list[str]] = {}  # per upstream, the commit each patch was written from
+        drifted: list[str] = []  # the upstreams whose files differ (--check): the only ones to rebuild
         for name, rec in state.records():
             ws = wd.workspace(name)
             g = Git(ws)
@@ -85,12 +86,13 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                     result.unchanged.append(meta.file)
                 else:
                     (result.drift if check else result.written).append(meta.file)
+                    drifted.append(name)
                     pending.append((path, text))
         if check:
             if result.drift:
                 raise DriftError("patch files differ from the workspace: " + ", ".join(result.drift),
                                  files=result.drift,
-                                 hint=_drift_hint(series, wd.root, [n for n, _ in state.records()]))
+                                 hint=_drift_hint(series, wd.root, list(dict.fromkeys(drifted))))
             return result
         for path, text in pending:
             write_atomic(path, text)

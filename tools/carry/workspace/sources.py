@@ -264,6 +264,8 @@ def _commit_or_paths(upstream: Upstream, repo: Path, commit: str, describe: str)
 def check_override(upstream: Upstream, path: Path) -> None:
     """``--source NAME=PATH`` names something that exists: checked before any download or build."""
     if path.expanduser().exists():
+        if path.expanduser().is_dir() and not _is_git(path.expanduser()):
+            _check_tree_is(upstream, path.expanduser())
         return
     name, g = upstream.name, upstream.git
     if g and g.commit and upstream.sources[0] == "git":
@@ -275,6 +277,19 @@ def check_override(upstream: Upstream, path: Path) -> None:
     else:
         hint = f"PATH is a checkout or an unpacked tree of {name}"
     raise UsageError(f"--source {name}={path}: no such file or directory", hint=hint)
+
+
+def _check_tree_is(upstream: Upstream, path: Path) -> None:
+    """A folder that is not a git checkout is taken for an unpacked tree of the upstream only where
+    it has the upstream's top package (its tests pin names it): else it is some other folder."""
+    package = upstream.tests.package if upstream.tests else ""
+    if not package or (path / package).is_dir():
+        return
+    name, g = upstream.name, upstream.git
+    clone = (f"{shell.code('git', 'clone', g.url, 'CHECKOUT', shell.Raw('&&'), 'git', '-C', 'CHECKOUT', 'checkout', '-q', g.commit)}"
+             f" makes one; then give --source {name}=CHECKOUT") if g and g.commit else f"give --source {name}=CHECKOUT"
+    raise UsageError(f"--source {name}={path} is not a {name} checkout: it is not a git repository, and it has no "
+                     f"{package}/ folder, so it is no unpacked tree of {name} either", hint=clone)
 
 
 def _is_git(path: Path) -> bool:

@@ -379,7 +379,7 @@ class WorkDir:
                 f"{name}: workspace {ws} has uncommitted changes: {shown}",
                 hint=f"commit them into the patch they belong to ({code('git', '-C', ws, 'commit', '-a', '--amend', '--no-edit')} "
                      f"for the last one) and run {export_cmd}, or discard them with "
-                     f"{code('git', '-C', ws, 'reset', '-q', '--hard', Raw('&&'), 'git', '-C', ws, 'clean', '-fdq')}")
+                     f"{code('git', '-C', ws, 'reset', '-q', '--hard', Raw('&&'), 'git', '-C', ws, 'clean', '-ffdq')}")
         return True
 
     def keep_unknown_commits(self, name: str, recorded: UpstreamRecord, new: Path) -> list[dict[str, str]]:

@@ -67,10 +67,6 @@ TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "nu
 WEIGHT_SUFFIX = ".safetensors"
 
 
-class AcceptanceError(Exception):
-    """The trained model is outside the acceptance window (exit 1)."""
-
-
 def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

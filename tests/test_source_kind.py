@@ -32,7 +32,7 @@ def test_a_folder_that_is_not_a_nemo_rl_checkout_says_so(tmp_path):
 
 def test_an_unpacked_tree_with_the_top_package_passes_the_check(tmp_path):
     from carry.series.repo import load_series
-    from carry.workspace.sources import check_override
+    from carry.workspace.sourcepath import check_override
 
     (tmp_path / "nemo_rl").mkdir()
     check_override(load_series("gtp").upstream("nemo-rl"), tmp_path)

@@ -19,7 +19,8 @@ from ..files import write_json
 from ..lock import LOCK_TIMEOUT
 from ..series import repo
 from ..series.manifest import EntryError, Series
-from ..workspace.sources import check_override, default_cache
+from ..workspace.sourcepath import check_override
+from ..workspace.sources import default_cache
 
 EPILOG = ("exit codes: 0 success; 1 the operation failed and nothing was changed; "
           "2 bad usage, input or configuration")

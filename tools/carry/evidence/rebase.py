@@ -26,7 +26,7 @@ from ..series.manifest import Series
 from ..series.patchfile import parse_file
 from ..series.repo import command
 from ..shell import Raw, code, release_instead
-from ..workspace import sources, trial
+from ..workspace import sourcepath, sources, trial
 from ..workspace.am import ABSENT, am_patches, clone_base, older_bases
 from ..workspace.export import format_patch
 from .retire import Verdict, commit_retirement, link_signal
@@ -76,7 +76,7 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
     mine = series.patches_for(name)
     if not mine:
         raise UsageError(f"{name} has no patch in series {series.name}")
-    stuck = sources.pin_can_move(up, source)
+    stuck = sourcepath.pin_can_move(up, source)
     if stuck:
         raise UsageError(f"{stuck}: the rebased series would still name the old pin; nothing was changed",
                          hint=release_instead("--onto", name))

@@ -30,7 +30,7 @@ from ..series import edit as seriesedit
 from ..series import retirement
 from ..series.manifest import PatchMeta, Series
 from ..series.repo import command
-from ..workspace import sources, trial
+from ..workspace import sourcepath, sources, trial
 from ..workspace.am import am_each, older_bases
 from ..workspace.apply import Options, apply_series
 from ..workspace.workdir import WorkDir
@@ -151,7 +151,7 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
     if not mine:
         raise UsageError(f"{name} has no patch in series {series.name}")
     source = source_paths.get(name)
-    stuck = sources.pin_can_move(up, source) if write else None
+    stuck = sourcepath.pin_can_move(up, source) if write else None
     if stuck:
         raise UsageError(f"--write: {stuck}; nothing was written",
                          hint=shell.release_instead("--against", name) + ", or drop --write for the verdicts alone: "

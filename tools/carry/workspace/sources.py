@@ -39,6 +39,7 @@ from .artifacts import (
     unpack_wheel,
 )
 from .basecheck import RECORD, check_base
+from .sourcepath import check_override, is_git, owner
 
 GIT_ONLY = tuple(k for k in SOURCE_KINDS if k == "git")  # git as a pin's only source (not a command line)
 
@@ -261,54 +262,6 @@ def _commit_or_paths(upstream: Upstream, repo: Path, commit: str, describe: str)
     return _tree_recipe(key, f"{describe} ({', '.join(paths)})", lambda tree: _archive_into(repo, commit, paths, tree))
 
 
-def check_override(upstream: Upstream, path: Path) -> None:
-    """``--source NAME=PATH`` names something that exists: checked before any download or build."""
-    if path.expanduser().exists():
-        if path.expanduser().is_dir() and not _is_git(path.expanduser()):
-            _check_tree_is(upstream, path.expanduser())
-        return
-    name, g = upstream.name, upstream.git
-    if g and g.commit and upstream.sources[0] == "git":
-        hint = (f"{shell.code('git', 'clone', g.url, path, shell.Raw('&&'), 'git', '-C', path, 'checkout', '-q', g.commit)}"
-                f" makes one, then {shell.again({}) or 'run the command again'}; or leave --source {name}=... out")
-    elif upstream.pypi:
-        hint = (f"PATH is a wheel, a checkout or an unpacked tree of {upstream.pypi.name} {upstream.pypi.version}; "
-                f"or leave --source {name}=... out to download the pinned wheel")
-    else:
-        hint = f"PATH is a checkout or an unpacked tree of {name}"
-    raise UsageError(f"--source {name}={path}: no such file or directory", hint=hint)
-
-
-def _check_tree_is(upstream: Upstream, path: Path) -> None:
-    """A folder that is not a git checkout is taken for an unpacked tree of the upstream only where
-    it has the upstream's top package (its tests pin names it): else it is some other folder."""
-    package = upstream.tests.package if upstream.tests else ""
-    if not package or (path / package).is_dir():
-        return
-    name, g = upstream.name, upstream.git
-    clone = (f"{shell.code('git', 'clone', g.url, 'CHECKOUT', shell.Raw('&&'), 'git', '-C', 'CHECKOUT', 'checkout', '-q', g.commit)}"
-             f" makes one; then give --source {name}=CHECKOUT") if g and g.commit else f"give --source {name}=CHECKOUT"
-    raise UsageError(f"--source {name}={path} is not a {name} checkout: it is not a git repository, and it has no "
-                     f"{package}/ folder, so it is no unpacked tree of {name} either", hint=clone)
-
-
-def _is_git(path: Path) -> bool:
-    """A checkout or a bare repository (not an unpacked tree)."""
-    return (path / ".git").exists() or (path / "HEAD").is_file() and (path / "objects").is_dir()
-
-
-def pin_can_move(upstream: Upstream, override: Path | None) -> str | None:
-    """Why retire --write / rebase cannot move this upstream's pin to ``override``, or None."""
-    override = override.expanduser().resolve() if override is not None else None
-    if override is None or not override.is_dir():
-        return None
-    if _is_git(override) and upstream.git is None:
-        return (f"{upstream.name} has no [upstreams.{upstream.name}.git] pin, so a checkout's commit "
-                f"({override}) cannot become its pin")
-    return None if _is_git(override) else (f"{override} is an unpacked tree: it names no version or commit "
-                                            f"to pin {upstream.name} at")
-
-
 def _override_recipe(upstream: Upstream, cache: Path, path: Path) -> _Recipe:
     check_override(upstream, path)
     path = path.expanduser().resolve()
@@ -321,15 +274,15 @@ def _override_recipe(upstream: Upstream, cache: Path, path: Path) -> _Recipe:
         key = "pypi-" + hashlib.sha256(repr((sha, pypi.map, pypi.exclude)).encode()).hexdigest()[:20]
         return _tree_recipe(key, f"{path.name}{note}", lambda tree: unpack_wheel(path, tree, pypi))
     g = Git(path)
-    is_git = _is_git(path)
-    if is_git and g.untrusted():
+    a_repo = is_git(path)
+    if a_repo and g.untrusted():
         raise UsageError(f"--source {upstream.name}={path}: git refuses this checkout: it is owned by another "
-                         f"user ({_owner(path)}) and git works only in repositories you own or trust "
+                         f"user ({owner(path)}) and git works only in repositories you own or trust "
                          "(\"dubious ownership\")",
                          hint=f"if you trust it, {shell.code('git', 'config', '--global', '--add', 'safe.directory', path)} (gtp-carry "
                               "honours safe.directory from your git config, nothing else of it), or clone it "
                               "and give --source your clone")
-    if is_git:
+    if a_repo:
         pinned = upstream.git.commit if upstream.git else None
         if pinned and g.has_commit(pinned):
             commit, note = pinned, "the pinned commit"
@@ -349,16 +302,6 @@ def _override_recipe(upstream: Upstream, cache: Path, path: Path) -> _Recipe:
                                                      ignore=shutil.ignore_patterns(".git")))
 
 
-def _owner(path: Path) -> str:
-    import pwd
-
-    uid = path.stat().st_uid
-    try:
-        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
-    except KeyError:
-        return f"uid {uid}"
-
-
 # -- moving a pin -----------------------------------------------------------------
 def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None = None) -> tuple[Upstream, Base]:
     """The upstream pinned at a new version (PyPI) or commit (git), and its pristine base.
@@ -372,7 +315,7 @@ def retarget(upstream: Upstream, target: str, cache: Path, override: Path | None
             art = Artifact(override.name, sha256_file(override), tree=True)
             new = replace(upstream, pypi=replace(upstream.pypi, version=target, artifacts=(art,)))
             return new, ready_base(new, cache, override)
-        if upstream.git and override.is_dir() and _is_git(override):
+        if upstream.git and override.is_dir() and is_git(override):
             commit = Git(override).rev_parse(target)
             if not commit:
                 raise SourceError(f"{upstream.name}: {override} has no commit {target}")

@@ -356,6 +356,10 @@ def _recorded_runs(name: str) -> list[tuple[str, str, dict]]:
     mini = ROOT / "integration" / "gtp_refit_mini" / "h200"
     out = [(r["file"], (mini / r["file"]).read_text(), result_line((mini / r["file"]).read_text()) or {})
            for r in json.loads((mini / "runs.json").read_text())["runs"] if r["cell"] == name]
+    for cpu in sorted((ROOT / "integration" / "cpu-runs").glob("*/run.json")):
+        doc = json.loads(cpu.read_text())
+        if doc["test"] == name:
+            out.append((cpu.parent.name, (cpu.parent / doc["log"]).read_text(), doc["metrics"]))
     if name == "grpo-megatron-generation-gtp":
         out += [(stem, log, m) for stem, log, m in _green_functional_runs()]
     if name == "grpo-megatron-generation-gtp-learning":

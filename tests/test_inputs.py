@@ -233,7 +233,7 @@ def _ghost_patches(demo):
     ghost = g.commit_all("demo: edit epsilon")
     g("checkout", "-q", "main")
     for name, commit in (("0005-adds.patch", adds), ("0006-ghost.patch", ghost)):
-        (demo["series"] / "megatron-lm" / name).write_text(format_patch(up, commit))
+        (demo["series"] / "megatron-lm" / name).write_bytes(format_patch(up, commit))
 
     def write(ids):
         files = {"clean": "0001-clean.patch", "adds": "0005-adds.patch", "ghost": "0006-ghost.patch"}

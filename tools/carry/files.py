@@ -16,14 +16,28 @@ from pathlib import Path
 from typing import Any
 
 
-def write_atomic(path: Path | str, text: str) -> None:
+def write_atomic(path: Path | str, data: str | bytes) -> None:
+    """Replace ``path`` by ``data`` (text is written as UTF-8, bytes as they are)."""
+    path = Path(path)
+    tmp = stage(path, data.encode("utf-8") if isinstance(data, str) else data)
+    try:
+        install(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def stage(path: Path | str, data: bytes) -> Path:
+    """``data`` in a new temporary file beside ``path``, flushed to disk, with ``path``'s mode (a
+    new file: 0644); ``install`` puts it in place. The caller may read it first (export checks
+    the patch it is about to write) and unlinks it when it is not installed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as exc:
@@ -34,10 +48,16 @@ def write_atomic(path: Path | str, text: str) -> None:
             os.chmod(tmp, path.stat().st_mode & 0o777)
         else:
             os.chmod(tmp, 0o644)  # mkstemp makes it private; these files are for everyone to read
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return Path(tmp)
+
+
+def install(tmp: Path, path: Path | str) -> None:
+    """Rename a file ``stage`` wrote over ``path``, and flush the directory (the rename survives a crash)."""
+    path = Path(path)
+    os.replace(tmp, path)
     fsync_dir(path.parent)
 
 

@@ -59,13 +59,13 @@ class RebaseReport:
         return asdict(self)
 
 
-def _changes(text: str) -> list[str]:
-    """The +/- lines of a patch: what it does, without context or positions."""
+def _changes(data: bytes) -> list[bytes]:
+    """The +/- lines of a patch: what it does, without context or positions (a CR is the line's)."""
     out = []
-    for line in text.splitlines():
-        if line.startswith(("+++", "---")):
+    for line in data.split(b"\n"):
+        if line.startswith((b"+++", b"---")):
             continue
-        if line.startswith(("+", "-")):
+        if line.startswith((b"+", b"-")):
             out.append(line)
     return out
 
@@ -174,7 +174,7 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
     new_texts = {}
     for p, c in zip(kept, commits):
         new = format_patch(ws, c)
-        old = series.patch_path(p).read_text()
+        old = series.patch_path(p).read_bytes()
         if new == old:
             outcome = "unchanged"
         elif _changes(new) == _changes(old):
@@ -213,7 +213,7 @@ def _pre(status: str) -> str:
     return {"applied": "refreshed", "already-applied": "dropped", MERGED: "dropped"}.get(status, status)
 
 
-def _write(series: Series, new_up, new_texts: dict[str, str], cache: Path, source: Path | None,
+def _write(series: Series, new_up, new_texts: dict[str, bytes], cache: Path, source: Path | None,
            rep: RebaseReport, retired: list[Verdict]) -> None:
     text = (series.root / "series.toml").read_text()
     if retired:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import CarryError
 from .manifest import NO_PROOF, PatchMeta, Series
@@ -53,6 +54,28 @@ def link_problems(p: PatchMeta) -> list[str]:
     return probs
 
 
+def file_problems(path: Path, source: str | None = None) -> list[str]:
+    """What lint refuses in one patch file (``source`` names it in messages): a file this tool
+    cannot read as a patch, an unsafe one, or one git reads otherwise. Export checks each file
+    it is about to write with this, so that it never writes a series lint refuses."""
+    try:
+        parsed = parse_file(path, source)
+    except CarryError as exc:
+        return [exc.message]
+    return safety_problems(parsed) or git_problems([(path, parsed)]).get(path, [])
+
+
+def same_content(contents: list[tuple[str, bytes]]) -> list[tuple[str, str]]:
+    """(patch id, the id of an earlier patch with the very same bytes) for each such pair."""
+    seen: dict[bytes, str] = {}
+    out = []
+    for pid, data in contents:
+        if data in seen:
+            out.append((pid, seen[data]))
+        seen.setdefault(data, pid)
+    return out
+
+
 def lint(series: Series) -> list[Problem]:
     probs: list[Problem] = []
     add = lambda where, msg: probs.append(Problem(where, msg))  # noqa: E731
@@ -82,14 +105,8 @@ def lint(series: Series) -> list[Problem]:
         elif not path.is_file():
             add(where, f"patch file {p.file} does not exist")
         else:
-            try:
-                parsed = parse_file(path)
-            except CarryError as exc:
-                add(where, exc.message)
-            else:
-                unsafe = safety_problems(parsed)
-                for issue in unsafe or git_problems([(path, parsed)]).get(path, []):
-                    add(where, issue)
+            for issue in file_problems(path):
+                add(where, issue)
 
     for where, message in series.requires_problems():
         add(where, message)
@@ -101,12 +118,7 @@ def lint(series: Series) -> list[Problem]:
                 rel = f"{up}/{f.name}"
                 if f.is_file() and rel not in listed:
                     add(rel, "file in the series folder is not listed in series.toml (orphan)")
-    seen_bytes: dict[bytes, str] = {}
-    for p in series.patches:
-        path = series.patch_path(p)
-        if path.is_file():
-            data = path.read_bytes()
-            if data in seen_bytes:
-                add(f"patch {p.id}", f"same content as {seen_bytes[data]}")
-            seen_bytes.setdefault(data, p.id)
+    contents = [(p.id, series.patch_path(p).read_bytes()) for p in series.patches if series.patch_path(p).is_file()]
+    for pid, first in same_content(contents):
+        add(f"patch {pid}", f"same content as {first}")
     return probs

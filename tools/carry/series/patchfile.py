@@ -304,16 +304,25 @@ def _hunks(lines: list[str], i: int, cur: FileDiff, source: str) -> int:
     return i
 
 
-def parse_file(path: Path) -> Patch:
+def parse_file(path: Path, source: str | None = None) -> Patch:
+    """The patch in ``path``; ``source`` names it in messages (default: the path)."""
+    source = source or str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
-        raise PatchFormatError(f"patch file {path} does not exist") from None
+        raise PatchFormatError(f"patch file {source} does not exist") from None
     except IsADirectoryError:
-        raise PatchFormatError(f"patch file {path} is a directory") from None
-    except UnicodeDecodeError:
-        raise PatchFormatError(f"{path}: not UTF-8 text") from None
-    return parse(text, str(path))
+        raise PatchFormatError(f"patch file {source} is a directory") from None
+    return parse_bytes(data, source)
+
+
+def parse_bytes(data: bytes, source: str) -> Patch:
+    """A patch file's bytes as this module reads them: UTF-8 text (line ends kept as they are)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchFormatError(f"{source}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    return parse(text, source)
 
 
 def safety_problems(patch: Patch) -> list[str]:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 from typing import Iterable
+
+from ..files import not_regular
 
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*[a-z0-9]$", re.ASCII)
 _FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.patch$", re.ASCII)
@@ -43,7 +46,24 @@ def entry_problems(series) -> list[tuple[str, str]]:
         if p.file in listed:
             probs.append((where, f"file {p.file} is also listed by {listed[p.file]}"))
         listed.setdefault(p.file, p.id)
+        for rel, kind in _not_files(series.root, p):
+            probs.append((where, f"{rel} is {kind}, not a regular file"))
     return probs
+
+
+def _not_files(root: Path, p) -> list[tuple[str, str]]:
+    """The files an entry names that the tools read (its patch, each proof, the requirements.txt
+    beside a proof) which exist and are not regular files: (the path in the series, what it is)."""
+    rels = [p.file]
+    for proof in p.proofs:
+        test = proof.split("::")[0]
+        rels += [test, (Path(test).parent / "requirements.txt").as_posix()]
+    out = []
+    for rel in dict.fromkeys(rels):
+        kind = not_regular(root / rel)
+        if kind is not None:
+            out.append((rel, kind))
+    return out
 
 
 def requires_problems(series) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CarryError
+from ..files import read_input
 from .manifest import NO_PROOF, PatchMeta, Series
 from .patchfile import parse_file, safety_problems
 from .patchgit import git_problems
@@ -97,14 +98,12 @@ def lint(series: Series) -> list[Problem]:
         for proof in p.proofs:
             if not _PROOF_RE.match(proof):
                 add(where, f"proof {proof!r} must look like proofs/<dir>/test_<name>.py[::test_fn]")
-            elif not (series.root / proof.split("::")[0]).is_file():
+            elif not (series.root / proof.split("::")[0]).exists():  # one that is not a file: entry_problems
                 add(where, f"proof file {proof.split('::')[0]} does not exist")
         path = series.patch_path(p)
-        if path.is_dir():
-            add(where, f"patch file {p.file} is a directory")
-        elif not path.is_file():
+        if not path.exists():
             add(where, f"patch file {p.file} does not exist")
-        else:
+        elif path.is_file():  # a directory, a FIFO...: entry_problems says so
             for issue in file_problems(path):
                 add(where, issue)
 
@@ -118,7 +117,7 @@ def lint(series: Series) -> list[Problem]:
                 rel = f"{up}/{f.name}"
                 if f.is_file() and rel not in listed:
                     add(rel, "file in the series folder is not listed in series.toml (orphan)")
-    contents = [(p.id, series.patch_path(p).read_bytes()) for p in series.patches if series.patch_path(p).is_file()]
+    contents = [(p.id, read_input(series.patch_path(p))) for p in series.patches if series.patch_path(p).is_file()]
     for pid, first in same_content(contents):
         add(f"patch {pid}", f"same content as {first}")
     return probs

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..errors import PatchFormatError
+from ..files import read_input
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 # The extended header lines git apply reads after ``diff --git`` (its parse_git_diff_header):
@@ -308,7 +309,7 @@ def parse_file(path: Path, source: str | None = None) -> Patch:
     """The patch in ``path``; ``source`` names it in messages (default: the path)."""
     source = source or str(path)
     try:
-        data = path.read_bytes()
+        data = read_input(path)
     except FileNotFoundError:
         raise PatchFormatError(f"patch file {source} does not exist") from None
     except IsADirectoryError:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import DirtyTreeError, DriftError, PatchFormatError, UsageError
-from ..files import fsync_dir, stage
+from ..files import fsync_dir, read_input, stage
 from ..lock import LOCK_TIMEOUT
 from ..runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
 from ..series.lint import file_problems, same_content
@@ -93,7 +93,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                 if not data:
                     empty.append((meta, commit))
                     continue
-                old = path.read_bytes() if path.exists() else None
+                old = read_input(path) if path.exists() else None
                 if old == data:
                     result.unchanged.append(meta.file)
                 else:
@@ -147,7 +147,7 @@ def _stage_checked(series: Series, pending: list[tuple[PatchMeta, Path, bytes]],
             problems += [(meta, why.replace(str(tmp), meta.file).removeprefix(f"{meta.file}: "))
                          for why in file_problems(tmp, meta.file)]
         new = {meta.id: data for meta, _, data in pending}
-        contents = [(p.id, new[p.id] if p.id in new else series.patch_path(p).read_bytes())
+        contents = [(p.id, new[p.id] if p.id in new else read_input(series.patch_path(p)))
                     for p in series.patches if p.id in new or series.patch_path(p).is_file()]
         problems += [(series.patch(pid), f"same content as patch {first}")
                      for pid, first in same_content(contents) if pid in new or first in new]

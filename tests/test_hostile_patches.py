@@ -162,6 +162,21 @@ def test_paths_a_reader_must_not_take_at_face_value():
         assert not path_problems(good), good
 
 
+def test_a_nul_byte_in_a_patch_is_refused_by_lint_and_apply(demo):
+    """git takes a file that holds a NUL for binary (format-patch never writes one in a text
+    hunk); a hand-made hunk could still put one in the tree."""
+    path = demo["series"] / "megatron-lm/0001-clean.patch"
+    data = path.read_bytes()
+    assert b"+value_5 = 'patched'\n" in data
+    path.write_bytes(data.replace(b"+value_5 = 'patched'\n", b"+value_5 = 'pat\0ched'\n"))
+    lint = tool("lint", "--series", demo["series"], check=1)
+    assert "patch clean:" in lint.stderr and "NUL byte" in lint.stderr, lint.stderr
+    res = tool("apply", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+               "--source", f"megatron-lm={demo['up']}", check=2)
+    assert "patch clean (megatron-lm/0001-clean.patch)" in res.stderr and "NUL byte" in res.stderr, res.stderr
+    assert not (demo["work"] / "megatron-lm").exists()
+
+
 def test_a_message_line_that_starts_with_from_is_not_a_second_mail(demo):
     """Only what git mailsplit takes for an mbox 'From ' line (a date after it) is refused."""
     text = _clean(demo).replace("Subject: [PATCH] demo: clean change\n",

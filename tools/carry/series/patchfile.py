@@ -182,6 +182,12 @@ def parse(text: str, source: str = "<patch>") -> Patch:
     is as long as its header says; what follows it is read for headers again. A ``From ``
     line starts another mail for git am, and is refused.
     """
+    nul = text.find("\0")
+    if nul >= 0:
+        # git takes a file that holds a NUL for binary: format-patch never writes one as text, and a
+        # hunk made by hand would put it in the tree unseen (it shows as nothing)
+        raise PatchFormatError(f"{source}:{text.count(chr(10), 0, nul) + 1}: a NUL byte: a patch file is text "
+                               "(git writes a change to a file holding one as binary)")
     # git splits lines at "\n" only (a form feed or "\r" inside a line is the line's)
     lines = [x[:-1] if x.endswith("\r") else x for x in text.split("\n")]
     if lines and lines[-1] == "":

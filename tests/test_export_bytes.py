@@ -100,6 +100,10 @@ def _not_utf8(ws):
     (ws / "megatron/core/latin.py").write_bytes(b"name = 'Andr\xe9'\n")
 
 
+def _gitattributes(ws):
+    (ws / ".gitattributes").write_text("*.py export-ignore\n")
+
+
 def _empty(ws):
     """The last commit made empty (the user reverted its change): format-patch writes nothing for it."""
     git(ws, "reset", "-q", "--soft", "HEAD~1")
@@ -115,6 +119,7 @@ REFUSED = {
     "nul-byte": (_nul, "binary diff"),
     "diff-attribute": (_diff_attribute, "binary diff"),
     "not-utf8": (_not_utf8, "not UTF-8"),
+    "gitattributes": (_gitattributes, "git metadata"),
     "empty-commit": (_empty, "makes no change"),
 }
 

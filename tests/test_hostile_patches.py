@@ -94,7 +94,21 @@ CASES = {
         "diff --git a/megatron/core/beta.py b/megatron/core/beta.py\nold mode 100644\nnew mode 120000\n"),
     "traditional-after-signature": lambda d: _clean(d) + SIGNATURE + _traditional(d),
     "second-mail": lambda d: _clean(d) + SIGNATURE + _second_mail(d),
+    # files git reads as its own settings (issue 41 item 8): attributes, submodules, ignores
+    "adds-gitattributes": lambda d: _clean(d) + _section(d, _text(".gitattributes", "*.py export-ignore\n")),
+    "adds-gitattributes-in-a-folder": lambda d: _clean(d) + _section(d, _text("megatron/.gitattributes", "*.py -diff\n")),
+    "adds-gitmodules": lambda d: _clean(d) + _section(d, _text(".gitmodules", '[submodule "x"]\n\tpath = x\n')),
+    "adds-gitignore-after-signature": lambda d: _clean(d) + SIGNATURE + _section(d, _text("megatron/core/.gitignore",
+                                                                                          "*.py\n")),
+    "rename-into-gitattributes": lambda d: _clean(d) + _moved("megatron/.GitAttributes"),
 }
+
+
+def _text(name, text):
+    def make(tree):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(text)
+    return make
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -156,9 +170,11 @@ def test_git_and_this_parse_agree_on_the_real_series():
 def test_paths_a_reader_must_not_take_at_face_value():
     from carry.series.patchfile import path_problems
 
-    for bad in ("/etc/passwd", "a/../../x", ".git/config", "x/.GIT/hooks", ".git./x", "x\ty", "a\\b"):
+    for bad in ("/etc/passwd", "a/../../x", ".git/config", "x/.GIT/hooks", ".git./x", "x\ty", "a\\b",
+                ".gitattributes", "a/b/.gitattributes", ".gitmodules", "x/.GITMODULES", "x/.gitignore", ".gitignore "):
         assert path_problems(bad), bad
-    for good in ("megatron/core/x.py", "docs/my notes.md", "dir/..x", "é.py"):
+    for good in ("megatron/core/x.py", "docs/my notes.md", "dir/..x", "é.py", ".github/workflows/ci.yml",
+                 "x/.gitkeep", "gitattributes.py", ".mailmap"):
         assert not path_problems(good), good
 
 

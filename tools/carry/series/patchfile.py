@@ -20,6 +20,15 @@ _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _GIT_HEADERS = ("--- ", "+++ ", "old mode ", "new mode ", "deleted file mode ", "new file mode ",
                 "copy from ", "copy to ", "rename old ", "rename new ", "rename from ", "rename to ",
                 "similarity index ", "dissimilarity index ", "index ")
+# Names git reads as its own settings wherever they are in a tree, so a patch may not add, change or
+# remove one: .git (the repository); .gitattributes (line ends, -diff, export-ignore, export-subst,
+# working-tree-encoding: what export writes, what apply checks out, what prove's extracted trees
+# hold); .gitmodules (submodules); .gitignore (what `git status` and `git add -A` see: export's
+# and apply's checks that a workspace holds nothing uncommitted). Compared as Windows and macOS
+# file systems compare names (any case, trailing dots and spaces dropped), as git itself guards
+# .git. Not here: .mailmap (no command of this tool reads authors through it) and names git gives
+# no meaning (.gitkeep, .github/).
+GIT_METADATA = (".git", ".gitattributes", ".gitmodules", ".gitignore")
 _ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, '"': 34}
 
 
@@ -363,7 +372,7 @@ def path_problems(p: str) -> list[str]:
         why.append("absolute path" if p else "empty path")
     if ".." in p.split("/"):
         why.append("'..' escapes the tree")
-    if any(part.lower().rstrip(". ") == ".git" for part in pp.parts):
+    if any(part.lower().rstrip(". ") in GIT_METADATA for part in pp.parts):
         why.append("touches git metadata")
     if "\\" in p:
         why.append("backslash in path")

@@ -58,6 +58,39 @@ def test_apply_refuses_what_lint_refuses(demo, old, new, named):
     assert not demo["work"].exists()
 
 
+# -- issue 41 item 8: an id too long for the file names made from it --------------------------------
+def _long_id(demo, length: int) -> str:
+    """Patch clean renamed to an id of ``length`` bytes, its proof the GOOD one (proofs/megatron_lm/test_good.py)."""
+    from fakeup import GOOD, add_proofs
+    from helpers import SERIES
+
+    pid = ("clean-" + "x" * length)[:length]
+    add_proofs(demo["series"], {"good": GOOD}, {"clean": "good"}, SERIES / "proofs" / "pytest.ini")
+    _set(demo, 'id = "clean"', f'id = "{pid}"')
+    return pid
+
+
+# The longest name prove makes from an id: its log, "<id>.<proof's stem>.<pristine|patched>.log".
+_LONGEST_SUFFIX = len(".test_good.pristine.log")
+
+
+def test_an_id_at_the_longest_the_file_names_allow_proves(demo, tmp_path):
+    pid = _long_id(demo, 255 - _LONGEST_SUFFIX)
+    tool("lint", "--series", demo["series"], check=0)
+    apply(demo, check=0)
+    res = tool("prove", "--series", demo["series"], "--workdir", demo["work"], "--only", pid, "--logs", tmp_path / "logs")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len(f"{pid}.test_good.pristine.log") == 255 and (tmp_path / "logs" / f"{pid}.test_good.pristine.log").is_file()
+
+
+def test_an_id_one_byte_longer_is_refused_by_every_command(demo, tmp_path):
+    pid = _long_id(demo, 256 - _LONGEST_SUFFIX)
+    lint = tool("lint", "--series", demo["series"], check=2)
+    assert f"patch {pid}: id is {len(pid)} bytes" in lint.stderr and "at most 232" in lint.stderr, lint.stderr
+    _refused(apply(demo), "at most 232")
+    assert not demo["work"].exists()
+
+
 # -- item 12: the wrong kind of file ------------------------------------------------------------
 def test_series_toml_that_is_not_utf8_or_a_folder(demo):
     toml = demo["series"] / "series.toml"

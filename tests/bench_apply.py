@@ -62,7 +62,7 @@ def main() -> int:
             f.write_text("".join(lines))
             commit = Git(ws).commit_all(f"bench: edit {f.name}")
             name = f"megatron-lm/{i + 1:04d}-bench.patch"
-            (sdir / name).write_text(format_patch(ws, commit))
+            (sdir / name).write_bytes(format_patch(ws, commit))
             entries.append(f'[[patches]]\nid = "bench-{i + 1}"\nupstream = "megatron-lm"\ntitle = "bench"\n'
                            f'file = "{name}"\nstatus = "inappropriate"\nowner = "bench"\nwhy = "bench"\n'
                            f'retire_when = "never"\n')

@@ -45,10 +45,10 @@ def make_patch(repo: Path, base: str, changes: list[tuple[str, int, str]], subje
     for rel, lineno, new in changes:
         edit(repo, rel, lineno, new)
     commit = g.commit_all(subject)
-    text = format_patch(repo, commit)
+    data = format_patch(repo, commit)
     g("checkout", "-q", head)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    out.write_bytes(data)
     return out
 
 

@@ -94,7 +94,21 @@ CASES = {
         "diff --git a/megatron/core/beta.py b/megatron/core/beta.py\nold mode 100644\nnew mode 120000\n"),
     "traditional-after-signature": lambda d: _clean(d) + SIGNATURE + _traditional(d),
     "second-mail": lambda d: _clean(d) + SIGNATURE + _second_mail(d),
+    # files git reads as its own settings (issue 41 item 8): attributes, submodules, ignores
+    "adds-gitattributes": lambda d: _clean(d) + _section(d, _text(".gitattributes", "*.py export-ignore\n")),
+    "adds-gitattributes-in-a-folder": lambda d: _clean(d) + _section(d, _text("megatron/.gitattributes", "*.py -diff\n")),
+    "adds-gitmodules": lambda d: _clean(d) + _section(d, _text(".gitmodules", '[submodule "x"]\n\tpath = x\n')),
+    "adds-gitignore-after-signature": lambda d: _clean(d) + SIGNATURE + _section(d, _text("megatron/core/.gitignore",
+                                                                                          "*.py\n")),
+    "rename-into-gitattributes": lambda d: _clean(d) + _moved("megatron/.GitAttributes"),
 }
+
+
+def _text(name, text):
+    def make(tree):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(text)
+    return make
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -156,10 +170,27 @@ def test_git_and_this_parse_agree_on_the_real_series():
 def test_paths_a_reader_must_not_take_at_face_value():
     from carry.series.patchfile import path_problems
 
-    for bad in ("/etc/passwd", "a/../../x", ".git/config", "x/.GIT/hooks", ".git./x", "x\ty", "a\\b"):
+    for bad in ("/etc/passwd", "a/../../x", ".git/config", "x/.GIT/hooks", ".git./x", "x\ty", "a\\b",
+                ".gitattributes", "a/b/.gitattributes", ".gitmodules", "x/.GITMODULES", "x/.gitignore", ".gitignore "):
         assert path_problems(bad), bad
-    for good in ("megatron/core/x.py", "docs/my notes.md", "dir/..x", "é.py"):
+    for good in ("megatron/core/x.py", "docs/my notes.md", "dir/..x", "é.py", ".github/workflows/ci.yml",
+                 "x/.gitkeep", "gitattributes.py", ".mailmap"):
         assert not path_problems(good), good
+
+
+def test_a_nul_byte_in_a_patch_is_refused_by_lint_and_apply(demo):
+    """git takes a file that holds a NUL for binary (format-patch never writes one in a text
+    hunk); a hand-made hunk could still put one in the tree."""
+    path = demo["series"] / "megatron-lm/0001-clean.patch"
+    data = path.read_bytes()
+    assert b"+value_5 = 'patched'\n" in data
+    path.write_bytes(data.replace(b"+value_5 = 'patched'\n", b"+value_5 = 'pat\0ched'\n"))
+    lint = tool("lint", "--series", demo["series"], check=1)
+    assert "patch clean:" in lint.stderr and "NUL byte" in lint.stderr, lint.stderr
+    res = tool("apply", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+               "--source", f"megatron-lm={demo['up']}", check=2)
+    assert "patch clean (megatron-lm/0001-clean.patch)" in res.stderr and "NUL byte" in res.stderr, res.stderr
+    assert not (demo["work"] / "megatron-lm").exists()
 
 
 def test_a_message_line_that_starts_with_from_is_not_a_second_mail(demo):

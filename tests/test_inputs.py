@@ -58,6 +58,39 @@ def test_apply_refuses_what_lint_refuses(demo, old, new, named):
     assert not demo["work"].exists()
 
 
+# -- issue 41 item 8: an id too long for the file names made from it --------------------------------
+def _long_id(demo, length: int) -> str:
+    """Patch clean renamed to an id of ``length`` bytes, its proof the GOOD one (proofs/megatron_lm/test_good.py)."""
+    from fakeup import GOOD, add_proofs
+    from helpers import SERIES
+
+    pid = ("clean-" + "x" * length)[:length]
+    add_proofs(demo["series"], {"good": GOOD}, {"clean": "good"}, SERIES / "proofs" / "pytest.ini")
+    _set(demo, 'id = "clean"', f'id = "{pid}"')
+    return pid
+
+
+# The longest name prove makes from an id: its log, "<id>.<proof's stem>.<pristine|patched>.log".
+_LONGEST_SUFFIX = len(".test_good.pristine.log")
+
+
+def test_an_id_at_the_longest_the_file_names_allow_proves(demo, tmp_path):
+    pid = _long_id(demo, 255 - _LONGEST_SUFFIX)
+    tool("lint", "--series", demo["series"], check=0)
+    apply(demo, check=0)
+    res = tool("prove", "--series", demo["series"], "--workdir", demo["work"], "--only", pid, "--logs", tmp_path / "logs")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len(f"{pid}.test_good.pristine.log") == 255 and (tmp_path / "logs" / f"{pid}.test_good.pristine.log").is_file()
+
+
+def test_an_id_one_byte_longer_is_refused_by_every_command(demo, tmp_path):
+    pid = _long_id(demo, 256 - _LONGEST_SUFFIX)
+    lint = tool("lint", "--series", demo["series"], check=2)
+    assert f"patch {pid}: id is {len(pid)} bytes" in lint.stderr and "at most 232" in lint.stderr, lint.stderr
+    _refused(apply(demo), "at most 232")
+    assert not demo["work"].exists()
+
+
 # -- item 12: the wrong kind of file ------------------------------------------------------------
 def test_series_toml_that_is_not_utf8_or_a_folder(demo):
     toml = demo["series"] / "series.toml"
@@ -74,8 +107,62 @@ def test_patch_file_that_is_a_folder(demo):
     p.unlink()
     p.mkdir()
     _refused(apply(demo), "0001-clean.patch", "is a directory")
-    lint = tool("lint", "--series", demo["series"], check=1)
+    lint = tool("lint", "--series", demo["series"], check=2)  # what every other command refuses as bad input
     assert "0001-clean.patch is a directory" in lint.stderr
+
+
+# -- issue 41 item 8: a path read as a file that is not a regular file ------------------------------
+def _every_command(demo, tmp_path) -> dict[str, list]:
+    """Each command that reads the series, with what it needs besides --series."""
+    return {
+        "lint": [],
+        "apply": ["--workdir", demo["work"], "--cache", demo["cache"], "--source", f"megatron-lm={demo['up']}"],
+        "export": ["--workdir", demo["work"], "--check"],
+        "prove": ["--workdir", demo["work"]],
+        "retire": ["--against", f"megatron-lm={demo['v1']}", "--source", f"megatron-lm={demo['up']}",
+                   "--cache", demo["cache"]],
+        "rebase": ["--onto", f"megatron-lm={demo['v1']}", "--source", f"megatron-lm={demo['up']}",
+                   "--cache", demo["cache"], "--workdir", tmp_path / "rw"],
+    }
+
+
+_NOT_FILES = {
+    "patch": lambda s: s / "megatron-lm" / "0001-clean.patch",
+    "series.toml": lambda s: s / "series.toml",
+    "proof": lambda s: s / "proofs" / "megatron_lm" / "test_good.py",
+    "requirements": lambda s: s / "proofs" / "megatron_lm" / "requirements.txt",
+}
+
+
+@pytest.mark.parametrize("what", sorted(_NOT_FILES))
+def test_a_fifo_is_refused_at_once_by_every_command(demo, tmp_path, what):
+    """A FIFO where the series has a file would block its reader for ever: exit 2, at once."""
+    from fakeup import GOOD, add_proofs
+    from helpers import SERIES
+
+    add_proofs(demo["series"], {"good": GOOD}, {"clean": "good"}, SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    target = _NOT_FILES[what](demo["series"])
+    target.unlink(missing_ok=True)
+    os.mkfifo(target)
+    for verb, args in _every_command(demo, tmp_path).items():
+        res = tool(verb, "--series", demo["series"], *args, timeout=30)
+        if verb == "lint" and what != "series.toml":  # lint lists it among its problems
+            assert res.returncode == 2 and f"{target.name} is a FIFO, not a regular file" in res.stderr, res.stderr
+        else:
+            _refused(res, target.name, "a FIFO, not a regular file")
+        assert target.exists(), verb
+    assert not (tmp_path / "rw").exists()
+
+
+def test_a_socket_as_the_nightly_matrix_is_refused(tmp_path):
+    import socket
+
+    where = tmp_path / "nightly.toml"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(where))
+        res = tool("nightly", "--config", where, "--out", tmp_path / "o", timeout=30)
+    _refused(res, "nightly.toml", "a socket, not a regular file")
 
 
 def test_workdir_that_is_a_file_or_under_one(demo, tmp_path):
@@ -233,7 +320,7 @@ def _ghost_patches(demo):
     ghost = g.commit_all("demo: edit epsilon")
     g("checkout", "-q", "main")
     for name, commit in (("0005-adds.patch", adds), ("0006-ghost.patch", ghost)):
-        (demo["series"] / "megatron-lm" / name).write_text(format_patch(up, commit))
+        (demo["series"] / "megatron-lm" / name).write_bytes(format_patch(up, commit))
 
     def write(ids):
         files = {"clean": "0001-clean.patch", "adds": "0005-adds.patch", "ghost": "0006-ghost.patch"}

@@ -47,7 +47,7 @@ def pin_series(tmp_path, pin_cache):
     f.write_text(f.read_text() + "\nCARRY_MARK = 'patched by the pins test'\n")
     commit = Git(ws).commit_all("pins: mark package_info")
     (sdir / "megatron-lm").mkdir()
-    (sdir / "megatron-lm/0001-mark.patch").write_text(format_patch(ws, commit))
+    (sdir / "megatron-lm/0001-mark.patch").write_bytes(format_patch(ws, commit))
     (sdir / "series.toml").write_text(_pins_toml() + """
 [[patches]]
 id = "mark"

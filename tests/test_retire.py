@@ -272,7 +272,7 @@ def test_real_release_pair_landed_by_behaviour(tmp_path, pin_cache):
     from carry.workspace.export import format_patch
     commit = Git(ws).commit_all("transformer_layer: a quantization context for fine-grained schedules")
     (sdir / "megatron-lm").mkdir()
-    (sdir / "megatron-lm/0001-quant-context.patch").write_text(format_patch(ws, commit))
+    (sdir / "megatron-lm/0001-quant-context.patch").write_bytes(format_patch(ws, commit))
     (sdir / "proofs/megatron_lm").mkdir(parents=True)
     (sdir / "proofs/pytest.ini").write_text((SERIES / "proofs/pytest.ini").read_text())
     (sdir / "proofs/megatron_lm/test_quant_context.py").write_text(PAIR_PROOF)

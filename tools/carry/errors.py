@@ -58,6 +58,16 @@ class FileSystemError(CarryError):
     exit_code = 2
 
 
+class NotAFileError(FileSystemError):
+    """A path read as a file is a FIFO, a socket or a device: never opened for a read that could block."""
+
+    def __init__(self, path: Path | str, kind: str):
+        super().__init__(f"{path} is {kind}, not a regular file",
+                         hint="put the file itself in its place (a FIFO, a socket or a device is never read: a "
+                              "read could wait for ever, or never end)")
+        self.path = Path(path)
+
+
 class NoSpaceError(FileSystemError):
     """A write failed for want of disk space (ENOSPC), in this process or in one it ran."""
 

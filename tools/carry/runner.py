@@ -32,6 +32,9 @@ _GIT_CONFIG = (
     "core.pager=cat",
     "core.autocrlf=false",
     "core.safecrlf=false",
+    # The user's own attributes file ($XDG_CONFIG_HOME/git/attributes), which git reads whatever
+    # the config: a ``-diff`` there would make export write a binary section for a text change.
+    f"core.attributesFile={os.devnull}",
     "core.fileMode=true",
     "core.symlinks=true",
     "core.quotePath=false",
@@ -146,12 +149,20 @@ def run(
 ) -> Result:
     """Run a command, capture its output, raise CommandError when check fails.
 
+    Output is read as bytes: ``binary`` keeps stdout so (a patch, an archive: what the caller
+    writes or compares); else it is decoded as UTF-8 with its line ends as they are (no
+    universal newlines: a CR git prints is kept) and a byte that is not UTF-8 replaced (text is
+    for reading, never for writing back). A str ``input`` is encoded as UTF-8, a name read
+    from a patch that held other bytes as those bytes again.
+
     ``group``: the command runs in a process group of its own, and whatever of that group is
     left when it exits or times out is killed: the processes it started (a proof's ranks) die
     with it, where a timeout would otherwise kill only the command and leave them running.
     While it runs, ``kill_groups()`` (a Ctrl-C of the caller) kills it and its group.
     """
     argv = [str(a) for a in argv]
+    if isinstance(input, str):
+        input = input.encode("utf-8", "surrogateescape")
     if group:
         return _run_group(argv, cwd, env, input, check, timeout, binary)
     try:
@@ -161,7 +172,6 @@ def run(
             env=dict(env) if env is not None else None,
             input=input,
             capture_output=True,
-            text=not binary,
             timeout=timeout,
         )
     except FileNotFoundError as exc:
@@ -175,8 +185,7 @@ def _run_group(argv, cwd, env, input, check, timeout, binary) -> Result:
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=dict(env) if env is not None else None,
                                 stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=not binary,
-                                start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except FileNotFoundError as exc:
         raise _not_found(argv, exc) from None
     with _GROUPS_LOCK:
@@ -187,7 +196,7 @@ def _run_group(argv, cwd, env, input, check, timeout, binary) -> Result:
         _kill_group(proc.pid)
         out, err = proc.communicate()
         exc = CommandError(argv, 124, "", f"timed out after {timeout}s")
-        exc.partial = (out, err)  # what it said before it was killed, for a log
+        exc.partial = (_text(out), _text(err))  # what it said before it was killed, for a log
         raise exc from None
     except BaseException:
         _kill_group(proc.pid)
@@ -229,9 +238,14 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+def _text(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", "replace")
+
+
 def _result(argv, returncode, stdout, stderr, check, binary) -> Result:
-    # binary=True keeps stdout as bytes (archives); stderr is always text.
-    err = stderr if not binary else stderr.decode("utf-8", "replace")
+    # binary=True keeps stdout as bytes (patches, archives); stderr is always text.
+    err = _text(stderr)
+    stdout = stdout if binary else _text(stdout)
     result = Result(argv, returncode, stdout, err)
     if check and returncode != 0:
         raise CommandError(argv, returncode, "" if binary else stdout, err)

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..files import read_input_text
 from ..runner import Git
 from ..series.manifest import PatchMeta, Series
 
@@ -34,7 +35,7 @@ def declared_failure(proof_file: Path) -> str | dict | None:
     import ast
 
     try:
-        tree = ast.parse(proof_file.read_text(encoding="utf-8"))
+        tree = ast.parse(read_input_text(proof_file))
     except (OSError, SyntaxError, ValueError):
         return None
     for node in tree.body:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .. import progress, shell
 from ..errors import SourceError
+from ..files import read_input
 from ..lock import building
 from ..runner import run
 from ..series.manifest import Series
@@ -38,7 +39,7 @@ COMPLETE = ".carry-complete"
 
 def requirements_for(series: Series, proof: str) -> Path | None:
     req = (series.root / proof.split("::")[0]).parent / "requirements.txt"
-    return req if req.is_file() else None
+    return req if req.exists() else None  # one that is not a regular file is refused when read, not skipped
 
 
 def python_for(series: Series, proof: str, cache: Path) -> str | None:
@@ -51,7 +52,7 @@ def ensure(req: Path, cache: Path) -> Path:
     """The python of the environment built from ``req``; built (under a lock) when absent."""
     base = Path(sys.executable).resolve()
     parents = parent_sites()
-    key = hashlib.sha256(req.read_bytes() + b"\0" + str(base).encode() + b"\0" + sys.version.encode()
+    key = hashlib.sha256(read_input(req) + b"\0" + str(base).encode() + b"\0" + sys.version.encode()
                          + b"\0" + "\0".join(parents).encode()).hexdigest()[:16]
     dest = cache / "proof-envs" / key
     python = dest / "bin" / "python"

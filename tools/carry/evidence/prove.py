@@ -44,6 +44,7 @@ from .. import progress
 from ..errors import CommandError, SourceError, UsageError
 from ..lock import LOCK_TIMEOUT
 from ..runner import Git, kill_groups, run
+from ..series.entries import patched_tree_name, pristine_tree_name, proof_log_name
 from ..series.manifest import PatchMeta, Series
 from ..series.repo import command
 from ..workspace.workdir import WorkDir
@@ -205,8 +206,7 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
         secs = time.monotonic() - t0
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
-            stem = Path(proof.split("::")[0]).stem
-            (log_dir / f"{patch.id}.{stem}.{label}.log").write_text(log_text)
+            (log_dir / proof_log_name(patch.id, proof, label)).write_text(log_text)
         outcome = _classify(rc, xml, output, secs, _events(events))
         outcome.via = via
         return outcome
@@ -290,8 +290,8 @@ def _extract_pairs(series, wd, state, with_proof, tmpd: Path) -> list:
         base = tmpd / f"{p.upstream}-base"
         if not base.exists():
             extract(repo, rec.base_commit, base)
-        pristine = pristine_tree(series, p, base, tmpd / f"{p.upstream}-base-for-{p.id}")
-        patched_tree = extract(repo, commit, tmpd / f"{p.upstream}-{p.id}")
+        pristine = pristine_tree(series, p, base, tmpd / pristine_tree_name(p.upstream, p.id))
+        patched_tree = extract(repo, commit, tmpd / patched_tree_name(p.upstream, p.id))
         for proof in p.proofs:
             pairs.append((p, proof, {**others, p.upstream: pristine}, {**others, p.upstream: patched_tree}))
     return pairs

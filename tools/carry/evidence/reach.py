@@ -17,11 +17,13 @@ import ast
 import os
 from pathlib import Path
 
+from ..files import read_input
+
 
 def _imported_tops(path: Path) -> set[str] | None:
     """Top-level names a Python file imports anywhere in it; None where it does not parse."""
     try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
+        tree = ast.parse(read_input(path), filename=str(path))
     except (OSError, SyntaxError, ValueError):
         return None
     tops = set()

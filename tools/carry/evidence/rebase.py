@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import ConflictError, DirtyTreeError, UsageError
-from ..files import write_atomic, write_json
+from ..files import read_input, read_input_text, write_atomic, write_json
 from ..runner import Git
 from ..series import edit as seriesedit
 from ..series.manifest import Series
@@ -59,13 +59,13 @@ class RebaseReport:
         return asdict(self)
 
 
-def _changes(text: str) -> list[str]:
-    """The +/- lines of a patch: what it does, without context or positions."""
+def _changes(data: bytes) -> list[bytes]:
+    """The +/- lines of a patch: what it does, without context or positions (a CR is the line's)."""
     out = []
-    for line in text.splitlines():
-        if line.startswith(("+++", "---")):
+    for line in data.split(b"\n"):
+        if line.startswith((b"+++", b"---")):
             continue
-        if line.startswith(("+", "-")):
+        if line.startswith((b"+", b"-")):
             out.append(line)
     return out
 
@@ -174,7 +174,7 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
     new_texts = {}
     for p, c in zip(kept, commits):
         new = format_patch(ws, c)
-        old = series.patch_path(p).read_text()
+        old = read_input(series.patch_path(p))
         if new == old:
             outcome = "unchanged"
         elif _changes(new) == _changes(old):
@@ -213,9 +213,9 @@ def _pre(status: str) -> str:
     return {"applied": "refreshed", "already-applied": "dropped", MERGED: "dropped"}.get(status, status)
 
 
-def _write(series: Series, new_up, new_texts: dict[str, str], cache: Path, source: Path | None,
+def _write(series: Series, new_up, new_texts: dict[str, bytes], cache: Path, source: Path | None,
            rep: RebaseReport, retired: list[Verdict]) -> None:
-    text = (series.root / "series.toml").read_text()
+    text = read_input_text(series.root / "series.toml")
     if retired:
         text = seriesedit.remove_patches(text, {v.id for v in retired})
     text = seriesedit.repin(text, new_up, new_up.sources[0])
@@ -237,7 +237,7 @@ def _marker(g: Git, ws: Path, series: Series, name: str, onto: str, again: list)
     if not ws.exists() or not (g.git_dir() / MARKER).exists():
         raise UsageError(f"no rebase in progress in {ws}", hint=f"start one: {start}")
     try:
-        marker = json.loads((g.git_dir() / MARKER).read_text())
+        marker = json.loads(read_input_text(g.git_dir() / MARKER))
         marker["base_commit"], marker["onto"], marker["statuses"]
     except (ValueError, KeyError, TypeError) as exc:
         raise DirtyTreeError(f"{g.git_dir() / MARKER} is unreadable ({exc!r})", hint=f"start again: {start}") from None

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .. import progress, shell
 from ..errors import OperationError, UsageError
+from ..files import read_input, read_input_text
 from ..runner import Git
 from ..series import edit as seriesedit
 from ..series import retirement
@@ -78,7 +79,7 @@ def _text_signal(series: Series, p: PatchMeta, base_repo: Path, scratch: Path,
     if seq_status == "already-applied":
         ev.append("text: applying it on the new base (3-way) finds the change already there")
         return "landed", ev
-    ids = g.patch_ids(path.read_bytes())
+    ids = g.patch_ids(read_input(path))
     if ids and ids[0][0] in range_ids:
         ev.append(f"text: upstream commit {range_ids[ids[0][0]][:12]} has the same patch-id")
         return "landed", ev
@@ -229,7 +230,7 @@ def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: 
            source: Path | None) -> None:
     """Retire, re-pin, re-apply in a scratch copy; only then touch the real series."""
     root = series.root
-    text = (root / "series.toml").read_text()
+    text = read_input_text(root / "series.toml")
     needing = [(p, dep) for p in series.patches if p.id not in landed for dep in p.requires if dep in landed]
     if needing:
         # The edited series would not even load: say which requirement stands in the way, in the

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, OperationError, UsageError
+from ..files import read_input_text
 from ..series.manifest import _suggest
 
 
@@ -124,7 +125,7 @@ def load_image(repo_root: Path, name: str) -> ImageConfig:
         raise UnknownImageError(f"no image {name!r} (no images/{name}/image.toml)",
                                 hint=_suggest(name, known) or f"images here: {', '.join(known) or 'none'}")
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(read_input_text(path))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:  # tomllib reads nested arrays and tables by recursion

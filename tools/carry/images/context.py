@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OperationError
+from ..series.entries import house_patch_name
 from ..series.manifest import Series, file_sha256
 from ..series.repo import command
 from ..workspace.apply import Options, apply_series
@@ -104,7 +105,7 @@ def make_context(cfg: ImageConfig, flavor: Flavor, series: Series, ctx_dir: Path
     if nrl:
         (house / "nemo-rl").mkdir()
         for i, p in enumerate(nrl, 1):
-            shutil.copy2(series.patch_path(p), house / "nemo-rl" / f"{i:04d}-{p.id}.patch")
+            shutil.copy2(series.patch_path(p), house / "nemo-rl" / house_patch_name(i, p.id))
     pristine = " ".join(f"{series.upstream(u).pypi.name}=={series.upstream(u).pypi.version}"
                         for u in cfg.wheels if series.upstream(u).pypi)
     args = {

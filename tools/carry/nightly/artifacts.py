@@ -14,20 +14,12 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from ..files import kind_of
 from .runlog import DuplicateKey, loads_object
 
 LOG_LIMIT = 256 * 1024 * 1024       # a log past this is not read at all: its middle could hold anything
 METRICS_LIMIT = 64 * 1024 * 1024    # NeMo-RL's metrics.json is kilobytes
 LISTING_LIMIT = 2000                # artifact names listed in run.json
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def read_bytes(path: Path, limit: int) -> tuple[bytes | None, str]:
@@ -40,7 +32,7 @@ def read_bytes(path: Path, limit: int) -> tuple[bytes | None, str]:
     except OSError as exc:
         return None, f"{path.name} cannot be read: {exc.strerror or exc}"
     if not stat.S_ISREG(st.st_mode):
-        return None, f"{path.name} is {_kind(st.st_mode)}, not a file"
+        return None, f"{path.name} is {kind_of(st.st_mode)}, not a file"
     try:
         # O_NOFOLLOW and O_NONBLOCK: a file swapped for a symlink or a FIFO since lstat is refused, not waited on.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -49,7 +41,7 @@ def read_bytes(path: Path, limit: int) -> tuple[bytes | None, str]:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return None, f"{path.name} is {_kind(st.st_mode)}, not a file"
+            return None, f"{path.name} is {kind_of(st.st_mode)}, not a file"
         if st.st_size > limit:
             return None, f"{path.name} is {st.st_size} bytes, past the {limit} bytes the nightly reads"
         chunks, size = [], 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..files import read_input_text
 from ..series.manifest import _suggest, _Table
 from .judge import Gate, StepMarker, parse_gate, parse_step_marker
 from .launch import LAUNCHERS
@@ -104,7 +105,7 @@ class NightlyConfig:
 
 def load(path: Path) -> NightlyConfig:
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(read_input_text(path))
     except FileNotFoundError:
         raise ConfigError(f"no nightly matrix at {path}", hint="pass --config integration/nightly.toml") from None
     except tomllib.TOMLDecodeError as exc:

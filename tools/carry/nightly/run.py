@@ -39,6 +39,7 @@ from ..evidence.pristine import pristine_tree, red_for_its_reason
 from ..evidence.prove import jobs, run_proof
 from ..files import write_json
 from ..runner import kill_groups
+from ..series.entries import pristine_tree_name
 from ..workspace.apply import Options as ApplyOptions
 from ..workspace.apply import apply_series
 from . import artifacts, figures, gpus, slurm, stop, upstream
@@ -143,7 +144,7 @@ def _proof_pristine(cell: Cell, trees: dict[str, Path], prefix: PrefixTrees, out
     assert cell.patch is not None
     up = cell.patch.upstream
     base = {**trees, up: pristine_tree(cell.series, cell.patch, prefix.pristine(up),
-                                       prefix.scratch / f"{up}-base-for-{cell.patch.id}")}
+                                       prefix.scratch / pristine_tree_name(up, cell.patch.id))}
     o = run_proof(cell.series, cell.patch, base, timeout, out, "pristine", proof=cell.proof, cache=cache)
     wrong = red_for_its_reason(o, cell.series.root / (cell.proof or cell.patch.proof).split("::")[0])
     if o.result == "fail" and not wrong:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import CarryError
+from ..files import read_input
 from .manifest import NO_PROOF, PatchMeta, Series
 from .patchfile import parse_file, safety_problems
 from .patchgit import git_problems
@@ -53,6 +55,28 @@ def link_problems(p: PatchMeta) -> list[str]:
     return probs
 
 
+def file_problems(path: Path, source: str | None = None) -> list[str]:
+    """What lint refuses in one patch file (``source`` names it in messages): a file this tool
+    cannot read as a patch, an unsafe one, or one git reads otherwise. Export checks each file
+    it is about to write with this, so that it never writes a series lint refuses."""
+    try:
+        parsed = parse_file(path, source)
+    except CarryError as exc:
+        return [exc.message]
+    return safety_problems(parsed) or git_problems([(path, parsed)]).get(path, [])
+
+
+def same_content(contents: list[tuple[str, bytes]]) -> list[tuple[str, str]]:
+    """(patch id, the id of an earlier patch with the very same bytes) for each such pair."""
+    seen: dict[bytes, str] = {}
+    out = []
+    for pid, data in contents:
+        if data in seen:
+            out.append((pid, seen[data]))
+        seen.setdefault(data, pid)
+    return out
+
+
 def lint(series: Series) -> list[Problem]:
     probs: list[Problem] = []
     add = lambda where, msg: probs.append(Problem(where, msg))  # noqa: E731
@@ -74,22 +98,14 @@ def lint(series: Series) -> list[Problem]:
         for proof in p.proofs:
             if not _PROOF_RE.match(proof):
                 add(where, f"proof {proof!r} must look like proofs/<dir>/test_<name>.py[::test_fn]")
-            elif not (series.root / proof.split("::")[0]).is_file():
+            elif not (series.root / proof.split("::")[0]).exists():  # one that is not a file: entry_problems
                 add(where, f"proof file {proof.split('::')[0]} does not exist")
         path = series.patch_path(p)
-        if path.is_dir():
-            add(where, f"patch file {p.file} is a directory")
-        elif not path.is_file():
+        if not path.exists():
             add(where, f"patch file {p.file} does not exist")
-        else:
-            try:
-                parsed = parse_file(path)
-            except CarryError as exc:
-                add(where, exc.message)
-            else:
-                unsafe = safety_problems(parsed)
-                for issue in unsafe or git_problems([(path, parsed)]).get(path, []):
-                    add(where, issue)
+        elif path.is_file():  # a directory, a FIFO...: entry_problems says so
+            for issue in file_problems(path):
+                add(where, issue)
 
     for where, message in series.requires_problems():
         add(where, message)
@@ -101,12 +117,7 @@ def lint(series: Series) -> list[Problem]:
                 rel = f"{up}/{f.name}"
                 if f.is_file() and rel not in listed:
                     add(rel, "file in the series folder is not listed in series.toml (orphan)")
-    seen_bytes: dict[bytes, str] = {}
-    for p in series.patches:
-        path = series.patch_path(p)
-        if path.is_file():
-            data = path.read_bytes()
-            if data in seen_bytes:
-                add(f"patch {p.id}", f"same content as {seen_bytes[data]}")
-            seen_bytes.setdefault(data, p.id)
+    contents = [(p.id, read_input(series.patch_path(p))) for p in series.patches if series.patch_path(p).is_file()]
+    for pid, first in same_content(contents):
+        add(f"patch {pid}", f"same content as {first}")
     return probs

@@ -22,6 +22,7 @@ from typing import Any, Iterable
 
 from .. import shell
 from ..errors import ConfigError, UsageError
+from ..files import read_input, read_input_text
 from . import entries
 from .entries import ID_RE  # noqa: F401  (names other modules import from here)
 from .entries import suggest as _suggest
@@ -203,7 +204,7 @@ def _pin_key(u: Upstream) -> str:
 
 def file_sha256(path: Path) -> str:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return hashlib.sha256(read_input(path)).hexdigest()
     except FileNotFoundError:
         return "missing"
 
@@ -287,7 +288,7 @@ def load(series_dir: Path, *, check: bool = True) -> Series:
     only the ``requires`` are (lint reads with check=False and reports them among its other problems)."""
     path = series_dir / "series.toml"
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(read_input_text(path))
     except FileNotFoundError:
         raise ConfigError(f"no series manifest at {path}",
                           hint="pass --series NAME for a folder patches/NAME/ that has series.toml") from None

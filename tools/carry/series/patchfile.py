@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..errors import PatchFormatError
+from ..files import read_input
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 # The extended header lines git apply reads after ``diff --git`` (its parse_git_diff_header):
@@ -19,6 +20,15 @@ _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _GIT_HEADERS = ("--- ", "+++ ", "old mode ", "new mode ", "deleted file mode ", "new file mode ",
                 "copy from ", "copy to ", "rename old ", "rename new ", "rename from ", "rename to ",
                 "similarity index ", "dissimilarity index ", "index ")
+# Names git reads as its own settings wherever they are in a tree, so a patch may not add, change or
+# remove one: .git (the repository); .gitattributes (line ends, -diff, export-ignore, export-subst,
+# working-tree-encoding: what export writes, what apply checks out, what prove's extracted trees
+# hold); .gitmodules (submodules); .gitignore (what `git status` and `git add -A` see: export's
+# and apply's checks that a workspace holds nothing uncommitted). Compared as Windows and macOS
+# file systems compare names (any case, trailing dots and spaces dropped), as git itself guards
+# .git. Not here: .mailmap (no command of this tool reads authors through it) and names git gives
+# no meaning (.gitkeep, .github/).
+GIT_METADATA = (".git", ".gitattributes", ".gitmodules", ".gitignore")
 _ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, '"': 34}
 
 
@@ -181,6 +191,12 @@ def parse(text: str, source: str = "<patch>") -> Patch:
     is as long as its header says; what follows it is read for headers again. A ``From ``
     line starts another mail for git am, and is refused.
     """
+    nul = text.find("\0")
+    if nul >= 0:
+        # git takes a file that holds a NUL for binary: format-patch never writes one as text, and a
+        # hunk made by hand would put it in the tree unseen (it shows as nothing)
+        raise PatchFormatError(f"{source}:{text.count(chr(10), 0, nul) + 1}: a NUL byte: a patch file is text "
+                               "(git writes a change to a file holding one as binary)")
     # git splits lines at "\n" only (a form feed or "\r" inside a line is the line's)
     lines = [x[:-1] if x.endswith("\r") else x for x in text.split("\n")]
     if lines and lines[-1] == "":
@@ -304,16 +320,25 @@ def _hunks(lines: list[str], i: int, cur: FileDiff, source: str) -> int:
     return i
 
 
-def parse_file(path: Path) -> Patch:
+def parse_file(path: Path, source: str | None = None) -> Patch:
+    """The patch in ``path``; ``source`` names it in messages (default: the path)."""
+    source = source or str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_input(path)
     except FileNotFoundError:
-        raise PatchFormatError(f"patch file {path} does not exist") from None
+        raise PatchFormatError(f"patch file {source} does not exist") from None
     except IsADirectoryError:
-        raise PatchFormatError(f"patch file {path} is a directory") from None
-    except UnicodeDecodeError:
-        raise PatchFormatError(f"{path}: not UTF-8 text") from None
-    return parse(text, str(path))
+        raise PatchFormatError(f"patch file {source} is a directory") from None
+    return parse_bytes(data, source)
+
+
+def parse_bytes(data: bytes, source: str) -> Patch:
+    """A patch file's bytes as this module reads them: UTF-8 text (line ends kept as they are)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchFormatError(f"{source}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    return parse(text, source)
 
 
 def safety_problems(patch: Patch) -> list[str]:
@@ -347,7 +372,7 @@ def path_problems(p: str) -> list[str]:
         why.append("absolute path" if p else "empty path")
     if ".." in p.split("/"):
         why.append("'..' escapes the tree")
-    if any(part.lower().rstrip(". ") == ".git" for part in pp.parts):
+    if any(part.lower().rstrip(". ") in GIT_METADATA for part in pp.parts):
         why.append("touches git metadata")
     if "\\" in p:
         why.append("backslash in path")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from ..files import read_input
 from ..runner import Git
 from .patchfile import Patch, path_problems
 
@@ -29,7 +30,7 @@ def git_problems(files: list[tuple[Path, Patch]], seen: Path | None = None) -> d
     check's version): those are not asked again (apply's cache; lint always asks).
     """
     if seen is not None:
-        marks = {path: seen / hashlib.sha256(_VERSION + path.read_bytes()).hexdigest() for path, _ in files}
+        marks = {path: seen / hashlib.sha256(_VERSION + read_input(path)).hexdigest() for path, _ in files}
         todo = [(path, patch) for path, patch in files if not marks[path].exists()]
         found = git_problems(todo)
         for path, _ in todo:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import ConfigError
-from ..files import write_atomic, write_json
+from ..files import read_input, read_input_text, write_atomic, write_json
 from ..lock import process_alive
 from ..shell import carried, code, run_again, tool
 
@@ -36,7 +36,7 @@ def _sha(text: str) -> str:
 
 def _file_sha(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return hashlib.sha256(read_input(path)).hexdigest()
     except FileNotFoundError:
         return None
 
@@ -54,7 +54,7 @@ def commit(root: Path, new_text: str, ids: list[str], removes: list[Path]) -> No
     doc = {"pid": os.getpid(), "staging": staged.name, "ids": ids,
            "removes": [os.path.relpath(p, root) for p in removes],
            "remove_shas": [_file_sha(p) for p in removes],
-           "old_sha": _sha(manifest.read_text(encoding="utf-8")), "new_sha": _sha(new_text), "series_toml": new_text}
+           "old_sha": _sha(read_input_text(manifest)), "new_sha": _sha(new_text), "series_toml": new_text}
     write_json(root / "retired" / JOURNAL, doc)
     progress.checkpoint("retire-journalled")
     _finish(root, doc)
@@ -63,7 +63,7 @@ def commit(root: Path, new_text: str, ids: list[str], removes: list[Path]) -> No
 def _finish(root: Path, doc: dict) -> None:
     manifest, retired = root / "series.toml", root / "retired"
     staged = retired / doc["staging"]
-    if _sha(manifest.read_text(encoding="utf-8")) != doc["new_sha"]:
+    if _sha(read_input_text(manifest)) != doc["new_sha"]:
         write_atomic(manifest, doc["series_toml"])  # the commit point
     progress.checkpoint("retire-manifest")
     for pid in doc["ids"]:
@@ -90,7 +90,7 @@ def _alive(pid: object) -> bool:
 
 def _read(journal: Path, root: Path) -> dict:
     try:
-        doc = json.loads(journal.read_text(encoding="utf-8"))
+        doc = json.loads(read_input_text(journal))
         fields = (doc["staging"], doc["ids"], doc["removes"], doc["old_sha"], doc["new_sha"], doc["series_toml"])
         ok = (_STAGING.fullmatch(str(fields[0])) and all(isinstance(i, str) and "/" not in i and i not in ("", ".", "..")
                                                          for i in fields[1])
@@ -117,7 +117,7 @@ def recover(root: Path) -> list[str]:
         if _alive(doc.get("pid")):
             return []  # its writer is still at work
         manifest = root / "series.toml"
-        current = _sha(manifest.read_text(encoding="utf-8")) if manifest.is_file() else None
+        current = _sha(read_input_text(manifest)) if manifest.is_file() else None
         if current not in (doc["old_sha"], doc["new_sha"]):
             drop = code("rm", "-rf", retired / doc["staging"], journal)
             # the lint command as carry.series.repo.command spells it (repo imports this module)

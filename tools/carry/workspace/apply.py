@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import DirtyTreeError, PatchFormatError, UsageError
-from ..files import write_json
+from ..files import read_input_text, write_json
 from ..lock import LOCK_TIMEOUT, sweep_builds
 from ..report import ApplyReport, PatchResult, UpstreamResult
 from ..runner import Git
@@ -266,7 +266,7 @@ def _recover_into(g: Git, name: str, target: Path, journal: Path) -> None:
 
 def _read_record(path: Path, target: Path) -> dict:
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(read_input_text(path))
         if not isinstance(doc, dict) or "start" not in doc:
             raise ValueError("no 'start'")
         return doc

@@ -3,6 +3,11 @@
 Normalised means re-exporting an unchanged workspace changes no byte: no
 commit ids, no signature, no diffstat, full blob ids (so ``git am --3way``
 can find the pre-image), and a fixed identity and date in the header.
+Otherwise a file holds exactly the bytes git writes (a CR is kept), and
+``--check`` compares bytes. What export is about to write is first staged
+beside its file and checked with lint's own rules: a patch lint or apply
+would refuse (a symlink, a binary section, an empty commit...) stops the
+export with exit 2 before any file is replaced.
 """
 
 from __future__ import annotations
@@ -12,26 +17,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import progress
-from ..errors import DirtyTreeError, DriftError, UsageError
-from ..files import write_atomic
+from ..errors import DirtyTreeError, DriftError, PatchFormatError, UsageError
+from ..files import fsync_dir, read_input, stage
 from ..lock import LOCK_TIMEOUT
 from ..runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
-from ..series.manifest import Series, load
+from ..series.lint import file_problems, same_content
+from ..series.manifest import PatchMeta, Series, load
 from ..series.repo import command
 from ..shell import Raw, code
 from .workdir import PatchRecord, UpstreamRecord, WorkDir
 
-_FIXED_FROM = f"From: {IDENTITY_NAME} <{IDENTITY_EMAIL}>"
-_FIXED_DATE_HDR = "Date: Sat, 1 Jan 2000 00:00:00 +0000"
+_FIXED_FROM = f"From: {IDENTITY_NAME} <{IDENTITY_EMAIL}>".encode()
+_FIXED_DATE_HDR = b"Date: Sat, 1 Jan 2000 00:00:00 +0000"
 
 
-def format_patch(repo: Path, commit: str) -> str:
-    text = Git(repo)("format-patch", "-1", "--stdout", "--zero-commit", "--no-signature", "--no-stat",
+def format_patch(repo: Path, commit: str) -> bytes:
+    """The normalised patch of ``commit``: git's bytes, with the header's From and Date fixed.
+    Empty for a commit that changes nothing (git writes no patch for it)."""
+    data = Git(repo)("format-patch", "-1", "--stdout", "--zero-commit", "--no-signature", "--no-stat",
                      "--full-index", "--no-numbered", "--subject-prefix=PATCH", "--encode-email-headers",
-                     "-U3", commit).stdout
-    head, sep, body = text.partition("\n\n")
-    head = re.sub(r"(?m)^From: .*(\n[ \t].*)*$", _FIXED_FROM, head, count=1)
-    head = re.sub(r"(?m)^Date: .*$", _FIXED_DATE_HDR, head, count=1)
+                     "-U3", commit, binary=True).stdout
+    head, sep, body = data.partition(b"\n\n")
+    head = re.sub(rb"(?m)^From: .*(\n[ \t].*)*$", lambda _: _FIXED_FROM, head, count=1)
+    head = re.sub(rb"(?m)^Date: .*$", lambda _: _FIXED_DATE_HDR, head, count=1)
     return head + sep + body
 
 
@@ -49,7 +57,8 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
     with wd.lock(lock_timeout):
         wd.recover()
         state = wd.require(series)  # a first apply's swap undone leaves none
-        pending: list[tuple[Path, str]] = []
+        pending: list[tuple[PatchMeta, Path, bytes]] = []
+        empty: list[tuple[PatchMeta, str]] = []  # a commit that changes nothing: git writes no patch for it
         added = False
         exported: dict[str, list[str]] = {}  # per upstream, the commit each patch was written from
         drifted: list[str] = []  # the upstreams whose files differ (--check): the only ones to rebuild
@@ -80,22 +89,34 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
             for commit, applied in zip(commits, rec.patches):
                 meta = series.patch(applied.id)
                 path = series.patch_path(meta)
-                text = format_patch(ws, commit)
-                old = path.read_text() if path.exists() else None
-                if old == text:
+                data = format_patch(ws, commit)
+                if not data:
+                    empty.append((meta, commit))
+                    continue
+                old = read_input(path) if path.exists() else None
+                if old == data:
                     result.unchanged.append(meta.file)
                 else:
                     (result.drift if check else result.written).append(meta.file)
                     drifted.append(name)
-                    pending.append((path, text))
-        if check:
-            if result.drift:
-                raise DriftError("patch files differ from the workspace: " + ", ".join(result.drift),
-                                 files=result.drift,
-                                 hint=_drift_hint(series, wd.root, list(dict.fromkeys(drifted))))
-            return result
-        for path, text in pending:
-            write_atomic(path, text)
+                    pending.append((meta, path, data))
+        staged = _stage_checked(series, pending, empty, {name: (wd.workspace(name), rec.base_commit)
+                                                         for name, rec in state.records()})
+        try:
+            if check:
+                if result.drift:
+                    raise DriftError("patch files differ from the workspace: " + ", ".join(result.drift),
+                                     files=result.drift,
+                                     hint=_drift_hint(series, wd.root, list(dict.fromkeys(drifted))))
+                return result
+            for tmp, (_, path, _) in zip(staged, pending):
+                tmp.replace(path)
+            staged = []
+        finally:
+            for tmp in staged:
+                tmp.unlink(missing_ok=True)
+        for folder in dict.fromkeys(path.parent for _, path, _ in pending):
+            fsync_dir(folder)  # the renames survive a crash
         progress.checkpoint("exported-files")
         # The workspace now matches the files: record that, so apply sees it as up to date. Also
         # when nothing was written: a run killed after the files but before the record left them
@@ -109,6 +130,41 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
         if pending or state.to_dict() != before or added:
             wd.save_state(state)
     return result
+
+
+def _stage_checked(series: Series, pending: list[tuple[PatchMeta, Path, bytes]], empty: list[tuple[PatchMeta, str]],
+                   workspaces: dict[str, tuple[Path, str]]) -> list[Path]:
+    """Each file export is about to write, staged beside its place and checked with lint's rules;
+    the staged files (in ``pending``'s order) when every one passes. Else none is left and the
+    export stops (exit 2): it never writes a series that lint or apply refuses."""
+    staged: list[Path] = []
+    try:
+        for _, path, data in pending:
+            staged.append(stage(path, data))
+        problems = [(meta, f"commit {commit[:12]} makes no change (an empty commit: git writes no patch for it)")
+                    for meta, commit in empty]
+        for (meta, _, _), tmp in zip(pending, staged):
+            problems += [(meta, why.replace(str(tmp), meta.file).removeprefix(f"{meta.file}: "))
+                         for why in file_problems(tmp, meta.file)]
+        new = {meta.id: data for meta, _, data in pending}
+        contents = [(p.id, new[p.id] if p.id in new else read_input(series.patch_path(p)))
+                    for p in series.patches if p.id in new or series.patch_path(p).is_file()]
+        problems += [(series.patch(pid), f"same content as patch {first}")
+                     for pid, first in same_content(contents) if pid in new or first in new]
+        if problems:
+            bad = dict.fromkeys(meta.upstream for meta, _ in problems)
+            raise PatchFormatError(
+                "the workspace holds what a patch file may not hold; no file was written:\n    "
+                + "\n    ".join(f"patch {meta.id} ({meta.file}): {why}" for meta, why in problems),
+                hint="a patch changes regular text files inside its upstream's tree: change or drop those "
+                     "commits, then export again ("
+                     + "; ".join(code("git", "-C", workspaces[u][0], "rebase", "-i", workspaces[u][1]) for u in bad)
+                     + " edits them)")
+    except BaseException:
+        for tmp in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    return staged
 
 
 def _drift_hint(series: Series, root: Path, upstreams: list[str]) -> str:

@@ -16,7 +16,7 @@ from ..series.manifest import Series, load
 from .apply import Options, apply_series
 
 
-def trial_apply(series: Series, toml_text: str, patch_texts: dict[str, str], upstream: str, cache: Path,
+def trial_apply(series: Series, toml_text: str, patch_texts: dict[str, bytes], upstream: str, cache: Path,
                 source: Path | None) -> ApplyReport:
     """Apply an edited copy of the series (new manifest text, replaced patch files) in scratch.
 
@@ -28,7 +28,7 @@ def trial_apply(series: Series, toml_text: str, patch_texts: dict[str, str], ups
         shutil.copytree(series.root, trial)
         (trial / "series.toml").write_text(toml_text)
         for pid, body in patch_texts.items():
-            (trial / series.patch(pid).file).write_text(body)
+            (trial / series.patch(pid).file).write_bytes(body)
         return apply_series(load(trial), Options(
             workdir=Path(tmp) / "work", cache=cache, only=[upstream],
             sources={upstream: source} if source else {}))

@@ -33,7 +33,7 @@ from ..errors import (
     UsageError,
     no_space,
 )
-from ..files import fsync_dir, write_json
+from ..files import fsync_dir, read_input_text, write_json
 from ..lock import LOCK_TIMEOUT, DirLock, patience
 from ..runner import Git
 from ..series.manifest import Series
@@ -132,7 +132,7 @@ class WorkDir:
     # -- the record ------------------------------------------------------------------------
     def load_state(self) -> State:
         try:
-            text = self.state_file.read_text()
+            text = read_input_text(self.state_file)
         except FileNotFoundError:
             return State()
         try:
@@ -236,7 +236,7 @@ class WorkDir:
 
     def _read_journal(self) -> tuple[Path, list[str], State]:
         try:
-            journal = json.loads(self.journal_file.read_text())
+            journal = json.loads(read_input_text(self.journal_file))
             recorded, names = journal["staging"], list(journal["names"])
             state = State.from_dict(journal["state"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

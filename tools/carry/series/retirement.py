@@ -31,7 +31,7 @@ from .. import progress
 from ..errors import ConfigError
 from ..files import fsync_dir, write_atomic, write_json
 from ..lock import process_alive
-from ..shell import carried, code, line, run_again, tool
+from ..shell import carried, code, run_again, tool
 
 JOURNAL = ".journal.json"
 _STAGING = re.compile(r"\.staging-([0-9]+)")
@@ -216,12 +216,11 @@ def _check_untouched(root: Path, doc: dict, journal: Path) -> None:
                      f"{run_again()}: the {_verb(doc)} is finished and your version stays beside it")
         drop = code("rm", "-rf", root / "retired" / doc["staging"], journal)
         # the lint command as carry.series.repo.command spells it (repo imports this module)
-        lint = line(*tool("lint"), "--series", root, *carried("lint", {"--series"}))
+        lint = code(*tool("lint"), "--series", root, *carried("lint", {"--series"}))
         raise ConfigError(
             f"{manifest} was edited after {what} was interrupted "
             f"(its journal {journal} is kept): finishing it would overwrite that edit; nothing was moved",
-            hint=f"to drop the interrupted retirement and keep your edit: {drop}, then "
-                 f"`{lint}` lists what is left to fix")
+            hint=f"to drop the interrupted retirement and keep your edit: {drop}, then {lint} lists what is left to fix")
     shas = doc.get("remove_shas") or [None] * len(doc["removes"])
     deleted = [rel for rel, sha in zip(doc["removes"], shas)
                if sha is not None and _file_sha(root / rel) not in (sha, None)]

@@ -19,6 +19,7 @@ from ..runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
 from ..series.manifest import Series, load
 from ..series.repo import command
 from ..shell import Raw, code
+from . import userwork
 from .workdir import PatchRecord, UpstreamRecord, WorkDir
 
 _FIXED_FROM = f"From: {IDENTITY_NAME} <{IDENTITY_EMAIL}>"
@@ -61,6 +62,9 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                 raise DirtyTreeError(f"{name}: {ws} has uncommitted changes ({dirty[0][3:]} ...)",
                                      hint="commit them into the patch they belong to first "
                                           f"({code('git', '-C', ws, 'commit', '-a', '--amend', '--no-edit')} for the last one)")
+            back = userwork.moved_back(name, ws, rec)
+            if back:
+                raise back  # not patches gone: an older commit checked out
             commits = g.rev_list(f"{rec.base_commit}..HEAD")
             new = _new_entries(series, name, rec, len(commits) - len(rec.patches))
             if new:

@@ -1,8 +1,9 @@
 """Rebase: move one upstream's patches onto a new base with 3-way merging.
 
 The patches are re-applied in a workspace on the new base; when all apply,
-they are exported (normalised), the pin is moved and the result re-applied
-from scratch as a check. A conflict stops there with ``git am`` in progress
+they are exported (normalised), the result is re-applied from scratch as a
+check, and the new patch files and the moved pin are written as one journalled
+step (carry.series.retirement). A conflict stops there with ``git am`` in progress
 in the workspace: resolve it with git, finish the remaining patches, then
 ``--continue`` picks the workspace up. Each patch is summarised like a
 range-diff: unchanged, refreshed (context only), modified, dropped (already

@@ -124,10 +124,10 @@ def need_python(major: int, minor: int, why: str) -> str:
     return python
 
 
-def kill_at(checkpoint: str, *args, timeout: float = 300) -> None:
-    """Run tools/apply.py until it stops at ``checkpoint`` (GTP_CARRY_STOP_AT), then SIGKILL it."""
+def kill_at(checkpoint: str, *args, timeout: float = 300, verb: str = "apply") -> None:
+    """Run tools/<verb>.py (apply) until it stops at ``checkpoint`` (GTP_CARRY_STOP_AT), then SIGKILL it."""
     env = dict(os.environ, GTP_CARRY_STOP_AT=checkpoint)
-    proc = subprocess.Popen([sys.executable, str(TOOLS / "apply.py"), *map(str, args)], env=env,
+    proc = subprocess.Popen([sys.executable, str(TOOLS / f"{verb}.py"), *map(str, args)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout
     seen = []
@@ -136,7 +136,7 @@ def kill_at(checkpoint: str, *args, timeout: float = 300) -> None:
             seen.append(line)
             if f"stopped at {checkpoint}" in line or time.monotonic() > deadline:
                 break
-        assert seen and f"stopped at {checkpoint}" in seen[-1], f"apply did not stop at {checkpoint}: {''.join(seen)}"
+        assert seen and f"stopped at {checkpoint}" in seen[-1], f"{verb} did not stop at {checkpoint}: {''.join(seen)}"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -116,8 +116,8 @@ def test_amended_patch_commit_export_then_apply(d):
     git(d["ws"], "commit", "-q", "-a", "--amend", "--no-edit")
     failed = apply(d, check=1)
     assert "commits the series does not know" in failed.stderr
-    export, reset = hints(failed)
-    assert "tools/export.py --series" in export and "reset -q --hard" in reset
+    export, aside, rebuild = hints(failed)
+    assert "tools/export.py --series" in export and "--set-aside megatron-lm" in aside and "tools/apply.py" in rebuild
     sh(d, export)
     assert "+extra = 1" in (d["series"] / "megatron-lm/0004-conflict.patch").read_text()
     assert set(statuses(d).values()) == {"already-applied"}
@@ -130,27 +130,33 @@ def test_amended_patch_commit_export_then_apply(d):
     assert [p["commit"] for p in rec["patches"]] == in_workspace, (rec["patches"], in_workspace)
 
 
-def test_unknown_commit_dropped_with_the_reset_hint(d):
+def test_unknown_commit_set_aside_then_rebuilt(d):
     apply(d, check=0)
     git(d["ws"], "commit", "-q", "--allow-empty", "-m", "mine")
-    _, reset = hints(apply(d, check=1))
-    sh(d, reset)
+    mine = git(d["ws"], "rev-parse", "HEAD")
+    _, aside, rebuild = hints(apply(d, check=1))
+    sh(d, aside)
+    sh(d, rebuild)
     assert set(statuses(d).values()) == {"already-applied"}
+    (kept,) = (d["work"] / ".carry" / "kept").iterdir()  # dropped from the workspace, never lost
+    assert git(kept, "log", "-1", "--format=%H") == mine
 
 
 def test_the_discard_hint_after_apply_ran_inside_a_workspace_does_not_loop(d):
     """apply run from inside a workspace with a relative --workdir leaves a work directory (git
-    repositories) nested in it: the discard hint removes it (git clean needs -ff for a nested
-    repository) and the next apply succeeds, not the same hint again."""
+    repositories) nested in it: the discard hints set the workspace aside whole, nested
+    repository and all, and rebuild it; the next apply succeeds, not the same hint again."""
     apply(d, check=0)
     inside = subprocess.run([sys.executable, str(TOOLS / "apply.py"), "--series", str(d["series"]),
                              "--workdir", "work"], cwd=d["ws"], capture_output=True, text=True, timeout=900)
     assert inside.returncode == 0, inside.stderr
     assert (d["ws"] / "work" / "megatron-lm" / ".git").exists()
     failed = apply(d, check=1)
-    *_, discard = hints(failed)
-    sh(d, discard)
+    *_, aside, rebuild = hints(failed)
+    sh(d, aside)
+    sh(d, rebuild)
     assert not (d["ws"] / "work").exists()
+    assert list((d["work"] / ".carry" / "kept").glob("megatron-lm-*/work/megatron-lm/.git"))
     apply(d, check=0)
 
 
@@ -158,18 +164,22 @@ def test_uncommitted_changes_amend_export_or_discard(d):
     apply(d, check=0)
     alpha = d["ws"] / "megatron/core/alpha.py"
     alpha.write_text(alpha.read_text() + "more = 2\n")
-    amend, export, discard = hints(apply(d, check=1))
-    assert "commit -a --amend --no-edit" in amend and "tools/export.py" in export and "clean -ffdq" in discard
+    amend, export, aside, rebuild = hints(apply(d, check=1))
+    assert "commit -a --amend --no-edit" in amend and "tools/export.py" in export
+    assert "--set-aside megatron-lm" in aside and "tools/apply.py" in rebuild
     sh(d, amend)
     sh(d, export)
     assert "+more = 2" in (d["series"] / "megatron-lm/0004-conflict.patch").read_text()
     assert set(statuses(d).values()) == {"already-applied"}
     alpha.write_text("scribbled\n")
     (d["ws"] / "new.txt").write_text("new\n")
-    *_, discard = hints(apply(d, check=1))
-    sh(d, discard)
+    *_, aside, rebuild = hints(apply(d, check=1))
+    sh(d, aside)
+    sh(d, rebuild)
     assert "scribbled" not in alpha.read_text() and not (d["ws"] / "new.txt").exists()
     assert set(statuses(d).values()) == {"already-applied"}
+    (kept,) = (d["work"] / ".carry" / "kept").iterdir()  # discarded from the workspace, kept whole
+    assert (kept / "megatron/core/alpha.py").read_text() == "scribbled\n" and (kept / "new.txt").exists()
 
 
 def test_missing_patch_file_names_lint(d):
@@ -308,13 +318,14 @@ def test_locked_then_again_with_more_time(d):
 
 
 @pytest.mark.parametrize("broken", ["state.json", "journal.json"])
-def test_unreadable_record_removed_and_applied_again(d, broken):
+def test_unreadable_record_set_aside_and_applied_again(d, broken):
     apply(d, check=0)
     (d["work"] / ".carry" / broken).write_text("{")
-    (rm, again) = hints(apply(d, "--cache", d["cache"], check=1))
-    assert words(rm) == ["rm", "-rf", str(d["work"])]
-    sh(d, rm)
+    (aside, again) = hints(apply(d, "--cache", d["cache"], check=1))
+    assert words(aside)[1].endswith("tools/kept.py") and words(aside)[2:] == ["--workdir", str(d["work"]), "--set-aside"]
+    sh(d, aside)
     assert d["up"].exists() and d["series"].exists()
+    assert list((d["work"] / ".carry" / "kept").glob("megatron-lm-*/megatron/core/alpha.py"))
     sh(d, again)
     assert "--cache" in again and set(statuses(d).values()) == {"already-applied"}
 
@@ -347,17 +358,18 @@ def test_a_folder_where_a_file_must_be_is_moved_aside(d):
 
 
 @pytest.mark.parametrize("name", ["work\nwith a newline", "work `with` backticks", "work \\ back'slash"])
-def test_rm_hint_of_an_odd_work_directory_removes_that_directory(d, name):
-    """A newline, a backtick, a backslash: the hint stays one line and removes what it names."""
+def test_set_aside_hint_of_an_odd_work_directory_keeps_that_directory(d, name):
+    """A newline, a backtick, a backslash: the hint stays one line and sets aside what it names."""
     work = d["tmp"] / name
-    sibling = d["tmp"] / "work"  # what an unquoted `rm -rf` of the first word would hit
+    sibling = d["tmp"] / "work"  # what an unquoted --workdir of the first word would name
     sibling.mkdir(exist_ok=True)
     (sibling / "keep").write_text("mine\n")
     run(d, "apply", "--series", d["series"], "--workdir", work, check=0)
     (work / ".carry" / "state.json").write_text("{")
-    rm, again = hints(run(d, "apply", "--series", d["series"], "--workdir", work, check=1))
-    sh(d, rm)
-    assert not work.exists() and (sibling / "keep").read_text() == "mine\n"
+    aside, again = hints(run(d, "apply", "--series", d["series"], "--workdir", work, check=1))
+    sh(d, aside)
+    assert not (work / "megatron-lm").exists() and list((work / ".carry" / "kept").glob("megatron-lm-*/.git"))
+    assert sorted(p.name for p in sibling.iterdir()) == ["keep"] and (sibling / "keep").read_text() == "mine\n"
     sh(d, again)
     assert (work / "megatron-lm" / "megatron/core/alpha.py").exists()
 

@@ -63,4 +63,4 @@ def test_an_unreadable_record_is_a_named_failure(applied, text):
     with pytest.raises(DirtyTreeError) as info:
         wd.load_state()
     assert "not a workspace record this tool can read" in info.value.message
-    assert f"rm -rf {wd.root}" in info.value.hint
+    assert f"tools/kept.py --workdir {wd.root} --set-aside" in info.value.hint and "rm " not in info.value.hint

@@ -18,7 +18,9 @@ Nothing removes a kept copy but this command:
   kept.py --workdir DIR                         list them: name, age, size
   kept.py --workdir DIR --restore NAME          put NAME back as DIR/<upstream> (the tree there now is kept first)
   kept.py --workdir DIR --delete NAME           delete NAME
-  kept.py --workdir DIR --prune --older-than 30d  delete every copy older than that (s, m, h, d, w)"""
+  kept.py --workdir DIR --prune --older-than 30d  delete every copy older than that (s, m, h, d, w)
+  kept.py --workdir DIR --set-aside NAME        keep workspace DIR/NAME there now (the next apply rebuilds it)
+  kept.py --workdir DIR --set-aside             keep every workspace, and drop the record (apply starts anew)"""
 
 
 def main(argv: list[str], prog: str) -> int:
@@ -28,6 +30,8 @@ def main(argv: list[str], prog: str) -> int:
     act.add_argument("--restore", metavar="NAME", help="put kept workspace NAME back in its place")
     act.add_argument("--delete", metavar="NAME", help="delete kept workspace NAME")
     act.add_argument("--prune", action="store_true", help="delete the kept workspaces older than --older-than")
+    act.add_argument("--set-aside", nargs="*", metavar="NAME",
+                     help="keep these workspaces (none named: every one, and drop the record) so apply rebuilds them")
     p.add_argument("--older-than", type=kept.parse_age, metavar="AGE", help="with --prune: 30d, 12h, 45m, 90s")
     options.add_lock_timeout(p)
     a = p.parse_args(argv)
@@ -40,6 +44,10 @@ def main(argv: list[str], prog: str) -> int:
         elif a.delete:
             kept.delete(wd.root, a.delete)
             print(f"deleted {a.delete}")
+        elif a.set_aside is not None:
+            wd.set_aside(a.set_aside)
+            print(f"{len(kept.entries(wd.root))} kept workspace(s) in {kept.kept_dir(wd.root)}; the next apply "
+                  "builds what was set aside anew")
         elif a.prune:
             old = [k for k in kept.entries(wd.root) if time.time() - k.made > a.older_than]
             for k in old:

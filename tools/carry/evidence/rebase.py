@@ -1,8 +1,9 @@
 """Rebase: move one upstream's patches onto a new base with 3-way merging.
 
 The patches are re-applied in a workspace on the new base; when all apply,
-they are exported (normalised), the pin is moved and the result re-applied
-from scratch as a check. A conflict stops there with ``git am`` in progress
+they are exported (normalised), the result is re-applied from scratch as a
+check, and the new patch files and the moved pin are written as one journalled
+step (carry.series.retirement). A conflict stops there with ``git am`` in progress
 in the workspace: resolve it with git, finish the remaining patches, then
 ``--continue`` picks the workspace up. Each patch is summarised like a
 range-diff: unchanged, refreshed (context only), modified, dropped (already
@@ -19,10 +20,10 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import ConflictError, DirtyTreeError, UsageError
-from ..files import read_input, read_input_text, write_atomic, write_json
+from ..files import read_input, read_input_text, write_json
 from ..runner import Git
 from ..series import edit as seriesedit
-from ..series.manifest import Series
+from ..series.manifest import PatchMeta, Series, Upstream
 from ..series.patchfile import parse_file
 from ..series.repo import command
 from ..shell import Raw, code, release_instead
@@ -70,8 +71,56 @@ def _changes(data: bytes) -> list[bytes]:
     return out
 
 
+@dataclass
+class _Job:
+    """One rebase: the patches it moves, the new base, its workspace, and its command's options."""
+    series: Series
+    name: str
+    onto: str
+    mine: list[PatchMeta]
+    new_up: Upstream
+    base: sources.Base
+    ws: Path
+    again: list           # --source and --workdir, as the hints that run rebase again need them
+    history: list[Path]   # where merged_in is looked up: the new base, and a --source checkout
+    rep: RebaseReport
+
+    @property
+    def g(self) -> Git:
+        return Git(self.ws)
+
+    @property
+    def new_commit(self) -> str | None:
+        return self.new_up.git.commit if self.new_up.git else None
+
+    def command(self, *args: object) -> str:
+        """This rebase (or --continue) as a whole command."""
+        return command("rebase", self.series, "--onto", f"{self.name}={self.onto}", *self.again, *args)
+
+
 def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, source: Path | None,
            cont: bool = False) -> RebaseReport:
+    """Move ``name``'s patches onto ``onto``. Four steps: replay them on the new base (or, with
+    ``cont``, take the workspace a person finished); match its commits to the series; compare
+    each new patch with the old; write the series as one journalled step."""
+    job = _prepare(series, name, onto, cache, workdir, source)
+    if cont:
+        statuses, merged = _resume(job)
+    else:
+        statuses, merged, stop = _replay(job)
+        if stop:
+            _stopped(job, *stop, statuses)
+            return job.rep
+    kept, dropped, commits = _match(job, statuses, merged)
+    new_texts = _summarise(job, kept, dropped, commits, statuses, merged)
+    retired = [Verdict(pid, "landed", "conflicts", "not-run", "landed", evidence=ev) for pid, ev in merged.items()
+               if statuses.get(pid) == MERGED]
+    _write(job, new_texts, cache, source, retired)
+    return job.rep
+
+
+def _prepare(series: Series, name: str, onto: str, cache: Path, workdir: Path, source: Path | None) -> _Job:
+    """Check the rebase can move the pin; fetch the new base."""
     up = series.upstream(name)
     mine = series.patches_for(name)
     if not mine:
@@ -82,98 +131,119 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
                          hint=release_instead("--onto", name))
     new_up, base = sources.retarget(up, onto, cache, source)
     ws = workdir / name
-    rep = RebaseReport(series.name, name, onto, base.describe, str(ws))
-    g = Git(ws)
-    again = [*(["--source", f"{name}={source.expanduser().resolve()}"] if source else []), "--workdir", workdir]
-    if cont:
-        marker = _marker(g, ws, series, name, onto, again)
-        if marker["base_commit"] != base.commit:
-            was = f"{name}={marker['onto']}"
-            raise UsageError(f"{ws} was rebased onto another base ({marker['onto']})",
-                             hint=f"`{command('rebase', series, '--onto', was, *again, '--continue')}`")
-        if (g.git_dir() / "rebase-apply").exists():
-            raise DirtyTreeError(f"git am is still in progress in {ws}",
-                                 hint=f"finish it ({code('git', '-C', ws, 'am', '--continue')}) or abort it "
-                                  f"({code('git', '-C', ws, 'am', '--abort')})")
-        statuses = marker["statuses"]
-        merged = marker.get("merged", {})
-    else:
-        if ws.exists():
-            if not (ws / ".git").exists() or not (g.git_dir() / MARKER).exists():
-                raise DirtyTreeError(f"{ws} exists and is not a rebase workspace", hint="choose another --workdir")
-            shutil.rmtree(ws)
-        _new_workspace(base, ws, onto)
-        older = older_bases(base)
-        statuses = {}
-        merged: dict[str, list[str]] = {}
-        stop = None
-        history = [base.repo] + ([source.expanduser().resolve()] if source is not None and source.is_dir() else [])
-        new_commit = new_up.git.commit if new_up.git else None
-        for p in mine:
-            r = am_patches(ws, series, [p], older)[0]
-            statuses[p.id] = r.status
-            evidence: list[str] = []
-            if r.status == "failed" and link_signal(p, new_commit, history, evidence) == "landed":
-                # Upstream merged it in its own words (the text conflicts, merged_in is an ancestor):
-                # it leaves the series here, with that evidence, instead of stopping for a person.
-                statuses[p.id] = MERGED
-                merged[p.id] = [f"text: the patch conflicts with the new base ({r.detail})", *evidence]
-                continue
-            if r.status == "failed":
-                stop = (p, r.detail)
-                break
-        write_json(g.git_dir() / MARKER, {"base_commit": base.commit, "onto": onto, "statuses": statuses,
-                                          "merged": merged})
-        if stop:
-            p, detail = stop
-            absent = ABSENT in detail
-            if not absent:
-                # Leave the merge for a person: run the conflicting patch again without aborting.
-                g("am", "--3way", str(series.patch_path(p)), check=False)
-            rest = [str(series.patch_path(q)) for q in mine[mine.index(p) + 1:]]
-            for q in mine:
-                rep.patches.append(Entry(q.id, q.file, "conflicting" if q.id == p.id else
-                                         ("pending" if q.id not in statuses else _pre(statuses[q.id])),
-                                         detail if q.id == p.id else ""))
-            rep.ok = False
-            # A file the new base lacks (moved or removed upstream): git am would follow a rename
-            # silently; a person makes the change where it now belongs and commits it.
-            first = (f"make {p.id}'s change by hand where it belongs in {ws} (its file is not in the new base: "
-                     f"moved or removed upstream?), {code('git', '-C', ws, 'commit', '-a', '-m', Raw('SUBJECT'))}"
-                     if absent else
-                     f"resolve the conflict in {ws} ({code('git', '-C', ws, 'status')}), "
-                     f"{code('git', '-C', ws, 'add', Raw('FILES'))}, {code('git', '-C', ws, 'am', '--continue')}")
-            rep.next = (first
-                        + (f", then {code('git', '-C', ws, 'am', '--3way', *rest)}" if rest else "")
-                        + f"; then `{command('rebase', series, '--onto', f'{name}={onto}', *again, '--continue')}`")
-            return rep
-    # Every patch is in: map the new commits to the series in order.
+    checkout = source.expanduser().resolve() if source is not None else None
+    again = [*(["--source", f"{name}={checkout}"] if checkout else []), "--workdir", workdir]
+    history = [base.repo] + ([checkout] if checkout is not None and checkout.is_dir() else [])
+    return _Job(series, name, onto, mine, new_up, base, ws, again, history,
+                RebaseReport(series.name, name, onto, base.describe, str(ws)))
+
+
+def _resume(job: _Job) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """--continue: the statuses the first run left in the workspace a person has finished."""
+    marker = _marker(job)
+    if marker["base_commit"] != job.base.commit:
+        was = f"{job.name}={marker['onto']}"
+        raise UsageError(f"{job.ws} was rebased onto another base ({marker['onto']})",
+                         hint=f"`{command('rebase', job.series, '--onto', was, *job.again, '--continue')}`")
+    if (job.g.git_dir() / "rebase-apply").exists():
+        raise DirtyTreeError(f"git am is still in progress in {job.ws}",
+                             hint=f"finish it ({code('git', '-C', job.ws, 'am', '--continue')}) or abort it "
+                                  f"({code('git', '-C', job.ws, 'am', '--abort')})")
+    return marker["statuses"], marker.get("merged", {})
+
+
+def _replay(job: _Job) -> tuple[dict[str, str], dict[str, list[str]], tuple[PatchMeta, str] | None]:
+    """``git am`` each patch on the new base in a new workspace, until one conflicts. A patch
+    upstream merged in its own words (its text conflicts, its merged_in is an ancestor of the new
+    base) leaves the series here, with that evidence, instead of stopping for a person.
+    Returns the statuses, that evidence, and the patch that stopped it (with why)."""
+    ws, g = job.ws, job.g
+    if ws.exists():
+        if not (ws / ".git").exists() or not (g.git_dir() / MARKER).exists():
+            raise DirtyTreeError(f"{ws} exists and is not a rebase workspace", hint="choose another --workdir")
+        shutil.rmtree(ws)
+    _new_workspace(job.base, ws, job.onto)
+    older = older_bases(job.base)
+    statuses: dict[str, str] = {}
+    merged: dict[str, list[str]] = {}
+    stop = None
+    for p in job.mine:
+        r = am_patches(ws, job.series, [p], older)[0]
+        statuses[p.id] = r.status
+        evidence: list[str] = []
+        if r.status == "failed" and link_signal(p, job.new_commit, job.history, evidence) == "landed":
+            statuses[p.id] = MERGED
+            merged[p.id] = [f"text: the patch conflicts with the new base ({r.detail})", *evidence]
+            continue
+        if r.status == "failed":
+            stop = (p, r.detail)
+            break
+    write_json(g.git_dir() / MARKER, {"base_commit": job.base.commit, "onto": job.onto, "statuses": statuses,
+                                      "merged": merged})
+    return statuses, merged, stop
+
+
+def _stopped(job: _Job, p: PatchMeta, detail: str, statuses: dict[str, str]) -> None:
+    """A patch conflicts: leave its merge for a person, and say how to finish and continue."""
+    ws, series, mine = job.ws, job.series, job.mine
+    absent = ABSENT in detail
+    if not absent:
+        # Leave the merge for a person: run the conflicting patch again without aborting.
+        job.g("am", "--3way", str(series.patch_path(p)), check=False)
+    rest = [str(series.patch_path(q)) for q in mine[mine.index(p) + 1:]]
+    for q in mine:
+        job.rep.patches.append(Entry(q.id, q.file, "conflicting" if q.id == p.id else
+                                     ("pending" if q.id not in statuses else _pre(statuses[q.id])),
+                                     detail if q.id == p.id else ""))
+    job.rep.ok = False
+    # A file the new base lacks (moved or removed upstream): git am would follow a rename
+    # silently; a person makes the change where it now belongs and commits it.
+    first = (f"make {p.id}'s change by hand where it belongs in {ws} (its file is not in the new base: "
+             f"moved or removed upstream?), {code('git', '-C', ws, 'commit', '-a', '-m', Raw('SUBJECT'))}"
+             if absent else
+             f"resolve the conflict in {ws} ({code('git', '-C', ws, 'status')}), "
+             f"{code('git', '-C', ws, 'add', Raw('FILES'))}, {code('git', '-C', ws, 'am', '--continue')}")
+    job.rep.next = (first + (f", then {code('git', '-C', ws, 'am', '--3way', *rest)}" if rest else "")
+                    + f"; then `{job.command('--continue')}`")
+
+
+def _match(job: _Job, statuses: dict[str, str],
+           merged: dict[str, list[str]]) -> tuple[list[PatchMeta], set[str], list[str]]:
+    """Every patch is in: map the workspace's new commits to the series, in order. Returns the
+    patches that stay, the ids that leave, and one commit per patch that stays."""
+    g, mine = job.g, job.mine
     dropped = {pid for pid, st in statuses.items() if st in ("already-applied", MERGED)}
     kept = [p for p in mine if p.id not in dropped]
-    commits = g.rev_list(f"{base.commit}..HEAD")
+    commits = g.rev_list(f"{job.base.commit}..HEAD")
     if len(commits) < len(kept):
         # A person skipped a patch while finishing the am: if upstream merged it (merged_in an
         # ancestor of the new base), it is retired here rather than by a hand edit of series.toml.
         subjects = {g("log", "-1", "--format=%s", c).stdout.strip() for c in commits}
-        history = [base.repo] + ([source.expanduser().resolve()] if source is not None and source.is_dir() else [])
-        for q in [q for q in kept if parse_file(series.patch_path(q)).subject not in subjects]:
+        for q in [q for q in kept if parse_file(job.series.patch_path(q)).subject not in subjects]:
             ev = ["text: skipped while the rebase was finished by hand (it conflicted with the new base)"]
-            if link_signal(q, new_up.git.commit if new_up.git else None, history, ev) == "landed":
+            if link_signal(q, job.new_commit, job.history, ev) == "landed":
                 statuses[q.id], merged[q.id] = MERGED, ev
         dropped = {pid for pid, st in statuses.items() if st in ("already-applied", MERGED)}
         kept = [p for p in mine if p.id not in dropped]
     if len(commits) != len(kept):
-        raise UsageError(f"{ws} has {len(commits)} commit(s) on the new base, expected {len(kept)} "
+        raise UsageError(f"{job.ws} has {len(commits)} commit(s) on the new base, expected {len(kept)} "
                          f"({', '.join(p.id for p in kept)})",
                          hint="one commit per remaining patch, in series order; a patch upstream already has "
-                              f"leaves the series first (`{command('retire', series, '--against', f'{name}={onto}', *again[:-2])}`)")
+                              f"leaves the series first (`{command('retire', job.series, '--against', f'{job.name}={job.onto}', *job.again[:-2])}`)")
     if g.status_porcelain():
-        raise DirtyTreeError(f"{ws} has uncommitted changes",
-                             hint=f"commit them into their patch's commit ({code('git', '-C', ws, 'commit', '-a', '--amend', '--no-edit')} "
+        raise DirtyTreeError(f"{job.ws} has uncommitted changes",
+                             hint=f"commit them into their patch's commit ({code('git', '-C', job.ws, 'commit', '-a', '--amend', '--no-edit')} "
                                   "for the last one)")
+    return kept, dropped, commits
+
+
+def _summarise(job: _Job, kept: list[PatchMeta], dropped: set[str], commits: list[str], statuses: dict[str, str],
+               merged: dict[str, list[str]]) -> dict[str, str]:
+    """Each patch's outcome, in series order, on the report; returns the new text of each patch that stays."""
+    series, rep = job.series, job.rep
     new_texts = {}
     for p, c in zip(kept, commits):
-        new = format_patch(ws, c)
+        new = format_patch(job.ws, c)
         old = read_input(series.patch_path(p))
         if new == old:
             outcome = "unchanged"
@@ -188,13 +258,10 @@ def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, sou
         p = series.patch(pid)
         rep.patches.append(Entry(pid, p.file, "dropped", "merged upstream in its own words: retired, with "
                                  + merged[pid][-1] if statuses[pid] == MERGED else "already upstream: retire it with "
-                                 + command("retire", series, "--against", f"{name}={onto}", "--write")))
-    order = {p.id: i for i, p in enumerate(mine)}
+                                 + command("retire", series, "--against", f"{job.name}={job.onto}", "--write")))
+    order = {p.id: i for i, p in enumerate(job.mine)}
     rep.patches.sort(key=lambda e: order[e.id])
-    retired = [Verdict(pid, "landed", "conflicts", "not-run", "landed", evidence=ev) for pid, ev in merged.items()
-               if statuses.get(pid) == MERGED]
-    _write(series, new_up, new_texts, cache, source, rep, retired)
-    return rep
+    return new_texts
 
 
 def _new_workspace(base: sources.Base, ws: Path, onto: str) -> None:
@@ -213,8 +280,12 @@ def _pre(status: str) -> str:
     return {"applied": "refreshed", "already-applied": "dropped", MERGED: "dropped"}.get(status, status)
 
 
-def _write(series: Series, new_up, new_texts: dict[str, bytes], cache: Path, source: Path | None,
-           rep: RebaseReport, retired: list[Verdict]) -> None:
+def _write(job: _Job, new_texts: dict[str, bytes], cache: Path, source: Path | None, retired: list[Verdict]) -> None:
+    """Re-apply the new series in a scratch copy; only then write it, as one journalled step
+    (carry.series.retirement): the changed patch files, the new pin, the patches retired. A
+    run killed before the journal leaves the series as it was; after it, the next command
+    that loads the series finishes the rebase."""
+    series, new_up, rep = job.series, job.new_up, job.rep
     text = read_input_text(series.root / "series.toml")
     if retired:
         text = seriesedit.remove_patches(text, {v.id for v in retired})
@@ -223,17 +294,16 @@ def _write(series: Series, new_up, new_texts: dict[str, bytes], cache: Path, sou
     if not check.ok:
         raise ConflictError("the refreshed series does not re-apply on the new base; nothing was written:\n"
                             + (check.error or ""))
-    for pid, body in new_texts.items():
-        write_atomic(series.patch_path(series.patch(pid)), body)
-    if retired:
-        commit_retirement(series, text, retired, rep.new_base, f"{new_up.name}={rep.onto} (rebase)")
-    else:
-        write_atomic(series.root / "series.toml", text)
+    paths = {series.patch_path(series.patch(pid)): body for pid, body in new_texts.items()}
+    writes = {path: body for path, body in paths.items() if read_input(path) != body}
+    commit_retirement(series, text, retired, rep.new_base, f"{new_up.name}={rep.onto} (rebase)",
+                      writes=writes, kind="rebase", what=f"{new_up.name} onto {rep.onto}")
     rep.written = True
 
 
-def _marker(g: Git, ws: Path, series: Series, name: str, onto: str, again: list) -> dict:
-    start = f"`{command('rebase', series, '--onto', f'{name}={onto}', *again)}`"
+def _marker(job: _Job) -> dict:
+    ws, g = job.ws, job.g
+    start = f"`{job.command()}`"
     if not ws.exists() or not (g.git_dir() / MARKER).exists():
         raise UsageError(f"no rebase in progress in {ws}", hint=f"start one: {start}")
     try:

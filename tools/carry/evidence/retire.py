@@ -261,13 +261,15 @@ def _write(series: Series, new_up, landed: list[str], rep: RetireReport, cache: 
     rep.written = True
 
 
-def commit_retirement(series: Series, text: str, landed: list[Verdict], new_base: str, against: str) -> None:
-    """Write the edited manifest ``text`` and move the ``landed`` patches to retired/ with their records.
+def commit_retirement(series: Series, text: str, landed: list[Verdict], new_base: str, against: str, *,
+                      writes: dict[Path, str | bytes] | None = None, kind: str = "retire", what: str | None = None) -> None:
+    """Write the edited manifest ``text`` and move the ``landed`` patches to retired/ with their records;
+    each file of ``writes`` (rebase: the refreshed patch files) gets its new text in the same step.
 
     One journalled step (carry.series.retirement): a run killed before the journal leaves the
     series as it was (its staging is removed by the next run); killed after it, the next run
-    that loads the series finishes it. Used by retire --write and by rebase (a patch upstream
-    merged in its own words).
+    that loads the series finishes it. Used by retire --write and by rebase (its refreshed
+    patches, and a patch upstream merged in its own words).
     """
     root = series.root
     today = dt.date.today().isoformat()
@@ -304,4 +306,4 @@ def commit_retirement(series: Series, text: str, landed: list[Verdict], new_base
         if exc.filename is None:  # a failed write() (a full disk) names no file: this is where it wrote
             raise OSError(exc.errno, exc.strerror, str(staged)) from exc
         raise
-    retirement.commit(root, text, landed_ids, moves)
+    retirement.commit(root, text, landed_ids, moves, writes=writes, kind=kind, what=what)

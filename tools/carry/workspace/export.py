@@ -25,6 +25,7 @@ from ..series.lint import file_problems, same_content
 from ..series.manifest import PatchMeta, Series, load
 from ..series.repo import command
 from ..shell import Raw, code
+from . import userwork
 from .workdir import PatchRecord, UpstreamRecord, WorkDir
 
 _FIXED_FROM = f"From: {IDENTITY_NAME} <{IDENTITY_EMAIL}>".encode()
@@ -70,6 +71,9 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                 raise DirtyTreeError(f"{name}: {ws} has uncommitted changes ({dirty[0][3:]} ...)",
                                      hint="commit them into the patch they belong to first "
                                           f"({code('git', '-C', ws, 'commit', '-a', '--amend', '--no-edit')} for the last one)")
+            back = userwork.moved_back(name, ws, rec)
+            if back:
+                raise back  # not patches gone: an older commit checked out
             commits = g.rev_list(f"{rec.base_commit}..HEAD")
             new = _new_entries(series, name, rec, len(commits) - len(rec.patches))
             if new:

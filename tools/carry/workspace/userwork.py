@@ -5,6 +5,10 @@ finishing or undoing a swap a killed run left) would take with it every commit a
 make and every uncommitted edit. Commits are kept: fetched into the tree that stays, as
 ``refs/carry/saved/<UTC time>[-N]``. Uncommitted or untracked edits cannot be carried over:
 the run refuses, and says how to keep them (a stash is a commit, kept like the others).
+
+Before any rebuild, ``check_untouched`` tells a workspace apply may replace from one a person
+changed. Its ways out never destroy: export the change, go back to the series' tip, or set
+the workspace aside whole (``tools/kept.py --set-aside``, carry.workspace.kept) and rebuild.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from pathlib import Path
 
 from ..errors import DirtyTreeError
 from ..runner import Git
-from ..shell import code
+from ..series.manifest import Series
+from ..series.repo import command
+from ..shell import code, run_again, tool
 from .am import BASE_TAG
 from .record import UpstreamRecord
 
@@ -121,3 +127,70 @@ def _patch_ids(g: Git, *revs: str) -> dict[str, str]:
     log = g("log", "-p", "--no-color", "--no-ext-diff", "--format=commit %H", *revs).stdout
     pairs = (line.split() for line in g("patch-id", "--stable", input=log).stdout.splitlines())
     return {commit: pid for pid, commit in pairs}
+
+
+def check_untouched(root: Path, name: str, recorded: UpstreamRecord | None, series: Series) -> bool:
+    """True when DIR/name is ours and unchanged; False when absent; raises otherwise."""
+    ws = root / name
+    export_cmd = f"`{command('export', series, '--workdir', root)}`"
+    if not ws.exists():
+        return False
+    g = Git(ws)
+    if recorded is None or not (ws / ".git").exists():
+        raise DirtyTreeError(f"{ws} exists but was not made by tools/apply.py",
+                             hint="move it away or choose another --workdir")
+    head = g.head()
+    record = root / ".carry" / "state.json"
+    if head != recorded.head and not g.has_commit(recorded.head):
+        # A `git reset --hard` to the recorded head cannot work: the record is not this tree's.
+        raise DirtyTreeError(
+            f"{name}: the record {record} names HEAD {recorded.head[:12]}, which workspace {ws} "
+            f"does not have (its HEAD is {str(head)[:12]})",
+            hint=f"move the workspace aside ({code('mv', ws, ws.with_name(ws.name + '.old'))}; its commits stay there), then "
+                 f"`{command('apply', series, '--workdir', root)}` rebuilds it")
+    back = moved_back(name, ws, recorded)
+    if back:
+        raise back
+    if head != recorded.head:
+        raise DirtyTreeError(
+            f"{name}: workspace {ws} has commits the series does not know "
+            f"(HEAD {str(head)[:12]}, applied {recorded.head[:12]})",
+            hint=f"{export_cmd} writes amended patch commits to the patch files (a new commit needs a "
+                 f"[[patches]] entry first); or {set_aside_hint(root, name, series)}")
+    dirty = g.status_porcelain()
+    if dirty:
+        shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
+        raise DirtyTreeError(
+            f"{name}: workspace {ws} has uncommitted changes: {shown}",
+            hint=f"commit them into the patch they belong to ({code('git', '-C', ws, 'commit', '-a', '--amend', '--no-edit')} "
+                 f"for the last one) and run {export_cmd}, or, to drop them, {set_aside_hint(root, name, series)}")
+    return True
+
+
+def set_aside_hint(root: Path, name: str, series: Series) -> str:
+    """Set DIR/name aside whole into DIR/.carry/kept, then rebuild it: how a person drops a
+    workspace's changes with nothing lost (tools/kept.py --restore gives them back)."""
+    return (f"set the workspace aside whole ({code(*tool('kept'), '--workdir', root, '--set-aside', name)}: it goes to "
+            "the work directory's .carry/kept, where tools/kept.py restores or deletes it) and rebuild it: "
+            f"`{command('apply', series, '--workdir', root)}`")
+
+
+def moved_back(name: str, ws: Path, recorded: UpstreamRecord) -> DirtyTreeError | None:
+    """The error for a workspace whose HEAD is an older commit of its own series (`git checkout
+    HEAD~1`, or a branch reset back): nothing is lost, the series' tip is still there; None otherwise."""
+    g = Git(ws)
+    head = g.head()
+    if not head or head == recorded.head or not g("merge-base", "--is-ancestor", head, recorded.head, check=False).ok:
+        return None
+    at = {p.commit: f"patch {p.id}" for p in recorded.patches}
+    at[recorded.base_commit] = "the base"
+    behind = len(g.rev_list(f"{head}..{recorded.head}"))
+    branches = g("for-each-ref", "--format=%(refname:short)", "--points-at", recorded.head, "refs/heads/").stdout.split()
+    detached = not g("symbolic-ref", "-q", "HEAD", check=False).ok
+    back = (code("git", "-C", ws, "checkout", "-q", branches[0]) if detached and branches else
+            code("git", "-C", ws, "merge", "-q", "--ff-only", recorded.head))  # a branch moved back goes forward
+    return DirtyTreeError(
+        f"{name}: workspace {ws} is at an older commit of its own series: HEAD {head[:12]} "
+        f"({at.get(head, 'a commit')}) is {behind} commit(s) behind the tip apply made, {recorded.head[:12]} "
+        "(an older commit was checked out, or the branch moved back); nothing is lost",
+        hint=f"{back} goes back to the tip (git refuses if that would overwrite an edit); then {run_again()}")

@@ -38,7 +38,7 @@ from ..lock import LOCK_TIMEOUT, DirLock, patience
 from ..runner import Git
 from ..series.manifest import Series
 from ..series.repo import command
-from ..shell import Raw, again, code, run_again, run_as
+from ..shell import again, code, run_again, run_as, tool
 from . import kept as keeping
 from . import userwork
 from .record import STATE_VERSION, PatchRecord, State, UpstreamRecord  # noqa: F401  (imported from here)
@@ -139,7 +139,38 @@ class WorkDir:
             return State.from_dict(json.loads(text))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DirtyTreeError(f"{self.state_file} is not a workspace record this tool can read ({exc!r})",
-                                 hint=f"{code('rm', '-rf', self.root)}, then {run_as('apply') or 'apply the series again'}") from None
+                                 hint=self._all_aside_hint()) from None
+
+    def _all_aside_hint(self) -> str:
+        return (f"{code(*tool('kept'), '--workdir', self.root, '--set-aside')} keeps every workspace whole in the "
+                "work directory's .carry/kept (the old trees too; tools/kept.py restores them) and drops the record, "
+                f"then {run_as('apply') or 'apply the series again'} builds them anew")
+
+    def set_aside(self, names: list[str]) -> None:
+        """Move workspaces whole into DIR/.carry/kept (carry.workspace.kept), for a person who wants
+        them rebuilt. ``names``: those, once a swap an interrupted run left is finished or undone.
+        None named: every workspace as it is, and the trees a swap left in .carry (replaced ones
+        kept, staged ones removed: apply built them and builds them again); the record and the
+        journal then describe nothing there and go too. Under the lock."""
+        if names:
+            self.recover()
+            bad = [n for n in names if not _SIMPLE_NAME.fullmatch(n) or not (self.workspace(n) / ".git").exists()]
+            if bad:
+                raise UsageError(f"{self.root} has no workspace {', '.join(map(repr, bad))} (it has: "
+                                 f"{', '.join(p.name for p in self._workspaces()) or 'none'})")
+        for ws in [self.workspace(n) for n in names] or self._workspaces():
+            keeping.set_aside(self.root, ws, ws.name, why="current")
+        if not names and self.meta.is_dir():
+            for trash in self.meta.glob("trash-*"):
+                self._keep_trash(trash)
+            for staging in self.meta.glob("staging-*"):
+                shutil.rmtree(staging, ignore_errors=True)
+            self.journal_file.unlink(missing_ok=True)
+            self.state_file.unlink(missing_ok=True)
+
+    def _workspaces(self) -> list[Path]:
+        found = self.root.iterdir() if self.root.is_dir() else []
+        return sorted(p for p in found if not p.name.startswith(".") and (p / ".git").exists())
 
     def save_state(self, state: State) -> None:
         write_json(self.state_file, state.to_dict())
@@ -242,7 +273,7 @@ class WorkDir:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DirtyTreeError(
                 f"{self.journal_file} is unreadable ({exc!r}): a swap of workspaces may be half done",
-                hint=f"{code('rm', '-rf', self.root)}, then {run_as('apply') or 'apply the series again'}") from None
+                hint=self._all_aside_hint()) from None
         # Only a staging folder of this work directory is ever moved in. A journal copied with
         # its work directory (`cp -a`) names the original's folder by an absolute path: its
         # name is the copy's own folder. Anything else was not written by a swap of ours.
@@ -349,38 +380,8 @@ class WorkDir:
 
     # -- guarding the user's work -------------------------------------------------------------
     def check_untouched(self, name: str, recorded: UpstreamRecord | None, series: Series) -> bool:
-        """True when DIR/name is ours and unchanged; False when absent; raises otherwise."""
-        ws = self.workspace(name)
-        export_cmd = f"`{command('export', series, '--workdir', self.root)}`"
-        if not ws.exists():
-            return False
-        g = Git(ws)
-        if recorded is None or not (ws / ".git").exists():
-            raise DirtyTreeError(f"{ws} exists but was not made by tools/apply.py",
-                                 hint="move it away or choose another --workdir")
-        head = g.head()
-        if head != recorded.head and not g.has_commit(recorded.head):
-            # A `git reset --hard` to the recorded head cannot work: the record is not this tree's.
-            raise DirtyTreeError(
-                f"{name}: the record {self.state_file} names HEAD {recorded.head[:12]}, which workspace {ws} "
-                f"does not have (its HEAD is {str(head)[:12]})",
-                hint=f"move the workspace aside ({code('mv', ws, ws.with_name(ws.name + '.old'))}; its commits stay there), then "
-                     f"`{command('apply', series, '--workdir', self.root)}` rebuilds it")
-        if head != recorded.head:
-            raise DirtyTreeError(
-                f"{name}: workspace {ws} has commits the series does not know "
-                f"(HEAD {str(head)[:12]}, applied {recorded.head[:12]})",
-                hint=f"{export_cmd} writes amended patch commits to the patch files (a new commit needs a "
-                     f"[[patches]] entry first); {code('git', '-C', ws, 'reset', '-q', '--hard', recorded.head)} drops them")
-        dirty = g.status_porcelain()
-        if dirty:
-            shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
-            raise DirtyTreeError(
-                f"{name}: workspace {ws} has uncommitted changes: {shown}",
-                hint=f"commit them into the patch they belong to ({code('git', '-C', ws, 'commit', '-a', '--amend', '--no-edit')} "
-                     f"for the last one) and run {export_cmd}, or discard them with "
-                     f"{code('git', '-C', ws, 'reset', '-q', '--hard', Raw('&&'), 'git', '-C', ws, 'clean', '-ffdq')}")
-        return True
+        """True when DIR/name is ours and unchanged; False when absent; raises otherwise (carry.workspace.userwork)."""
+        return userwork.check_untouched(self.root, name, recorded, series)
 
     def keep_unknown_commits(self, name: str, recorded: UpstreamRecord, new: Path) -> list[dict[str, str]]:
         """The commits of DIR/name that apply did not make, kept in the rebuilt tree ``new``

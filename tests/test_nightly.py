@@ -728,3 +728,25 @@ def test_a_night_whose_every_proof_skipped_is_not_green(demo, tmp_path):
     assert "every proof cell skipped: the night proved nothing" in res.stderr
     res, doc = night(["conflict", "clean"], "one-ran", 0)
     assert sorted(r["status"] for r in doc["runs"]) == ["passed", "skipped"] and doc["ok"] is True
+
+
+def test_a_run_in_another_thread_is_stopped_with_the_night(tmp_path):
+    """The proofs' runs go in a pool's threads, where a signal never arrives: a night stopped
+    (carry.nightly.stop) ends them with runner.kill_groups(), as it ends every run(group=True)."""
+    import threading
+
+    from carry.nightly.launch import local_plan, run_logged
+    from carry.runner import kill_groups
+
+    done = {}
+    plan = local_plan(argv=["sleep", "300"], env={}, cwd=None)
+    t = threading.Thread(target=lambda: done.update(fin=run_logged(plan, tmp_path / "console.log", timeout=240)))
+    t.start()
+    deadline = time.monotonic() + 30
+    killed = 0
+    while not killed and time.monotonic() < deadline:
+        killed = kill_groups()
+        time.sleep(0.1)
+    t.join(30)
+    assert killed == 1 and not t.is_alive(), "the run was not stopped"
+    assert done["fin"].returncode == -9 and not done["fin"].timed_out, done

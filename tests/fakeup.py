@@ -146,6 +146,13 @@ import megatron.core.beta as beta
 def test_always_true():
     assert beta.value_1 == 1
 '''
+# A proof that the first patch ('clean') breaks: fails on the patched trees, passes pristine.
+REGRESS = '''
+import megatron.core.alpha as alpha
+
+def test_value_5_is_still_5():
+    assert alpha.value_5 == 5, f"value_5 is {alpha.value_5!r}"
+'''
 CRASH = '''
 import os
 

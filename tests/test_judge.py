@@ -631,3 +631,49 @@ def test_a_run_reporting_a_million_metrics_keeps_its_gated_ones_and_a_bounded_re
     v = fn(m)
     assert v.status == "passed", v.reason
     assert len(v.metrics) == 1000 and "train/grad_norm" in v.metrics and "x" * 1_000_000 not in v.metrics
+
+
+def test_an_upstream_tests_cell_is_judged_from_its_report_and_never_green_without_one(tmp_path):
+    """An upstream-tests cell runs tools/upstream_tests.py and is judged from the report it wrote
+    (--json): its status, with 'incomplete' an error. A run that wrote none (past the cell's
+    timeout, its Slurm step cancelled; stopped on bad input) is an ``error`` that says why, from
+    its log, whose last lines are kept."""
+    from carry.nightly.launch import Finished
+    from carry.nightly.upstream import REPORT, judge_report
+
+    log = tmp_path / "console.log"
+    log.write_text("$ srun --job-name=demo--host--upstream-tests-megatron-lm ...\n[carry] slurm step 7.3 on node\n"
+                   "megatron-lm: 1 test file(s) selected; running pristine and patched (pytest, 1 rank(s))\n"
+                   "slurmstepd: error: *** STEP 7.3 ON node CANCELLED AT 2026-01-01T00:00:00 ***\n\n"
+                   "[carry] killed after 5s\n")
+    (tmp_path / REPORT).write_text(json.dumps({"ok": True, "upstreams": [{"upstream": "megatron-lm",
+                                                                          "status": "passed", "reason": "stale"}]}))
+    v, info = judge_report("megatron-lm", Finished(-15, True, 5.0, log), tmp_path, 5.0)
+    assert v.status == "error" and info == {}, v
+    assert v.reason == ("megatron-lm's tests timed out after 5s: nothing was judged; last line: slurmstepd: error: "
+                        "*** STEP 7.3 ON node CANCELLED AT 2026-01-01T00:00:00 ***"), v.reason
+    assert v.tail[-1] == "[carry] killed after 5s", v.tail
+
+    (tmp_path / REPORT).unlink()
+    log.write_text("$ python3 tools/upstream_tests.py ...\nerror: megatron-lm pins no tests in series demo\n"
+                   "next: add [upstreams.megatron-lm.tests] to series.toml\n")
+    v, _ = judge_report("megatron-lm", Finished(2, False, 1.0, log), tmp_path, 300.0)
+    assert (v.status, v.reason) == ("error", "megatron-lm's tests could not run: megatron-lm pins no tests in "
+                                             "series demo"), v
+    log.write_text("$ python3 tools/upstream_tests.py ...\nSegmentation fault\n")
+    v, _ = judge_report("megatron-lm", Finished(139, False, 1.0, log), tmp_path, 300.0)
+    assert v.reason == ("megatron-lm's tests could not run: it exited 139 without a report; last line: "
+                        "Segmentation fault"), v
+
+    def judged(status: str, upstream: str = "megatron-lm") -> tuple[str, str]:
+        (tmp_path / REPORT).write_text(json.dumps({"ok": status == "passed", "upstreams": [
+            {"upstream": upstream, "status": status, "reason": f"it says {status}", "counts": {"*": {"passed": 2}}}]}))
+        v, info = judge_report("megatron-lm", Finished(0 if status == "passed" else 1, False, 9.0, log), tmp_path,
+                               300.0)
+        assert info.get("upstream_tests", {}).get("counts", {"*": {"passed": 2}}) == {"*": {"passed": 2}}, info
+        return v.status, v.reason
+
+    assert judged("passed") == ("passed", "it says passed")
+    assert judged("failed") == ("failed", "it says failed")
+    assert judged("incomplete") == ("error", "it says incomplete")  # a verdict not given is never green
+    assert judged("passed", "megatron-bridge")[0] == "error"  # another upstream's report is no report of this one

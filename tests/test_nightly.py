@@ -21,7 +21,7 @@ from carry.nightly.judge import judge, numeric_metrics, parse_gate
 from carry.nightly.runlog import result_line
 from helpers import MINI, ROOT, SERIES, mini_test_module, proofs_matrix, read_json, tool
 from fakeup import add_proofs
-from fakeup import GOOD, GPU, MISSING_DEPENDENCY, SITE_PROOF, VACUOUS
+from fakeup import GOOD, GPU, MISSING_DEPENDENCY, REGRESS, SITE_PROOF, VACUOUS
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization"
 MARK_RESHARD = "[colocated-reshard] building dedicated inference model"
@@ -79,13 +79,6 @@ HAVE_GTP_TRUE = 'echo "megatron.core from (stand-in: no TransformerEngine here)"
 # A command whose result depends on the trees: the 'threeway' patch changes beta.value_10.
 BETA_OK = "import megatron.core.beta as b; assert b.value_10 == 10, b.value_10; print('beta.value_10 is 10')"
 CMD_BETA = ["{python}", "-c", BETA_OK]
-# A proof that the first patch ('clean') breaks: fails on the patched trees, passes pristine.
-REGRESS = '''
-import megatron.core.alpha as alpha
-
-def test_value_5_is_still_5():
-    assert alpha.value_5 == 5, f"value_5 is {alpha.value_5!r}"
-'''
 
 
 def _toml_list(items) -> str:
@@ -304,6 +297,18 @@ def test_print_commands_docker_and_srun(tmp_path):
     assert line.startswith(f"cd {ROOT} && PYTHONPATH=") and "--job-name=gtp--host--gtp-refit-mini-gloo" in line
     assert "--time=21 " in line and "--gpus=1 " in line and "--container-image" not in line
     assert "[carry] slurm step ${SLURM_JOB_ID}.${SLURM_STEP_ID} on" in line and "integration/gtp_refit_mini/run.py" in line
+    # So are the proofs (each run: the proof's pytest) and the upstream-tests cells (tools/upstream_tests.py).
+    res = tool("nightly", "--out", tmp_path / "o", "--print-commands", "--launcher", "slurm",
+               "--tests", "proofs,upstream-tests", env=env, check=0)
+    cells = [x for x in res.stdout.splitlines() if x.startswith("# ")]
+    steps = [x for x in res.stdout.splitlines() if " srun --nodes=1 --ntasks=1 --job-name=gtp--host--" in x]
+    assert len(steps) == len(cells) > 3, res.stdout
+    proofs = [x for x in steps if " -m pytest " in x]
+    assert len(proofs) == len(steps) - 3 and all("CARRY_PROOF_PARENT=launcher " in x for x in proofs), proofs
+    assert " --time=16 " in proofs[0] and " --junitxml=" in proofs[0] and " -p carry_proof_plugin " in proofs[0]
+    ups = [x for x in steps if "/tools/upstream_tests.py " in x]
+    assert [x.split(" --only ")[1].split()[0] for x in ups] == ["megatron-lm", "megatron-bridge", "nemo-rl"], ups
+    assert all(" --time=121 " in x and " --budget 2880 " in x for x in ups), ups
     # Without the squashfs variable, srun cannot be planned: a usage error naming the variable.
     res = tool("nightly", "--out", tmp_path / "o", "--print-commands", "--launcher", "slurm",
                "--tests", "grpo-megatron-generation-gtp", env={"GTP_TE219_SQUASHFS": ""}, check=2)
@@ -728,3 +733,100 @@ def test_a_night_whose_every_proof_skipped_is_not_green(demo, tmp_path):
     assert "every proof cell skipped: the night proved nothing" in res.stderr
     res, doc = night(["conflict", "clean"], "one-ran", 0)
     assert sorted(r["status"] for r in doc["runs"]) == ["passed", "skipped"] and doc["ok"] is True
+
+
+# A proof that must see only the trees the night gives it, and none of the settings of the
+# environment the night was started from.
+ONLY_ITS_TREES = '''
+import os
+
+import megatron.core.alpha as alpha
+
+PRISTINE_FAILS = r"^AssertionError: assert .*'patched'"
+
+
+def test_value_5_is_patched():
+    assert sorted(k for k in os.environ if k.startswith("CARRY_TREE_")) == ["CARRY_TREE_MEGATRON_LM"]
+    assert "CARRY_PROOF_FRESH" not in os.environ
+    assert alpha.value_5 == "patched"
+'''
+# A proof whose body waits for good, after saying which process runs it.
+WAITS = '''
+import os
+import time
+
+
+def test_waits():
+    with open(os.environ["CARRY_TEST_PIDS"], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    time.sleep(300)
+'''
+
+
+def test_a_proof_cell_is_a_command_that_sees_its_trees_alone_and_dies_with_the_night(demo, tmp_path):
+    """A proof cell's run is a command (the proof's pytest) like any cell's, with its command line in
+    its record: variables of the night's environment that would hand it another tree or another
+    setting are taken out of its environment; and it is tied to the process that launched it, so a
+    night killed outright (SIGKILL: nothing of it can clean up) leaves no proof running."""
+    import os
+    import signal
+    import subprocess
+
+    from helpers import TOOLS, process_alive
+
+    add_proofs(demo["series"], {"trees": ONLY_ITS_TREES, "waits": WAITS}, {"clean": "trees", "conflict": "waits"},
+               SERIES / "proofs" / "pytest.ini")
+    cfg = tmp_path / "trees.toml"
+    cfg.write_text(proofs_matrix(str(demo["series"]), patches=["clean"]))
+    out = tmp_path / "n"
+    env = {"CARRY_TREE_NEMO_RL": str(tmp_path / "another-tree"), "CARRY_PROOF_FRESH": "1"}
+    tool("nightly", "--config", cfg, "--out", out, "--workdir", tmp_path / "w", "--cache", demo["cache"],
+         "--source", f"megatron-lm={demo['up']}", "--history", tmp_path / "h.jsonl", env=env, check=0)
+    (run,) = read_json(out / "nightly.json")["runs"]
+    assert run["status"] == "passed", run
+    assert " -u CARRY_TREE_NEMO_RL" in run["command"] and " -u CARRY_PROOF_FRESH" in run["command"], run["command"]
+    assert " -m pytest " in run["command"] and "megatron_lm/test_trees.py" in run["command"], run["command"]
+    assert run["pristine"]["command"] != run["command"] and run["pristine"]["returncode"] == 1, run["pristine"]
+
+    cfg.write_text(proofs_matrix(str(demo["series"]), patches=["conflict"]))
+    pids = tmp_path / "pids"
+    night = subprocess.Popen([sys.executable, str(TOOLS / "nightly.py"), "--config", str(cfg), "--out",
+                              str(tmp_path / "killed"), "--workdir", str(tmp_path / "w"), "--cache", str(demo["cache"]),
+                              "--source", f"megatron-lm={demo['up']}", "--history", str(tmp_path / "h.jsonl")],
+                             env=dict(os.environ, CARRY_TEST_PIDS=str(pids)), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not pids.exists() or len(pids.read_text().split()) < 2):
+            time.sleep(0.2)
+        running = [int(p) for p in pids.read_text().split()]  # the patched and the pristine run, at once
+        assert len(running) == 2 and all(process_alive(p) for p in running), running
+    finally:
+        night.send_signal(signal.SIGKILL)
+        night.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(process_alive(p) for p in running):
+        time.sleep(0.2)
+    assert not [p for p in running if process_alive(p)], "a proof outlived the night that launched it"
+
+
+def test_a_run_in_another_thread_is_stopped_with_the_night(tmp_path):
+    """The proofs' runs go in a pool's threads, where a signal never arrives: a night stopped
+    (carry.nightly.stop) ends them with runner.kill_groups(), as it ends every run(group=True)."""
+    import threading
+
+    from carry.nightly.launch import local_plan, run_logged
+    from carry.runner import kill_groups
+
+    done = {}
+    plan = local_plan(argv=["sleep", "300"], env={}, cwd=None)
+    t = threading.Thread(target=lambda: done.update(fin=run_logged(plan, tmp_path / "console.log", timeout=240)))
+    t.start()
+    deadline = time.monotonic() + 30
+    killed = 0
+    while not killed and time.monotonic() < deadline:
+        killed = kill_groups()
+        time.sleep(0.1)
+    t.join(30)
+    assert killed == 1 and not t.is_alive(), "the run was not stopped"
+    assert done["fin"].returncode == -9 and not done["fin"].timed_out, done

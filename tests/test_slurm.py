@@ -2,12 +2,14 @@
 (``sbatch --wait``, from the repository root) to a one-node cluster started for these tests
 (tests/minislurm.py: slurmctld and slurmd on localhost, CPUs only), on the demo series.
 
-Its cells that need no container run as job steps of the job (the step's id in run.json), the
-proofs in the batch step; the job's exit status is the night's. A cell that exits 1, a cell that
-hangs past its timeout (its step cancelled, nothing of it left running), ``scancel`` of the whole
-job (the night's files say what was done and what was not; the next night runs), two nights at
-once on one GTP_NIGHTLY_ROOT (the history and the canary's mains taken in turns), and a night
-with container cells on a Slurm without pyxis (one line, before anything runs).
+Its cells that need no container run as job steps of the job (the step's id in run.json): the
+commands, each run of a proof (patched, pristine, a bisection's probe) and the upstream-tests
+cells, judged as on this machine; the job's exit status is the night's. A cell that exits 1, a
+cell that hangs past its timeout (its step cancelled, nothing of it left running), a proof that
+is red/green and ones that are not, ``scancel`` of the whole job (the night's files say what was
+done and what was not; the next night runs), two nights at once on one GTP_NIGHTLY_ROOT (the
+history and the canary's mains taken in turns), and a night with container cells on a Slurm
+without pyxis (one line, before anything runs).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from pathlib import Path
 import pytest
 
 import minislurm
-from fakeup import GOOD, add_proofs
-from helpers import ROOT, SERIES, python_env, read_json
+from carry.nightly.slurm import step_id
+from carry.runner import Git
+from fakeup import CRASH, GOOD, REGRESS, VACUOUS, add_proofs, write
+from helpers import ROOT, SERIES, python_env, read_json, tool
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SBATCH = "integration/slurm/nightly.sbatch"
@@ -206,10 +210,11 @@ def test_a_night_of_job_steps_whose_exit_status_is_the_jobs(slurm, series, tmp_p
     assert "# Nightly " in out and ": FAILED" in out  # the summary, printed by the batch script
     night = job.night(root)
     r = runs(night)
-    assert r["proofs[clean]"]["status"] == "passed" and "slurm_step" not in r["proofs[clean]"]
-    steps = {t: r[t].get("slurm_step") for t in ("ok", "exits-1", "hang", "steps-left")}
+    assert r["proofs[clean]"]["status"] == "passed", r["proofs[clean]"]
+    steps = {t: r[t].get("slurm_step") for t in ("proofs[clean]", "ok", "exits-1", "hang", "steps-left")}
+    steps["pristine"] = r["proofs[clean]"]["pristine"]["slurm_step"]  # the proof's run on its pristine base
     assert all(s and s.startswith(f"{job.id}.") for s in steps.values()), steps
-    assert len(set(steps.values())) == 4, steps
+    assert len(set(steps.values())) == 6, steps
     assert read_json(night / "cells" / r["ok"]["cell"] / "run.json")["slurm_step"] == steps["ok"]
     assert r["ok"]["status"] == "passed", r["ok"]
     assert r["ok"]["command"].startswith(f"cd {ROOT} && PYTHONPATH=") and " srun " in r["ok"]["command"]
@@ -255,11 +260,133 @@ def test_scancel_stops_the_night_which_says_what_it_did_and_the_next_night_runs(
     assert sorted(h["test"] for h in done) == ["ok", "proofs[clean]"]
 
     again = Job(slurm, series, root, config)
-    assert again.wait() == 0, again.output()
+    assert again.wait() == 0, again.output()  # every cell green, the red/green proof a job step among them
     r = runs(again.night(root))
     assert {t: x["status"] for t, x in r.items()} == dict.fromkeys(("proofs[clean]", "ok", "long", "after"), "passed")
+    assert r["proofs[clean]"]["slurm_step"].startswith(f"{again.id}."), r["proofs[clean]"]
     assert [h["run_id"] for h in history(root)].count(again.night(root).name) == 4
     assert "History warnings" not in (again.night(root) / "summary.md").read_text()
+
+
+# A proof whose body never ends on the patched tree: past its timeout it did not finish, in that
+# body (red). Elsewhere (its pristine base, the canary's main) it fails at once.
+HANG = '''
+import time
+
+import megatron.core.delta as delta
+
+PRISTINE_FAILS = r"^AssertionError"
+
+
+def test_waits_on_a_rank_that_never_answers():
+    if delta.value_15 == "ours":
+        time.sleep(300)
+    assert delta.value_15 == "ours"
+'''
+# The demo upstream's own tests, pinned (carry.series.testspin), launched with plain pytest.
+UPSTREAM_TESTS = {"pyproject.toml": "[tool.pytest.ini_options]\n", "tests/__init__.py": "",
+                  "tests/unit_tests/__init__.py": "",
+                  "tests/unit_tests/test_alpha.py": "import megatron.core.alpha as alpha\n\n\n"
+                                                     "def test_value_1():\n    assert alpha.value_1 == 1\n",
+                  "megatron/core/alpha.py": "value_1 = 'the checkout's own copy, never tested'\n"}
+
+
+def pin_tests(d: dict) -> None:
+    """The demo series' megatron-lm pins its own tests: a repository of one test file that imports
+    the module the 'clean' patch touches (so it is selected), green on both sides."""
+    repo = d["tmp"] / "upstream-tests"
+    Git(repo).init()
+    for rel, text in UPSTREAM_TESTS.items():
+        write(repo, rel, text)
+    commit = Git(repo).commit_all("upstream tests")
+    paths = ", ".join(f'"{p}" = "{Git(repo)("rev-parse", f"{commit}:{p}").stdout.strip()}"'
+                      for p in ("pyproject.toml", "tests", "megatron"))
+    pin = (f'[upstreams.megatron-lm.tests]\nurl = "{repo.as_uri()}"\ncommit = "{commit}"\npaths = {{ {paths} }}\n'
+           'replace = "megatron/core"\nroot = "tests/unit_tests"\nlaunch = "pytest"\nnproc = 1\n')
+    toml = d["series"] / "series.toml"
+    toml.write_text(toml.read_text().replace("\n[[patches]]", "\n" + pin + "\n[[patches]]", 1))
+
+
+def proof_test(name: str, patches: list[str], timeout: int, bisect: bool = True) -> str:
+    return f"""
+[[tests]]
+name = "{name}"
+kind = "proof"
+images = ["host"]
+patches = {json.dumps(patches)}
+timeout_s = {timeout}
+bisect = {str(bisect).lower()}
+"""
+
+
+def judged(night: Path) -> dict[str, tuple]:
+    """Each cell's verdict, and what its bisection found, as the night's own files say."""
+    out = {}
+    for t, r in runs(night).items():
+        b = r.get("bisect") or {}
+        out[t] = (r["status"], r["reason"], r.get("bug"), b.get("first_patch"),
+                  [(p["k"], p["status"], p["reason"]) for p in b.get("probes") or []],
+                  (r.get("upstream_tests") or {}).get("counts"))
+    return out
+
+
+def test_proofs_and_upstream_tests_are_job_steps_judged_as_on_this_machine(slurm, series, tmp_path):
+    """Each proof run (patched, pristine, a bisection's probes) and the upstream-tests cell are job
+    steps of the night, each named in its record; the verdicts are those of the same matrix on this
+    machine (the local launcher), a proof past its timeout included (its step cancelled). A night
+    whose proofs are red/green is green, one with a proof that is not exits 1: the job's status."""
+    add_proofs(series["series"], {"vacuous": VACUOUS, "regress": REGRESS, "hang": HANG, "crash": CRASH},
+               {"threeway": "vacuous", "upstreamed": "regress", "conflict": "hang"}, SERIES / "proofs" / "pytest.ini")
+    toml = series["series"] / "series.toml"  # 'upstreamed' has a second proof: one whose interpreter dies
+    toml.write_text(toml.read_text().replace('proof = "proofs/megatron_lm/test_regress.py"', 'proof = '
+                                             '["proofs/megatron_lm/test_regress.py", "proofs/megatron_lm/test_crash.py"]'))
+    pin_tests(series)
+    upstream = '\n[[tests]]\nname = "upstream-tests"\nkind = "upstream-tests"\nimages = ["host"]\ntimeout_s = 300\n'
+    green = matrix(series, proof_test("red-green", ["clean"], 120) + upstream, proofs=False)
+    root = tmp_path / "root"
+    job = Job(slurm, series, root, green)
+    assert job.wait() == 0, job.output()
+    assert slurm.job(job.id)["ExitCode"] == "0:0", slurm.job(job.id)
+    r = runs(job.night(root))
+    assert {t: x["status"] for t, x in r.items()} == {"red-green[clean]": "passed",
+                                                       "upstream-tests[megatron-lm]": "passed"}, r
+    assert all(x.get("slurm_step", "").startswith(f"{job.id}.") for x in r.values()), r
+
+    config = tmp_path / "nightly.toml"
+    config.write_text(green.read_text() + proof_test("proofs", ["threeway", "upstreamed"], 120)
+                      + proof_test("hung", ["conflict"], 6, bisect=False))
+    job = Job(slurm, series, root, config)
+    local = tmp_path / "local"  # the same matrix on this machine, as the job runs
+    tool("nightly", "--config", config, "--out", local, "--workdir", tmp_path / "lwork", "--cache", series["cache"],
+         "--source", f"megatron-lm={series['up']}", "--history", tmp_path / "local.jsonl", check=1, timeout=600)
+    assert job.wait() == 1, job.output()
+    assert slurm.job(job.id)["ExitCode"] == "1:0", slurm.job(job.id)
+    night = job.night(root)
+    r = runs(night)
+    assert {t: x["status"] for t, x in r.items()} == {
+        "red-green[clean]": "passed", "upstream-tests[megatron-lm]": "passed", "proofs[threeway]": "vacuous",
+        "proofs[upstreamed]": "failed", "proofs[upstreamed/test_crash]": "failed", "hung[conflict]": "failed"}, r
+    steps = [x["slurm_step"] for x in r.values()] + [r[t]["pristine"]["slurm_step"]
+                                                     for t in ("red-green[clean]", "proofs[threeway]")]
+    assert all(s.startswith(f"{job.id}.") for s in steps) and len(set(steps)) == 8, steps
+    crash = r["proofs[upstreamed/test_crash]"]  # judged from what the proof printed, not what srun added
+    assert crash["reason"].startswith("the interpreter exited 7 without a report"), crash
+    assert "srun: error:" in "\n".join(crash["tail"]) and "srun:" not in crash["reason"], crash
+    cell = night / "cells" / r["proofs[upstreamed]"]["cell"]
+    assert read_json(cell / "run.json")["slurm_step"] == r["proofs[upstreamed]"]["slurm_step"]
+    probes = sorted(cell.glob("bisect/k*/console.log"))
+    assert len(probes) == len(r["proofs[upstreamed]"]["bisect"]["probes"]) == 3, probes
+    assert all(step_id(p).startswith(f"{job.id}.") for p in probes), [step_id(p) for p in probes]
+    assert r["proofs[upstreamed]"]["bisect"]["first_patch"] == "clean", r["proofs[upstreamed]"]["bisect"]
+    hung = r["hung[conflict]"]
+    assert hung["timed_out"] is True and hung["reason"].startswith("did not finish: timed out after 6s (in "), hung
+    assert f"*** STEP {hung['slurm_step']} ON {slurm.node} CANCELLED" in "\n".join(hung["tail"]), hung["tail"]
+    assert hung["tail"][-1] == "[carry] killed after 6s", hung["tail"]
+
+    here = judged(local)
+    assert judged(night) == here, (judged(night), here)
+    assert not any("slurm_step" in x for x in runs(local).values())
+    assert sum(len(v[4]) for v in here.values()) == 4  # the bisections' probes, compared one by one
 
 
 def test_two_nights_at_once_take_the_history_and_the_mains_in_turn(slurm, series, tmp_path):

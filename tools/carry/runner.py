@@ -9,6 +9,7 @@ by someone else the user trusts changes no result, only whether git works.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import shutil
@@ -18,7 +19,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from .errors import CommandError, full_disk_in_output
 
@@ -219,6 +220,19 @@ def _not_found(argv: list[str], exc: OSError) -> CommandError:
 
 _GROUPS: set[int] = set()  # the process groups run(group=True) has running now (any thread's)
 _GROUPS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def killable(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """While the block runs, ``kill_groups()`` kills ``proc`` and its process group, as it does
+    run(group=True)'s: ``proc`` leads a group of its own (spawn(..., start_new_session=True))."""
+    with _GROUPS_LOCK:
+        _GROUPS.add(proc.pid)
+    try:
+        yield proc
+    finally:
+        with _GROUPS_LOCK:
+            _GROUPS.discard(proc.pid)
 
 
 def kill_groups() -> int:

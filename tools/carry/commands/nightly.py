@@ -7,12 +7,12 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import ConfigError
-from ..evidence import canary, tesite
+from ..evidence import canary, proofenv, tesite
 from ..nightly import config as nightly_config
-from ..nightly import slurm, stop
+from ..nightly import slurm, stop, upstream
 from ..nightly.gpus import needs_gpus
 from ..nightly.config import NightlyConfig
-from ..nightly.plan import Options, cells, default_run_id, plan, seed_for, timeout_for
+from ..nightly.plan import Options, cells, default_run_id, plan, proof_plan, seed_for, timeout_for
 from ..nightly.run import all_proofs_skipped, night_ok, run_canaries, run_nightly, write_outputs
 from ..report import table
 from ..series.manifest import Series, load
@@ -35,20 +35,22 @@ def print_plans(cfg: NightlyConfig, opts: Options) -> None:
         trees = {u.name: (opts.workdir / series.name / u.name).absolute() for u in series.upstreams}
         for cell in cells(cfg, series, opts):
             out = (opts.out / "cells" / cell.id / "artifacts").absolute()
-            if cell.spec.kind == "proof":
-                print(f"# {cell.id}\nproof {cell.proof} (carry.evidence.prove.run_proof on the patched trees, "
-                      f"then on the pristine {cell.patch.upstream})\n")
-                continue
-            if cell.spec.kind == "upstream-tests":
-                pin = cell.series.upstream(cell.upstream).tests
-                print(f"# {cell.id}\n{cell.upstream}'s own tests ({pin.describe()}): {pin.launch}, pristine against "
-                      f"patched (carry.evidence.upstream; the same as tools/upstream_tests.py --only {cell.upstream})\n")
-                continue
             timeout = timeout_for(cell, opts, cfg.timeout_s)
-            p = plan(cell, trees, out, opts, timeout)
+            note = ""
+            if cell.spec.kind == "proof":
+                python = proofenv.python_path(series, cell.proof, opts.cache)
+                p, _ = proof_plan(cell, trees, out, python, opts.cache)
+                note = (f": {cell.proof} on the patched trees; then the same command, in "
+                        f"{out.parent / 'pristine'}, on the pristine base of {cell.patch.upstream}")
+            elif cell.spec.kind == "upstream-tests":
+                pin = cell.series.upstream(cell.upstream).tests
+                p = upstream.plan(cell, out, opts, timeout)
+                note = f": {cell.upstream}'s own tests ({pin.describe()}, {pin.launch}), pristine against patched"
+            else:
+                p = plan(cell, trees, out, opts, timeout)
             if slurm.as_step(cell, opts.launcher):
                 p = slurm.step_plan(p, cell.id, timeout, needs_gpus(cell))
-            print(f"# {cell.id} ({cell.launcher})\n{p.shell()}\n")
+            print(f"# {cell.id} ({cell.launcher}){note}\n{p.shell()}\n")
 
 
 def fetch_mains(cfg: NightlyConfig, opts: Options) -> dict[str, str]:

@@ -48,14 +48,25 @@ def python_for(series: Series, proof: str, cache: Path) -> str | None:
     return None if req is None else str(ensure(req, cache))
 
 
+def python_path(series: Series, proof: str, cache: Path) -> str | None:
+    """Where ``python_for``'s interpreter is, built or not (nothing is built: --print-commands)."""
+    req = requirements_for(series, proof)
+    return None if req is None else str(_place(req, cache)[1])
+
+
+def _place(req: Path, cache: Path) -> tuple[Path, Path]:
+    """The folder of the environment built from ``req`` and its python."""
+    base = Path(sys.executable).resolve()
+    key = hashlib.sha256(read_input(req) + b"\0" + str(base).encode() + b"\0" + sys.version.encode()
+                         + b"\0" + "\0".join(parent_sites()).encode()).hexdigest()[:16]
+    dest = cache / "proof-envs" / key
+    return dest, dest / "bin" / "python"
+
+
 def ensure(req: Path, cache: Path) -> Path:
     """The python of the environment built from ``req``; built (under a lock) when absent."""
-    base = Path(sys.executable).resolve()
     parents = parent_sites()
-    key = hashlib.sha256(read_input(req) + b"\0" + str(base).encode() + b"\0" + sys.version.encode()
-                         + b"\0" + "\0".join(parents).encode()).hexdigest()[:16]
-    dest = cache / "proof-envs" / key
-    python = dest / "bin" / "python"
+    dest, python = _place(req, cache)
     if (dest / COMPLETE).exists():
         return python
     with building(dest.parent):

@@ -130,6 +130,77 @@ def jobs() -> int:
     return min(cores, max(2, cores // 2))
 
 
+@dataclass
+class ProofCommand:
+    """One proof run as a command line: what ``run_proof`` runs (or hands a zygote) and what the
+    nightly launches (carry.nightly: on this machine, or as a Slurm job step). Its pytest writes
+    its JUnit XML to ``xml`` and the plugin's events to ``events``; ``classify`` judges from them."""
+    python: str
+    args: list[str]                 # pytest's own arguments (a zygote's child is handed these)
+    env: dict[str, str]             # set over the environment it is started from
+    unset: tuple[str, ...]          # that environment's variables it must not see
+    cwd: Path
+    xml: Path
+    events: Path
+
+    @property
+    def argv(self) -> list[str]:
+        return [self.python, "-m", "pytest", *self.args]
+
+    def environ(self) -> dict[str, str]:
+        """This process's environment as the proof must see it."""
+        env = {k: v for k, v in os.environ.items() if k not in self.unset}
+        env.update(self.env)
+        return env
+
+    def outcome(self, rc: int | None, output: str, secs: float) -> Outcome:
+        """What the run left, classified (``rc`` None: it did not finish; ``output`` says why)."""
+        return _classify(rc, self.xml, output, secs, _events(self.events))
+
+
+def proof_command(series: Series, patch: PatchMeta, trees: dict[str, Path], files: Path, proof: str | None = None,
+                  python: str | None = None, cache: Path | None = None, fresh: bool = False,
+                  parent: str | None = None) -> ProofCommand:
+    """The command of one proof run (by default the patch's first proof) on ``trees``; its report
+    files go to the folder ``files``. The path is: the proofs folder, the trees, the TransformerEngine
+    site (carry.evidence.tesite), the plugin, then the caller's PYTHONPATH. ``python``: the
+    interpreter (else this one). ``parent``: what the plugin ties the proof's life to
+    (``$CARRY_PROOF_PARENT``, carry_proof_plugin): a pid, ``launcher`` or, None, this process."""
+    proof = proof or patch.proof
+    assert proof
+    proofs_dir = series.root / "proofs"
+    target = series.root / proof.split("::")[0]
+    tree_paths = []
+    env: dict[str, str] = {}
+    for up in series.upstreams:
+        if up.name in trees:
+            root = trees[up.name]
+            tree_paths.append(str((root / up.python_path).resolve()))
+            env[env_name(up.name)] = str(root.resolve())
+    te = tesite.site()
+    # The trees go first; whatever the caller had (e.g. a TransformerEngine install) stays after them.
+    paths = [str(proofs_dir), *tree_paths, *([str(te)] if te else []), str(PLUGIN_DIR)]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.update(PROOF_ENV)
+    if fresh:
+        env["CARRY_PROOF_FRESH"] = "1"
+    if cache is not None:
+        env["CARRY_PROOF_CACHE"] = str(cache / "proof-builds")
+    env["CARRY_PROOF_TREES"] = os.pathsep.join(tree_paths)
+    env["CARRY_PROOF_PARENT"] = parent or str(os.getpid())  # the plugin ties the proof to it (carry_lifeline)
+    xml, events = files / "junit.xml", files / "events.jsonl"
+    env["CARRY_PROOF_EVENTS"] = str(events)
+    # What the caller's environment must not hand the proof: another tree, another run's settings.
+    unset = tuple(k for k in os.environ if k not in env and
+                  (k.startswith("CARRY_TREE_") or k in ("CARRY_PROOF_FRESH", "CARRY_PROOF_CACHE")))
+    # No --rootdir: pytest expands $NAME in it (a series under a folder named 'a$HOME' would break);
+    # with -c and no --rootdir, the rootdir is the ini file's folder, the same proofs_dir.
+    args = ["-q", "-c", str(proofs_dir / "pytest.ini"), "-p", "carry_proof_plugin",
+            f"--junitxml={xml}", "-o", "junit_family=xunit1",
+            str(target) + ("::" + proof.split("::", 1)[1] if "::" in proof else "")]
+    return ProofCommand(python or sys.executable, args, env, unset, series.root.parents[1], xml, events)
+
+
 def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout: float,
               log_dir: Path | None = None, label: str = "", proof: str | None = None,
               cache: Path | None = None, zygotes: dict[str, zygote.Zygote] | None = None,
@@ -137,9 +208,8 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
     """Run one proof (by default the patch's first) against the given trees; classify from JUnit XML.
 
     With ``cache``, a proof whose folder pins its own requirements runs in the environment
-    carry.evidence.proofenv builds from them (else in this interpreter). The path is: the proofs folder,
-    the trees, the TransformerEngine site (carry.evidence.tesite), the plugin, then the caller's PYTHONPATH.
-    With ``zygotes`` (by interpreter), the run forks from that interpreter's zygote where it
+    carry.evidence.proofenv builds from them (else in this interpreter); the command is
+    ``proof_command``'s. With ``zygotes`` (by interpreter), the run forks from that interpreter's zygote where it
     forks safely (carry.evidence.zygote), else it is a fresh interpreter. ``scratch``: where its
     report files go (else a temporary folder). ``fresh`` (prove --fresh) also tells the proof's own
     helpers to start every process afresh (``CARRY_PROOF_FRESH=1``: a world of ranks per call, a
@@ -153,50 +223,19 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
         python = proofenv.python_for(series, proof, cache) if cache is not None else None
     except SourceError as exc:
         return Outcome("error", f"environment: {exc.message}")
-    python = python or sys.executable
-    proofs_dir = series.root / "proofs"
-    target = series.root / proof.split("::")[0]
-    tree_paths = []
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CARRY_TREE_")}
-    for up in series.upstreams:
-        if up.name in trees:
-            root = trees[up.name]
-            tree_paths.append(str((root / up.python_path).resolve()))
-            env[env_name(up.name)] = str(root.resolve())
-    te = tesite.site()
-    # The trees go first; whatever the caller had (e.g. a TransformerEngine install) stays after them.
-    paths = [str(proofs_dir), *tree_paths, *([str(te)] if te else []), str(PLUGIN_DIR)]
-    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env.update(PROOF_ENV)
-    for name in ("CARRY_PROOF_FRESH", "CARRY_PROOF_CACHE"):
-        env.pop(name, None)
-    if fresh:
-        env["CARRY_PROOF_FRESH"] = "1"
-    if cache is not None:
-        env["CARRY_PROOF_CACHE"] = str(cache / "proof-builds")
-    env["CARRY_PROOF_TREES"] = os.pathsep.join(tree_paths)
-    env["CARRY_PROOF_PARENT"] = str(os.getpid())  # the plugin ties the proof to it (carry_lifeline)
-    z = (zygotes or {}).get(python)
+    z = (zygotes or {}).get(python or sys.executable)
     with tempfile.TemporaryDirectory(prefix="carry-proof-", dir=scratch) as tmp:
-        xml = Path(tmp) / "junit.xml"
-        events = Path(tmp) / "events.jsonl"
-        env["CARRY_PROOF_EVENTS"] = str(events)
-        # No --rootdir: pytest expands $NAME in it (a series under a folder named 'a$HOME' would break);
-        # with -c and no --rootdir, the rootdir is the ini file's folder, the same proofs_dir.
-        args = ["-q", "-c", str(proofs_dir / "pytest.ini"), "-p", "carry_proof_plugin",
-                f"--junitxml={xml}", "-o", "junit_family=xunit1",
-                str(target) + ("::" + proof.split("::", 1)[1] if "::" in proof else "")]
-        argv = [python, "-m", "pytest", *args]
-        cwd = series.root.parents[1]
+        cmd = proof_command(series, patch, trees, Path(tmp), proof, python, cache, fresh)
+        env = cmd.environ()
         t0 = time.monotonic()
         via = "fresh"
         try:
             if z is not None and z.wait_ready() and z.forks_safely:
                 via = "zygote"
-                rc, out, err = z.run(args, env, cwd, timeout, Path(tmp))
+                rc, out, err = z.run(cmd.args, env, cmd.cwd, timeout, Path(tmp))
             else:
                 # Its own process group: a timeout kills its ranks (and a forkserver) with it.
-                res = run(argv, env=env, cwd=cwd, check=False, timeout=timeout, group=True)
+                res = run(cmd.argv, env=env, cwd=cmd.cwd, check=False, timeout=timeout, group=True)
                 rc, out, err = res.returncode, res.stdout, res.stderr
             output = out + err
             log_text = output
@@ -207,7 +246,7 @@ def run_proof(series: Series, patch: PatchMeta, trees: dict[str, Path], timeout:
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
             (log_dir / proof_log_name(patch.id, proof, label)).write_text(log_text)
-        outcome = _classify(rc, xml, output, secs, _events(events))
+        outcome = cmd.outcome(rc, output, secs)
         outcome.via = via
         return outcome
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ..errors import CommandError
-from ..runner import run, spawn
+from ..runner import killable, run, spawn
 
 LAUNCHERS = ("local", "docker", "slurm")
 CONTAINER_ROOT = "/carry"  # mount points inside a container: /carry/repo, /carry/out, /carry/trees/NAME
@@ -48,13 +48,16 @@ class Plan:
     env: dict[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     container: str | None = None  # docker container name, for killing it on a timeout
+    unset: tuple[str, ...] = ()  # local: variables of this environment the run must not see
 
     def shell(self) -> str:
         """The command line as one could paste it into a shell."""
-        envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())
-                        if self.launcher == "local")
+        local = self.launcher == "local"
+        envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()) if local)
+        if local and self.unset:
+            envs = " ".join(["env", *(f"-u {shlex.quote(k)}" for k in self.unset), envs]).rstrip()
         cmd = " ".join(shlex.quote(a) for a in self.argv)
-        cd = f"cd {shlex.quote(str(self.cwd))} && " if self.cwd and self.launcher == "local" else ""
+        cd = f"cd {shlex.quote(str(self.cwd))} && " if self.cwd and local else ""
         return f"{cd}{envs + ' ' if envs else ''}{cmd}"
 
 
@@ -100,8 +103,8 @@ def minutes(timeout: float) -> int:
     return max(1, int(timeout // 60) + 1)
 
 
-def local_plan(*, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None) -> Plan:
-    return Plan("local", list(argv), dict(env), cwd)
+def local_plan(*, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None, unset: Sequence[str] = ()) -> Plan:
+    return Plan("local", list(argv), dict(env), cwd, unset=tuple(unset))
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -122,6 +125,8 @@ def run_logged(plan: Plan, log: Path, *, timeout: float | None,
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     if plan.launcher == "local":
+        for key in plan.unset:
+            env.pop(key, None)
         env.update(plan.env)
     t0 = time.monotonic()
     with open(log, "wb") as out:
@@ -135,21 +140,23 @@ def run_logged(plan: Plan, log: Path, *, timeout: float | None,
             why = exc.message if isinstance(exc, CommandError) else (exc.strerror or str(exc))
             out.write(f"could not start: {why}\n".encode())
             return Finished(None, False, 0.0, log, f"{plan.argv[0]}: {why}")
-        try:
-            rc = proc.wait(timeout=timeout)
-            return Finished(rc, False, time.monotonic() - t0, log)
-        except subprocess.TimeoutExpired:
-            if on_timeout is not None:
-                on_timeout()
-            kill_group(proc)
-            out.write(f"\n[carry] killed after {timeout:g}s\n".encode())
-            return Finished(proc.returncode, True, time.monotonic() - t0, log)
-        except BaseException:
-            # Stopped (SIGTERM, Ctrl-C) as it ran: the run, in a session of its own, would live on.
-            if on_timeout is not None:
-                on_timeout()
-            kill_group(proc)
-            raise
+        # A run in another thread (the proofs' pool) is stopped with the night by runner.kill_groups().
+        with killable(proc):
+            try:
+                rc = proc.wait(timeout=timeout)
+                return Finished(rc, False, time.monotonic() - t0, log)
+            except subprocess.TimeoutExpired:
+                if on_timeout is not None:
+                    on_timeout()
+                kill_group(proc)
+                out.write(f"\n[carry] killed after {timeout:g}s\n".encode())
+                return Finished(proc.returncode, True, time.monotonic() - t0, log)
+            except BaseException:
+                # Stopped (SIGTERM, Ctrl-C) as it ran: the run, in a session of its own, would live on.
+                if on_timeout is not None:
+                    on_timeout()
+                kill_group(proc)
+                raise
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -3,7 +3,8 @@
 A cell is one (series x image x test), or one proof of one patch for a
 ``proof`` test. ``plan`` turns a cell into a carry.nightly.launch Plan: placeholders
 expanded, the trees put on PYTHONPATH or mounted, the container's paths
-substituted on a container launcher. Nothing runs here (``--print-commands``
+substituted on a container launcher; ``proof_plan`` is a proof cell's run (the proof's
+pytest, as carry.evidence.prove runs it). Nothing runs here (``--print-commands``
 prints these plans).
 """
 
@@ -17,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..evidence.prove import ProofCommand, proof_command
 from ..series.manifest import PatchMeta, Series
 from ..series.repo import REPO_ROOT
 from .config import Image, NightlyConfig, Spec, expand, expand_env
@@ -178,6 +180,16 @@ def plan(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, timeout: 
     return slurm_plan(squashfs=squashfs, argv=argv,
                       env=env, mounts=mounts, workdir=workdir, gpus=image.gpus,
                       time_limit_s=timeout)
+
+
+def proof_plan(cell: Cell, trees: dict[str, Path], out: Path, python: str | None,
+               cache: Path) -> tuple[Plan, ProofCommand]:
+    """One run of a proof cell's proof on ``trees`` (the patched ones, its pristine base, a prefix):
+    the pytest carry.evidence.prove runs, as a command of its own, its report files in ``out``. It is
+    tied to whatever launches it (``launcher``: this process, or a Slurm step's daemon)."""
+    assert cell.patch is not None
+    cmd = proof_command(cell.series, cell.patch, trees, out, cell.proof, python, cache, parent="launcher")
+    return local_plan(argv=cmd.argv, env=cmd.env, cwd=cmd.cwd, unset=cmd.unset), cmd
 
 
 def _tidy(key: str, value: str) -> str:

@@ -2,7 +2,8 @@
 
 For each series the patched trees are built (carry.workspace.apply, all upstreams); then
 each cell (carry.nightly.plan) runs where its image says (this machine, ``docker run``, ``srun``
-with a squashfs), bounded by a timeout, and is judged by carry.nightly.judge from
+with a squashfs; under ``--launcher slurm`` a cell that needs no container is a job step,
+carry.nightly.slurm), bounded by a timeout, and is judged by carry.nightly.judge from
 what it left: exit status, log, metrics. A failed cell is bisected over the
 series (carry.evidence.bisect) when its check depends on the trees. Results go to
 ``OUT/cells/<cell>/run.json``, ``OUT/nightly.json``, ``OUT/junit.xml``,
@@ -13,10 +14,11 @@ Test kinds:
   integration/nemo_rl_gtp/run-in-image.sh (capability guard, run.log and
   metrics.json collected);
 - ``command``: any command line (e.g. integration/gtp_refit_mini/run.py);
-- ``proof``: the series' proofs via carry.evidence.prove.run_proof, on the patched
-  trees (must pass) and the pristine base (must fail, else ``vacuous``); a proof
-  that cannot run on this host (carry.evidence.prove's environment errors) is ``error``,
-  counts as not green and is not bisected.
+- ``proof``: the series' proofs (carry.nightly.proofs: each run the proof's pytest, as
+  carry.evidence.prove runs it), on the patched trees (must pass) and the pristine base (must
+  fail, else ``vacuous``); a proof that cannot run on this host (carry.evidence.prove's
+  environment errors) is ``error``, counts as not green and is not bisected;
+- ``upstream-tests``: an upstream's own tests, pristine against patched (carry.nightly.upstream).
 
 Statuses: those of carry.nightly.judge, plus ``error``.
 """
@@ -35,18 +37,16 @@ from .. import progress
 from ..errors import CarryError
 from ..evidence import canary
 from ..evidence.bisect import BisectResult, PrefixTrees, bisect
-from ..evidence.pristine import pristine_tree, red_for_its_reason
-from ..evidence.prove import jobs, run_proof
+from ..evidence.prove import jobs
 from ..files import write_json
 from ..runner import kill_groups
-from ..series.entries import pristine_tree_name
 from ..workspace.apply import Options as ApplyOptions
 from ..workspace.apply import apply_series
-from . import artifacts, figures, gpus, slurm, stop, upstream
+from . import artifacts, figures, gpus, proofs, slurm, stop, upstream
 from . import report as reports
 from .config import NightlyConfig
 from .judge import Verdict, deterministic_flags, judge
-from .launch import Finished, docker_killer, run_logged
+from .launch import Finished
 from .plan import Cell, Options, cells, plan, timeout_for
 from .runlog import read_result_line
 
@@ -55,8 +55,8 @@ NOT_GREEN = ("failed", "vacuous", "error")
 
 def all_proofs_skipped(runs: list[dict]) -> bool:
     """The night ran proof cells and every one of them skipped: it proved nothing of the series."""
-    proofs = [r for r in runs if r.get("kind") == "proof"]
-    return bool(proofs) and all(r["status"] == "skipped" for r in proofs)
+    ran = [r for r in runs if r.get("kind") == "proof"]
+    return bool(ran) and all(r["status"] == "skipped" for r in ran)
 
 
 def night_ok(runs: list[dict]) -> bool:
@@ -70,35 +70,21 @@ def run_check(cell: Cell, trees: dict[str, Path], out: Path, opts: Options, time
     if out.exists():
         shutil.rmtree(out)  # never judge what an earlier run left here
     out.mkdir(parents=True)
+    if cell.spec.kind == "upstream-tests":
+        return upstream.run_cell(cell, trees, out, opts, timeout)
     if cell.spec.kind == "proof":
         assert cell.patch is not None
         if cell.patch.upstream not in trees:
             return Verdict(status="skipped", reason=f"{cell.patch.upstream} was not applied in this run "
                                                     f"(--only): its proof has no tree"), {}
-        o = run_proof(cell.series, cell.patch, trees, timeout, out, "patched", proof=cell.proof, cache=opts.cache)
-        # An environment error (carry.evidence.prove) is named as such and never bisected: no prefix of the
-        # series changes what the host lacks.
-        v = Verdict(status={"pass": "passed", "skipped": "skipped", "error": "error"}.get(o.result, "failed"),
-                    reason=o.detail)
-        return v, {"seconds": round(o.seconds, 1), "proof": cell.proof,
-                   "log": str(out / f"{cell.patch.id}.patched.log")}
+        return proofs.patched(cell, trees, out, opts, timeout)
     if gpus.needs_gpus(cell) and cell.launcher == "local":
         short = gpus.shortfall(cell, opts.shared_gpu, gpus.visible_gpus())
         if short:
             return Verdict(status="skipped", reason=short), {}
-    p = plan(cell, trees, out, opts, timeout)
-    log = out / "console.log"
-    step = slurm.as_step(cell, opts.launcher)
-    if step:
-        p = slurm.step_plan(p, cell.id, timeout, gpus.needs_gpus(cell))
-    killer = docker_killer(p.container) if p.container else None
-    fin = run_logged(p, log, timeout=timeout, on_timeout=killer)
+    fin, info = slurm.launch(cell, plan(cell, trees, out, opts, timeout), out, opts.launcher, timeout)
     v = judge_outputs(cell, fin, out, timeout)
-    info = {"seconds": round(fin.seconds, 1), "command": p.shell(), "log": str(log), "returncode": fin.returncode,
-            "timed_out": fin.timed_out, "artifacts": artifacts.listing(out)}
-    if step:
-        info["slurm_step"] = slurm.step_id(log)
-    return v, info
+    return v, {**info, "artifacts": artifacts.listing(out)}
 
 
 def judge_outputs(cell: Cell, fin: Finished, out: Path, timeout: float) -> Verdict:
@@ -136,25 +122,6 @@ def cell_error(cell_out: Path, exc: BaseException) -> Verdict:
     where.write_text("".join(traceback.format_exception(exc)))
     return Verdict(status="error", reason=f"the nightly could not judge this cell: {type(exc).__name__}: "
                                           f"{str(exc)[:300]} (traceback in {where})")
-
-
-def _proof_pristine(cell: Cell, trees: dict[str, Path], prefix: PrefixTrees, out: Path,
-                    timeout: float, cache: Path) -> Verdict | None:
-    """A passing proof must fail on its pristine base; else it proves nothing (vacuous)."""
-    assert cell.patch is not None
-    up = cell.patch.upstream
-    base = {**trees, up: pristine_tree(cell.series, cell.patch, prefix.pristine(up),
-                                       prefix.scratch / pristine_tree_name(up, cell.patch.id))}
-    o = run_proof(cell.series, cell.patch, base, timeout, out, "pristine", proof=cell.proof, cache=cache)
-    wrong = red_for_its_reason(o, cell.series.root / (cell.proof or cell.patch.proof).split("::")[0])
-    if o.result == "fail" and not wrong:
-        return None
-    if wrong:
-        return Verdict(status="vacuous", reason=f"on the pristine base: {wrong}")
-    if o.result == "error":
-        return Verdict(status="error", reason=f"on the pristine base: {o.detail}")
-    return Verdict(status="vacuous",
-                   reason=f"the proof does not fail on the pristine base ({o.result}: {o.detail[:200]})")
 
 
 def depends_on_trees(cell: Cell) -> str | None:
@@ -254,17 +221,18 @@ def _run_series(cfg: NightlyConfig, opts: Options, series, planned: list[Cell], 
                 cell_out.mkdir(parents=True, exist_ok=True)
             else:
                 try:
-                    if cell.spec.kind == "upstream-tests":
-                        v, info = upstream.run_cell(cell, trees, prefix, cell_out, opts, timeout)
-                    elif i in ahead:
+                    if i in ahead:
                         # Both runs went at once with other cells' runs; the pristine one decides only a pass.
-                        (v, info), pv = ahead[i][0].result(), ahead[i][1].result()
+                        (v, info), (pv, pinfo) = ahead[i][0].result(), ahead[i][1].result()
+                        info["pristine"] = pinfo
                         if v.status == "passed":
                             v = pv or v
                     else:
                         v, info = run_check(cell, trees, cell_out / "artifacts", opts, timeout)
                         if cell.spec.kind == "proof" and v.status == "passed":
-                            v = _proof_pristine(cell, trees, prefix, cell_out / "pristine", timeout, opts.cache) or v
+                            pv, info["pristine"] = proofs.pristine(cell, trees, prefix, cell_out / "pristine", opts,
+                                                                   timeout)
+                            v = pv or v
                 except CarryError as exc:
                     v, info = Verdict(status="failed", reason=f"could not run: {exc.message}"), {}
                 except Exception as exc:  # noqa: BLE001 - one cell's output must not end the night
@@ -296,7 +264,7 @@ def _run_series(cfg: NightlyConfig, opts: Options, series, planned: list[Cell], 
     finally:
         if pool:
             if stop.stopped():
-                kill_groups()  # the proofs' runs still going (run(group=True)): they end now, unjudged
+                kill_groups()  # the proofs' runs still going (launch.run_logged's): they end now, unjudged
             pool.shutdown(wait=not stop.stopped(), cancel_futures=True)
 
 
@@ -313,7 +281,7 @@ def _proofs_ahead(planned: list[Cell], trees: dict[str, Path], prefix: PrefixTre
         timeout = timeout_for(cell, opts, cfg.timeout_s)
         out = opts.out / "cells" / cell.id
         ahead[i] = (pool.submit(run_check, cell, trees, out / "artifacts", opts, timeout),
-                    pool.submit(_proof_pristine, cell, trees, prefix, out / "pristine", timeout, opts.cache))
+                    pool.submit(proofs.pristine, cell, trees, prefix, out / "pristine", opts, timeout))
     return ahead
 
 

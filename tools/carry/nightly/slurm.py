@@ -1,14 +1,17 @@
 """The nightly on Slurm (``--launcher slurm``, integration/slurm/nightly.sbatch).
 
-A cell that needs no container (a command or functional test on a local image) runs as a job
-step: ``srun`` with the cell's command line, folder and environment (``--export=ALL``: the
-launcher puts the cell's variables in srun's own), inside the night's allocation (else srun makes
-one of its own). A wrapper prints the step's id as the run's first line (``[carry] slurm step
-JOB.STEP on NODE``), read back for the cell's record (``slurm_step``). Past its timeout srun
-is stopped as any run is (SIGTERM to its process group, carry.nightly.launch): srun then cancels
-its step, whatever the step's processes do with SIGTERM, and what they printed stays in the log
-with slurmstepd's ``*** STEP JOB.STEP ... CANCELLED ***``. The step's own ``--time``, a minute
-past the cell's timeout, is Slurm's backstop should the night itself die.
+A cell that needs no container (a command or functional test on a local image, each run of a
+proof, an upstream-tests cell) runs as a job step: ``srun`` with the cell's command line, folder
+and environment (``--export=ALL``: the launcher puts the cell's variables in srun's own, and
+takes out those it must not see), inside the night's allocation (else srun makes one of its own).
+A wrapper prints the step's id as the run's first line (``[carry] slurm step JOB.STEP on NODE``),
+read back for the cell's record (``slurm_step``). ``launch`` is where every run of a cell goes:
+the same plan, as it is on this machine or wrapped as a step, and what the run left is judged the
+same way. Past its timeout srun is stopped as any run is (SIGTERM to its process group,
+carry.nightly.launch): srun then cancels its step, whatever the step's processes do with SIGTERM,
+and what they printed stays in the log with slurmstepd's ``*** STEP JOB.STEP ... CANCELLED ***``.
+The step's own ``--time``, a minute past the cell's timeout, is Slurm's backstop should the night
+itself die.
 
 Before the night (``preflight``): srun must be there for any cell that uses it, and a container
 cell needs pyxis (srun's ``--container-image``), which Slurm alone lacks: said once, before
@@ -24,20 +27,49 @@ from typing import Iterable
 from ..errors import CommandError, ConfigError
 from ..runner import run
 from .config import expand_env
-from .launch import Plan, minutes
+from .gpus import needs_gpus
+from .launch import Finished, Plan, docker_killer, minutes, run_logged
 
 STEP_LINE = "[carry] slurm step "
 # The step's id, then the command itself (exec: its exit status is the step's).
 _WRAPPER = 'echo "[carry] slurm step ${SLURM_JOB_ID}.${SLURM_STEP_ID} on ${SLURMD_NODENAME:-?}"; exec "$@"'
-STEP_KINDS = ("command", "functional")
+STEP_KINDS = ("command", "functional", "proof", "upstream-tests")
 PYXIS = ("srun has no --container-image here: pyxis is not installed; install enroot and NVIDIA's pyxis "
          "(its SPANK plugin) on the nodes, or run the cells that need no container (--images host)")
 
 
 def as_step(cell, launcher: str | None) -> bool:
-    """Whether a cell runs as a job step: ``--launcher slurm`` and a cell that needs no container
-    (proofs and upstream tests run inside the batch step, as the processes they start)."""
+    """Whether a cell runs as a job step: ``--launcher slurm`` and a cell that needs no container."""
     return launcher == "slurm" and cell.launcher == "local" and cell.spec.kind in STEP_KINDS
+
+
+def launch(cell, p: Plan, out: Path, launcher: str | None, timeout: float,
+           name: str | None = None) -> tuple[Finished, dict]:
+    """Run one of a cell's plans (its run, a proof's pristine run, a bisection's probe), its output
+    streamed to ``out/console.log``: as it is, or as a job step named ``name`` (default: the cell's
+    id) under ``--launcher slurm``. What it left, for the record: seconds, command, log, exit
+    status, whether it timed out, and the step's id."""
+    log = out / "console.log"
+    step = as_step(cell, launcher)
+    if step:
+        p = step_plan(p, name or cell.id, timeout, needs_gpus(cell))
+    killer = docker_killer(p.container) if p.container else None
+    fin = run_logged(p, log, timeout=timeout, on_timeout=killer)
+    info = {"seconds": round(fin.seconds, 1), "command": p.shell(), "log": str(log), "returncode": fin.returncode,
+            "timed_out": fin.timed_out}
+    if step:
+        info["slurm_step"] = step_id(log)
+    return fin, info
+
+
+def run_output(text: str) -> str:
+    """A log's text without the lines the launch wrote: run_logged's ``$ command`` first line, the
+    step's id, srun's own ``srun: ...`` lines (a task's exit status, say). What is left is what the
+    run printed, the same on this machine and in a step."""
+    lines = text.splitlines(keepends=True)
+    if lines and lines[0].startswith("$ "):
+        lines = lines[1:]
+    return "".join(ln for ln in lines if not ln.startswith((STEP_LINE, "srun: ")))
 
 
 def step_plan(p: Plan, name: str, timeout: float, gpus: int = 0) -> Plan:
@@ -48,7 +80,7 @@ def step_plan(p: Plan, name: str, timeout: float, gpus: int = 0) -> Plan:
     if p.cwd:
         cmd.append(f"--chdir={p.cwd}")
     cmd += ["sh", "-c", _WRAPPER, "carry-step", *p.argv]
-    return Plan(p.launcher, cmd, dict(p.env), p.cwd)
+    return Plan(p.launcher, cmd, dict(p.env), p.cwd, unset=p.unset)
 
 
 def step_id(log: Path) -> str | None:

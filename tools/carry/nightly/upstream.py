@@ -1,42 +1,83 @@
 """The ``upstream-tests`` cells: each upstream's own unit tests, pristine against patched
 (carry.evidence.upstream), one cell per upstream that pins tests.
 
-The cell is judged by that comparison, not by gates: ``failed`` when a test regressed (the record
-names each one and the patch its bisection found), ``error`` when nothing could be compared (no
-test passed on both sides: the tests did not run here, or could not be fetched), ``passed``
-otherwise. The engine bisects its own regressions, so the nightly does not bisect these cells.
-Each side's time budget is 40% of the cell's timeout (the sides run at once; the rest is for the
-re-run of what moved and its bisection); what a side did not reach is counted as not compared.
+The cell runs ``tools/upstream_tests.py --only NAME`` on the night's work directory (``plan``), as
+any cell's command: on this machine, or as a Slurm job step (carry.nightly.slurm.launch), bounded by
+the cell's timeout. It is judged from the report that run wrote (``--json``) by that comparison,
+not by gates: ``failed`` when a test regressed (the record names each one and the patch its
+bisection found), ``error`` when nothing could be compared (no test passed on both sides: the
+tests did not run here, or could not be fetched), when the run stopped without a report, or
+timed out, ``passed`` otherwise. The engine bisects its own regressions, so the nightly does not
+bisect these cells. Each side's time budget is 40% of the cell's timeout (the sides run at once;
+the rest is for the re-run of what moved and its bisection); what a side did not reach is counted
+as not compared.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from ..errors import CarryError
-from ..evidence.bisect import PrefixTrees
-from ..evidence.upstream.check import Options as CheckOptions
-from ..evidence.upstream.check import check_upstream
+from ..series.repo import REPO_ROOT
+from . import artifacts, slurm
 from .judge import Verdict
+from .launch import Finished, Plan, local_plan
+from .runlog import last_line, tail
 
 SIDE_SHARE = 0.4
+REPORT = "report.json"
 
 
-def run_cell(cell, trees: dict[str, Path], prefix: PrefixTrees, out: Path, opts, timeout: float) -> tuple[Verdict, dict]:
+def plan(cell, out: Path, opts, timeout: float) -> Plan:
+    """The command of an upstream-tests cell: the same as tools/upstream_tests.py --only NAME, its
+    results under ``out`` (``out/NAME/result.json``) and its report in ``out/report.json``."""
+    side = timeout * SIDE_SHARE
+    argv = [sys.executable, str(REPO_ROOT / "tools" / "upstream_tests.py"), "--series", str(cell.series.root),
+            "--workdir", str(opts.workdir / cell.series.name), "--only", cell.upstream, "--out", str(out),
+            "--json", str(out / REPORT), "--cache", str(opts.cache), "--budget", f"{side:g}",
+            "--test-timeout", f"{min(900.0, side):g}"]
+    for name, path in sorted(opts.tests_sources.items()):
+        argv += ["--tests-source", f"{name}={path}"]
+    if opts.shared_gpu:
+        argv.append("--shared-gpu")
+    return local_plan(argv=argv, env={}, cwd=REPO_ROOT)
+
+
+def run_cell(cell, trees: dict[str, Path], out: Path, opts, timeout: float) -> tuple[Verdict, dict]:
+    """The cell's run, its files in ``out`` (carry.nightly.run.run_check empties it first), judged."""
     name = cell.upstream
     if name not in trees:
         return Verdict(status="skipped", reason=f"{name} was not applied in this run (--only): its tests have no tree"), {}
-    copts = CheckOptions(cache=opts.cache, out=out, sources=dict(opts.tests_sources), budget_s=timeout * SIDE_SHARE,
-                         shared_gpu=opts.shared_gpu, test_timeout=min(900.0, timeout * SIDE_SHARE))
-    try:
-        report = check_upstream(cell.series, name, prefix, trees, copts)
-    except CarryError as exc:
-        return Verdict(status="error", reason=f"{name}'s tests could not run: {exc.message}"), {}
+    fin, info = slurm.launch(cell, plan(cell, out, opts, timeout), out, opts.launcher, timeout)
+    v, more = judge_report(name, fin, out, timeout)
+    return v, {**info, **more}
+
+
+def judge_report(name: str, fin: Finished, out: Path, timeout: float) -> tuple[Verdict, dict]:
+    """An upstream-tests run judged from the report it wrote; without one (it could not start, timed
+    out, stopped on bad input) it is ``error``, its log's last lines kept."""
+    text, _ = artifacts.read_log(out / "console.log")
+    lines = tail(text or "")
+    if fin.error:
+        return Verdict(status="error", reason=f"{name}'s tests could not run: could not launch: {fin.error}",
+                       tail=lines), {}
+    if fin.timed_out:
+        last = last_line(lines)
+        return Verdict(status="error", reason=f"{name}'s tests timed out after {timeout:g}s: nothing was judged"
+                                              + (f"; last line: {last[:200]}" if last else ""), tail=lines), {}
+    doc, _ = artifacts.read_metrics(out / REPORT)
+    report = next((r for r in (doc or {}).get("upstreams") or [] if isinstance(r, dict) and r.get("upstream") == name),
+                  None)
+    if report is None:
+        said = [ln[len("error: "):] for ln in lines if ln.startswith("error: ")]
+        why = said[-1] if said else f"it exited {fin.returncode} without a report" + (
+            f"; last line: {last_line(lines)[:200]}" if last_line(lines) else "")
+        return Verdict(status="error", reason=f"{name}'s tests could not run: {why}", tail=lines), {}
     status = {"passed": "passed", "failed": "failed"}.get(report.get("status", ""), "error")
     info = {"upstream_tests": {k: report.get(k) for k in ("tests", "launch", "nproc", "counts", "sides", "seconds",
                                                           "seconds_per_world", "regressions", "fixed", "flaky",
                                                           "not_compared")},
-            "log": str(out / name / "result.json")}
+            "log": str(out / name / "result.json"), "console": str(out / "console.log")}
     info["upstream_tests"]["known_failures"] = len(report.get("known_failures") or [])
     info["upstream_tests"]["selected_files"] = len(report.get("selection") or [])
     info["upstream_tests"]["bisect"] = [{k: b.get(k) for k in ("id", "category", "first_patch", "note")}

@@ -18,7 +18,9 @@ behaviour: the pristine base lacks what the patch adds.
 
 It also ties the proof to prove (``carry_lifeline``): the proof's interpreter dies with its
 parent (``$CARRY_PROOF_PARENT``, prove or the zygote it forked from), and so does every process it
-forks (its ranks), so a SIGKILL of prove leaves none of them running.
+forks (its ranks), so a SIGKILL of prove leaves none of them running. ``launcher`` there ties it to
+whatever started it (the nightly's run on this machine, slurmstepd for a Slurm job step, a shell),
+whose pid the command line cannot know.
 
 Where ``$CARRY_PROOF_CACHE`` names the prove's cache, the trees' modules compile once per
 content into it (``carry_bytecode``), not once per run and rank; and once the proof is collected,
@@ -46,6 +48,8 @@ if os.environ.get("CARRY_PROOF_CACHE"):
 carry_lifeline.tie_forks()
 if os.environ.get("CARRY_PROOF_PARENT", "").isdigit():
     carry_lifeline.tie(int(os.environ["CARRY_PROOF_PARENT"]))
+elif os.environ.get("CARRY_PROOF_PARENT") == "launcher":
+    carry_lifeline.tie()
 
 CUDA_FORK = "Cannot re-initialize CUDA in forked subprocess"
 

@@ -409,3 +409,75 @@ def test_the_te_site_is_on_every_launch_path_after_the_trees(up, tmp_path):
         tree = str(out / "megatron-lm" / "trees" / side)
         assert str(site) in paths and tree in paths, paths
         assert paths.index(tree) < paths.index(str(site)), paths
+
+
+H200_RUN = Path(__file__).resolve().parents[1] / "integration" / "h200" / "2026-12-03-upstream-tests"
+
+
+def _judged_again(run: Path) -> tuple[dict, list, dict]:
+    """The committed run's result.json, its rows compared again, and their counts: each test that ended
+    on its ranks is merged again from the ranks' own records (rank-*.jsonl of every launch); the
+    launcher's own verdicts (a test that died, a test the budget left) are taken from result.json."""
+    from carry.evidence.upstream.launch import SideResult
+    from carry.evidence.upstream.results import read_launch
+    from carry.evidence.upstream.verdict import compare, counts
+    result = json.loads((run / "run" / "megatron-lm" / "result.json").read_text())
+    sides = {}
+    for name in ("pristine", "patched"):
+        recorded = result["sides"][name]
+        side = SideResult(not_run=dict(recorded["not_run"]), collect_errors=dict(recorded["collect_errors"]))
+        merged = 0
+        for launch in sorted((run / "run" / "megatron-lm" / name).glob("launch-*-n*")):
+            world = int(launch.name.rsplit("-n", 1)[1])
+            for nodeid, records in read_launch(launch, world).tests.items():
+                side.outcomes[nodeid] = merge(records, world)
+                merged += 1
+        assert merged >= 60, (name, merged)
+        for nodeid, o in recorded["outcomes"].items():
+            if nodeid not in side.outcomes:   # it died: no rank ended it
+                assert o["outcome"] in ("timeout", "crashed") and set(o["ranks"].values()) == {"died"}, (nodeid, o)
+                side.outcomes[nodeid] = Outcome(o["outcome"], o["reason"], o["phase"], o["seconds"], o["ranks"], o["world"])
+            else:
+                again = side.outcomes[nodeid]
+                assert (again.outcome, again.ranks) == (o["outcome"], o["ranks"]), (name, nodeid, again, o)
+        sides[name] = side
+    rows = compare(sides["pristine"], sides["patched"])
+    return result, rows, counts(rows)["*"]
+
+
+def test_the_committed_h200_run_is_judged_again_from_its_rank_records():
+    """integration/h200/2026-12-03-upstream-tests: Megatron-LM's GTP unit tests at four ranks on one H200,
+    pristine 0.19.2 and the series. Judged again from the ranks' records: the rows result.json holds,
+    no regression, and the counts its README's table gives."""
+    result, rows, total = _judged_again(H200_RUN)
+    assert [r.to_dict() for r in rows] == result["rows"]
+    assert not [r.id for r in rows if r.category == "regression"]
+    assert total == result["counts"]["*"] and result["status"] == "incomplete" and result["ok"] is False
+    table = dict(re.findall(r"^\| (passed|known-failure|skipped|not compared) \| (\d+) \|",
+                            (H200_RUN / "README.md").read_text(), re.M))
+    assert {k.replace(" ", "-"): int(v) for k, v in table.items()} == total, (table, total)
+
+
+def test_a_rank_failure_written_into_the_committed_records_is_a_regression(tmp_path):
+    """The check above catches a broken record: one patched rank's pass turned into a failure is a
+    regression when judged again (and the recorded outcome no longer matches)."""
+    run = tmp_path / "run-copy"
+    shutil.copytree(H200_RUN, run)
+    rank = run / "run" / "megatron-lm" / "patched" / "launch-01-n4" / "rank-2.jsonl"
+    lines = rank.read_text().splitlines()
+    i = next(i for i, ln in enumerate(lines) if '"ev": "end"' in ln and '"outcome": "passed"' in ln)
+    lines[i] = lines[i].replace('"outcome": "passed"', '"outcome": "failed"')
+    rank.write_text("\n".join(lines) + "\n")
+    with pytest.raises(AssertionError, match="failed"):
+        _judged_again(run)
+    # The comparison itself, with the launcher's record set aside, finds the regression.
+    from carry.evidence.upstream.launch import SideResult
+    from carry.evidence.upstream.results import read_launch
+    from carry.evidence.upstream.verdict import compare
+    side = {}
+    for name in ("pristine", "patched"):
+        side[name] = SideResult()
+        for launch in sorted((run / "run" / "megatron-lm" / name).glob("launch-*-n*")):
+            for nodeid, records in read_launch(launch, 4).tests.items():
+                side[name].outcomes[nodeid] = merge(records, 4)
+    assert [r.category for r in compare(side["pristine"], side["patched"]) if r.category == "regression"] == ["regression"]

@@ -36,6 +36,8 @@ TESTS = {
     "tests/unit_tests/conftest.py": """
         import os
         WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+        if os.environ.get("DEMO_CONFTEST_FAILS"):
+            import a_module_this_host_lacks
     """,
     "tests/unit_tests/test_alpha.py": """
         import os, time
@@ -387,6 +389,19 @@ def test_a_launcher_that_fails_before_any_test_is_launched_again(up, tmp_path):
     assert tries == ["console.try-1.log", "console.try-2.log"], tries
     launches = read_json(out / "megatron-lm" / "result.json")["sides"]["pristine"]["launches"]
     assert launches[0]["launcher_failures"] == 2, launches
+
+
+def test_a_conftest_that_does_not_import_is_reported_once_not_launched_again(up):
+    """pytest refuses the session (its usage error: the conftest imports a module the host lacks, as
+    Megatron-Bridge's does with transformer_engine on a host without CUDA): the same on every launch,
+    so each side launches once, and its tests are not compared, with pytest's own error as the reason."""
+    proc, out = _run(up, "--no-bisect", "--files", "tests/unit_tests/test_delta.py", check=1,
+                     env={"DEMO_CONFTEST_FAILS": "1", "GTP_CARRY_VERBOSE": "1"})
+    assert "launching again" not in proc.stderr + proc.stdout, proc.stderr
+    for side in ("pristine", "patched"):
+        assert not list((out / "megatron-lm" / side).glob("launch-*/console.try-*.log")), side
+    report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+    assert report["status"] == "incomplete" and "a_module_this_host_lacks" in report["reason"], report
 
 
 def test_tests_a_budget_left_unrun_make_the_verdict_incomplete_not_green(up):

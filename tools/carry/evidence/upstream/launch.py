@@ -15,6 +15,7 @@ it so that these have the rest.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -34,6 +35,9 @@ from .results import Outcome, merge, read_launch, wants_world
 
 SITE = Path(__file__).resolve().parent / "site"
 MAX_LAUNCHES = 200  # a side whose every launch dies in a new test still ends
+# pytest's exit code for a session it refused to start (a conftest that does not import, an option
+# it does not know): the same on every launch, so never launched again.
+PYTEST_USAGE_ERROR = 4
 
 
 @dataclass
@@ -131,7 +135,7 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None) -
             return
         if not died:
             entry["error"] = _tail(folder / "console.log")
-            last = entry["error"][-1] if entry["error"] else "no output"
+            last = _why(folder / "console.log")
             if not got.tests:
                 _not_reached(res, side, wanted, done, f"the launch ended (exit {rc}) before any test ended: {last}")
                 return
@@ -208,12 +212,13 @@ def _launch(side: Side, folder: Path, world: int, skip: list[str], only: list[st
             # another run on the host; a rendezvous refused while the host is out of processes or
             # threads): nothing ran, so launch again, on another port, after a pause that grows.
             # A launch that fails so every time ends as before: its tests are not run, with its reason.
+            # pytest's own refusal (a conftest that does not import) is not the launcher's: not again.
             started = any(folder.glob("rank-*.jsonl"))
             pause = 2.0 ** attempt
-            if timed_out or started or rc == 0 or attempt == LAUNCH_TRIES or \
+            if timed_out or started or rc == 0 or attempt == LAUNCH_TRIES or _pytest_refused(side, rc, folder) or \
                     (limit is not None and time.monotonic() - t0 + pause >= limit):
                 return rc, timed_out, seconds
-            last = (_tail(folder / "console.log") or ["no output"])[-1]
+            last = _why(folder / "console.log")
             (folder / "console.log").rename(folder / f"console.try-{attempt}.log")
             progress.say(f"{side.pin.upstream} {side.name}: the launcher failed before any test began "
                          f"(exit {rc}): {last}; launching again in {pause:.0f} s")
@@ -249,6 +254,20 @@ def _spawn_and_wait(side: Side, folder: Path, world: int, argv: list[str], cwd: 
             raise
 
 
+def _pytest_refused(side: Side, rc: int | None, folder: Path) -> bool:
+    """Whether pytest itself refused the session (its usage error): plain pytest's exit code, or, under
+    torchrun, the ranks' exit codes in torchrun's summary of the failed ranks: the usage error, and
+    no other but the signal torchrun stopped the remaining ranks with."""
+    if side.pin.launch != "torchrun":
+        return rc == PYTEST_USAGE_ERROR
+    try:
+        text = (folder / "console.log").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    codes = {int(c) for c in re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", text, re.M)}
+    return PYTEST_USAGE_ERROR in codes and all(c == PYTEST_USAGE_ERROR or c < 0 for c in codes)
+
+
 def _kill(proc: subprocess.Popen) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -273,6 +292,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _why(log: Path) -> str:
+    """The line that says why a launch ended before a test did: pytest's own error line (``E   ...``)
+    where it printed one (torchrun's summary of the failed ranks comes after it), else the last line."""
+    lines = _tail(log, n=200)
+    errors = [line.strip() for line in lines if line.startswith("E   ")]
+    return errors[-1] if errors else lines[-1] if lines else "no output"
 
 
 def _tail(log: Path, n: int = 12) -> list[str]:

@@ -496,3 +496,55 @@ def test_a_rank_failure_written_into_the_committed_records_is_a_regression(tmp_p
             for nodeid, records in read_launch(launch, 4).tests.items():
                 side[name].outcomes[nodeid] = merge(records, 4)
     assert [r.category for r in compare(side["pristine"], side["patched"]) if r.category == "regression"] == ["regression"]
+
+
+@pytest.fixture
+def tree_up(tmp_path):
+    """An upstream whose tests live in its own tree (as NeMo-RL's do, source = "tree"): one patch fixes
+    alpha and adds a test file for it, one removes a test file, one leaves a test file alone."""
+    from carry.workspace.export import format_patch
+    src = make_upstream(tmp_path)
+    write(src, "tests/unit/test_kept.py", "import megatron.core.alpha as alpha\n\ndef test_kept():\n    assert alpha.value_2 == 2\n")
+    write(src, "tests/unit/test_removed.py", "import megatron.core.alpha as alpha\n\n"
+                                             "def test_removed():\n    assert alpha.value_3 == 3\n")
+    g = Git(src)
+    v0 = g.commit_all("upstream tests in the tree")
+    sdir = tmp_path / "patches" / "demo"
+    changes = {"0001-adds.patch": lambda: (src.joinpath("megatron/core/alpha.py").write_text(
+                   src.joinpath("megatron/core/alpha.py").read_text().replace("value_5 = 5", "value_5 = 'patched'")),
+                   write(src, "tests/unit/test_added.py", "import megatron.core.alpha as alpha\n\n"
+                                                          "def test_added():\n    assert alpha.value_5 == 'patched'\n")),
+               "0002-removes.patch": lambda: src.joinpath("tests/unit/test_removed.py").unlink()}
+    entries = []
+    for name, change in changes.items():
+        g("checkout", "-q", "--detach", v0)
+        change()
+        commit = g.commit_all(f"demo: {name}")
+        out = sdir / "megatron-lm" / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(format_patch(src, commit))
+        entries.append(patch_entry(name.split("-", 1)[1].removesuffix(".patch"), f"megatron-lm/{name}"))
+    text = series_toml(v0, "https://example.invalid/upstream.git", entries)
+    pin = ('[upstreams.megatron-lm.tests]\nsource = "tree"\npackage = "megatron/core"\nroot = "tests/unit"\n'
+           'launch = "pytest"\n')
+    (sdir / "series.toml").write_text(text.replace("\n[[patches]]", "\n" + pin + "\n[[patches]]", 1))
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    tool("apply", "--series", sdir, "--workdir", work, "--cache", cache, "--source", f"megatron-lm={src}", check=0)
+    return {"series": sdir, "work": work, "cache": cache, "tmp": tmp_path}
+
+
+def test_a_test_file_only_one_side_has_is_run_on_that_side(tree_up):
+    """The tests the series adds run on the patched side (``new`` when they pass), and a test file it
+    removes is a regression; the pristine side runs the files it has and is not refused by pytest for
+    one it lacks (NeMo-RL's layout test, added by the series, did exactly that: pytest's 'file or
+    directory not found' ended the pristine side before any test ran)."""
+    proc, out = _run(tree_up, "--no-bisect", check=1)
+    report = read_json(tree_up["tmp"] / "report.json")["upstreams"][0]
+    assert {s["path"] for s in report["selection"]} == {"tests/unit/test_kept.py", "tests/unit/test_added.py",
+                                                        "tests/unit/test_removed.py"}, report["selection"]
+    rows = {r["id"].split("::")[-1]: (r["pristine"], r["patched"], r["category"])
+            for r in read_json(out / "megatron-lm" / "result.json")["rows"]}
+    assert rows == {"test_kept": ("passed", "passed", "passed"), "test_added": ("absent", "passed", "new"),
+                    "test_removed": ("passed", "absent", "regression")}, rows
+    assert report["status"] == "failed" and [r["id"] for r in report["regressions"]] == \
+        ["tests/unit/test_removed.py::test_removed"], report

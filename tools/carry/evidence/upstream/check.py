@@ -68,7 +68,8 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     pristine_trees = {name: prefix.pristine(name) for name in trees}
     folders = {"pristine": suite.side_folder(pin, repo, pristine_trees[upstream], out / "trees" / "pristine"),
                "patched": suite.side_folder(pin, repo, trees[upstream], out / "trees" / "patched")}
-    picked = selection(series, upstream, folders["patched"], opts)
+    picked = _both(selection(series, upstream, folders["patched"], opts),
+                   selection(series, upstream, folders["pristine"], opts))
     report = {"upstream": upstream, "tests": pin.describe(), "launch": pin.launch, "nproc": opts.nproc or pin.nproc,
               "selection": [{"path": p.path, "reasons": p.reasons} for p in picked]}
     if opts.select_only:
@@ -100,6 +101,16 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     return report
 
 
+def _both(patched: list[Picked], pristine: list[Picked]) -> list[Picked]:
+    """The files selected on either side, the patched side's order first: a test file the series adds
+    (NeMo-RL's tests are in its tree) or removes is one side's only; the other side has none of its
+    tests, which is how a test the series adds is ``new`` and one it removes a regression."""
+    out = {p.path: p for p in patched}
+    for p in pristine:
+        out.setdefault(p.path, p)
+    return list(out.values())
+
+
 def _timed(fn, side, seconds: dict, name: str):
     t = time.monotonic()
     try:
@@ -116,6 +127,7 @@ def _side(name: str, series: Series, upstream: str, folder: Path, files: list[st
               for n, t in trees.items() if n != upstream]
     kwargs = {"python": opts.python} if opts.python else {}
     te = tesite.site()  # after the trees, as for the proofs: the trees under test come first
+    files = [f for f in files if (folder / f).exists()]   # a file only the other side has: none of its tests here
     return Side(name, u.tests, folder, files, [str(own), *others, *([str(te)] if te else [])], out, nproc=opts.nproc, deadline=deadline,
                 test_timeout=opts.test_timeout, shared_gpu=opts.shared_gpu, only=only, **kwargs)
 

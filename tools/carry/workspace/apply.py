@@ -18,9 +18,9 @@ from pathlib import Path
 from .. import progress
 from ..errors import DirtyTreeError, PatchFormatError, UsageError
 from ..files import read_input_text, write_json
+from ..git import Git
 from ..lock import LOCK_TIMEOUT, sweep_builds
 from ..report import ApplyReport, PatchResult, UpstreamResult
-from ..runner import Git
 from ..series.manifest import PatchMeta, Series
 from ..series.patchfile import parse_file, safety_problems
 from ..series.patchgit import git_problems

@@ -166,11 +166,53 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str] | None = None, **popen)
         raise _not_found(argv, exc) from None
 
 
-def stream(argv: Sequence[str], on_line, *, env: Mapping[str, str] | None = None) -> int:
-    """Run a command, hand each line of its merged output to on_line as it comes; return its exit code."""
-    proc = spawn(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                 errors="replace")
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        on_line(line.rstrip("\n"))
-    return proc.wait()
+def stream(argv: Sequence[str], on_line, *, env: Mapping[str, str] | None = None, cwd: Path | str | None = None,
+           timeout: float | None = None, group: bool = False, keepends: bool = False) -> int:
+    """Run a command, hand each line of its merged output to on_line as it comes; return its exit code.
+
+    ``keepends``: each line keeps its line end (the last may have none), to be written as it came.
+    ``group`` (and any ``timeout``): the command runs in a session of its own with nothing on its
+    stdin, so that what it starts (Ray, a run's workers) can be stopped with it. When ``timeout``
+    seconds have passed, the whole group is stopped (stop_group, then SIGKILL to any of it left) and,
+    once its output has ended, CommandError (exit 124) says that it timed out and its process group
+    was killed.
+    """
+    own = {"start_new_session": True, "stdin": subprocess.DEVNULL} if group or timeout is not None else {}
+    proc = spawn(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                 errors="replace", **own)
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        stop_group(proc)
+        _kill_group(proc.pid)  # what outlived its leader (a SIGTERM it ignored) would hold the output open
+
+    timer = threading.Timer(timeout, expire) if timeout is not None else None
+    if timer:
+        timer.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            on_line(line if keepends else line.rstrip("\n"))
+        rc = proc.wait()
+    finally:
+        if timer:
+            timer.cancel()
+    if expired.is_set():
+        raise CommandError([str(a) for a in argv], 124, "", f"timed out after {timeout:g}s: its process group was killed")
+    return rc
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group ``proc`` leads, then SIGKILL what is left (ours only: we made the
+    group, spawn(..., start_new_session=True)); each signal given 15 s to end it."""
+    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 15.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from carry.runner import Git, git_env  # noqa: E402
+from carry.git import Git, git_env  # noqa: E402
 from carry.workspace.export import format_patch  # noqa: E402
 
 

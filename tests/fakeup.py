@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from carry.runner import Git
+from carry.git import Git
 from carry.workspace.export import format_patch
 
 LINES = [f"value_{i} = {i}\n" for i in range(1, 41)]

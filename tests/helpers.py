@@ -36,7 +36,7 @@ def read_json(path: Path) -> dict:
 
 
 def git(repo: Path, *args: str, check: bool = True) -> str:
-    from carry.runner import Git
+    from carry.git import Git
     return Git(repo)(*args, check=check).stdout.strip()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 
-from carry.runner import Git
+from carry.git import Git
 from fakeup import write
 from helpers import apply_demo as apply, git, kill_at, read_json, tool
 

@@ -40,7 +40,7 @@ def test_canary_verdicts_beside_the_release_cells(demo, tmp_path):
 
 # -- issue 34, part 2: the canary every night ----------------------------------------------------
 def _repo_with_main(path: Path, files: dict[str, str], branch: str = "main") -> str:
-    from carry.runner import Git
+    from carry.git import Git
     g = Git(path)
     g.init()
     g("checkout", "-q", "-B", branch)
@@ -51,7 +51,7 @@ def _repo_with_main(path: Path, files: dict[str, str], branch: str = "main") -> 
 
 def test_fetch_main_makes_a_bare_cache_and_the_next_night_reuses_it(tmp_path):
     from carry.evidence.canary import fetch_main
-    from carry.runner import Git
+    from carry.git import Git
     up, cache = tmp_path / "up", tmp_path / "mains" / "up.git"
     c1 = _repo_with_main(up, {"a.py": "a = 1\n"})
     assert fetch_main(str(up), cache) == (c1, "")
@@ -96,7 +96,7 @@ def test_fetch_main_that_cannot_fetch_says_why_and_touches_nothing(tmp_path):
 def test_the_night_fetches_each_main_and_one_it_cannot_fetch_is_error_never_landed(demo, tmp_path):
     """--fetch-mains before the night, into a cache the next night reuses; the next night's fetch
     fails (the URL is gone): its rows are error, not last night's 'landed' from the stale cache."""
-    from carry.runner import Git
+    from carry.git import Git
     assert Git(demo["up"]).rev_parse("main") == demo["v1"]  # the demo upstream's main is v1
     sdir = demo["series"]
     add_proofs(sdir, {"good": GOOD, "gpu": GPU}, {"clean": "good", "threeway": "gpu"}, SERIES / "proofs" / "pytest.ini")

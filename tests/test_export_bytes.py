@@ -161,7 +161,7 @@ def test_a_users_own_attributes_do_not_change_the_export(demo, tmp_path):
 def test_git_text_output_keeps_its_line_ends_and_survives_other_bytes(tmp_path):
     """The runner's text mode: a CR git prints is kept (no universal newlines), a byte that is not
     UTF-8 is replaced, not a crash."""
-    from carry.runner import Git
+    from carry.git import Git
 
     g = Git(tmp_path / "r")
     g.init()

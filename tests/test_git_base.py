@@ -13,7 +13,7 @@ import pytest
 
 from carry.evidence.bisect import PrefixTrees
 from carry.series.manifest import load
-from carry.runner import Git
+from carry.git import Git
 from fakeup import LINES, edit, make_patch, patch_entry, series_toml, write
 from helpers import git, read_json, tool
 

@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-from carry.runner import Git
+from carry.git import Git
 from fakeup import edit, write
 from helpers import TOOLS, git, read_json
 

@@ -309,7 +309,7 @@ def test_permission_denied_is_named(demo, tmp_path):
 def _ghost_patches(demo):
     """'adds' creates megatron/core/epsilon.py (a copy of alpha.py); 'ghost' then edits it."""
     from carry.workspace.export import format_patch
-    from carry.runner import Git
+    from carry.git import Git
     from fakeup import edit, patch_entry, series_toml
 
     up, g = demo["up"], Git(demo["up"])
@@ -378,7 +378,7 @@ def test_a_checkout_owned_by_another_user_is_named_with_the_fix(demo, tmp_path):
 
 def test_a_rebase_onto_a_base_that_moved_the_file_stops_for_a_person(demo, tmp_path):
     """The new base renamed the patch's file: no silent 3-way rename; the hint's way through works."""
-    from carry.runner import Git
+    from carry.git import Git
     from fakeup import edit
 
     g = Git(demo["up"])

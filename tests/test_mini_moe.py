@@ -23,7 +23,7 @@ def mini():
     """run.py as a module, and the sibling modules it imports (rank, model, ...), then forgotten."""
     with mini_test_module("mini_run_moe") as module:
         yield SimpleNamespace(run=module, rank=sys.modules["rank"], model=sys.modules["model"],
-                              ckpt=sys.modules["ckpt"])
+                              ckpt=sys.modules["ckpt"], report=sys.modules["report"])
 
 
 def _cells():
@@ -129,21 +129,21 @@ def _log(metrics: dict, marks=True) -> str:
 
 def test_a_skipped_train_step_is_named_and_reports_no_training_metric(mini):
     s = mini.run.parse_args(["--shape", "moe-tiny"])[0]
-    metrics, problems = mini.run.summarize({r: _rank_result(r, True) for r in range(2)}, s)
+    metrics, problems = mini.report.summarize({r: _rank_result(r, True) for r in range(2)}, s)
     assert problems == []
     assert metrics["train_step"] == SKIP
     for key in ("token_mult_prob_error", "ckpt_token_mult_prob_error", "grad_norm", "loss_per_step"):
         assert key not in metrics, key  # nothing unmeasured can pass a gate
     assert metrics["expert_gtp_sharded_params"] == 16 and metrics["refit_expert_gathered"] == 16
     # A trained run reports the training metrics and train_step "ran".
-    trained, _ = mini.run.summarize({r: _rank_result(r, False) for r in range(2)},
+    trained, _ = mini.report.summarize({r: _rank_result(r, False) for r in range(2)},
                                     mini.run.parse_args(["--shape", "moe-tiny", "--backend", "nccl"])[0])
     assert trained["train_step"] == "ran" and trained["token_mult_prob_error"] == 1.0
 
 
 def test_summarize_fails_a_moe_run_without_the_expert_marker(mini):
     s = mini.run.parse_args(["--shape", "moe-tiny"])[0]
-    _, problems = mini.run.summarize({r: _rank_result(r, True, marks=False) for r in range(2)}, s)
+    _, problems = mini.report.summarize({r: _rank_result(r, True, marks=False) for r in range(2)}, s)
     assert problems == [f"rank {r} never logged '[gtp] expert weights GTP-sharded'" for r in range(2)]
 
 
@@ -156,7 +156,7 @@ def test_the_nightly_cells_judge_a_skipped_train_step_honestly(mini):
     assert gloo.gpus == 1 and nccl.gpus == 2
     assert "moe-tiny" in gloo.argv and "gloo" in gloo.argv and "nccl" in nccl.argv
     s = mini.run.parse_args(["--shape", "moe-tiny"])[0]
-    metrics, _ = mini.run.summarize({r: _rank_result(r, True) for r in range(2)}, s)
+    metrics, _ = mini.report.summarize({r: _rank_result(r, True) for r in range(2)}, s)
     doc = {"status": "passed", **metrics}
 
     def verdict(cell, doc, marks=True):
@@ -166,7 +166,7 @@ def test_the_nightly_cells_judge_a_skipped_train_step_honestly(mini):
     assert verdict(gloo, doc).status == "passed"
     v = verdict(nccl, doc)
     assert v.status == "failed" and "token_mult_prob_error" in v.reason and "missing" in v.reason
-    off, _ = mini.run.summarize({r: _rank_result(r, True, expert_shards=0, marks=False) for r in range(2)}, s)
+    off, _ = mini.report.summarize({r: _rank_result(r, True, expert_shards=0, marks=False) for r in range(2)}, s)
     v = verdict(gloo, {"status": "passed", **off}, marks=False)
     assert v.status == "failed" and "expert_gtp_sharded_params" in v.reason
     assert verdict(gloo, doc, marks=False).status == "vacuous"

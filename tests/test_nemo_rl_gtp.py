@@ -326,7 +326,7 @@ def test_a_part_fits_one_call_beside_the_working_tree_that_travels_with_it(tmp_p
     The part is what is left (less a 2 MiB margin, at most 56 MiB); ignored files do not count; a
     tree that leaves less than 16 MiB is a usage error that says what to do."""
     from carry.errors import UsageError
-    from carry.runner import Git
+    from carry.git import Git
 
     repo = tmp_path / "repo"
     Git(repo).init()

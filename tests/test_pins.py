@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from carry.workspace.export import format_patch
-from carry.runner import Git
+from carry.git import Git
 from helpers import ROOT, SERIES, git, need_python, read_json, tool
 
 pytestmark = pytest.mark.network

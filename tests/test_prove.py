@@ -453,7 +453,7 @@ def test_a_proofs_pristine_run_has_the_patches_it_requires(gtp_work, tmp_path):
     those applied (and not its own), else the proof met their bugs first (red for the inference collection)."""
     from carry.evidence.pristine import prerequisites, pristine_tree
     from carry.evidence.prove import extract
-    from carry.runner import Git
+    from carry.git import Git
     from carry.series.repo import load_series
     from carry.workspace.workdir import WorkDir
     series = load_series("gtp")

@@ -18,7 +18,7 @@ from fakeup import edit, make_patch, make_upstream, patch_entry, series_toml
 from helpers import git, kill_at, read_json, tool
 from test_retire import history  # noqa: F401  (the fixture: an upstream that merged patches in its own words)
 
-from carry.runner import Git
+from carry.git import Git
 
 FINISHED = "[carry] finished the rebase of megatron-lm onto"
 

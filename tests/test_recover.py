@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from fakeup import NO_PROOF, patch_entry, series_toml
-from carry.runner import Git
+from carry.git import Git
 from helpers import TOOLS, git, kill_at, read_json, tool
 
 ML, BR = "megatron-lm", "megatron-bridge"

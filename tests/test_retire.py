@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from carry.runner import Git
+from carry.git import Git
 from helpers import SERIES, TOOLS, git, read_json, tool
 from fakeup import edit, make_patch, make_upstream, patch_entry, series_toml
 

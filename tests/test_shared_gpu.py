@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -31,7 +32,10 @@ NCCL_CELLS = ("gtp-refit-mini-nccl-bf16", "gtp-refit-mini-moe-nccl", "gtp-refit-
 def mini(monkeypatch):
     monkeypatch.delenv("CARRY_SHARED_GPU", raising=False)
     with mini_test_module("shared_gpu_mini") as run:
-        yield run
+        # run.py's command line (settings.py) and its launcher (launcher.py), as the run imports them
+        yield SimpleNamespace(parse_args=run.parse_args, gpu_mode=sys.modules["settings"].gpu_mode,
+                              gpu_shortfall=sys.modules["launcher"].gpu_shortfall,
+                              rank_store=sys.modules["launcher"].rank_store)
 
 
 def test_the_mode_is_opt_in_and_only_for_nccl(mini, monkeypatch):
@@ -111,6 +115,7 @@ def test_the_hooks_give_every_python_of_a_case_its_own_nccl_hostid():
 
 RANK = r"""
 import sys
+from types import SimpleNamespace
 sys.path.insert(0, sys.argv[1])
 import torch, torch.distributed as dist
 import rank

@@ -25,7 +25,7 @@ import pytest
 
 import minislurm
 from carry.nightly.slurm import step_id
-from carry.runner import Git
+from carry.git import Git
 from fakeup import CRASH, GOOD, REGRESS, VACUOUS, add_proofs, write
 from helpers import ROOT, SERIES, python_env, read_json, tool
 
@@ -396,7 +396,7 @@ def test_two_nights_at_once_take_the_history_and_the_mains_in_turn(slurm, series
     the test opens with the history held). Neither touches a thing held; let go, both nights
     end green, with whole history lines and one sound cache of main."""
     from carry.lock import DirLock
-    from carry.runner import Git
+    from carry.git import Git
 
     if slurm.cpus < 2:
         pytest.skip("two jobs at once need two CPUs on the one node")

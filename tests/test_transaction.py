@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from carry.lock import DirLock
-from carry.runner import Git
+from carry.git import Git
 from helpers import SERIES, TOOLS, apply_demo, git, kill_at, read_json, tmpfs_mount, tool
 
 

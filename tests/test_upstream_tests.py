@@ -21,7 +21,7 @@ import pytest
 
 from carry.evidence.upstream.results import Outcome, merge, wants_world
 from carry.evidence.upstream.verdict import classify
-from carry.runner import Git
+from carry.git import Git
 from fakeup import make_patch, make_upstream, patch_entry, series_toml, write
 from helpers import read_json, tool
 

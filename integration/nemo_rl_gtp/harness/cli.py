@@ -120,10 +120,33 @@ def stage_next(res: dict) -> list[str]:
 
 
 def gpuhost_main(argv: list[str]) -> int:
-    from .dryrun import run as dryrun
-    from .host import caserun
     from .host import setup as hostsetup
 
+    a = _gpuhost_parser().parse_args(argv)
+    if a.setup_only and (a.skip_setup or a.pretrain_only or a.dry_run):
+        other = "--skip-setup" if a.skip_setup else "--pretrain-only" if a.pretrain_only else "--dry-run"
+        raise UsageError(f"--setup-only and {other} do not go together", hint="drop one of them")
+    selected = casing.select([c.strip() for c in a.cases.split(",") if c.strip()])
+    if a.dry_run:
+        return _dry_run(a, selected)
+    lay = hostsetup.Layout(parts=a.parts, root=a.root, te=a.te)
+    out = (a.out or a.root / "out").absolute()
+    report: dict = {"cases": []}
+    if not a.skip_setup:
+        report["setup"] = _setup(lay, out)
+    elif not lay.vpython.exists():
+        raise UsageError(f"--skip-setup, but there is no environment in {lay.root}", hint="run once without it")
+    if a.setup_only:
+        return 0
+    if a.pretrain_only:
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "pretrain.log", "w") as log:   # trained_model leaves pretrain.json beside it
+            learning.trained_model(lay, log, hostsetup.stream)
+        return 0
+    return _run_cases(a, lay, out, selected, report)
+
+
+def _gpuhost_parser() -> Parser:
     p = Parser(prog="integration/nemo_rl_gtp/run-on-gpu-host", epilog=EPILOG,
                formatter_class=argparse.RawDescriptionHelpFormatter,
                description="On the offline GPU host, as root: build the environment with images/gtp-te219's steps from\n"
@@ -169,37 +192,36 @@ def gpuhost_main(argv: list[str]) -> int:
                    help="dry-run: check the parts, the payload and the wheels only (no venv, no Ray)")
     p.add_argument("--ferry-root", type=Path, help="dry-run: the checkout whose .ferry/ to check (default this one)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
-    a = p.parse_args(argv)
-    if a.setup_only and (a.skip_setup or a.pretrain_only or a.dry_run):
-        other = "--skip-setup" if a.skip_setup else "--pretrain-only" if a.pretrain_only else "--dry-run"
-        raise UsageError(f"--setup-only and {other} do not go together", hint="drop one of them")
-    selected = casing.select([c.strip() for c in a.cases.split(",") if c.strip()])
-    if a.dry_run:
-        rep = dryrun.dry_run(dryrun.Options(repo=REPO, cache=_cache_default(), cases=selected, python312=a.python312,
-                                            ferry_root=a.ferry_root, parts_only=a.parts_only))
-        if a.json:
-            write_json(a.json, rep)
-        return 0 if rep["ok"] else 1
-    lay = hostsetup.Layout(parts=a.parts, root=a.root, te=a.te)
-    out = (a.out or a.root / "out").absolute()
-    report: dict = {"cases": []}
-    if not a.skip_setup:
-        progress.say("setting up the environment (image steps, dependency wheels)")
-        out.mkdir(parents=True, exist_ok=True)  # the setup's log and verify report come back with the results
-        try:
-            report["setup"] = hostsetup.setup(lay, out / "setup.log")
-        finally:
-            if (lay.root / "verify.json").exists():
-                shutil.copy2(lay.root / "verify.json", out / "verify.json")
-    elif not lay.vpython.exists():
-        raise UsageError(f"--skip-setup, but there is no environment in {lay.root}", hint="run once without it")
-    if a.setup_only:
-        return 0
-    if a.pretrain_only:
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / "pretrain.log", "w") as log:   # trained_model leaves pretrain.json beside it
-            learning.trained_model(lay, log, hostsetup.stream)
-        return 0
+    return p
+
+
+def _dry_run(a: argparse.Namespace, selected: list[casing.Case]) -> int:
+    from .dryrun import run as dryrun
+
+    rep = dryrun.dry_run(dryrun.Options(repo=REPO, cache=_cache_default(), cases=selected, python312=a.python312,
+                                        ferry_root=a.ferry_root, parts_only=a.parts_only))
+    if a.json:
+        write_json(a.json, rep)
+    return 0 if rep["ok"] else 1
+
+
+def _setup(lay, out: Path) -> dict:
+    """The host's setup (host/setup.py); its log and verify report go to OUT, to come back with the results."""
+    from .host import setup as hostsetup
+
+    progress.say("setting up the environment (image steps, dependency wheels)")
+    out.mkdir(parents=True, exist_ok=True)  # the setup's log and verify report come back with the results
+    try:
+        return hostsetup.setup(lay, out / "setup.log")
+    finally:
+        if (lay.root / "verify.json").exists():
+            shutil.copy2(lay.root / "verify.json", out / "verify.json")
+
+
+def _run_cases(a: argparse.Namespace, lay, out: Path, selected: list[casing.Case], report: dict) -> int:
+    """Each selected case in turn (host/caserun.py); the report on stdout (and in --json); the exit code."""
+    from .host import caserun
+
     trees = None
     if a.nemo_rl_tree is not None:
         trees = caserun.Trees(a.nemo_rl_tree.absolute(), [f.absolute() for f in a.front])

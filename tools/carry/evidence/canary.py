@@ -30,8 +30,8 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import CarryError
+from ..git import Git
 from ..lock import DirLock
-from ..runner import Git
 
 VERDICTS = ("landed", "needed", "conflicts", "unknown", "error")
 FETCH_TIMEOUT_S = 1800.0  # a first fetch of Megatron-LM's whole history takes minutes

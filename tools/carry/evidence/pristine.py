@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..files import read_input_text
-from ..runner import Git
+from ..git import Git
 from ..series.manifest import PatchMeta, Series
 
 if TYPE_CHECKING:

@@ -43,7 +43,8 @@ from pathlib import Path
 from .. import progress
 from ..errors import CommandError, SourceError, UsageError
 from ..lock import LOCK_TIMEOUT
-from ..runner import Git, kill_groups, run
+from ..git import Git
+from ..runner import kill_groups, run
 from ..series.entries import patched_tree_name, pristine_tree_name, proof_log_name
 from ..series.manifest import PatchMeta, Series
 from ..series.repo import command

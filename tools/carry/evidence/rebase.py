@@ -21,7 +21,7 @@ from pathlib import Path
 from .. import progress
 from ..errors import ConflictError, DirtyTreeError, UsageError
 from ..files import read_input, read_input_text, write_json
-from ..runner import Git
+from ..git import Git
 from ..series import edit as seriesedit
 from ..series.manifest import PatchMeta, Series, Upstream
 from ..series.patchfile import parse_file

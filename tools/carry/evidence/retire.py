@@ -26,7 +26,7 @@ from pathlib import Path
 from .. import progress, shell
 from ..errors import OperationError, UsageError
 from ..files import read_input, read_input_text
-from ..runner import Git
+from ..git import Git
 from ..series import edit as seriesedit
 from ..series import retirement
 from ..series.manifest import PatchMeta, Series

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import CommandError
-from ..runner import Git, run
+from ..git import Git
+from ..runner import run
 from ..series.manifest import Series
 from ..shell import Raw, code
 from .config import (

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ..errors import CommandError
-from ..runner import killable, run, spawn
+from ..runner import killable, run, spawn, stop_group
 
 LAUNCHERS = ("local", "docker", "slurm")
 CONTAINER_ROOT = "/carry"  # mount points inside a container: /carry/repo, /carry/out, /carry/trees/NAME
@@ -148,29 +147,15 @@ def run_logged(plan: Plan, log: Path, *, timeout: float | None,
             except subprocess.TimeoutExpired:
                 if on_timeout is not None:
                     on_timeout()
-                kill_group(proc)
+                stop_group(proc)
                 out.write(f"\n[carry] killed after {timeout:g}s\n".encode())
                 return Finished(proc.returncode, True, time.monotonic() - t0, log)
             except BaseException:
                 # Stopped (SIGTERM, Ctrl-C) as it ran: the run, in a session of its own, would live on.
                 if on_timeout is not None:
                     on_timeout()
-                kill_group(proc)
+                stop_group(proc)
                 raise
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the run's own process group, then SIGKILL what is left (ours only: we made the group)."""
-    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 15.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def docker_killer(name: str, docker: str = "docker") -> Callable[[], None]:

@@ -14,7 +14,7 @@ import hashlib
 from pathlib import Path
 
 from ..files import read_input
-from ..runner import Git
+from ..git import Git
 from .patchfile import Patch, path_problems
 
 _VERSION = b"patchgit 1\0"  # a new check reads every patch again

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import PatchFormatError
+from ..git import Git
 from ..report import PatchResult
-from ..runner import Git
 from ..series.manifest import PatchMeta, Series
 from ..series.patchfile import parse_file
 from .sources import Base

@@ -18,9 +18,9 @@ from pathlib import Path
 from .. import progress
 from ..errors import DirtyTreeError, PatchFormatError, UsageError
 from ..files import read_input_text, write_json
+from ..git import Git
 from ..lock import LOCK_TIMEOUT, sweep_builds
 from ..report import ApplyReport, PatchResult, UpstreamResult
-from ..runner import Git
 from ..series.manifest import PatchMeta, Series
 from ..series.patchfile import parse_file, safety_problems
 from ..series.patchgit import git_problems
@@ -28,7 +28,7 @@ from ..series.repo import command
 from ..shell import code
 from . import sources, userwork, wheels
 from .am import am_patches, clone_base, older_bases
-from .workdir import PatchRecord, UpstreamRecord, WorkDir
+from .workdir import PatchRecord, State, UpstreamRecord, WorkDir
 
 
 @dataclass
@@ -55,6 +55,53 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
     selected = series.select(opts.only)
     for name in list(opts.sources) + list(opts.into):
         series.upstream(name)  # unknown names are usage errors
+    _check_patches(series, selected, opts)
+    targets = _targets(series, selected, opts)
+    for name in targets:  # a bad pin is bad input, before any work (warm cache or cold)
+        if name not in opts.into:
+            sources.check_pins(series.upstream(name), opts.sources.get(name))
+    report = ApplyReport(series=series.name, check=opts.check, digest=series.digest(selected)[:12])
+    wd = WorkDir(opts.workdir)
+    with wd.lock(opts.lock_timeout):  # which bounds the cache's locks too
+        wd.recover()
+        sweep_builds(opts.cache)
+        txn = _Transaction(series, opts, selected, wd, wd.load_state(), report)
+        try:
+            for name in targets:
+                report.upstreams.append(_apply_upstream(txn, name))
+            progress.checkpoint("staged")
+            if not _swap_in(txn):
+                return report
+        except BaseException:
+            _rollback_into(txn.into_done)
+            raise
+        finally:
+            if txn.staging is not None:
+                shutil.rmtree(txn.staging, ignore_errors=True)
+        if opts.wheels_dir is not None:
+            _build_wheels(series, opts, report)
+    return report
+
+
+@dataclass
+class _Transaction:
+    """What one apply_series run carries from upstream to upstream, under the work directory's lock."""
+    series: Series
+    opts: Options
+    selected: list[PatchMeta]
+    wd: WorkDir
+    state: State
+    report: ApplyReport
+    staging: Path | None = None  # made when the first upstream is rebuilt; removed on the way out
+    rebuilt: list[str] = field(default_factory=list)
+    new_records: dict[str, UpstreamRecord] = field(default_factory=dict)
+    into_done: list[tuple[Path, str]] = field(default_factory=list)
+    built: dict[str, str] = field(default_factory=dict)  # the heads this run made; the workspaces' only on success
+
+
+def _check_patches(series: Series, selected: list[PatchMeta], opts: Options) -> None:
+    """Every selected patch file exists, parses, and is safe: ours, then git's own reading of the
+    same files (one git process for them all)."""
     parsed = []
     for p in selected:
         if not series.patch_path(p).exists():
@@ -66,7 +113,6 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
             raise PatchFormatError(f"{p.upstream}: patch {p.id} ({p.file}) is malformed: {exc.message}",
                                    hint=f"fix the file; `{command('lint', series)}` lists every problem "
                                         "of the series") from None
-    # ours, then git's own reading of the same files (one git process for them all)
     unsafe = {p.id: safety_problems(patch) for p, patch in parsed}
     by_path = git_problems([(series.patch_path(p), patch) for p, patch in parsed if not unsafe[p.id]],
                            opts.cache / "checked")
@@ -75,95 +121,92 @@ def apply_series(series: Series, opts: Options) -> ApplyReport:
         if why:
             raise PatchFormatError(f"{p.upstream}: patch {p.id} ({p.file}) is unsafe: {'; '.join(why)}",
                                    hint="a patch may only edit regular files inside its upstream's tree")
-    targets = _targets(series, selected, opts)
-    for name in targets:  # a bad pin is bad input, before any work (warm cache or cold)
-        if name not in opts.into:
-            sources.check_pins(series.upstream(name), opts.sources.get(name))
-    report = ApplyReport(series=series.name, check=opts.check, digest=series.digest(selected)[:12])
-    wd = WorkDir(opts.workdir)
-    with wd.lock(opts.lock_timeout):  # which bounds the cache's locks too
-        wd.recover()
-        sweep_builds(opts.cache)
-        state = wd.load_state()
-        staging = None
-        rebuilt: list[str] = []
-        new_records: dict[str, UpstreamRecord] = {}
-        into_done: list[tuple[Path, str]] = []
-        built: dict[str, str] = {}  # the heads this run made; they become the workspaces' only on success
-        try:
-            for name in targets:
-                up = series.upstream(name)
-                mine = [p for p in selected if p.upstream == name]
-                everyone = series.patches_for(name)
-                if name in opts.into:
-                    # The checkout is the base: nothing to fetch.
-                    digest = series.upstream_digest(name, mine, "into")
-                    ur = _apply_into(series, name, opts.into[name], mine, digest, opts.check, into_done, built)
-                else:
-                    base = sources.ready_base(up, opts.cache, opts.sources.get(name))
-                    digest = series.upstream_digest(name, mine, base.key)
-                    recorded = state.record(name)
-                    ours = wd.check_untouched(name, recorded, series)
-                    # The workspace's own HEAD: what it is now, and stays unless this run succeeds.
-                    ur = UpstreamResult(name=name, base=base.describe, workspace=str(wd.workspace(name)),
-                                        base_commit=base.commit, head=recorded.head if ours and recorded else None)
-                    if ours and recorded and recorded.digest == digest:
-                        ur.patches = [PatchResult(p.id, p.file, "already-applied", "workspace is up to date")
-                                      for p in mine]
-                    else:
-                        wd.check_swappable([name])
-                        if staging is None:
-                            staging = wd.new_staging()
-                        progress.say(f"{name}: applying {len(mine)} patch(es) on {base.describe}")
-                        ws = clone_base(base, staging / name).path
-                        made: list[str] = []
-                        ur.patches = am_patches(ws, series, mine, older_bases(base), made)
-                        if ours and recorded:
-                            ur.saved = wd.keep_unknown_commits(name, recorded, ws)
-                        rebuilt.append(name)
-                        new_records[name] = _record(base, digest, ws, mine, ur, made)
-                        built[name] = new_records[name].head
-                selected_ids = {p.id for p in mine}
-                ur.patches += [PatchResult(p.id, p.file, "not-attempted", "not selected (--only)")
-                               for p in everyone if p.id not in selected_ids]
-                order = {p.id: i for i, p in enumerate(everyone)}
-                ur.patches.sort(key=lambda r: order.get(r.id, 0))
-                report.upstreams.append(ur)
-            progress.checkpoint("staged")
-            failed = [u for u in report.upstreams if u.failed]
-            if failed or opts.check:
-                report.ok = not failed
-                for u in report.upstreams:
-                    u.saved = []  # the workspaces stay as they are: nothing was set aside
-                _rollback_into(into_done)
-                if failed:
-                    report.error, report.next = _conflict_message(series, failed, opts)
-                return report
-            if rebuilt:
-                assert staging is not None
-                # From the journal on, the staged trees are the swap's: an interruption is finished
-                # (or undone) by the next run, so this run must not delete them on its way out.
-                swapping, staging = staging, None
-                wd.commit(swapping, rebuilt, state.with_upstreams(series, new_records))
-            for u in report.upstreams:
-                u.head = built.get(u.name, u.head)
-            _finish_into(into_done)
-        except BaseException:
-            _rollback_into(into_done)
-            raise
-        finally:
-            if staging is not None:
-                shutil.rmtree(staging, ignore_errors=True)
-        if opts.wheels_dir is not None:
-            for u in report.upstreams:
-                up = series.upstream(u.name)
-                if up.pypi is None or u.name in opts.into:
-                    continue
-                made = wheels.build(series, up, Path(u.workspace), u.base_commit or "", u.head or "", opts.cache,
-                                    opts.wheels_dir, f"{series.name}.{report.digest}")
-                u.wheels = [str(w) for w in made.written]
-                u.wheels_skipped = made.skipped
-    return report
+
+
+def _apply_upstream(txn: _Transaction, name: str) -> UpstreamResult:
+    """One upstream: onto its --into checkout, or staged on its base; its unselected patches listed
+    as not attempted, in the series' order."""
+    series, opts = txn.series, txn.opts
+    mine = [p for p in txn.selected if p.upstream == name]
+    everyone = series.patches_for(name)
+    if name in opts.into:
+        # The checkout is the base: nothing to fetch.
+        digest = series.upstream_digest(name, mine, "into")
+        ur = _apply_into(series, name, opts.into[name], mine, digest, opts.check, txn.into_done, txn.built)
+    else:
+        ur = _apply_staged(txn, name, mine)
+    selected_ids = {p.id for p in mine}
+    ur.patches += [PatchResult(p.id, p.file, "not-attempted", "not selected (--only)")
+                   for p in everyone if p.id not in selected_ids]
+    order = {p.id: i for i, p in enumerate(everyone)}
+    ur.patches.sort(key=lambda r: order.get(r.id, 0))
+    return ur
+
+
+def _apply_staged(txn: _Transaction, name: str, mine: list[PatchMeta]) -> UpstreamResult:
+    """An upstream whose workspace is up to date is left as it is; else its base is cloned into the
+    staging folder and its patches applied there."""
+    series, opts, wd = txn.series, txn.opts, txn.wd
+    base = sources.ready_base(series.upstream(name), opts.cache, opts.sources.get(name))
+    digest = series.upstream_digest(name, mine, base.key)
+    recorded = txn.state.record(name)
+    ours = wd.check_untouched(name, recorded, series)
+    # The workspace's own HEAD: what it is now, and stays unless this run succeeds.
+    ur = UpstreamResult(name=name, base=base.describe, workspace=str(wd.workspace(name)),
+                        base_commit=base.commit, head=recorded.head if ours and recorded else None)
+    if ours and recorded and recorded.digest == digest:
+        ur.patches = [PatchResult(p.id, p.file, "already-applied", "workspace is up to date") for p in mine]
+        return ur
+    wd.check_swappable([name])
+    if txn.staging is None:
+        txn.staging = wd.new_staging()
+    progress.say(f"{name}: applying {len(mine)} patch(es) on {base.describe}")
+    ws = clone_base(base, txn.staging / name).path
+    made: list[str] = []
+    ur.patches = am_patches(ws, series, mine, older_bases(base), made)
+    if ours and recorded:
+        ur.saved = wd.keep_unknown_commits(name, recorded, ws)
+    txn.rebuilt.append(name)
+    txn.new_records[name] = _record(base, digest, ws, mine, ur, made)
+    txn.built[name] = txn.new_records[name].head
+    return ur
+
+
+def _swap_in(txn: _Transaction) -> bool:
+    """All upstreams applied: swap the staged trees in and settle the --into checkouts. A check, or
+    an upstream that failed, changes nothing (the --into checkouts go back): False."""
+    report = txn.report
+    failed = [u for u in report.upstreams if u.failed]
+    if failed or txn.opts.check:
+        report.ok = not failed
+        for u in report.upstreams:
+            u.saved = []  # the workspaces stay as they are: nothing was set aside
+        _rollback_into(txn.into_done)
+        if failed:
+            report.error, report.next = _conflict_message(txn.series, failed, txn.opts)
+        return False
+    if txn.rebuilt:
+        assert txn.staging is not None
+        # From the journal on, the staged trees are the swap's: an interruption is finished
+        # (or undone) by the next run, so this run must not delete them on its way out.
+        swapping, txn.staging = txn.staging, None
+        txn.wd.commit(swapping, txn.rebuilt, txn.state.with_upstreams(txn.series, txn.new_records))
+    for u in report.upstreams:
+        u.head = txn.built.get(u.name, u.head)
+    _finish_into(txn.into_done)
+    return True
+
+
+def _build_wheels(series: Series, opts: Options, report: ApplyReport) -> None:
+    """--wheels: each swapped-in upstream that is on PyPI, built as a wheel from its workspace."""
+    for u in report.upstreams:
+        up = series.upstream(u.name)
+        if up.pypi is None or u.name in opts.into:
+            continue
+        made = wheels.build(series, up, Path(u.workspace), u.base_commit or "", u.head or "", opts.cache,
+                            opts.wheels_dir, f"{series.name}.{report.digest}")
+        u.wheels = [str(w) for w in made.written]
+        u.wheels_skipped = made.skipped
 
 
 def _record(base: sources.Base, digest: str, ws: Path, mine: list[PatchMeta], ur: UpstreamResult,

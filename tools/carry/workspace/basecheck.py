@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from ..runner import Git
+from ..git import Git
 
 RECORD = "carry-base.json"  # in a base built from a tree: the commit and tree it was built as
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from .. import progress
 from ..errors import DirtyTreeError, DriftError, PatchFormatError, UsageError
 from ..files import fsync_dir, read_input, stage
+from ..git import IDENTITY_EMAIL, IDENTITY_NAME, Git
 from ..lock import LOCK_TIMEOUT
-from ..runner import IDENTITY_EMAIL, IDENTITY_NAME, Git
 from ..series.lint import file_problems, same_content
 from ..series.manifest import PatchMeta, Series, load
 from ..series.repo import command

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..files import fsync_dir
-from ..runner import Git
+from ..git import Git
 from ..shell import code, tool
 
 KEPT_DIR = "kept"

@@ -29,7 +29,7 @@ from pathlib import Path
 from .. import progress, shell
 from ..errors import IntegrityError, NoSpaceError, SourceError, UsageError, says_no_space
 from ..lock import building
-from ..runner import Git
+from ..git import Git
 from ..series.manifest import SOURCE_KINDS, Artifact, Upstream
 from .artifacts import (
     check_pin,

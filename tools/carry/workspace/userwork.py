@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ..errors import DirtyTreeError
-from ..runner import Git
+from ..git import Git
 from ..series.manifest import Series
 from ..series.repo import command
 from ..shell import code, run_again, tool

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from .. import progress
 from ..errors import IntegrityError, UsageError
+from ..git import Git
 from ..lock import process_alive
-from ..runner import Git
 from ..series.manifest import Series, Upstream
 from .artifacts import fetch_artifact
 

@@ -34,8 +34,8 @@ from ..errors import (
     no_space,
 )
 from ..files import fsync_dir, read_input_text, write_json
+from ..git import Git
 from ..lock import LOCK_TIMEOUT, DirLock, patience
-from ..runner import Git
 from ..series.manifest import Series
 from ..series.repo import command
 from ..shell import again, code, run_again, run_as, tool

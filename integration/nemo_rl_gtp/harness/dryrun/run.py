@@ -49,8 +49,8 @@ from carry.runner import run
 from ..host import caserun, setup
 from ..host import cases as casing
 from ..staging import ferry, wheel_lock, wheels
-from .standin import (env_for, find_python312, grpo_args, record_script, run_steps, stand_in_venv,
-                      staged_version_conflicts, wheels_glibc_of)
+from .standin import (env_for, find_python312, grpo_args, install_staged, record_script, run_steps,
+                      stand_in_venv, staged_version_conflicts, wheels_glibc_of)
 
 PROBES = Path(__file__).resolve().parents[1] / "probes"   # scripts, run in the stand-in venv
 
@@ -105,210 +105,245 @@ def _say(o: Options, what: str, ok: bool | None, detail: str = "", **info) -> No
     o.results.append({"check": what, "ok": ok, "detail": detail, **info})
 
 
+@dataclass
+class _DryRun:
+    """What a dry-run's steps hand on: its scratch, the payload's layout there, the wheels, the venv, Ray."""
+    o: Options
+    work: Path
+    lay: setup.Layout | None = None
+    built: list[Path] = field(default_factory=list)
+    venv: Path | None = None
+    ray_started: bool = False
+
+
 def dry_run(o: Options) -> dict:
-    root = o.ferry_root or o.repo
     own_work = o.work is None
-    work = o.work or Path(tempfile.mkdtemp(prefix="nrl-dry-run."))
-    ray_started = False
-    venv = None
+    d = _DryRun(o, o.work or Path(tempfile.mkdtemp(prefix="nrl-dry-run.")))
     try:
-        # 1-2: parts and payload
-        try:
-            info = ferry.check(root, "nrl")
-        except CarryError as exc:
-            _say(o, "ferry nrl", False, exc.message)
-            return _finish(o)
-        big = info["over_limit"]
-        _say(o, "ferry nrl", not big, f"{len(info['parts'])} part(s), "
-             + ", ".join(f"{b / 1e6:.1f} MB" for b in info["part_bytes"]) + (f"; too big for a call beside the working tree: {big}" if big else ""),
-             sha256=info["sha256"])
-        te = root / ".ferry" / "te.sha256"
-        _say(o, "ferry te", te.exists() or None, f"{te.read_text().split()[1]} part(s)" if te.exists()
-             else "not staged here (shared/gpu/stage-te.sh); needed on the GPU host")
-        ferry.receive_local(root, "nrl", work / "parts")
-        lay = setup.Layout(parts=work / "parts", root=work / "root", te=work / "te",
-                             model_dir=o.model or o.cache / "dryrun-model")
-        lay.root.mkdir(parents=True, exist_ok=True)
-        manifest = setup.unpack_payload(lay)
-        _say(o, "payload", True, f"{manifest['payload_bytes'] / 1e6:.1f} MB, series digest "
-             f"{manifest['series_digest'][:12]}, {manifest['wheels']} wheels")
-        try:
-            built = [wheels.rezip(d, work / "wheelhouse") for d in sorted((lay.payload / "wheels").iterdir())
-                     if d.is_dir()]
-        except CarryError as exc:
-            _say(o, "wheels against RECORD", False, exc.message)
-            return _finish(o)
-        _say(o, "wheels against RECORD", True, f"{len(built)} wheels checked and zipped again")
-        if o.parts_only:
-            return _finish(o)
-
-        # 3: the stand-in of the GPU host
-        lk = wheel_lock.load(setup.HERE / "wheels.toml")
-        venv = stand_in_venv(o, lk, find_python312(o.python312))
-        vpy = str(venv / "bin" / "python")
-        need = wheels.glibc_needed([w.name for w in built])
-        here = wheels_glibc_of(vpy)
-        if need is not None:
-            _say(o, "glibc the staged wheels need", None if here is None or here < need[0] else True,
-                 f">= {need[0][0]}.{need[0][1]} ({need[1]}); here " + ("unknown" if here is None else "%d.%d" % here)
-                 + "; run-on-gpu-host checks the host's first")
-        # What this machine's glibc cannot take, pip refuses here though the host takes it: those
-        # wheels go into the stand-in's site with --platform (their compiled parts may not load here).
-        foreign = [w for w in built if (v := wheels.wheel_glibc(w.name)) is not None and (here is None or v > here)]
-        native = [w for w in built if w not in foreign]
-        pip = [vpy, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check"]
-        res = run([*pip, "--force-reinstall", *map(str, native)], check=False, timeout=900)
-        for w in foreign if res.ok else []:
-            site = run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
-            tag = w.name[:-4].split("-")[-1].split(".")[0]
-            res = run([*pip, "--upgrade", "--target", site, "--platform", tag, "--python-version", lk.python,
-                       "--implementation", "cp", "--only-binary=:all:", str(w)], check=False, timeout=900)
-            if not res.ok:
-                break
-        _say(o, "staged wheels install (--no-index --no-deps)", res.ok, res.stderr.strip()[-300:] if not res.ok else
-             f"{len(built)} into {venv}" + (f"; for the host's platform, as this glibc is older: "
-                                            f"{', '.join(w.name for w in foreign)}" if foreign else ""))
-        if res.ok:
-            clash = staged_version_conflicts(vpy, [w.name for w in built])
-            _say(o, "staged wheels' requirements against the host's packages", not clash,
-                 "; ".join(clash) if clash else "no staged wheel requires another version of what the host or "
-                                                 "the other staged wheels hold (pip check)")
-        # 3b: the model, built as the GPU host's setup builds it
-        log_path = work / "model.log"
-        with open(log_path, "w") as log:
-            try:
-                m = setup.build_model(lay, log, python=str(venv / "bin" / "python"))
-            except CarryError as exc:
-                m = None
-                detail = exc.message + ": " + " | ".join(log_path.read_text().strip().splitlines()[-3:])
-        if m is not None:
-            detail = (f"{m['parameters']} parameters, seed {m['seed']}, "
-                      + ", ".join(f"{n} sha256 {h}" for n, h in m["files"].items())
-                      + (" (kept from an earlier dry-run)" if m["reused"] else f" (built in {m['seconds']}s)"))
-        _say(o, "model weights (fixtures.build_weights, as the GPU host's setup)", m is not None, detail,
-             model=str(lay.model), weights=m)
-        with open(log_path, "a") as log:
-            try:
-                moe = setup.build_moe_model(lay, log, python=str(venv / "bin" / "python"))
-                detail = "not staged" if moe is None else f"{moe['parameters']} parameters, seed {moe['seed']}"
-            except CarryError as exc:
-                moe, detail = False, exc.message
-        _say(o, "MoE model weights (moe_fixtures.build_weights)", bool(moe) if moe is not None else None, detail,
-             weights=moe or None)
-        # 4: image steps without GPU
-        run(["git", "clone", "-q", str(lay.payload / "sources" / "nemo-rl.git"), str(lay.nemo_rl_patched)])
-        for step, ok, last in run_steps(lay, venv):
-            _say(o, f"image step {step}", ok, last)
-        _say(o, "image step 20-te", None, "not here: TransformerEngine's torch extension needs the GPU host "
-             "(built there against torch 2.11+cu130, glibc >= 2.38)")
-        _say(o, "image step 90-verify", None, "not here: it asks HAVE_GTP, which needs TE and CUDA")
-        setup.prepare_pristine(lay, python=str(venv / "bin" / "python"))
-
-        # 5: the import closure, per tree set
-        probe = PROBES / "probe_imports.py"
-        for label, front, nrl in (("patched", [], lay.nemo_rl_patched),
-                                  ("pristine-mcore", [lay.mcore_pristine], lay.nemo_rl_patched),
-                                  ("pristine-nemo-rl", [], lay.nemo_rl_pristine)):
-            if not any(c.name == label or (label == "patched" and c.nemo_rl == c.megatron_core == "patched")
-                       for c in o.cases):
-                continue
-            env = env_for(venv, front + [nrl, setup.STUBS])
-            mods = [m for m in GRPO_MODULES if label != "pristine-nemo-rl" or m not in SERIES_ONLY]
-            calls = [a for c in CALLS for a in ("--call", c)] + [a for f in FLAGS for a in ("--flag", f)]
-            res = subprocess.run([str(venv / "bin" / "python"), str(probe), "--te-placeholder", *calls, *mods],
-                                 env=env, capture_output=True, text=True, timeout=900, cwd=nrl)
-            recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
-            for r in recs:
-                if "module" in r:
-                    note = f" (TE placeholder in {', '.join(r['te_placeholder'])})" if r.get("te_placeholder") else ""
-                    ok, detail = r["ok"], (r.get("error") or "") + note
-                    if not ok and label == "pristine-nemo-rl":
-                        # That tree lacks the series, its import fix (nrl-mcore-fsdp-names) too:
-                        # the case is red by design, so this is what it shows, not a dry-run failure.
-                        ok, detail = None, "expected without the series: " + detail
-                    _say(o, f"import [{label}] {r['module']}", ok, detail, where=r.get("where"))
-                elif "call" in r:
-                    mod, func, arg = r["call"].split(":", 2)
-                    _say(o, f"call [{label}] {func}({arg!r}) of {mod}", r["ok"],
-                         r.get("error") or f"returned a {r['returned']}", where=r.get("where"))
-                elif "flag" in r:
-                    mod, name = r["flag"].split(":", 1)
-                    _say(o, f"flag [{label}] {mod}.{name}", r["ok"], r.get("error") or f"is {r['value']}",
-                         where=r.get("where"))
-            if not recs:
-                _say(o, f"import [{label}]", False, res.stderr.strip()[-500:])
-
-        # 5a: the learning cases' pieces that run here: the refit check's hook on the real worker module,
-        # and the pretrain step's plumbing at a tiny size (the GPU host trains the real shape).
-        if any(c.refit_check for c in o.cases):
-            check_refit_hook(o, lay, venv, probe)
-        if any(c.model == "trained" for c in o.cases):
-            check_pretrain(o, lay, venv, work)
-
-        # 5b: calls into megatron-core / Bridge the installed versions cannot take
-        sig = PROBES / "probe_signatures.py"
-        nrl = lay.nemo_rl_patched
-        files = sorted(p.relative_to(nrl).as_posix() for pat in SIGNATURE_FILES for p in nrl.glob(pat))
-        res = subprocess.run([str(venv / "bin" / "python"), str(sig), str(nrl), *files],
-                             env=env_for(venv, [nrl, setup.STUBS]), capture_output=True, text=True,
-                             timeout=900, cwd=nrl)
-        recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
-        found = [r for r in recs if "at" in r]
-        summary = next((r for r in recs if r.get("summary")), None)
-        _say(o, "calls into megatron-core/-bridge [patched]", summary is not None and not found,
-             (f"{summary['files']} NeMo-RL files scanned" if summary else res.stderr.strip()[-300:])
-             + "".join(f"; {r['at']} {r['call']}: {r['problem']}" for r in found[:8]))
-
-        # 6: the script's command line, the config, tokenizer, data, Ray
-        if o.ray:
-            env = env_for(venv, [setup.STUBS])
-            rs = subprocess.run(["ray", "start", "--head", "--num-gpus=0", "--num-cpus=2", "--include-dashboard=false",
-                                 "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=300)
-            ray_started = rs.returncode == 0
-            _say(o, "ray start --head (CPU)", ray_started, rs.stderr.strip()[-300:] if not ray_started else "")
-        pconf = PROBES / "probe_config.py"
-        for case in o.cases:
-            t = caserun.case_trees(lay, case, None)
-            recorded = record_script(lay, case, venv, work, t.front, t.nemo_rl)
-            args = grpo_args(recorded)
-            _say(o, f"[{case.name}] functional script's command line", args is not None,
-                 f"{len(args)} run_grpo.py arguments" if args else "the script never reached run_grpo.py",
-                 commands=[" ".join(r["argv"]) for r in recorded])
-            if args is None:
-                continue
-            tree = work / f"nemo-rl-{case.name}"
-            env = env_for(venv, t.front + [tree, setup.STUBS], {"HF_DATASETS_CACHE": str(work / "hf-datasets")})
-            res = subprocess.run([str(venv / "bin" / "python"), str(pconf), "--nemo-rl", str(tree),
-                                  *(["--ray"] if ray_started else []), "--", *args],
-                                 env=env, capture_output=True, text=True, timeout=900, cwd=tree)
-            try:
-                doc = json.loads(res.stdout.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                doc = {"ok": False, "error": res.stderr.strip()[-800:], "steps": []}
-            for s in doc.get("steps", []):
-                detail = {k: v for k, v in s.items() if k != "step"}
-                _say(o, f"[{case.name}] {s['step']}", True, json.dumps(detail, default=str)[:400])
-            if not doc["ok"]:
-                expected = case.expect == "red"
-                _say(o, f"[{case.name}] run_grpo.py setup", False if not expected else None,
-                     ("expected for this red case: " if expected else "") + doc.get("error", "")
-                     + (f" (cause: {doc['cause']})" if doc.get("cause") else ""), where=doc.get("where"))
-
-        # 7: what the GPU host will run
-        print("[dry-run] on the GPU host, for each case:")
-        for case in o.cases:
-            print(f"  {case.name}: ray start --head --num-gpus=2 --include-dashboard=false; "
-                  f"(cd <nemo-rl copy> && bash {casing.SCRIPT} "
-                  + " ".join(casing.script_args(case, "<model>", "<train.jsonl>", "<checkpoints>",
-                                                     "<validation.jsonl>"))
-                  + "); ray stop --force")
+        _steps(d)
     finally:
-        if ray_started and venv is not None:
-            subprocess.run(["ray", "stop", "--force"], env=env_for(venv, [setup.STUBS]), capture_output=True,
+        if d.ray_started and d.venv is not None:
+            subprocess.run(["ray", "stop", "--force"], env=env_for(d.venv, [setup.STUBS]), capture_output=True,
                            timeout=120)
         if own_work:
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(d.work, ignore_errors=True)
     return _finish(o)
+
+
+def _steps(d: _DryRun) -> None:
+    """The steps of the module's docstring, in its order; one whose failure leaves nothing to check ends the run."""
+    if not _parts_and_payload(d) or d.o.parts_only:
+        return
+    _stand_in(d)
+    _models(d)
+    _image_steps(d)
+    _import_closure(d)
+    # 5a: the learning cases' pieces that run here (the GPU host trains the real shape)
+    if any(c.refit_check for c in d.o.cases):
+        check_refit_hook(d.o, d.lay, d.venv, PROBES / "probe_imports.py")
+    if any(c.model == "trained" for c in d.o.cases):
+        check_pretrain(d.o, d.lay, d.venv, d.work)
+    _signatures(d)
+    _cases(d)
+    _host_commands(d.o)
+
+
+def _parts_and_payload(d: _DryRun) -> bool:
+    """1-2: the parts and the payload, every wheel against its RECORD; False when the run cannot go on."""
+    o, work = d.o, d.work
+    root = o.ferry_root or o.repo
+    try:
+        info = ferry.check(root, "nrl")
+    except CarryError as exc:
+        _say(o, "ferry nrl", False, exc.message)
+        return False
+    big = info["over_limit"]
+    _say(o, "ferry nrl", not big, f"{len(info['parts'])} part(s), "
+         + ", ".join(f"{b / 1e6:.1f} MB" for b in info["part_bytes"]) + (f"; too big for a call beside the working tree: {big}" if big else ""),
+         sha256=info["sha256"])
+    te = root / ".ferry" / "te.sha256"
+    _say(o, "ferry te", te.exists() or None, f"{te.read_text().split()[1]} part(s)" if te.exists()
+         else "not staged here (shared/gpu/stage-te.sh); needed on the GPU host")
+    ferry.receive_local(root, "nrl", work / "parts")
+    lay = setup.Layout(parts=work / "parts", root=work / "root", te=work / "te",
+                       model_dir=o.model or o.cache / "dryrun-model")
+    lay.root.mkdir(parents=True, exist_ok=True)
+    manifest = setup.unpack_payload(lay)
+    _say(o, "payload", True, f"{manifest['payload_bytes'] / 1e6:.1f} MB, series digest "
+         f"{manifest['series_digest'][:12]}, {manifest['wheels']} wheels")
+    d.lay = lay
+    try:
+        d.built = [wheels.rezip(w, work / "wheelhouse") for w in sorted((lay.payload / "wheels").iterdir())
+                   if w.is_dir()]
+    except CarryError as exc:
+        _say(o, "wheels against RECORD", False, exc.message)
+        return False
+    _say(o, "wheels against RECORD", True, f"{len(d.built)} wheels checked and zipped again")
+    return True
+
+
+def _stand_in(d: _DryRun) -> None:
+    """3: the stand-in of the GPU host: its venv, and the staged wheels installed as the host installs them."""
+    o, built = d.o, d.built
+    lk = wheel_lock.load(setup.HERE / "wheels.toml")
+    venv = d.venv = stand_in_venv(o, lk, find_python312(o.python312))
+    vpy = str(venv / "bin" / "python")
+    need = wheels.glibc_needed([w.name for w in built])
+    here = wheels_glibc_of(vpy)
+    if need is not None:
+        _say(o, "glibc the staged wheels need", None if here is None or here < need[0] else True,
+             f">= {need[0][0]}.{need[0][1]} ({need[1]}); here " + ("unknown" if here is None else "%d.%d" % here)
+             + "; run-on-gpu-host checks the host's first")
+    res, foreign = install_staged(vpy, built, here, lk.python)
+    _say(o, "staged wheels install (--no-index --no-deps)", res.ok, res.stderr.strip()[-300:] if not res.ok else
+         f"{len(built)} into {venv}" + (f"; for the host's platform, as this glibc is older: "
+                                        f"{', '.join(w.name for w in foreign)}" if foreign else ""))
+    if res.ok:
+        clash = staged_version_conflicts(vpy, [w.name for w in built])
+        _say(o, "staged wheels' requirements against the host's packages", not clash,
+             "; ".join(clash) if clash else "no staged wheel requires another version of what the host or "
+                                             "the other staged wheels hold (pip check)")
+
+
+def _models(d: _DryRun) -> None:
+    """3b: the model, built as the GPU host's setup builds it (and the MoE model, when staged)."""
+    o, lay, venv = d.o, d.lay, d.venv
+    log_path = d.work / "model.log"
+    with open(log_path, "w") as log:
+        try:
+            m = setup.build_model(lay, log, python=str(venv / "bin" / "python"))
+        except CarryError as exc:
+            m = None
+            detail = exc.message + ": " + " | ".join(log_path.read_text().strip().splitlines()[-3:])
+    if m is not None:
+        detail = (f"{m['parameters']} parameters, seed {m['seed']}, "
+                  + ", ".join(f"{n} sha256 {h}" for n, h in m["files"].items())
+                  + (" (kept from an earlier dry-run)" if m["reused"] else f" (built in {m['seconds']}s)"))
+    _say(o, "model weights (fixtures.build_weights, as the GPU host's setup)", m is not None, detail,
+         model=str(lay.model), weights=m)
+    with open(log_path, "a") as log:
+        try:
+            moe = setup.build_moe_model(lay, log, python=str(venv / "bin" / "python"))
+            detail = "not staged" if moe is None else f"{moe['parameters']} parameters, seed {moe['seed']}"
+        except CarryError as exc:
+            moe, detail = False, exc.message
+    _say(o, "MoE model weights (moe_fixtures.build_weights)", bool(moe) if moe is not None else None, detail,
+         weights=moe or None)
+
+
+def _image_steps(d: _DryRun) -> None:
+    """4: the image steps that run without a GPU; the pristine trees of the red cases."""
+    o, lay, venv = d.o, d.lay, d.venv
+    run(["git", "clone", "-q", str(lay.payload / "sources" / "nemo-rl.git"), str(lay.nemo_rl_patched)])
+    for step, ok, last in run_steps(lay, venv):
+        _say(o, f"image step {step}", ok, last)
+    _say(o, "image step 20-te", None, "not here: TransformerEngine's torch extension needs the GPU host "
+         "(built there against torch 2.11+cu130, glibc >= 2.38)")
+    _say(o, "image step 90-verify", None, "not here: it asks HAVE_GTP, which needs TE and CUDA")
+    setup.prepare_pristine(lay, python=str(venv / "bin" / "python"))
+
+
+def _import_closure(d: _DryRun) -> None:
+    """5: the import closure of the GRPO path, per tree set a selected case runs on."""
+    o, lay, venv = d.o, d.lay, d.venv
+    probe = PROBES / "probe_imports.py"
+    for label, front, nrl in (("patched", [], lay.nemo_rl_patched),
+                              ("pristine-mcore", [lay.mcore_pristine], lay.nemo_rl_patched),
+                              ("pristine-nemo-rl", [], lay.nemo_rl_pristine)):
+        if not any(c.name == label or (label == "patched" and c.nemo_rl == c.megatron_core == "patched")
+                   for c in o.cases):
+            continue
+        env = env_for(venv, front + [nrl, setup.STUBS])
+        mods = [m for m in GRPO_MODULES if label != "pristine-nemo-rl" or m not in SERIES_ONLY]
+        calls = [a for c in CALLS for a in ("--call", c)] + [a for f in FLAGS for a in ("--flag", f)]
+        res = subprocess.run([str(venv / "bin" / "python"), str(probe), "--te-placeholder", *calls, *mods],
+                             env=env, capture_output=True, text=True, timeout=900, cwd=nrl)
+        recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+        for r in recs:
+            if "module" in r:
+                note = f" (TE placeholder in {', '.join(r['te_placeholder'])})" if r.get("te_placeholder") else ""
+                ok, detail = r["ok"], (r.get("error") or "") + note
+                if not ok and label == "pristine-nemo-rl":
+                    # That tree lacks the series, its import fix (nrl-mcore-fsdp-names) too:
+                    # the case is red by design, so this is what it shows, not a dry-run failure.
+                    ok, detail = None, "expected without the series: " + detail
+                _say(o, f"import [{label}] {r['module']}", ok, detail, where=r.get("where"))
+            elif "call" in r:
+                mod, func, arg = r["call"].split(":", 2)
+                _say(o, f"call [{label}] {func}({arg!r}) of {mod}", r["ok"],
+                     r.get("error") or f"returned a {r['returned']}", where=r.get("where"))
+            elif "flag" in r:
+                mod, name = r["flag"].split(":", 1)
+                _say(o, f"flag [{label}] {mod}.{name}", r["ok"], r.get("error") or f"is {r['value']}",
+                     where=r.get("where"))
+        if not recs:
+            _say(o, f"import [{label}]", False, res.stderr.strip()[-500:])
+
+
+def _signatures(d: _DryRun) -> None:
+    """5b: calls into megatron-core / Bridge the installed versions cannot take."""
+    o, lay, venv = d.o, d.lay, d.venv
+    sig = PROBES / "probe_signatures.py"
+    nrl = lay.nemo_rl_patched
+    files = sorted(p.relative_to(nrl).as_posix() for pat in SIGNATURE_FILES for p in nrl.glob(pat))
+    res = subprocess.run([str(venv / "bin" / "python"), str(sig), str(nrl), *files],
+                         env=env_for(venv, [nrl, setup.STUBS]), capture_output=True, text=True,
+                         timeout=900, cwd=nrl)
+    recs = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
+    found = [r for r in recs if "at" in r]
+    summary = next((r for r in recs if r.get("summary")), None)
+    _say(o, "calls into megatron-core/-bridge [patched]", summary is not None and not found,
+         (f"{summary['files']} NeMo-RL files scanned" if summary else res.stderr.strip()[-300:])
+         + "".join(f"; {r['at']} {r['call']}: {r['problem']}" for r in found[:8]))
+
+
+def _cases(d: _DryRun) -> None:
+    """6: each case's command line from its functional script, then its config, tokenizer, data and Ray set up."""
+    o, lay, venv, work = d.o, d.lay, d.venv, d.work
+    if o.ray:
+        env = env_for(venv, [setup.STUBS])
+        rs = subprocess.run(["ray", "start", "--head", "--num-gpus=0", "--num-cpus=2", "--include-dashboard=false",
+                             "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=300)
+        d.ray_started = rs.returncode == 0
+        _say(o, "ray start --head (CPU)", d.ray_started, rs.stderr.strip()[-300:] if not d.ray_started else "")
+    pconf = PROBES / "probe_config.py"
+    for case in o.cases:
+        t = caserun.case_trees(lay, case, None)
+        recorded = record_script(lay, case, venv, work, t.front, t.nemo_rl)
+        args = grpo_args(recorded)
+        _say(o, f"[{case.name}] functional script's command line", args is not None,
+             f"{len(args)} run_grpo.py arguments" if args else "the script never reached run_grpo.py",
+             commands=[" ".join(r["argv"]) for r in recorded])
+        if args is None:
+            continue
+        tree = work / f"nemo-rl-{case.name}"
+        env = env_for(venv, t.front + [tree, setup.STUBS], {"HF_DATASETS_CACHE": str(work / "hf-datasets")})
+        res = subprocess.run([str(venv / "bin" / "python"), str(pconf), "--nemo-rl", str(tree),
+                              *(["--ray"] if d.ray_started else []), "--", *args],
+                             env=env, capture_output=True, text=True, timeout=900, cwd=tree)
+        try:
+            doc = json.loads(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            doc = {"ok": False, "error": res.stderr.strip()[-800:], "steps": []}
+        for s in doc.get("steps", []):
+            detail = {k: v for k, v in s.items() if k != "step"}
+            _say(o, f"[{case.name}] {s['step']}", True, json.dumps(detail, default=str)[:400])
+        if not doc["ok"]:
+            expected = case.expect == "red"
+            _say(o, f"[{case.name}] run_grpo.py setup", False if not expected else None,
+                 ("expected for this red case: " if expected else "") + doc.get("error", "")
+                 + (f" (cause: {doc['cause']})" if doc.get("cause") else ""), where=doc.get("where"))
+
+
+def _host_commands(o: Options) -> None:
+    """7: what the GPU host will run."""
+    print("[dry-run] on the GPU host, for each case:")
+    for case in o.cases:
+        print(f"  {case.name}: ray start --head --num-gpus=2 --include-dashboard=false; "
+              f"(cd <nemo-rl copy> && bash {casing.SCRIPT} "
+              + " ".join(casing.script_args(case, "<model>", "<train.jsonl>", "<checkpoints>",
+                                                 "<validation.jsonl>"))
+              + "); ray stop --force")
 
 
 def check_refit_hook(o: Options, lay: setup.Layout, venv: Path, probe: Path) -> None:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from carry import progress
 from carry.errors import OperationError, UsageError
-from carry.runner import run
+from carry.runner import Result, run
 
 from ..host import caserun, setup
 from ..host import cases as casing
-from ..staging import wheel_lock
+from ..staging import wheel_lock, wheels
 
 
 def find_python312(given: str | None) -> str:
@@ -48,6 +48,27 @@ def stand_in_venv(o, lk: wheel_lock.Lock, py: str) -> Path:
         raise OperationError(f"could not build the stand-in venv: {res.stderr.strip()[-800:]}")
     stamp.write_text(want)
     return venv
+
+
+def install_staged(vpy: str, built: list[Path], here: tuple[int, int] | None, python: str) -> tuple[Result, list[Path]]:
+    """The staged wheels into the stand-in as the host installs them (--no-index --no-deps); the last
+    pip's result, and the wheels installed for the host's platform.
+
+    What this machine's glibc (HERE) cannot take, pip refuses here though the host takes it: those
+    wheels go into the stand-in's site with --platform (their compiled parts may not load here).
+    """
+    foreign = [w for w in built if (v := wheels.wheel_glibc(w.name)) is not None and (here is None or v > here)]
+    native = [w for w in built if w not in foreign]
+    pip = [vpy, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check"]
+    res = run([*pip, "--force-reinstall", *map(str, native)], check=False, timeout=900)
+    for w in foreign if res.ok else []:
+        site = run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+        tag = w.name[:-4].split("-")[-1].split(".")[0]
+        res = run([*pip, "--upgrade", "--target", site, "--platform", tag, "--python-version", python,
+                   "--implementation", "cp", "--only-binary=:all:", str(w)], check=False, timeout=900)
+        if not res.ok:
+            break
+    return res, foreign
 
 
 def staged_version_conflicts(vpy: str, wheel_files: list[str]) -> list[str]:

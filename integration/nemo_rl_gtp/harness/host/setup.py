@@ -23,7 +23,8 @@ as new as the staged wheels' manylinux tags need (nvidia-resiliency-ext's: 2.39)
 The setup leaves setup.log, verify.json and model.json (the weights' sha256) in OUT.
 
 This module also holds what both halves share: where everything lives on the host
-(:class:`Layout`) and the one way the harness runs a child (:func:`stream`, :func:`child_env`).
+(:class:`Layout`) and how the harness runs a child (:func:`stream`: carry.runner.stream, its output
+to a log; :func:`child_env`).
 Running a case is caserun.py.
 """
 
@@ -33,18 +34,15 @@ import json
 import lzma
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from carry import progress
+from carry import progress, runner
 from carry.errors import CommandError, IntegrityError, OperationError, UsageError
-from carry.nightly.launch import kill_group
-from carry.runner import run, spawn
+from carry.runner import run
 
 from ..staging import wheel_lock, wheels
 from . import cases as casing
@@ -349,10 +347,11 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def stream(argv: list[str], log, env: dict[str, str], cwd: Path | None = None, timeout: float | None = None,
-            echo: bool = True) -> int:
-    """Run ARGV in its own process group; its output goes to LOG and (echo) to our stdout as it comes.
+           echo: bool = True) -> int:
+    """Run ARGV with carry.runner.stream in its own process group; its output goes to LOG and (echo)
+    to our stdout as it comes.
 
-    A timeout takes down the whole group (Ray, the workers), and says so in the log.
+    A timeout takes down the whole group (Ray, the workers), and says so in the log: exit 124.
     """
     def put(text: str) -> None:
         log.write(text)
@@ -362,26 +361,10 @@ def stream(argv: list[str], log, env: dict[str, str], cwd: Path | None = None, t
             sys.stdout.flush()
 
     put(f"$ {' '.join(argv)}\n")
-    proc = spawn(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                 errors="replace", start_new_session=True, stdin=subprocess.DEVNULL)
-    expired = threading.Event()
-
-    def kill() -> None:
-        expired.set()
-        kill_group(proc)
-
-    timer = threading.Timer(timeout, kill) if timeout else None
-    if timer:
-        timer.start()
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            put(line)
-        rc = proc.wait()
-    finally:
-        if timer:
-            timer.cancel()
-    if expired.is_set():
+        return runner.stream(argv, put, env=env, cwd=cwd, timeout=timeout or None, group=True, keepends=True)
+    except CommandError as exc:
+        if exc.returncode != 124:
+            raise
         put(f"\n[run-on-gpu-host] killed after {timeout:g}s\n")
         return 124
-    return rc

@@ -33,7 +33,7 @@ MIN_PART_BYTES = 16 * 1024 * 1024
 def travelling_bytes(root: Path) -> int:
     """What a device call carries besides its part: the checkout's tracked files and those git does
     not ignore (the device tool's rule), as they are on disk now."""
-    from carry.runner import Git
+    from carry.git import Git
 
     out = Git(root)("ls-files", "-z", "--cached", "--others", "--exclude-standard", binary=True).stdout
     total = 0

@@ -36,7 +36,8 @@ from pathlib import Path
 
 from carry import progress
 from carry.errors import SourceError, UsageError
-from carry.runner import Git, run
+from carry.git import Git
+from carry.runner import run
 from carry.series.manifest import Series
 from carry.workspace.artifacts import fetch_artifact, sha256_file
 from carry.workspace.sources import mirror_path

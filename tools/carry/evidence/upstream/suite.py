@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ... import progress
 from ...errors import CommandError, IntegrityError, SourceError, UsageError
-from ...runner import Git
+from ...git import Git
 from ...shell import code
 from ...series.testspin import TestsPin
 

@@ -426,13 +426,14 @@ def test_the_te_site_is_on_every_launch_path_after_the_trees(up, tmp_path):
         assert paths.index(tree) < paths.index(str(site)), paths
 
 
-EVIDENCE = Path(__file__).resolve().parents[1] / "integration"
+ROOT_DIR = Path(__file__).resolve().parents[1]
+EVIDENCE = ROOT_DIR / "integration"
 H200_RUN = EVIDENCE / "h200" / "2026-12-03-upstream-tests"
 COMMITTED_RUNS = {"h200-megatron-lm": (H200_RUN, "megatron-lm", "incomplete"),
                   "cpu-nemo-rl": (EVIDENCE / "cpu-runs" / "2026-12-04-upstream-tests-nemo-rl", "nemo-rl", "passed")}
 
 
-def _judged_again(run: Path, upstream: str = "megatron-lm") -> tuple[dict, list, dict]:
+def _judged_again(run: Path, upstream: str = "megatron-lm", least: int = 60) -> tuple[dict, list, dict]:
     """The committed run's result.json, its rows compared again, and their counts: each test that ended
     on its ranks is merged again from the ranks' own records (rank-*.jsonl of every launch); the
     launcher's own verdicts (a test that died, a test the budget left) are taken from result.json."""
@@ -450,7 +451,7 @@ def _judged_again(run: Path, upstream: str = "megatron-lm") -> tuple[dict, list,
             for nodeid, records in read_launch(launch, world).tests.items():
                 side.outcomes[nodeid] = merge(records, world)
                 merged += 1
-        assert merged >= 60, (name, merged)
+        assert merged >= least, (name, merged)   # the records are there, not a stub
         for nodeid, o in recorded["outcomes"].items():
             if nodeid not in side.outcomes:   # it died, or skipped at collection: no rank ended it
                 assert o["outcome"] in ("timeout", "crashed", "skipped") and o["phase"] in ("call", "collect"), (nodeid, o)
@@ -461,6 +462,26 @@ def _judged_again(run: Path, upstream: str = "megatron-lm") -> tuple[dict, list,
         sides[name] = side
     rows = compare(sides["pristine"], sides["patched"])
     return result, rows, counts(rows)["*"]
+
+
+def test_the_committed_mutation_run_is_red_for_its_one_regression_and_names_its_patch():
+    """integration/cpu-runs/2026-12-04-upstream-tests-mutation: a copy of the series with one wrong default
+    in a patched signature. Judged again from its rank records: exactly the one regression, the patch the
+    bisection names is the one whose file mutation.diff changes, and the README's counts."""
+    run = EVIDENCE / "cpu-runs" / "2026-12-04-upstream-tests-mutation"
+    result, rows, total = _judged_again(run, "nemo-rl", least=33)
+    assert [r.to_dict() for r in rows] == result["rows"] and total == result["counts"]["*"]
+    (regression,) = [r for r in rows if r.category == "regression"]
+    assert (regression.pristine, regression.patched) == ("passed", "failed"), regression
+    (found,) = json.loads((run / "run" / "nemo-rl" / "bisect.json").read_text())
+    assert found["id"] == regression.id and found["first_patch"] == "nrl-mcore-fsdp-names", found
+    assert result["status"] == "failed" and result["ok"] is False
+    changed = (run / "mutation.diff").read_text().splitlines()[0]
+    assert changed.endswith("nemo-rl/0005-mcore-0.19-fsdp-class-names.patch"), changed
+    series = (ROOT_DIR / "patches" / "gtp" / "series.toml").read_text()
+    assert 'id = "nrl-mcore-fsdp-names"' in series and "nemo-rl/0005-mcore-0.19-fsdp-class-names.patch" in series
+    table = dict(re.findall(r"^\| (regression|passed|known-failure) \| (\d+) \|", (run / "README.md").read_text(), re.M))
+    assert {k: int(v) for k, v in table.items()} == total, (table, total)
 
 
 @pytest.mark.parametrize("which", sorted(COMMITTED_RUNS))

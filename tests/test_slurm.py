@@ -157,7 +157,14 @@ class Job:
         except subprocess.TimeoutExpired:
             self.slurm.run("scancel", self.id, check=False)
             raise AssertionError(f"job {self.id} still runs after {timeout:g} s:\n{self.output()}")
+        self.sbatch_stderr = self.proc.stderr.read()
         return self.proc.returncode
+
+    def said(self) -> str:
+        """What sbatch --wait printed and what the controller recorded of the job: for a failure's message."""
+        record = self.slurm.run("scontrol", "-o", "show", "job", self.id, check=False)
+        return (f"sbatch stderr: {getattr(self, 'sbatch_stderr', '')!r}\ncontroller: {record.stdout.strip()} "
+                f"{record.stderr.strip()}\njob output:\n{self.output()}")
 
     def night(self, root: Path) -> Path:
         """The night's folder: GTP_NIGHTLY_ROOT/<time>-slurm<job id>."""
@@ -345,7 +352,7 @@ def test_proofs_and_upstream_tests_are_job_steps_judged_as_on_this_machine(slurm
     green = matrix(series, proof_test("red-green", ["clean"], 120) + upstream, proofs=False)
     root = tmp_path / "root"
     job = Job(slurm, series, root, green)
-    assert job.wait() == 0, job.output()
+    assert job.wait() == 0, job.said()
     assert slurm.job(job.id)["ExitCode"] == "0:0", slurm.job(job.id)
     r = runs(job.night(root))
     assert {t: x["status"] for t, x in r.items()} == {"red-green[clean]": "passed",
@@ -359,7 +366,7 @@ def test_proofs_and_upstream_tests_are_job_steps_judged_as_on_this_machine(slurm
     local = tmp_path / "local"  # the same matrix on this machine, as the job runs
     tool("nightly", "--config", config, "--out", local, "--workdir", tmp_path / "lwork", "--cache", series["cache"],
          "--source", f"megatron-lm={series['up']}", "--history", tmp_path / "local.jsonl", check=1, timeout=600)
-    assert job.wait() == 1, job.output()
+    assert job.wait() == 1, job.said()
     assert slurm.job(job.id)["ExitCode"] == "1:0", slurm.job(job.id)
     night = job.night(root)
     r = runs(night)
@@ -454,7 +461,7 @@ def test_without_pyxis_the_image_night_stops_before_it_starts(slurm, demo, tmp_p
     sqsh = tmp_path / "gtp-te219.sqsh"
     sqsh.write_bytes(b"hsqs")
     job = Job(slurm, demo, root, None, line=0, sbatch=("--gpus-per-node=0",), env={"GTP_TE219_SQUASHFS": str(sqsh)})
-    assert job.wait(120) == 2, job.output()
+    assert job.wait(120) == 2, job.said()
     errors = [line for line in job.output().splitlines() if line.startswith("error:")]
     assert errors == ["error: srun has no --container-image here: pyxis is not installed; install enroot and "
                       "NVIDIA's pyxis (its SPANK plugin) on the nodes, or run the cells that need no container "

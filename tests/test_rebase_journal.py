@@ -16,7 +16,7 @@ import subprocess
 import pytest
 from fakeup import edit, make_patch, make_upstream, patch_entry, series_toml
 from helpers import git, kill_at, read_json, tool
-from test_retire import history  # noqa: F401  (the fixture: an upstream that merged patches in its own words)
+from test_retire import history, merged_in_its_own_words  # noqa: F401  (the fixture: an upstream that merged patches in its own words)
 
 from carry.git import Git
 
@@ -166,15 +166,8 @@ def test_a_manifest_edited_after_the_kill_is_kept_beside_the_finished_one(world,
 def test_a_rebase_that_also_retires_is_one_step(history, tmp_path):  # noqa: F811
     """A patch upstream merged in its own words leaves the series in the same journalled step
     as the refreshed files and the new pin (test_retire's merged_in history)."""
-    up, sdir = history["up"], history["series"]
-    fixed_beta = git(up, "rev-parse", f"{history['v1']}~1")
-    edit(up, "megatron/core/delta.py", 15, 'value_15 = "patched"  # upstream, in its own words\n')
-    v3 = Git(up).commit_all("upstream: fix delta its own way")
+    up, sdir, v3 = merged_in_its_own_words(history)
     toml = sdir / "series.toml"
-    text = toml.read_text()
-    for pid, commit in (("different", fixed_beta), ("plain", v3)):
-        text = text.replace(f'id = "{pid}"\n', f'id = "{pid}"\nmerged_in = "{commit}"\n', 1)
-    toml.write_text(text)
     ref = tmp_path / "reference" / "demo"
     shutil.copytree(sdir, ref)
     args = ["--onto", f"megatron-lm={v3}", "--source", f"megatron-lm={up}", "--cache", history["cache"]]

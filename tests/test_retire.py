@@ -359,11 +359,9 @@ def test_write_refuses_a_checkout_for_an_upstream_without_git_pin(history, tmp_p
     retire(history, history["v2"], check=0)  # the verdicts alone still work
 
 
-def test_rebase_retires_a_patch_upstream_merged_in_its_own_words(history, tmp_path):
-    """Upstream fixed 'different' and 'plain' in its own words and merged_in records those commits:
-    their text conflicts with the new base, so rebase used to stop for a person, who then had to
-    skip them and edit series.toml by hand (retire --write could not: the rest did not apply yet).
-    Now rebase retires them with that evidence and finishes unattended."""
+def merged_in_its_own_words(history) -> tuple:
+    """Upstream fixes delta its own way (v3), and series.toml records merged_in for 'different' (the
+    commit before v1) and 'plain' (v3): (upstream, series folder, v3)."""
     up, sdir = history["up"], history["series"]
     fixed_beta = git(up, "rev-parse", f"{history['v1']}~1")
     edit(up, "megatron/core/delta.py", 15, 'value_15 = "patched"  # upstream, in its own words\n')
@@ -373,6 +371,16 @@ def test_rebase_retires_a_patch_upstream_merged_in_its_own_words(history, tmp_pa
     for pid, commit in (("different", fixed_beta), ("plain", v3)):
         text = text.replace(f'id = "{pid}"\n', f'id = "{pid}"\nmerged_in = "{commit}"\n', 1)
     toml.write_text(text)
+    return up, sdir, v3
+
+
+def test_rebase_retires_a_patch_upstream_merged_in_its_own_words(history, tmp_path):
+    """Upstream fixed 'different' and 'plain' in its own words and merged_in records those commits:
+    their text conflicts with the new base, so rebase used to stop for a person, who then had to
+    skip them and edit series.toml by hand (retire --write could not: the rest did not apply yet).
+    Now rebase retires them with that evidence and finishes unattended."""
+    up, sdir, v3 = merged_in_its_own_words(history)
+    toml = sdir / "series.toml"
     out = tmp_path / "rb.json"
     tool("rebase", "--series", sdir, "--onto", f"megatron-lm={v3}", "--source", f"megatron-lm={up}", "--cache",
          history["cache"], "--workdir", tmp_path / "rw", "--json", out, check=0)

@@ -464,6 +464,28 @@ def _judged_again(run: Path, upstream: str = "megatron-lm", least: int = 60) -> 
     return result, rows, counts(rows)["*"]
 
 
+def test_the_committed_cpu_run_of_megatron_lm_compares_again_to_its_rows_and_its_table():
+    """integration/cpu-runs/2026-12-04-upstream-tests-megatron-lm (4694 tests of Megatron-LM's, a CPU host;
+    its rank records are too large to keep): the two recorded sides compared again give the rows and the
+    counts it holds, no regression, and the README's table."""
+    import gzip
+    from carry.evidence.upstream.launch import SideResult
+    from carry.evidence.upstream.verdict import compare, counts
+    run = EVIDENCE / "cpu-runs" / "2026-12-04-upstream-tests-megatron-lm"
+    result = json.loads(gzip.decompress((run / "run" / "megatron-lm" / "result.json.gz").read_bytes()))
+    sides = {name: SideResult(outcomes={k: Outcome(**o) for k, o in result["sides"][name]["outcomes"].items()},
+                              not_run=result["sides"][name]["not_run"],
+                              collect_errors=result["sides"][name]["collect_errors"])
+             for name in ("pristine", "patched")}
+    rows = compare(sides["pristine"], sides["patched"])
+    total = counts(rows)["*"]
+    assert [r.to_dict() for r in rows] == result["rows"] and total == result["counts"]["*"]
+    assert not [r for r in rows if r.category == "regression"] and result["status"] == "passed" and result["ok"]
+    assert sum(total.values()) > 4000 and total["passed"] > 800, total
+    table = dict(re.findall(r"^\| (passed|known-failure|skipped) \| (\d+) \|", (run / "README.md").read_text(), re.M))
+    assert {k: int(v) for k, v in table.items()} == total, (table, total)
+
+
 def test_the_committed_mutation_run_is_red_for_its_one_regression_and_names_its_patch():
     """integration/cpu-runs/2026-12-04-upstream-tests-mutation: a copy of the series with one wrong default
     in a patched signature. Judged again from its rank records: exactly the one regression, the patch the

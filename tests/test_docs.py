@@ -71,7 +71,7 @@ def test_the_readme_is_a_front_door():
 
 @pytest.mark.parametrize("words", ["shared/gpu/README.md", "/tmp/site", "$OUT", "device call", "call: carry"])
 def test_readme_and_docs_speak_of_the_users_machines_only(words):
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    pages = [ROOT / "README.md", ROOT / "integration" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     for page in pages:
         if "pending" in page.parts:
             continue

@@ -597,3 +597,13 @@ def test_a_test_file_only_one_side_has_is_run_on_that_side(tree_up):
                     "test_removed": ("passed", "absent", "regression")}, rows
     assert report["status"] == "failed" and [r["id"] for r in report["regressions"]] == \
         ["tests/unit/test_removed.py::test_removed"], report
+
+
+def test_a_side_that_has_none_of_the_selected_files_runs_nothing(tree_up):
+    """Only the test file the series adds is selected: the pristine side has none of it, and runs no
+    launch at all (pytest given no file would run every test of its folder)."""
+    _, out = _run(tree_up, "--no-bisect", "--files", "tests/unit/test_added.py", check=1)
+    rows = {r["id"].split("::")[-1]: (r["pristine"], r["patched"], r["category"])
+            for r in read_json(out / "megatron-lm" / "result.json")["rows"]}
+    assert rows == {"test_added": ("absent", "passed", "new")}, rows
+    assert not list((out / "megatron-lm" / "pristine").glob("launch-*")), "the pristine side launched"

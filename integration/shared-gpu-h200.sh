@@ -27,12 +27,21 @@
 #   stop-queue      kill the queue, its cases and its Ray
 #   proofs          the GPU proofs (tools/prove.py: the patches with a CUDA proof, PROVE_ONLY to choose;
 #                   their CPU-form proofs skip where TE gives HAVE_GTP) on the series, in the foreground
-#   learning-evidence-bg  issue 40, one command after the ferries: in the background, the setup and the
-#                   pretrain step, then the nightly's learning cell (tools/nightly.py --tests
-#                   grpo-megatron-generation-gtp-learning: held-out validation before and after, the learning
-#                   gate), then the harness queue of learning-sign-flip and learning-gtp-off side by side
-#                   (LR_RECIPES=1 adds learning-lr1e-5 and learning-lr1e-4: the lr's measurement)
-#   wait-learning-evidence S  wait (at most S seconds), pack what ended; exit 3 while anything still runs
+#   learning-evidence-bg  issue 40, one command after the ferries, in the background: the setup and the
+#                   pretrain step; one Ray cluster of 2 x WAVE_WIDTH (default 3) logical GPUs; wave 1, the lr
+#                   recipes side by side (LR_RECIPES, default "3e-5 1e-4 3e-4"); the lr whose recipe's held-out
+#                   gain is highest becomes LEARNING_LR in this copy's harness/host/cases.py (the value to
+#                   commit); wave 2, side by side on the same cluster: the nightly's learning cell
+#                   (tools/nightly.py --tests grpo-megatron-generation-gtp-learning, CARRY_NRL_RAY_RUNNING=1),
+#                   learning-sign-flip and learning-gtp-off. /tmp/o/evidence.log says what started and ended
+#                   when, /tmp/o/gpu-mem.log the GPU's memory every 20 s
+#   wait-learning-evidence S  wait (at most S seconds), pack all there is so far; exit 3 while it still runs
+#   upstream-tests-bg  issue 39, in the background once the setup's venv is there: each upstream's own
+#                   tests (tools/upstream_tests.py) pristine against patched, the three upstreams side by side,
+#                   in the venv (pytest and the tests' imports from the p39 ferry's wheels, TE from the setup),
+#                   the Megatron-LM and Megatron-Bridge tests from the p39 ferry, NeMo-RL's from its tree;
+#                   UT_BUDGET seconds per side (default 600)
+#   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
 set -uo pipefail
 cd "$(dirname "$0")/.."
 S=/tmp/nrl-run/payload/sources
@@ -189,26 +198,99 @@ case ${1:?step} in
     for pid in /tmp/o/*.pid; do
       if alive "$pid"; then stamp "refused: $pid still runs"; exit 1; fi
     done
-    extra=""; [ "${LR_RECIPES:-0}" = 1 ] && extra="learning-lr1e-5 learning-lr1e-4"
+    export WAVE_WIDTH=${WAVE_WIDTH:-3} LR_RECIPES=${LR_RECIPES:-"3e-5 1e-4 3e-4"} S
     setsid nohup bash -c '
       say() { echo "[$(date -u +%H:%M:%S)] $*"; }
+      alive() { [ -e "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+      ( while :; do echo "$(date -u +%H:%M:%S) $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"; sleep 20; done ) \
+        > /tmp/o/gpu-mem.log 2>&1 &
+      mem=$!; trap "kill $mem 2>/dev/null" EXIT
+      side_by_side() {  # the harness cases NAMES... on the running cluster, 20 s apart; wait for all
+        local name; for name in "$@"; do
+          setsid nohup env CARRY_NRL_CASE_TIMEOUT=840 python3 integration/nemo_rl_gtp/run-on-gpu-host --skip-setup \
+            --shared-gpu --ray-running --cases "$name" --out "/tmp/o/case-$name" > "/tmp/o/case-$name.console" 2>&1 < /dev/null &
+          echo $! > "/tmp/o/case-$name.pid"; say "started $name (pid $!)"; sleep 20
+        done
+        for name in "$@"; do
+          while alive "/tmp/o/case-$name.pid"; do sleep 2; done; say "ended $name: $(tail -1 /tmp/o/case-$name.console)"
+        done
+      }
       python3 integration/nemo_rl_gtp/run-on-gpu-host --pretrain-only --out /tmp/o/pretrain > /tmp/o/pretrain.console 2>&1
       rc=$?; say "setup + pretrain exit $rc"; [ "$rc" = 0 ] || exit "$rc"
-      CARRY_NRL_CASE_TIMEOUT=840 python3 tools/nightly.py --images gpu-host --shared-gpu --no-bisect --timeout 900 \
-        --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl='"$S"'/nemo-rl.git \
-        --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning > /tmp/o/learning.console 2>&1
-      rc=$?; say "learning nightly exit $rc"
-      QUEUE_WIDTH=2 bash integration/shared-gpu-h200.sh queue-bg learning-sign-flip learning-gtp-off '"$extra"'
-      rc=$?; say "queue-bg exit $rc"' evidence "${SRC[@]}" > /tmp/o/evidence.log 2>&1 < /dev/null &
-    echo $! > /tmp/o/evidence.pid; stamp "learning evidence started (pid $!): setup, pretrain, the nightly's learning cell, then the queue" ;;
+      setsid -w env -u CUDA_VISIBLE_DEVICES RAY_USAGE_STATS_ENABLED=0 /tmp/nrl-run/venv/bin/ray start --head \
+        --num-gpus=$((2 * WAVE_WIDTH)) --include-dashboard=false --disable-usage-stats > /tmp/o/queue-ray.log 2>&1 \
+        || { say "ray start failed"; exit 1; }
+      say "wave 1: the lr recipes $LR_RECIPES"
+      side_by_side $(for lr in $LR_RECIPES; do echo "learning-lr$lr"; done)
+      lr=$(python3 - $LR_RECIPES <<"PY"
+import json, sys
+gain = "harness/validation/accuracy_gain"
+best = None
+for lr in sys.argv[1:]:
+    try:
+        g = json.load(open(f"/tmp/o/case-learning-lr{lr}/metrics.json")).get(gain)
+    except (OSError, ValueError):
+        g = None
+    print(f"lr {lr}: held-out gain {g}", file=sys.stderr)
+    if isinstance(g, (int, float)) and (best is None or g > best[1]):
+        best = (lr, g)
+print(best[0] if best else "")
+PY
+)
+      [ -n "$lr" ] || { say "no recipe measured a gain: no wave 2"; /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; exit 1; }
+      sed -i "s/^LEARNING_LR = .*/LEARNING_LR = \"$lr\"   # measured: the highest held-out gain of wave 1/" \
+        integration/nemo_rl_gtp/harness/host/cases.py
+      say "wave 2 at lr $lr: the nightly learning cell, learning-sign-flip, learning-gtp-off"
+      ( CARRY_NRL_RAY_RUNNING=1 CARRY_NRL_CASE_TIMEOUT=840 python3 tools/nightly.py --images gpu-host --shared-gpu \
+          --no-bisect --timeout 900 --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl="$S"/nemo-rl.git \
+          --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning > /tmp/o/learning.console 2>&1
+        say "learning nightly exit $?" ) &
+      nightly=$!; sleep 20
+      side_by_side learning-sign-flip learning-gtp-off
+      wait "$nightly"
+      /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; say "evidence done; Ray stopped"' evidence "${SRC[@]}" \
+      > /tmp/o/evidence.log 2>&1 < /dev/null &
+    echo $! > /tmp/o/evidence.pid; stamp "learning evidence started (pid $!)" ;;
   wait-learning-evidence)
     done=0
     wait_for "${2:-540}" bash -c '! kill -0 "$(cat /tmp/o/evidence.pid)" 2>/dev/null' && done=1
-    cat /tmp/o/evidence.log
-    [ -e /tmp/nightly-learning/summary.md ] && pack learning /tmp/nightly-learning /tmp/o/learning.console
-    if [ "$done" = 0 ]; then stamp "setup, pretrain or the learning cell still runs: wait-learning-evidence again"; exit 3; fi
-    if [ -e /tmp/o/queue.pid ]; then
-      bash "$0" wait-queue "${3:-500}"; exit $?
-    fi ;;
+    cat /tmp/o/evidence.log; tail -3 /tmp/o/gpu-mem.log
+    pack evidence /tmp/o/evidence.log /tmp/o/gpu-mem.log /tmp/o/pretrain /tmp/o/pretrain.console /tmp/o/case-* \
+      /tmp/o/queue-ray.log /tmp/nightly-learning /tmp/o/learning.console
+    if [ "$done" = 0 ]; then stamp "the evidence still runs: wait-learning-evidence again"; exit 3; fi ;;
+  upstream-tests-bg)
+    mkdir -p /tmp/o/ut; export S UT_BUDGET=${UT_BUDGET:-600}
+    setsid nohup bash -c '
+      say() { echo "[$(date -u +%H:%M:%S)] $*"; }
+      P=/tmp/p/p39; U=/tmp/o/ut; V=/tmp/nrl-run/venv/bin/python
+      while [ ! -e /tmp/nrl-run/.payload-ok ]; do sleep 3; done   # the setup unpacks the sources first
+      for up in megatron-lm megatron-bridge nemo-rl; do
+        python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "$up" "$@" \
+          --source nemo-rl="$S"/nemo-rl.git --cache /tmp/ut-cache > "$U/apply-$up.txt" 2>&1 || say "apply $up failed"
+      done
+      say "workspaces applied; waiting for the setup venv"
+      while [ ! -e /tmp/nrl-run/verify.json ]; do sleep 5; done
+      "$V" -m pip install -q --no-index --find-links "$P/wheels" pytest pytest-mock pytest-asyncio pytest-random-order \
+        einops nltk mock wrapt > "$U/pip.txt" 2>&1; say "test tools installed in the venv (exit $?)"
+      "$V" -m pip freeze > "$U/environment.txt" 2>&1
+      run() {  # run UPSTREAM ARGS...
+        local up=$1; shift
+        timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$up" --only "$up" \
+          --python "$V" --shared-gpu --budget "$UT_BUDGET" --test-timeout 120 --cache /tmp/ut-cache \
+          --out "$U/$up" --json "$U/$up.report.json" "$@" > "$U/$up.console.txt" 2>&1
+        say "$up exit $?"
+      }
+      run megatron-lm --tests-source megatron-lm="$P/tests-mlm" --nproc 4 --files tests/unit_tests/generalized_tensor_parallel &
+      run megatron-bridge --tests-source megatron-bridge="$P/tests-bridge" &
+      run nemo-rl &
+      wait; say "upstream tests done"' ut "${SRC[@]}" > /tmp/o/ut.log 2>&1 < /dev/null &
+    echo $! > /tmp/o/ut.pid; stamp "upstream tests started (pid $!)" ;;
+  wait-upstream-tests)
+    done=0
+    wait_for "${2:-300}" bash -c '! kill -0 "$(cat /tmp/o/ut.pid)" 2>/dev/null' && done=1
+    cat /tmp/o/ut.log; for f in /tmp/o/ut/*.console.txt; do echo "== $f"; tail -6 "$f"; done
+    ( cd /tmp/o && find ut -type f -size -8000k \( -name '*.json' -o -name '*.jsonl' -o -name '*.txt' -o -name '*.log' \
+      -o -name '*.md' \) -not -name console.log | tar -czf "$OUT/ut.tgz" -T - ) && stamp "packed $OUT/ut.tgz"
+    if [ "$done" = 0 ]; then stamp "the upstream tests still run: wait-upstream-tests again"; exit 3; fi ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac

@@ -312,6 +312,22 @@ def test_a_case_on_a_ray_already_running_neither_starts_nor_stops_it(tmp_path):
     assert "neither starts nor stops it" in log_path.read_text()
 
 
+@pytest.mark.parametrize("value, running", [(None, False), ("0", False), ("1", True)])
+def test_the_ray_running_switch_reaches_a_nightly_cell_through_its_environment(monkeypatch, value, running):
+    """A nightly's gpu-host cell runs run-on-gpu-host with the night's environment and its own arguments:
+    CARRY_NRL_RAY_RUNNING=1 is how such a cell joins a cluster that cases beside it share (the learning
+    evidence on one H200), so --ray-running's default must follow it, and only when it is "1"."""
+    _harness()
+    from harness import cli
+
+    if value is None:
+        monkeypatch.delenv(cli.RAY_RUNNING_ENV, raising=False)
+    else:
+        monkeypatch.setenv(cli.RAY_RUNNING_ENV, value)
+    assert cli._gpuhost_parser().parse_args([]).ray_running is running
+    assert cli._gpuhost_parser().parse_args(["--ray-running"]).ray_running is True
+
+
 def test_a_bisection_names_the_patch_the_trees_lack():
     """The nccl-bf16 cell on the series without mlm-gtp-tied-dummy-wgrad (seen on the H200): the run's
     BUG_HIT names a series patch that the bisected trees do not hold, and the note says so."""

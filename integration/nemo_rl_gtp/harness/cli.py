@@ -20,6 +20,7 @@ from .host import learning
 
 HERE = Path(__file__).resolve().parents[1]
 REPO = HERE.parents[1]
+RAY_RUNNING_ENV = "CARRY_NRL_RAY_RUNNING"   # --ray-running's default: on when it is "1"
 
 
 def guarded(entry, argv: list[str] | None = None) -> int:
@@ -170,9 +171,10 @@ def _gpuhost_parser() -> Parser:
                         "nightly's gpu-host cells inherit the variable)")
     p.add_argument("--gpus", type=int, default=2, help="GPUs given to ray start (default 2)")
     p.add_argument("--skip-setup", action="store_true", help="use the environment an earlier call built")
-    p.add_argument("--ray-running", action="store_true",
+    p.add_argument("--ray-running", action="store_true", default=os.environ.get(RAY_RUNNING_ENV) == "1",
                    help="use the Ray cluster already running on this host (started outside the harness, e.g. "
-                        "`ray start --head --num-gpus=4` for two cases side by side): no ray start, no ray stop")
+                        "`ray start --head --num-gpus=4` for two cases side by side): no ray start, no ray stop "
+                        f"(default: on when {RAY_RUNNING_ENV}=1, which a nightly's gpu-host cell inherits)")
     p.add_argument("--shared-gpu", action="store_true", default=os.environ.get("CARRY_SHARED_GPU") == "1",
                    help="the shared-GPU mode: the --gpus Megatron workers all on GPU 0, each process with its own "
                         "NCCL_HOSTID (default: on when CARRY_SHARED_GPU=1, as tools/nightly.py --shared-gpu sets "

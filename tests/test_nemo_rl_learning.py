@@ -83,7 +83,7 @@ def test_acceptance_is_the_window_and_the_entropy_limit():
 def test_learning_cases_add_only_their_own_overrides():
     learning_names = {"learning", "learning-stale-refit", "learning-corrupt-tensor", "learning-frozen-weights",
                       "learning-gtp-off", "learning-no-cuda-graphs", "learning-gtp-off-no-cuda-graphs",
-                      "learning-sign-flip", "learning-lr1e-5", "learning-lr3e-5", "learning-lr1e-4"}
+                      "learning-sign-flip", "learning-lr1e-5", "learning-lr3e-5", "learning-lr1e-4", "learning-lr3e-4"}
     assert learning_names <= set(casing.CASES)
     for name in learning_names:
         case = casing.CASES[name]
@@ -106,7 +106,7 @@ def test_learning_cases_add_only_their_own_overrides():
     assert {"grpo.val_at_start=true", "grpo.val_at_end=true", f"grpo.max_val_samples={casing.VALIDATION}",
             "grpo.num_prompts_per_step=16", "grpo.max_num_steps=6"} <= set(casing.LEARNING)
     assert casing.VALIDATION == fixtures.VALIDATION_PROBLEMS
-    assert {f"learning-lr{lr}" for lr in ("1e-5", "3e-5", "1e-4")} <= set(casing.CASES)
+    assert {f"learning-lr{lr}" for lr in ("1e-5", "3e-5", "1e-4", "3e-4")} <= set(casing.CASES)
     assert casing.CASES["learning-sign-flip"].red_by == (casing.GAIN,)
     env = casing.case_env
     assert env(casing.CASES["learning"]) == {"CARRY_REFIT_CHECK": "1", "CARRY_GREEDY_VALIDATION": "1"}

@@ -87,7 +87,7 @@ MATRIX_TEST = "grpo-megatron-generation-matrix"
 # group is 0.25^8 = 1.5e-5 likely, where the script's two prompts give 0.06. The script's
 # train_global_batch_size (4) is kept: 32 samples make 8 optimizer steps per GRPO step.
 # No checkpoints: the script's own setting (so no resume interplay with the longer horizon).
-LEARNING_LR = "3e-5"   # pending measurement: the learning-lr* recipes below measure 1e-5, 3e-5 and 1e-4
+LEARNING_LR = "3e-5"   # pending measurement: the learning-lr* recipes below measure 1e-5, 3e-5, 1e-4 and 3e-4
 LEARNING_STEPS = 6
 
 
@@ -146,7 +146,7 @@ def learning_cases() -> tuple[Case, ...]:
              learning_mutation="sign-flip", red_by=(GAIN,)),
         # The lr is the case's own setting, chosen by measurement (pending): one recipe per candidate.
         *(case(f"learning-lr{lr}", f"recipe: the learning case at lr {lr} (to choose the case's lr by measurement)",
-               "green", lr=lr, test=MATRIX_TEST) for lr in ("1e-5", "3e-5", "1e-4")),
+               "green", lr=lr, test=MATRIX_TEST) for lr in ("1e-5", "3e-5", "1e-4", "3e-4")),
         case("learning-stale-refit", "mutation: every refit after the first is skipped; the refit check must fail "
              "from step 2 on", "red", mutation="stale-refit", red_by=(UNVERIFIED,)),
         case("learning-corrupt-tensor", "mutation: rank 0's GTP shard of one tensor is negated in transit; the refit "

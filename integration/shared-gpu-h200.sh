@@ -38,9 +38,12 @@
 #   wait-learning-evidence S  wait (at most S seconds), pack all there is so far; exit 3 while it still runs
 #   upstream-tests-bg  issue 39, in the background once the setup's venv is there: each upstream's own
 #                   tests (tools/upstream_tests.py) pristine against patched, the three upstreams side by side,
-#                   in the venv (pytest and the tests' imports from the p39 ferry's wheels, TE from the setup),
+#                   in the setup's venv as it is (pytest, TE and the rest come with NeMo-RL's stack),
 #                   the Megatron-LM and Megatron-Bridge tests from the p39 ferry, NeMo-RL's from its tree;
-#                   UT_BUDGET seconds per side (default 600)
+#                   UT_BUDGET seconds per side (default 600); UT_ONLY the upstreams (default all three),
+#                   UT_MLM_FILES / UT_BRIDGE_FILES what runs of theirs (default: the GTP folder / every selected
+#                   file), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json)
+#   setup-bg        in the background: run-on-gpu-host's setup alone (/tmp/o/setup)
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -134,6 +137,10 @@ case ${1:?step} in
     tail -5 "/tmp/o/case-$name.console"
     pack "case-$name" "/tmp/o/case-$name" "/tmp/o/case-$name.console"
     if [ "$done" = 0 ]; then stamp "case $name still runs: wait-case again in the next call"; exit 3; fi ;;
+  setup-bg)
+    setsid nohup python3 integration/nemo_rl_gtp/run-on-gpu-host --setup-only --out /tmp/o/setup \
+      > /tmp/o/setup.console 2>&1 < /dev/null &
+    echo $! > /tmp/o/setup.pid; stamp "setup started (pid $!)" ;;
   setup)
     stamp "setup"
     timeout -k 10 500 python3 integration/nemo_rl_gtp/run-on-gpu-host --setup-only --out /tmp/o/setup \
@@ -259,7 +266,10 @@ PY
       /tmp/o/queue-ray.log /tmp/nightly-learning /tmp/o/learning.console
     if [ "$done" = 0 ]; then stamp "the evidence still runs: wait-learning-evidence again"; exit 3; fi ;;
   upstream-tests-bg)
-    mkdir -p /tmp/o/ut; export S UT_BUDGET=${UT_BUDGET:-600}
+    mkdir -p /tmp/o/ut
+    export S UT_BUDGET=${UT_BUDGET:-600} UT_ONLY=${UT_ONLY:-"megatron-lm megatron-bridge nemo-rl"} \
+      UT_MLM_FILES=${UT_MLM_FILES:-tests/unit_tests/generalized_tensor_parallel} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} \
+      UT_SETUP=${UT_SETUP:-/tmp/o/pretrain}
     setsid nohup bash -c '
       say() { echo "[$(date -u +%H:%M:%S)] $*"; }
       P=/tmp/p/p39; U=/tmp/o/ut; V=/tmp/nrl-run/venv/bin/python
@@ -269,19 +279,20 @@ PY
           --source nemo-rl="$S"/nemo-rl.git --cache /tmp/ut-cache > "$U/apply-$up.txt" 2>&1 || say "apply $up failed"
       done
       say "workspaces applied; waiting for the setup venv"
-      while [ ! -e /tmp/nrl-run/verify.json ]; do sleep 5; done
-      "$V" -m pip install -q --no-index --find-links "$P/wheels" pytest pytest-mock pytest-asyncio pytest-random-order \
-        einops nltk mock wrapt > "$U/pip.txt" 2>&1; say "test tools installed in the venv (exit $?)"
-      "$V" -m pip freeze > "$U/environment.txt" 2>&1
+      while [ ! -e /tmp/nrl-run/verify.json ]; do sleep 3; done   # the venv with TE and megatron-bridge deps
+      "$V" -m pip freeze > "$U/environment.txt" 2>&1   # the venv as it is: pytest and the tests'"'"' imports come with the stack
       run() {  # run UPSTREAM ARGS...
         local up=$1; shift
+        case " $UT_ONLY " in *" $up "*) ;; *) return 0 ;; esac
+        # NeMo-RL'"'"'s tests import ray and the rest of its stack: the whole setup first (its model.json)
+        [ "$up" = nemo-rl ] && while [ ! -e "$UT_SETUP/model.json" ]; do sleep 3; done
         timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$up" --only "$up" \
           --python "$V" --shared-gpu --budget "$UT_BUDGET" --test-timeout 120 --cache /tmp/ut-cache \
           --out "$U/$up" --json "$U/$up.report.json" "$@" > "$U/$up.console.txt" 2>&1
         say "$up exit $?"
       }
-      run megatron-lm --tests-source megatron-lm="$P/tests-mlm" --nproc 4 --files tests/unit_tests/generalized_tensor_parallel &
-      run megatron-bridge --tests-source megatron-bridge="$P/tests-bridge" &
+      run megatron-lm --tests-source megatron-lm="$P/tests-mlm" --nproc 4 --files "$UT_MLM_FILES" &
+      run megatron-bridge --tests-source megatron-bridge="$P/tests-bridge" ${UT_BRIDGE_FILES:+--files "$UT_BRIDGE_FILES"} &
       run nemo-rl &
       wait; say "upstream tests done"' ut "${SRC[@]}" > /tmp/o/ut.log 2>&1 < /dev/null &
     echo $! > /tmp/o/ut.pid; stamp "upstream tests started (pid $!)" ;;

@@ -28,8 +28,9 @@
 #   proofs          the GPU proofs (tools/prove.py: the patches with a CUDA proof, PROVE_ONLY to choose;
 #                   their CPU-form proofs skip where TE gives HAVE_GTP) on the series, in the foreground
 #   learning-evidence-bg  issue 40, one command after the ferries, in the background: the setup and the
-#                   pretrain step; one Ray cluster of 2 x WAVE_WIDTH (default 3) logical GPUs; wave 1, the lr
-#                   recipes side by side (LR_RECIPES, default "3e-5 1e-4 3e-4"); the lr whose recipe's held-out
+#                   pretrain step; one Ray cluster of 2 x WAVE_WIDTH (default 2: three learning cases filled the
+#                   H200's memory, h200/2026-12-04-learning-wave1-lost) logical GPUs; wave 1, the lr recipes,
+#                   WAVE_WIDTH at a time (LR_RECIPES, default "3e-5 1e-4 3e-4"); the lr whose recipe's held-out
 #                   gain is highest becomes LEARNING_LR in this copy's harness/host/cases.py (the value to
 #                   commit); wave 2, side by side on the same cluster: the nightly's learning cell
 #                   (tools/nightly.py --tests grpo-megatron-generation-gtp-learning, CARRY_NRL_RAY_RUNNING=1),
@@ -205,15 +206,17 @@ case ${1:?step} in
     for pid in /tmp/o/*.pid; do
       if alive "$pid"; then stamp "refused: $pid still runs"; exit 1; fi
     done
-    export WAVE_WIDTH=${WAVE_WIDTH:-3} LR_RECIPES=${LR_RECIPES:-"3e-5 1e-4 3e-4"} S
+    export WAVE_WIDTH=${WAVE_WIDTH:-2} LR_RECIPES=${LR_RECIPES:-"3e-5 1e-4 3e-4"} S
     setsid nohup bash -c '
       say() { echo "[$(date -u +%H:%M:%S)] $*"; }
       alive() { [ -e "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
       ( while :; do echo "$(date -u +%H:%M:%S) $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"; sleep 20; done ) \
         > /tmp/o/gpu-mem.log 2>&1 &
       mem=$!; trap "kill $mem 2>/dev/null" EXIT
-      side_by_side() {  # the harness cases NAMES... on the running cluster, 20 s apart; wait for all
+      running() { local n=0 c; for c in "$@"; do alive "/tmp/o/case-$c.pid" && n=$((n+1)); done; echo $n; }
+      side_by_side() {  # the harness cases NAMES..., WAVE_WIDTH at a time on the running cluster, 20 s apart
         local name; for name in "$@"; do
+          while [ "$(running "$@")" -ge "$WAVE_WIDTH" ]; do sleep 2; done
           setsid nohup env CARRY_NRL_CASE_TIMEOUT=840 python3 integration/nemo_rl_gtp/run-on-gpu-host --skip-setup \
             --shared-gpu --ray-running --cases "$name" --out "/tmp/o/case-$name" > "/tmp/o/case-$name.console" 2>&1 < /dev/null &
           echo $! > "/tmp/o/case-$name.pid"; say "started $name (pid $!)"; sleep 20
@@ -253,7 +256,7 @@ PY
           --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning > /tmp/o/learning.console 2>&1
         say "learning nightly exit $?" ) &
       nightly=$!; sleep 20
-      side_by_side learning-sign-flip learning-gtp-off
+      WAVE_WIDTH=$((WAVE_WIDTH > 1 ? WAVE_WIDTH - 1 : 1)) side_by_side learning-sign-flip learning-gtp-off   # the nightly is one
       wait "$nightly"
       /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; say "evidence done; Ray stopped"' evidence "${SRC[@]}" \
       > /tmp/o/evidence.log 2>&1 < /dev/null &

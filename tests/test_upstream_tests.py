@@ -433,20 +433,21 @@ COMMITTED_RUNS = {"h200-megatron-lm": (H200_RUN, "megatron-lm", "incomplete"),
                   "cpu-nemo-rl": (EVIDENCE / "cpu-runs" / "2026-12-04-upstream-tests-nemo-rl", "nemo-rl", "passed")}
 
 
-def _judged_again(run: Path, upstream: str = "megatron-lm", least: int = 60) -> tuple[dict, list, dict]:
+def _judged_again(run: Path, upstream: str = "megatron-lm", least: int = 60, sub: str = "run") -> tuple[dict, list, dict]:
     """The committed run's result.json, its rows compared again, and their counts: each test that ended
     on its ranks is merged again from the ranks' own records (rank-*.jsonl of every launch); the
-    launcher's own verdicts (a test that died, a test the budget left) are taken from result.json."""
+    launcher's own verdicts (a test that died, a test the budget left) are taken from result.json.
+    The run's files are under RUN/SUB/UPSTREAM."""
     from carry.evidence.upstream.launch import SideResult
     from carry.evidence.upstream.results import read_launch
     from carry.evidence.upstream.verdict import compare, counts
-    result = json.loads((run / "run" / upstream / "result.json").read_text())
+    result = json.loads((run / sub / upstream / "result.json").read_text())
     sides = {}
     for name in ("pristine", "patched"):
         recorded = result["sides"][name]
         side = SideResult(not_run=dict(recorded["not_run"]), collect_errors=dict(recorded["collect_errors"]))
         merged = 0
-        for launch in sorted((run / "run" / upstream / name).glob("launch-*-n*")):
+        for launch in sorted((run / sub / upstream / name).glob("launch-*-n*")):
             world = int(launch.name.rsplit("-n", 1)[1])
             for nodeid, records in read_launch(launch, world).tests.items():
                 side.outcomes[nodeid] = merge(records, world)
@@ -545,6 +546,108 @@ def test_a_rank_failure_written_into_the_committed_records_is_a_regression(tmp_p
             for nodeid, records in read_launch(launch, 4).tests.items():
                 side[name].outcomes[nodeid] = merge(records, 4)
     assert [r.category for r in compare(side["pristine"], side["patched"]) if r.category == "regression"] == ["regression"]
+
+
+H200_FIXES = EVIDENCE / "h200" / "2026-12-04-upstream-tests"
+# What the H200 found (upstream, the patch its bisection names, how many regressions) before the fixes.
+H200_FOUND = {"megatron-lm": ("mlm-te-bias-sizing", 1), "megatron-bridge": ("bridge-ckpt-replica-groups", 4)}
+
+
+def _unzipped(run: Path, tmp_path: Path) -> Path:
+    """A copy of RUN with every gzipped file written back out (the evidence gzips files over 200 KB)."""
+    import gzip
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy)
+    for gz in copy.rglob("*.gz"):
+        gz.with_suffix("").write_bytes(gzip.decompress(gz.read_bytes()))
+        gz.unlink()
+    return copy
+
+
+def _readme_row(run: Path, label: str) -> dict:
+    """The README's verdict row for LABEL (e.g. found/megatron-lm), as counts and the verdict."""
+    (row,) = re.findall(rf"^\| {re.escape(label)} \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\w+) \|$",
+                        (run / "README.md").read_text(), re.M)
+    keys = ("tests", "passed", "known-failure", "skipped", "not-compared", "regression")
+    return {**{k: int(v) for k, v in zip(keys, row[:6]) if int(v) or k == "tests"}, "verdict": row[6]}
+
+
+def _as_row(total: dict, status: str) -> dict:
+    return {"tests": sum(total.values()), **{k: v for k, v in total.items() if v}, "verdict": status}
+
+
+@pytest.mark.parametrize("upstream", sorted(H200_FOUND))
+def test_the_h200_regressions_are_judged_again_and_bisected_to_the_patch_fixed_since(tmp_path, upstream):
+    """integration/h200/2026-12-04-upstream-tests/found: the series before its two fixes, on one H200.
+    Judged again from the ranks' records: exactly the regressions result.json holds, each bisected
+    to the patch the README names, and the README's row."""
+    patch, n = H200_FOUND[upstream]
+    run = _unzipped(H200_FIXES, tmp_path)
+    result, rows, total = _judged_again(run / "found", upstream, least=70, sub=upstream)
+    assert [r.to_dict() for r in rows] == result["rows"] and total == result["counts"]["*"]
+    regressions = sorted(r.id for r in rows if r.category == "regression")
+    assert len(regressions) == n and result["status"] == "failed" and result["ok"] is False, regressions
+    found = json.loads((run / "found" / upstream / upstream / "bisect" / "bisect.json").read_text())
+    assert sorted(f["id"] for f in found if f["category"] == "regression") == regressions
+    assert {f["first_patch"] for f in found} == {patch}, found
+    assert f'id = "{patch}"' in (ROOT_DIR / "patches" / "gtp" / "series.toml").read_text()
+    assert _readme_row(run, f"found/{upstream}") == _as_row(total, "failed")
+
+
+@pytest.mark.parametrize("label", ["fixed/megatron-lm", "fixed/megatron-bridge", "fixed-all/megatron-bridge",
+                                   "fixed-all/megatron-lm"])
+def test_the_h200_runs_after_the_fixes_pass_every_test_that_regressed(tmp_path, label):
+    """integration/h200/2026-12-04-upstream-tests/fixed*: the series with its two fixes. Judged again from
+    the ranks' records: no regression, and every test the earlier run found regressed now passes on
+    both sides (fixed-all/megatron-lm ran out of time: incomplete, which the README says)."""
+    folder, upstream = label.split("/")
+    run = _unzipped(H200_FIXES, tmp_path)
+    result, rows, total = _judged_again(run / folder, upstream, least=6, sub=upstream)
+    assert [r.to_dict() for r in rows] == result["rows"] and total == result["counts"]["*"]
+    assert not [r.id for r in rows if r.category == "regression"]
+    found = json.loads((run / "found" / upstream / upstream / "result.json").read_text())
+    regressed = {r["id"] for r in found["rows"] if r["category"] == "regression"}
+    by_id = {r.id: r for r in rows}
+    if result["status"] == "passed":
+        assert result["ok"] and regressed and regressed <= set(by_id), regressed - set(by_id)
+        assert all((by_id[t].pristine, by_id[t].patched) == ("passed", "passed") for t in regressed)
+    else:
+        assert label == "fixed-all/megatron-lm" and result["status"] == "incomplete" and total["not-compared"] > 0
+    assert _readme_row(run, label) == _as_row(total, result["status"])
+
+
+def test_the_h200_proof_of_the_refixed_patch_is_still_red_then_green():
+    """The bias-sizing patch was changed to fix the regression: its own proof, on the same GPU, still
+    fails on pristine for the bug's reason and passes on the series."""
+    doc = json.loads((H200_FIXES / "fixed" / "proof" / "prove-gpu.json").read_text())
+    (proof,) = doc["proofs"]
+    assert proof["id"] == "mlm-te-bias-sizing" and (proof["pristine"], proof["patched"]) == ("fail", "pass")
+    assert "GEMM biases not at their logical length" in proof["pristine_detail"] and doc["ok"]
+
+
+def test_a_failure_written_into_a_fixed_record_is_a_regression_again(tmp_path):
+    """The check above catches a broken record: one of the tests that had regressed, written as failed in
+    the fixed run's patched record, no longer agrees with result.json and is a regression again."""
+    from carry.evidence.upstream.launch import SideResult
+    from carry.evidence.upstream.results import read_launch
+    from carry.evidence.upstream.verdict import compare
+    run = _unzipped(H200_FIXES, tmp_path)
+    rank = run / "fixed" / "megatron-bridge" / "megatron-bridge" / "patched" / "launch-01-n1" / "rank-0.jsonl"
+    target = "TestRNGState::test_get_rng_state_with_none_ep_group"
+    lines = rank.read_text().splitlines()
+    i = next(i for i, ln in enumerate(lines) if '"ev": "end"' in ln and target in ln and '"outcome": "passed"' in ln)
+    lines[i] = lines[i].replace('"outcome": "passed"', '"outcome": "failed"')
+    rank.write_text("\n".join(lines) + "\n")
+    with pytest.raises(AssertionError, match="failed"):
+        _judged_again(run / "fixed", "megatron-bridge", least=6, sub="megatron-bridge")
+    side = {}
+    for name in ("pristine", "patched"):
+        side[name] = SideResult()
+        for nodeid, records in read_launch(run / "fixed" / "megatron-bridge" / "megatron-bridge" / name / "launch-01-n1",
+                                           1).tests.items():
+            side[name].outcomes[nodeid] = merge(records, 1)
+    assert [r.id for r in compare(side["pristine"], side["patched"]) if r.category == "regression"] == [
+        f"tests/unit_tests/training/test_checkpointing.py::{target}"]
 
 
 @pytest.fixture

@@ -68,8 +68,9 @@ def stage_main(argv: list[str]) -> int:
                            "the seed), its tokenizer and the arithmetic data (fixed seed), apply the series (the patched\n"
                            "megatron wheels of images/gtp-te219, the pinned pristine sources), and pack it all as\n"
                            "the 'nrl' ferry under .ferry/ (in parts, --part-mib). TransformerEngine >= 2.19 goes to the GPU\n"
-                           "host as wheels of its own. Prints what to copy there and the commands to run there\n"
-                           "(docs/guide/offline-gpu-host.md).")
+                           "host as the 'te' ferry: its pinned wheels ([[te]] of wheels.toml) and the torch extension's\n"
+                           "source, which the host builds against its own torch and CUDA (--no-te: the host has TE).\n"
+                           "Prints what to copy there and the commands to run there (docs/guide/offline-gpu-host.md).")
     p.add_argument("--series", default="gtp", help="series name or folder (default gtp)")
     p.add_argument("--source", action="append", metavar="NAME=PATH",
                    help="as tools/apply.py --source (e.g. nemo-rl=CHECKOUT with the pinned commit)")
@@ -84,6 +85,8 @@ def stage_main(argv: list[str]) -> int:
     p.add_argument("--part-mib", type=int, default=0, choices=range(16, 57), metavar="16-56",
                    help="size of a ferry part, for a link that limits each transfer (default: what fits 64 MiB beside the working "
                         "tree that travels with it, less 2 MiB, at most 56)")
+    p.add_argument("--no-te", action="store_true",
+                   help="write no 'te' ferry (the GPU host has TransformerEngine >= 2.19 already)")
     p.add_argument("--relock", action="store_true",
                    help="re-download the pins of wheels.toml and rewrite their file names and sha256; then stop")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
@@ -97,7 +100,7 @@ def stage_main(argv: list[str]) -> int:
     series = load_series(a.series)
     opts = staging.Options(out=cache / "stage", cache=cache, workdir=(a.workdir or cache / "work").absolute(),
                            series=series, sources=name_paths(a.source, "--source"), seed=a.seed, pack=not a.no_pack,
-                           xz_level=a.xz_level, part_mib=a.part_mib)
+                           xz_level=a.xz_level, part_mib=a.part_mib, te=not a.no_te)
     res = staging.stage(opts)
     if a.json:
         write_json(a.json, res)
@@ -112,12 +115,19 @@ def stage_next(res: dict) -> list[str]:
     """What stage's report tells the user to do next: on their own GPU host, not on any machine of ours."""
     if not res.get("parts"):
         return []
-    return [f"ferry nrl: payload {res['payload_mb']} MB in {len(res['parts'])} part(s) under .ferry/: "
-            + ", ".join(f"{Path(p).name} {mb} MB" for p, mb in zip(res["parts"], res["part_mb"])),
-            "next, on the GPU host: copy this repository there with its .ferry/ folder and TransformerEngine >= 2.19 "
-            "as wheels; there, `bash .ferry/recv.sh nrl /tmp/nrl` joins the parts, checks their sha256 and unpacks "
-            "them, then `integration/nemo_rl_gtp/run-on-gpu-host` runs the cases "
-            "(docs/guide/offline-gpu-host.md)"]
+    lines = [f"ferry nrl: payload {res['payload_mb']} MB in {len(res['parts'])} part(s) under .ferry/: "
+             + ", ".join(f"{Path(p).name} {mb} MB" for p, mb in zip(res["parts"], res["part_mb"]))]
+    if res.get("te_parts"):
+        lines.append(f"ferry te: TransformerEngine, {res['te_mb']} MB in {len(res['te_parts'])} part(s) under .ferry/ "
+                     f"({', '.join(res['te_files'])})")
+        te = ("`bash .ferry/recv.sh te /tmp/te` the same for TransformerEngine (its torch extension is built there: "
+              "the host needs nvcc), ")
+    else:
+        te = "TransformerEngine >= 2.19 installed there (--no-te), "
+    lines.append("next, on the GPU host: copy this repository there with its .ferry/ folder; there, "
+                 "`bash .ferry/recv.sh nrl /tmp/nrl` joins the parts, checks their sha256 and unpacks them, " + te +
+                 "then `integration/nemo_rl_gtp/run-on-gpu-host` runs the cases (docs/guide/offline-gpu-host.md)")
+    return lines
 
 
 def gpuhost_main(argv: list[str]) -> int:

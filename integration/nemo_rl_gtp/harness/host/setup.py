@@ -158,19 +158,34 @@ def make_venv(lay: Layout) -> None:
     Path(purelib, "zz-host-site.pth").write_text(host_site() + "\n")
 
 
+def te_args(te: Path, nvcc: str | None) -> list[str]:
+    """Step 20's TransformerEngine arguments from the te folder (the te ferry's te/): its wheels/ always; the
+    torch extension prebuilt when te/ holds one, else built there from the source the stage put in wheels/
+    (against the venv's torch: that needs nvcc, NVCC, on this host)."""
+    wheelhouse, so = te / "wheels", te / TE_SO
+    if not wheelhouse.is_dir():
+        raise UsageError(f"{wheelhouse} is missing (the te ferry's wheels)",
+                         hint="copy .ferry/ from the staging machine and run: bash .ferry/recv.sh te /tmp/te")
+    args = ["--te-wheelhouse", str(wheelhouse), "--te-no-deps"]
+    if so.exists():
+        return args + ["--te-torch-prebuilt", str(so)]
+    if not list(wheelhouse.glob("transformer_engine_torch-*.tar.gz")):
+        raise UsageError(f"{wheelhouse} has neither the TE torch extension's source nor {so.name} beside it",
+                         hint="stage again (its te ferry carries the source), or put a prebuilt extension in " + str(te))
+    if not nvcc:
+        raise UsageError("the TE torch extension is built here from its source, and this host has no nvcc",
+                         hint="install the CUDA toolkit that matches the host's torch (or put nvcc on PATH)")
+    return args
+
+
 def run_steps(lay: Layout, log) -> dict:
     ctx = lay.payload / "context"
-    te = lay.te
-    so = te / TE_SO
-    for need, what in ((te / "wheels", "the te ferry's wheels"), (so, "the prebuilt TE torch extension")):
-        if not need.exists():
-            raise UsageError(f"{need} is missing ({what})",
-                             hint="receive the te ferry first: bash .ferry/recv.sh te /tmp/te (6 calls)")
+    # Step 20 installs every wheel of the te folder (pybind11 among them), then builds the extension if need be.
+    te = te_args(lay.te, shutil.which("nvcc"))
     if not (lay.nemo_rl_patched / ".git").exists():
         run(["git", "clone", "-q", str(lay.payload / "sources" / "nemo-rl.git"), str(lay.nemo_rl_patched)])
     argv = ["bash", str(ctx / "steps" / "run-local.sh"), "--wheelhouse", str(ctx / "wheelhouse"),
-            "--venv", str(lay.venv), "--te-wheelhouse", str(te / "wheels"), "--te-no-deps",
-            "--te-torch-prebuilt", str(so), "--nemo-rl", str(lay.nemo_rl_patched), "--cuda-archs", "90",
+            "--venv", str(lay.venv), *te, "--nemo-rl", str(lay.nemo_rl_patched), "--cuda-archs", "90",
             "--json", str(lay.root / "verify.json")]
     rc = stream(argv, log, env=child_env({}))
     if rc != 0:

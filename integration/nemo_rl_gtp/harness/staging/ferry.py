@@ -100,6 +100,11 @@ def _member(tf: tarfile.TarFile, arcname: str, data_path: Path | None = None, da
 
 def pack(root: Path, name: str, payload: Path, manifest: dict, part_bytes: int = PART_BYTES) -> list[Path]:
     """Write ROOT/.ferry/NAME.part*, NAME.sha256 (and recv.sh if missing); return the parts."""
+    return pack_files(root, name, {payload.name: payload}, manifest, part_bytes)
+
+
+def pack_files(root: Path, name: str, files: dict[str, Path], manifest: dict, part_bytes: int = PART_BYTES) -> list[Path]:
+    """As pack, with FILES ({path under NAME/: file}) in the ferry beside its manifest.json."""
     if not name.replace("-", "").replace("_", "").isalnum():
         raise UsageError(f"ferry name {name!r}: letters, digits, - and _ only")
     ferry = root / ".ferry"
@@ -109,7 +114,8 @@ def pack(root: Path, name: str, payload: Path, manifest: dict, part_bytes: int =
     tmp = ferry / f".{name}.tar.tmp"
     with tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tf:
         _member(tf, f"{name}/manifest.json", data=(json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-        _member(tf, f"{name}/{payload.name}", data_path=payload)
+        for arcname, path in files.items():
+            _member(tf, f"{name}/{arcname}", data_path=path)
     h = hashlib.sha256()
     parts: list[Path] = []
     try:

@@ -63,6 +63,7 @@ class Options:
     seed: int = 1234
     pack: bool = True
     xz_level: int = 9              # xz preset: 9 the smallest payload, 1 much faster to pack
+    te: bool = True                # also the "te" ferry: TransformerEngine's pinned files ([[te]] of the lock)
     part_mib: int = 0              # ferry part size; 0: what fits a call beside the working tree
     ferry_root: Path = REPO
     lock_path: Path = LOCK
@@ -236,5 +237,23 @@ def stage(o: Options) -> dict:
         parts = ferry.pack(o.ferry_root, FERRY_NAME, xz, manifest, part_bytes)
         result.update(parts=[str(p) for p in parts], part_mb=ferry.sizes_mb(parts),
                       payload_mb=round(xz.stat().st_size / 1e6, 1))
+    if o.pack and o.te:
+        result.update(stage_te(o, lk))
     result["seconds"] = round(time.monotonic() - t0, 1)
     return result
+
+
+TE_FERRY = "te"
+
+
+def stage_te(o: Options, lk: wheel_lock.Lock) -> dict:
+    """The "te" ferry: TransformerEngine's pinned wheels and the torch extension's source, hash-checked,
+    as te/wheels/ (the folder run-on-gpu-host --te reads; images/gtp-te219 step 20 installs from it
+    offline and builds the extension there). Not xz-compressed: the wheels are compressed already."""
+    files = wheels.fetch_te(lk, o.cache / "te")
+    manifest = {"schema": 1, "ferry": TE_FERRY, "te": [{"name": a.name, "version": a.version, "file": a.file,
+                                                        "sha256": a.sha256} for a in lk.te]}
+    part_bytes = (o.part_mib * 1024 * 1024) if o.part_mib else ferry.part_bytes_for(o.ferry_root)
+    parts = ferry.pack_files(o.ferry_root, TE_FERRY, {f"wheels/{f.name}": f for f in files}, manifest, part_bytes)
+    return {"te_parts": [str(p) for p in parts], "te_part_mb": ferry.sizes_mb(parts),
+            "te_mb": round(sum(f.stat().st_size for f in files) / 1e6, 1), "te_files": [f.name for f in files]}

@@ -1,10 +1,14 @@
 """wheels.toml: every artifact the GPU host lacks, pinned by file name and sha256.
 
-Three tables:
+Four tables:
 - ``[[wheel]]``: a wheel taken from the package index as it is, or with
   ``drop`` globs removed (ray's Java jars: the run has no Java workers);
 - ``[[sdist]]``: a source distribution (antlr4 4.9.3 has no wheel), built
   into a wheel by the stage;
+- ``[[te]]``: TransformerEngine for the GPU host, carried as the files the
+  index serves (the image's step 20 installs them offline there): its wheels,
+  their runtime dependencies, and the torch extension's source distribution
+  (``.tar.gz``), which only the host can build, against its own torch and CUDA;
 - ``[dryrun]``: what the GPU host already has (its image's package list and
   the versions read there), for the CPU dry-run's stand-in of that host.
 
@@ -48,6 +52,7 @@ class Lock:
     platforms: tuple[str, ...]
     wheels: tuple[Artifact, ...]
     sdists: tuple[Artifact, ...]
+    te: tuple[Artifact, ...] = ()
     host_python: str = "3.12"
     host_torch: str = ""
     host_packages: tuple[str, ...] = field(default_factory=tuple)
@@ -56,9 +61,18 @@ class Lock:
     def artifacts(self) -> tuple[Artifact, ...]:
         return self.wheels + self.sdists
 
+    @property
+    def te_sources(self) -> tuple[Artifact, ...]:
+        """The [[te]] pins that are source distributions (downloaded as such, built on the host)."""
+        return tuple(a for a in self.te if is_sdist(a))
+
     def pip_requirements(self, which: tuple[Artifact, ...]) -> str:
         """pip's hash-checking form of some pins (``--require-hashes -r FILE``)."""
         return "".join(f"{a.pin} --hash=sha256:{a.sha256}\n" for a in which)
+
+
+def is_sdist(a: Artifact) -> bool:
+    return a.file.endswith((".tar.gz", ".zip"))
 
 
 def _keys(table: dict, allowed: list[str], where: str, path: Path) -> None:
@@ -87,18 +101,19 @@ def load(path: Path) -> Lock:
         raise ConfigError(f"no wheel lock at {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    _keys(raw, ["target", "wheel", "sdist", "dryrun"], "<top>", path)
+    _keys(raw, ["target", "wheel", "sdist", "te", "dryrun"], "<top>", path)
     target = raw.get("target", {})
     _keys(target, ["python", "platforms"], "target", path)
     dry = raw.get("dryrun", {})
     _keys(dry, ["python", "torch", "packages"], "dryrun", path)
     wheels = tuple(_artifact(w, f"wheel {i}", path) for i, w in enumerate(raw.get("wheel", [])))
     sdists = tuple(_artifact(s, f"sdist {i}", path) for i, s in enumerate(raw.get("sdist", [])))
-    names = [a.name.lower() for a in wheels + sdists]
+    te = tuple(_artifact(t, f"te {i}", path) for i, t in enumerate(raw.get("te", [])))
+    names = [a.name.lower() for a in wheels + sdists + te]   # one venv gets them all: one version each
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"{path}: pinned more than once: {', '.join(dup)}")
-    return Lock(path, str(target.get("python", "3.12")), tuple(target.get("platforms", ())), wheels, sdists,
+    return Lock(path, str(target.get("python", "3.12")), tuple(target.get("platforms", ())), wheels, sdists, te,
                 str(dry.get("python", "3.12")), str(dry.get("torch", "")), tuple(dry.get("packages", ())))
 
 
@@ -121,7 +136,7 @@ def render(lock: Lock) -> str:
            "# Written by integration/nemo_rl_gtp/stage --relock; hand edits: names, versions, why, drop.",
            "", "[target]", f"python = {_q(lock.python)}",
            "platforms = [" + ", ".join(_q(p) for p in lock.platforms) + "]", ""]
-    for kind, items in (("wheel", lock.wheels), ("sdist", lock.sdists)):
+    for kind, items in (("wheel", lock.wheels), ("sdist", lock.sdists), ("te", lock.te)):
         for a in items:
             out += [f"[[{kind}]]", f"name = {_q(a.name)}", f"version = {_q(a.version)}", f"file = {_q(a.file)}",
                     f"sha256 = {_q(a.sha256)}"]
@@ -139,4 +154,4 @@ def render(lock: Lock) -> str:
 def with_artifact(lock: Lock, new: Artifact) -> Lock:
     """The lock with one artifact's file and hash replaced (relocking)."""
     swap = lambda items: tuple(new if a.name == new.name else a for a in items)  # noqa: E731
-    return replace(lock, wheels=swap(lock.wheels), sdists=swap(lock.sdists))
+    return replace(lock, wheels=swap(lock.wheels), sdists=swap(lock.sdists), te=swap(lock.te))

@@ -14,10 +14,13 @@ import base64
 import csv
 import hashlib
 import io
+import os
 import platform
 import re
 import shutil
+import ssl
 import sys
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -26,7 +29,7 @@ from carry.errors import IntegrityError, OperationError, SourceError
 from carry.runner import run
 from carry.workspace.artifacts import sha256_file
 
-from .wheel_lock import Artifact, Lock, check_file, load, render, with_artifact
+from .wheel_lock import Artifact, Lock, check_file, is_sdist, load, render, with_artifact
 
 LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 
@@ -113,6 +116,75 @@ def fetch(lock: Lock, cache: Path) -> dict[str, Path]:
         check_file(path, a)
         out[a.name] = path
     return out
+
+
+def fetch_te(lock: Lock, cache: Path) -> list[Path]:
+    """The [[te]] files in CACHE, downloaded once, always hash-checked, in the lock's order."""
+    missing = [a for a in lock.te if not (cache / a.file).exists()]
+    binary = tuple(a for a in missing if not is_sdist(a))
+    source = tuple(a for a in missing if is_sdist(a))
+    if missing:
+        progress.say(f"downloading TransformerEngine for the GPU host: {len(missing)} file(s)")
+    if binary:
+        _pip_download(lock.pip_requirements(binary), cache, _platform_args(lock), "TransformerEngine wheels")
+    for a in source:
+        _sdist_by_link(a, cache)
+    out = []
+    for a in lock.te:
+        path = cache / a.file
+        if not path.exists():
+            raise SourceError(f"{a.pin}: pip did not write {a.file}",
+                              hint="the pinned file name may be wrong for this platform: check wheels.toml")
+        check_file(path, a)
+        out.append(path)
+    return out
+
+
+def _pip_cert() -> str | None:
+    """The CA bundle pip is configured with ($PIP_CERT, else pip's global.cert), if any."""
+    if os.environ.get("PIP_CERT"):
+        return os.environ["PIP_CERT"]
+    res = run([sys.executable, "-m", "pip", "config", "get", "global.cert"], check=False)
+    return res.stdout.strip() or None if res.ok else None
+
+
+def _sdist_by_link(a: Artifact, cache: Path, check: bool = True) -> Path:
+    """A source distribution pip can find but not download here: ``pip download`` prepares its metadata
+    first, and the TE torch extension's setup.py parses torch's CUDA version (None with a CPU torch), so
+    it fails on the staging machine. pip still resolves the file's link with the index, extra indexes,
+    find-links and certificate it is configured with, and ``-vv`` names it ("Found link"); the file is
+    fetched from that link and must have the pinned name and sha256."""
+    scratch = cache / ".link-probe"
+    shutil.rmtree(scratch, ignore_errors=True)
+    res = run([sys.executable, "-m", "pip", "download", "-vv", "--no-deps", "--no-binary=:all:", "--no-build-isolation",
+               "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--dest", str(scratch), a.pin],
+              check=False)
+    shutil.rmtree(scratch, ignore_errors=True)
+    name = a.file if check else re.escape(f"{a.name.replace('-', '_')}-{a.version}") + r"\.(?:tar\.gz|zip)"
+    found = re.search(r"Found link (\S+?/(" + (re.escape(name) if check else name) + r"))(?:#[^\s,]*)?[\s,]",   # an index link ends at a space, a find-links one at ", version"
+                      f"{res.stdout}\n{res.stderr}")
+    if not found:
+        tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
+        raise SourceError(f"{a.pin}: pip found no link to {a.file}: {tail}",
+                          hint="check access to the package index (the stage runs where it is reachable)")
+    url, path = found.group(1), cache / found.group(2)
+    cafile = _pip_cert()
+    ctx = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
+    part = path.with_name(path.name + ".part")
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=300) as resp, open(part, "wb") as out:
+            shutil.copyfileobj(resp, out)
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        raise SourceError(f"{a.pin}: downloading {a.file} failed: {exc}") from None
+    part.rename(path)
+    if check:   # relocking (check=False) reads the name and sha256 from what came
+        try:
+            check_file(path, a)
+        except IntegrityError:
+            path.unlink(missing_ok=True)
+            raise
+    return path
 
 
 def build_sdist(sdist: Path, a: Artifact, out: Path) -> Path:
@@ -234,16 +306,19 @@ def relock(path: Path, cache: Path) -> list[str]:
     lk = load(path)
     changed = []
     tmp = cache / "relock"
-    for a in lk.artifacts:
+    for a in lk.artifacts + lk.te:
         d = tmp / a.name
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
-        extra = ["--no-binary=:all:"] if a in lk.sdists else _platform_args(lk)
-        res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--no-input",
-                   "--progress-bar", "off", "--dest", str(d), a.pin, *extra], check=False)
-        got = sorted(d.iterdir())
-        if not res.ok or len(got) != 1:
-            raise SourceError(f"{a.pin}: could not download it for the target: {res.stderr.strip()[-300:]}")
+        if a in lk.te and is_sdist(a):   # pip cannot prepare its metadata here: by its link (_sdist_by_link)
+            got = [_sdist_by_link(a, d, check=False)]
+        else:
+            extra = ["--no-binary=:all:"] if a in lk.sdists else _platform_args(lk)
+            res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+                       "--no-input", "--progress-bar", "off", "--dest", str(d), a.pin, *extra], check=False)
+            got = sorted(d.iterdir())
+            if not res.ok or len(got) != 1:
+                raise SourceError(f"{a.pin}: could not download it for the target: {res.stderr.strip()[-300:]}")
         sha = sha256_file(got[0])
         if (got[0].name, sha) != (a.file, a.sha256):
             changed.append(f"{a.pin}: {got[0].name} {sha[:12]}")

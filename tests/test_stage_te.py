@@ -1,0 +1,144 @@
+"""TransformerEngine for an offline GPU host: the stage's "te" ferry and what the host does with it.
+
+The stage fetches the [[te]] pins of integration/nemo_rl_gtp/wheels.toml (TE's wheels and the torch
+extension's source, which only the host can build), checks each sha256 and packs them as the "te"
+ferry; on the host, run-on-gpu-host hands the unpacked te/wheels/ to images/gtp-te219's step 20,
+with a prebuilt extension when te/ holds one and a build from the source otherwise (that needs nvcc).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tarfile
+import io
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+NRL = ROOT / "integration" / "nemo_rl_gtp"
+sys.path.insert(0, str(NRL))
+
+from carry.errors import IntegrityError, SourceError, UsageError  # noqa: E402
+from harness.host import setup as hostsetup  # noqa: E402
+from harness.staging import ferry, wheel_lock, wheels  # noqa: E402
+from harness.staging import stage as staging  # noqa: E402
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _sdist(path: Path, name: str, version: str, setup_py: str) -> Path:
+    """A real source distribution whose setup.py is SETUP_PY (the TE extension's fails without CUDA)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tf:
+        for member, text in ((f"{name}-{version}/setup.py", setup_py),
+                             (f"{name}-{version}/PKG-INFO", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")):
+            data = text.encode()
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_the_lock_pins_transformer_engine_for_the_host_with_its_extensions_source():
+    """wheels.toml's [[te]]: TE >= the GTP floor (its package and CUDA 13 core), the cuDNN frontend, the
+    extension's source (no wheel of it on the index) and pybind11 to build it; canonical as rendered."""
+    path = NRL / "wheels.toml"
+    lk = wheel_lock.load(path)
+    te = {a.name: a for a in lk.te}
+    assert {"transformer-engine", "transformer-engine-cu13", "transformer-engine-torch", "nvidia-cudnn-frontend",
+            "pybind11"} <= set(te), sorted(te)
+    version = tuple(int(x) for x in te["transformer-engine"].version.split(".")[:2])
+    assert version >= (2, 19) and len({te[n].version for n in te if n.startswith("transformer-engine")}) == 1
+    assert [a.name for a in lk.te_sources] == ["transformer-engine-torch"]
+    assert wheel_lock.render(lk) == path.read_text()
+
+
+def test_the_te_ferry_carries_the_pinned_files_and_unpacks_where_the_host_reads_them(tmp_path):
+    """stage_te with the pins already in the cache (hash-checked, not downloaded again): the te ferry's
+    parts, received as on the host, give te/wheels/ with every pinned file and te/manifest.json."""
+    cache = tmp_path / "cache"
+    whl = cache / "te" / "tinyte-2.20.2-py3-none-any.whl"
+    whl.parent.mkdir(parents=True)
+    whl.write_bytes(b"PK not really a wheel, but pinned bytes")
+    src = _sdist(cache / "te" / "tinyte_torch-2.20.2.tar.gz", "tinyte_torch", "2.20.2", "raise SystemExit(1)\n")
+    pins = (wheel_lock.Artifact("tinyte", "2.20.2", whl.name, _sha(whl)),
+            wheel_lock.Artifact("tinyte-torch", "2.20.2", src.name, _sha(src)))
+    lk = wheel_lock.Lock(tmp_path / "w.toml", "3.12", ("any",), (), (), pins)
+    root = tmp_path / "repo"
+    root.mkdir()
+    o = staging.Options(out=tmp_path / "out", cache=cache, workdir=tmp_path / "w", series=None, sources={}, seed=1,
+                        pack=True, part_mib=16, ferry_root=root)
+    res = staging.stage_te(o, lk)
+    assert res["te_files"] == [whl.name, src.name] and res["te_parts"]
+    te = ferry.receive_local(root, "te", tmp_path / "host")   # recv.sh te DEST: DEST/te/
+    assert te == tmp_path / "host" / "te"
+    assert sorted(p.name for p in (te / "wheels").iterdir()) == sorted([whl.name, src.name])
+    assert (te / "wheels" / src.name).read_bytes() == src.read_bytes()
+    assert '"tinyte-torch"' in (te / "manifest.json").read_text()
+    # Other bytes under a pinned name: refused, and no ferry is written.
+    whl.write_bytes(b"other bytes")
+    for part in (root / ".ferry").glob("te.part*"):
+        part.unlink()
+    with pytest.raises(IntegrityError, match="the lock says"):
+        staging.stage_te(o, lk)
+    assert not list((root / ".ferry").glob("te.part*"))
+
+
+@pytest.mark.parametrize("pinned", ["right", "wrong"])
+def test_an_extension_source_pip_cannot_prepare_is_fetched_by_its_link_and_hash_checked(tmp_path, pinned):
+    """The TE torch extension's setup.py fails without CUDA, so `pip download` refuses it on a CPU host;
+    pip still finds its link (here through find-links, as through an index): the file comes from that
+    link and must have the pinned sha256, else it is refused and removed."""
+    index = tmp_path / "index"
+    src = _sdist(index / "tinyext-1.0.tar.gz", "tinyext", "1.0",
+                 "raise RuntimeError('no CUDA here: the version of torch.version.cuda is None')\n")
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index), "PIP_CONSTRAINT": "",
+           "PIP_EXTRA_INDEX_URL": ""}
+    refused = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:",
+                              "--no-build-isolation", "--dest", str(tmp_path / "pip"), "tinyext==1.0"],
+                             capture_output=True, text=True, env=env)
+    assert refused.returncode != 0, "pip itself must fail to download it here, or this test shows nothing"
+    sha = _sha(src) if pinned == "right" else "0" * 64
+    a = wheel_lock.Artifact("tinyext", "1.0", src.name, sha)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        if pinned == "right":
+            assert wheels._sdist_by_link(a, cache).read_bytes() == src.read_bytes()
+        else:
+            with pytest.raises(IntegrityError, match="the lock says 0{64}"):
+                wheels._sdist_by_link(a, cache)
+            assert not (cache / src.name).exists()
+        missing = wheel_lock.Artifact("tinyext", "1.0", "tinyext-1.0.zip", sha)
+        with pytest.raises(SourceError, match="found no link"):
+            wheels._sdist_by_link(missing, cache)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+def test_the_host_builds_the_extension_from_the_source_or_takes_a_prebuilt_one(tmp_path):
+    """Step 20's TE arguments: the te ferry's wheels always; a prebuilt extension beside them is taken as
+    it is; else the source is built there, which needs nvcc: without it, a clear error, before anything."""
+    te = tmp_path / "te"
+    with pytest.raises(UsageError, match="the te ferry's wheels"):
+        hostsetup.te_args(te, "/usr/local/cuda/bin/nvcc")
+    (te / "wheels").mkdir(parents=True)
+    with pytest.raises(UsageError, match="neither the TE torch extension's source"):
+        hostsetup.te_args(te, "/usr/local/cuda/bin/nvcc")
+    (te / "wheels" / "transformer_engine_torch-2.20.2.tar.gz").write_bytes(b"source")
+    build = hostsetup.te_args(te, "/usr/local/cuda/bin/nvcc")
+    assert build == ["--te-wheelhouse", str(te / "wheels"), "--te-no-deps"]
+    with pytest.raises(UsageError, match="no nvcc") as err:
+        hostsetup.te_args(te, None)
+    assert "CUDA toolkit" in err.value.hint
+    (te / hostsetup.TE_SO).write_bytes(b"\x7fELF")
+    assert hostsetup.te_args(te, None) == build + ["--te-torch-prebuilt", str(te / hostsetup.TE_SO)]

@@ -293,12 +293,15 @@ PY
         # (nemo_rl/distributed/virtual_cluster.py:375 "Cannot include dashboard with missing packages").
         if [ "$up" = nemo-rl ]; then
           while [ ! -e "$UT_SETUP/model.json" ]; do sleep 3; done
-          # Its own port and folder: the learning evidence'"'"'s cluster may run beside it (6379)
-          env -u CUDA_VISIBLE_DEVICES RAY_USAGE_STATS_ENABLED=0 setsid -w /tmp/nrl-run/venv/bin/ray start --head \
-            --port=6390 --temp-dir=/tmp/ray-ut --num-gpus=2 --include-dashboard=false --disable-usage-stats \
-            > "$U/nemo-rl.ray.txt" 2>&1
-          say "a Ray cluster for NeMo-RL'"'"'s tests (exit $?)"
-          export RAY_ADDRESS=127.0.0.1:6390
+          # As run_unit.sh: a cluster that runs here already (the learning evidence'"'"'s) is used as it is. Another
+          # port with RAY_ADDRESS does not do: Ray asks for its auth token there (seen with Ray 2.60 on a CPU host).
+          if /tmp/nrl-run/venv/bin/ray status > /dev/null 2>&1; then
+            say "NeMo-RL'"'"'s tests use the Ray cluster running here"
+          else
+            env -u CUDA_VISIBLE_DEVICES RAY_USAGE_STATS_ENABLED=0 setsid -w /tmp/nrl-run/venv/bin/ray start --head \
+              --num-gpus=2 --include-dashboard=false --disable-usage-stats > "$U/nemo-rl.ray.txt" 2>&1
+            say "a Ray cluster for NeMo-RL'"'"'s tests (exit $?)"
+          fi
         fi
         timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$up" --only "$up" \
           --python "$V" --shared-gpu --budget "$UT_BUDGET" --test-timeout 120 --cache /tmp/ut-cache \
@@ -308,7 +311,7 @@ PY
       run megatron-lm --tests-source megatron-lm="$P/tests-mlm" --nproc 4 --files "$UT_MLM_FILES" &
       run megatron-bridge --tests-source megatron-bridge="$P/tests-bridge" ${UT_BRIDGE_FILES:+--files "$UT_BRIDGE_FILES"} &
       run nemo-rl &
-      wait; say "upstream tests done (NeMo-RL'"'"'s Ray cluster is left: ray stop would take every cluster here)"' ut "${SRC[@]}" > /tmp/o/ut.log 2>&1 < /dev/null &
+      wait; say "upstream tests done (a Ray cluster is left running: ray stop would take every cluster here)"' ut "${SRC[@]}" > /tmp/o/ut.log 2>&1 < /dev/null &
     echo $! > /tmp/o/ut.pid; stamp "upstream tests started (pid $!)" ;;
   wait-upstream-tests)
     done=0

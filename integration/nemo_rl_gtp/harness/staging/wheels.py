@@ -109,13 +109,18 @@ def fetch(lock: Lock, cache: Path) -> dict[str, Path]:
         progress.say(f"downloading {len(missing_s)} source distribution(s)")
         _pip_download(lock.pip_requirements(tuple(missing_s)), cache, ["--no-binary=:all:"], "sdists")
     for a in lock.artifacts:
-        path = cache / a.file
-        if not path.exists():
-            raise SourceError(f"{a.pin}: pip did not write {a.file}",
-                              hint="the pinned file name may be wrong for this platform: check wheels.toml")
-        check_file(path, a)
-        out[a.name] = path
+        out[a.name] = _checked(cache, a)
     return out
+
+
+def _checked(cache: Path, a: Artifact) -> Path:
+    """CACHE's copy of A, which the download must have written, with A's sha256."""
+    path = cache / a.file
+    if not path.exists():
+        raise SourceError(f"{a.pin}: pip did not write {a.file}",
+                          hint="the pinned file name may be wrong for this platform: check wheels.toml")
+    check_file(path, a)
+    return path
 
 
 def fetch_te(lock: Lock, cache: Path) -> list[Path]:
@@ -129,15 +134,7 @@ def fetch_te(lock: Lock, cache: Path) -> list[Path]:
         _pip_download(lock.pip_requirements(binary), cache, _platform_args(lock), "TransformerEngine wheels")
     for a in source:
         _sdist_by_link(a, cache)
-    out = []
-    for a in lock.te:
-        path = cache / a.file
-        if not path.exists():
-            raise SourceError(f"{a.pin}: pip did not write {a.file}",
-                              hint="the pinned file name may be wrong for this platform: check wheels.toml")
-        check_file(path, a)
-        out.append(path)
-    return out
+    return [_checked(cache, a) for a in lock.te]
 
 
 def _pip_cert() -> str | None:

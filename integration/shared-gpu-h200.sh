@@ -30,7 +30,8 @@
 #   learning-evidence-bg  issue 40, one command after the ferries, in the background: the setup and the
 #                   pretrain step; one Ray cluster of 2 x WAVE_WIDTH (default 2: three learning cases filled the
 #                   H200's memory, h200/2026-12-04-learning-wave1-lost) logical GPUs; wave 1, the lr recipes,
-#                   WAVE_WIDTH at a time (LR_RECIPES, default "3e-5 1e-4 3e-4"); the lr whose recipe's held-out
+#                   WAVE_WIDTH at a time (LR_RECIPES, default "3e-5 1e-4 3e-4"; "none": no wave 1, the committed
+#                   LEARNING_LR, for a session whose device time does not hold both waves); the lr whose recipe's held-out
 #                   gain is highest becomes LEARNING_LR in this copy's harness/host/cases.py (the value to
 #                   commit); wave 2, side by side on the same cluster: the nightly's learning cell
 #                   (tools/nightly.py --tests grpo-megatron-generation-gtp-learning, CARRY_NRL_RAY_RUNNING=1),
@@ -230,6 +231,11 @@ case ${1:?step} in
       setsid -w env -u CUDA_VISIBLE_DEVICES RAY_USAGE_STATS_ENABLED=0 /tmp/nrl-run/venv/bin/ray start --head \
         --num-gpus=$((2 * WAVE_WIDTH)) --include-dashboard=false --disable-usage-stats > /tmp/o/queue-ray.log 2>&1 \
         || { say "ray start failed"; exit 1; }
+      if [ "$LR_RECIPES" = none ]; then   # no wave 1: the lr cases.py holds
+        lr=$(python3 -c "import sys; sys.path[:0] = [\"integration/nemo_rl_gtp\", \"tools\"]
+from harness.host import cases; print(cases.LEARNING_LR)")
+        say "no wave 1 (LR_RECIPES=none): the committed LEARNING_LR, $lr"
+      else
       say "wave 1: the lr recipes $LR_RECIPES"
       side_by_side $(for lr in $LR_RECIPES; do echo "learning-lr$lr"; done)
       lr=$(python3 - $LR_RECIPES <<"PY"
@@ -250,6 +256,7 @@ PY
       [ -n "$lr" ] || { say "no recipe measured a gain: no wave 2"; /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; exit 1; }
       sed -i "s/^LEARNING_LR = .*/LEARNING_LR = \"$lr\"   # measured: the highest held-out gain of wave 1/" \
         integration/nemo_rl_gtp/harness/host/cases.py
+      fi
       say "wave 2 at lr $lr: the nightly learning cell, learning-sign-flip, learning-gtp-off"
       ( CARRY_NRL_RAY_RUNNING=1 CARRY_NRL_CASE_TIMEOUT=840 python3 tools/nightly.py --images gpu-host --shared-gpu \
           --no-bisect --timeout 900 --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl="$S"/nemo-rl.git \

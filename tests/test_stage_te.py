@@ -55,7 +55,7 @@ def test_the_lock_pins_transformer_engine_for_the_host_with_its_extensions_sourc
             "pybind11"} <= set(te), sorted(te)
     version = tuple(int(x) for x in te["transformer-engine"].version.split(".")[:2])
     assert version >= (2, 19) and len({te[n].version for n in te if n.startswith("transformer-engine")}) == 1
-    assert [a.name for a in lk.te_sources] == ["transformer-engine-torch"]
+    assert [a.name for a in lk.te if wheel_lock.is_sdist(a)] == ["transformer-engine-torch"]
     assert wheel_lock.render(lk) == path.read_text()
 
 
@@ -91,38 +91,36 @@ def test_the_te_ferry_carries_the_pinned_files_and_unpacks_where_the_host_reads_
 
 
 @pytest.mark.parametrize("pinned", ["right", "wrong"])
-def test_an_extension_source_pip_cannot_prepare_is_fetched_by_its_link_and_hash_checked(tmp_path, pinned):
+def test_an_extension_source_pip_cannot_prepare_is_fetched_by_its_link_and_hash_checked(tmp_path, monkeypatch, pinned):
     """The TE torch extension's setup.py fails without CUDA, so `pip download` refuses it on a CPU host;
-    pip still finds its link (here through find-links, as through an index): the file comes from that
-    link and must have the pinned sha256, else it is refused and removed."""
+    pip still finds its link (here through find-links, as through an index), and the stage's fetch takes
+    the file from that link: with the pinned sha256 it is the one fetched, else it is refused and removed.
+    The project's name and the file's may differ in separators (tiny-ext, tiny_ext-1.0.tar.gz)."""
     index = tmp_path / "index"
-    src = _sdist(index / "tinyext-1.0.tar.gz", "tinyext", "1.0",
+    src = _sdist(index / "tiny_ext-1.0.tar.gz", "tiny_ext", "1.0",
                  "raise RuntimeError('no CUDA here: the version of torch.version.cuda is None')\n")
-    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index), "PIP_CONSTRAINT": "",
-           "PIP_EXTRA_INDEX_URL": ""}
+    for key, value in (("PIP_CONFIG_FILE", os.devnull), ("PIP_NO_INDEX", "1"), ("PIP_FIND_LINKS", str(index))):
+        monkeypatch.setenv(key, value)
+    for key in ("PIP_CONSTRAINT", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL"):
+        monkeypatch.delenv(key, raising=False)
     refused = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:",
-                              "--no-build-isolation", "--dest", str(tmp_path / "pip"), "tinyext==1.0"],
-                             capture_output=True, text=True, env=env)
+                              "--no-build-isolation", "--dest", str(tmp_path / "pip"), "tiny-ext==1.0"],
+                             capture_output=True, text=True)
     assert refused.returncode != 0, "pip itself must fail to download it here, or this test shows nothing"
     sha = _sha(src) if pinned == "right" else "0" * 64
-    a = wheel_lock.Artifact("tinyext", "1.0", src.name, sha)
+    lk = wheel_lock.Lock(tmp_path / "w.toml", "3.12", ("any",), (), (),
+                         (wheel_lock.Artifact("tiny-ext", "1.0", src.name, sha),))
     cache = tmp_path / "cache"
-    cache.mkdir()
-    old = dict(os.environ)
-    os.environ.update(env)
-    try:
-        if pinned == "right":
-            assert wheels._sdist_by_link(a, cache).read_bytes() == src.read_bytes()
-        else:
-            with pytest.raises(IntegrityError, match="the lock says 0{64}"):
-                wheels._sdist_by_link(a, cache)
-            assert not (cache / src.name).exists()
-        missing = wheel_lock.Artifact("tinyext", "1.0", "tinyext-1.0.zip", sha)
-        with pytest.raises(SourceError, match="found no link"):
-            wheels._sdist_by_link(missing, cache)
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+    if pinned == "right":
+        (got,) = wheels.fetch_te(lk, cache)
+        assert got == cache / src.name and got.read_bytes() == src.read_bytes()
+    else:
+        with pytest.raises(IntegrityError, match="the lock says 0{64}"):
+            wheels.fetch_te(lk, cache)
+        assert not (cache / src.name).exists(), "a file that is not the pin is not kept in the cache"
+    other = wheel_lock.Lock(lk.path, "3.12", ("any",), (), (), (wheel_lock.Artifact("tiny-ext", "2.0", "tiny_ext-2.0.tar.gz", sha),))
+    with pytest.raises(SourceError, match="found no link"):
+        wheels.fetch_te(other, tmp_path / "cache2")
 
 
 def test_the_host_builds_the_extension_from_the_source_or_takes_a_prebuilt_one(tmp_path):

@@ -161,7 +161,7 @@ def make_venv(lay: Layout) -> None:
 def te_args(te: Path, nvcc: str | None) -> list[str]:
     """Step 20's TransformerEngine arguments from the te folder (the te ferry's te/): its wheels/ always; the
     torch extension prebuilt when te/ holds one, else built there from the source the stage put in wheels/
-    (against the venv's torch: that needs nvcc, NVCC, on this host)."""
+    (against the venv's torch: that needs NVCC, the path of nvcc on this host, or None)."""
     wheelhouse, so = te / "wheels", te / TE_SO
     if not wheelhouse.is_dir():
         raise UsageError(f"{wheelhouse} is missing (the te ferry's wheels)",

@@ -231,7 +231,7 @@ def stage(o: Options) -> dict:
         manifest = {k: doc[k] for k in ("schema", "ferry", "series", "stage", "lock")}
         manifest.update(series_digest=doc["series_trees"]["series_digest"], payload_sha256=sha256_file(xz),
                         payload_bytes=xz.stat().st_size, wheels=len(doc["wheels"]))
-        part_bytes = (o.part_mib * 1024 * 1024) if o.part_mib else ferry.part_bytes_for(o.ferry_root)
+        part_bytes = _part_bytes(o)
         progress.say(f"parts of at most {part_bytes / 2**20:.0f} MiB"
                      + ("" if o.part_mib else " (64 MiB a call, less the working tree that travels with each)"))
         parts = ferry.pack(o.ferry_root, FERRY_NAME, xz, manifest, part_bytes)
@@ -246,6 +246,11 @@ def stage(o: Options) -> dict:
 TE_FERRY = "te"
 
 
+def _part_bytes(o: Options) -> int:
+    """A ferry part: --part-mib, else what fits one call beside the working tree."""
+    return (o.part_mib * 1024 * 1024) if o.part_mib else ferry.part_bytes_for(o.ferry_root)
+
+
 def stage_te(o: Options, lk: wheel_lock.Lock) -> dict:
     """The "te" ferry: TransformerEngine's pinned wheels and the torch extension's source, hash-checked,
     as te/wheels/ (the folder run-on-gpu-host --te reads; images/gtp-te219 step 20 installs from it
@@ -253,7 +258,6 @@ def stage_te(o: Options, lk: wheel_lock.Lock) -> dict:
     files = wheels.fetch_te(lk, o.cache / "te")
     manifest = {"schema": 1, "ferry": TE_FERRY, "te": [{"name": a.name, "version": a.version, "file": a.file,
                                                         "sha256": a.sha256} for a in lk.te]}
-    part_bytes = (o.part_mib * 1024 * 1024) if o.part_mib else ferry.part_bytes_for(o.ferry_root)
-    parts = ferry.pack_files(o.ferry_root, TE_FERRY, {f"wheels/{f.name}": f for f in files}, manifest, part_bytes)
+    parts = ferry.pack_files(o.ferry_root, TE_FERRY, {f"wheels/{f.name}": f for f in files}, manifest, _part_bytes(o))
     return {"te_parts": [str(p) for p in parts], "te_part_mb": ferry.sizes_mb(parts),
             "te_mb": round(sum(f.stat().st_size for f in files) / 1e6, 1), "te_files": [f.name for f in files]}

@@ -7,8 +7,9 @@ Four tables:
   into a wheel by the stage;
 - ``[[te]]``: TransformerEngine for the GPU host, carried as the files the
   index serves (the image's step 20 installs them offline there): its wheels,
-  their runtime dependencies, and the torch extension's source distribution
-  (``.tar.gz``), which only the host can build, against its own torch and CUDA;
+  the cuDNN frontend, pybind11 (to build with), and the torch extension's source
+  distribution (``.tar.gz``), which only the host can build, against its own
+  torch and CUDA;
 - ``[dryrun]``: what the GPU host already has (its image's package list and
   the versions read there), for the CPU dry-run's stand-in of that host.
 
@@ -60,11 +61,6 @@ class Lock:
     @property
     def artifacts(self) -> tuple[Artifact, ...]:
         return self.wheels + self.sdists
-
-    @property
-    def te_sources(self) -> tuple[Artifact, ...]:
-        """The [[te]] pins that are source distributions (downloaded as such, built on the host)."""
-        return tuple(a for a in self.te if is_sdist(a))
 
     def pip_requirements(self, which: tuple[Artifact, ...]) -> str:
         """pip's hash-checking form of some pins (``--require-hashes -r FILE``)."""

@@ -132,8 +132,13 @@ def fetch_te(lock: Lock, cache: Path) -> list[Path]:
         progress.say(f"downloading TransformerEngine for the GPU host: {len(missing)} file(s)")
     if binary:
         _pip_download(lock.pip_requirements(binary), cache, _platform_args(lock), "TransformerEngine wheels")
-    for a in source:
-        _sdist_by_link(a, cache)
+    for a in source:   # by its link (_sdist_by_link); a file that is not the pin is removed, not kept in the cache
+        got = _sdist_by_link(a, cache)
+        try:
+            check_file(got, a)
+        except IntegrityError:
+            got.unlink()
+            raise
     return [_checked(cache, a) for a in lock.te]
 
 
@@ -142,29 +147,31 @@ def _pip_cert() -> str | None:
     if os.environ.get("PIP_CERT"):
         return os.environ["PIP_CERT"]
     res = run([sys.executable, "-m", "pip", "config", "get", "global.cert"], check=False)
-    return res.stdout.strip() or None if res.ok else None
+    return (res.stdout.strip() or None) if res.ok else None
 
 
-def _sdist_by_link(a: Artifact, cache: Path, check: bool = True) -> Path:
+def _sdist_by_link(a: Artifact, dest: Path) -> Path:
     """A source distribution pip can find but not download here: ``pip download`` prepares its metadata
     first, and the TE torch extension's setup.py parses torch's CUDA version (None with a CPU torch), so
     it fails on the staging machine. pip still resolves the file's link with the index, extra indexes,
     find-links and certificate it is configured with, and ``-vv`` names it ("Found link"); the file is
-    fetched from that link and must have the pinned name and sha256."""
-    scratch = cache / ".link-probe"
+    fetched from that link into DEST under the name the link gives (the caller checks name and sha256)."""
+    scratch = dest / ".link-probe"
     shutil.rmtree(scratch, ignore_errors=True)
     res = run([sys.executable, "-m", "pip", "download", "-vv", "--no-deps", "--no-binary=:all:", "--no-build-isolation",
                "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--dest", str(scratch), a.pin],
               check=False)
     shutil.rmtree(scratch, ignore_errors=True)
-    name = a.file if check else re.escape(f"{a.name.replace('-', '_')}-{a.version}") + r"\.(?:tar\.gz|zip)"
-    found = re.search(r"Found link (\S+?/(" + (re.escape(name) if check else name) + r"))(?:#[^\s,]*)?[\s,]",   # an index link ends at a space, a find-links one at ", version"
-                      f"{res.stdout}\n{res.stderr}")
+    # The file name of A's version, whatever separators the index uses (antlr4-python3-runtime-4.9.3.tar.gz,
+    # transformer_engine_torch-2.20.2.tar.gz). An index link ends at a space, a find-links one at ", version".
+    stem = r"[-_.]".join(re.escape(w) for w in re.split(r"[-_.]+", a.name)) + "-" + re.escape(a.version)
+    found = re.search(rf"Found link (\S+?/({stem}\.(?:tar\.gz|zip)))(?:#[^\s,]*)?[\s,]", f"{res.stdout}\n{res.stderr}",
+                      re.IGNORECASE)
     if not found:
         tail = " ".join((res.stderr or res.stdout).strip().splitlines()[-2:])
-        raise SourceError(f"{a.pin}: pip found no link to {a.file}: {tail}",
+        raise SourceError(f"{a.pin}: pip found no link to a source distribution of it: {tail}",
                           hint="check access to the package index (the stage runs where it is reachable)")
-    url, path = found.group(1), cache / found.group(2)
+    url, path = found.group(1), dest / found.group(2)
     cafile = _pip_cert()
     ctx = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
     part = path.with_name(path.name + ".part")
@@ -173,15 +180,8 @@ def _sdist_by_link(a: Artifact, cache: Path, check: bool = True) -> Path:
             shutil.copyfileobj(resp, out)
     except OSError as exc:
         part.unlink(missing_ok=True)
-        raise SourceError(f"{a.pin}: downloading {a.file} failed: {exc}") from None
-    part.rename(path)
-    if check:   # relocking (check=False) reads the name and sha256 from what came
-        try:
-            check_file(path, a)
-        except IntegrityError:
-            path.unlink(missing_ok=True)
-            raise
-    return path
+        raise SourceError(f"{a.pin}: downloading {path.name} failed: {exc}") from None
+    return part.rename(path)
 
 
 def build_sdist(sdist: Path, a: Artifact, out: Path) -> Path:
@@ -308,7 +308,7 @@ def relock(path: Path, cache: Path) -> list[str]:
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         if a in lk.te and is_sdist(a):   # pip cannot prepare its metadata here: by its link (_sdist_by_link)
-            got = [_sdist_by_link(a, d, check=False)]
+            got = [_sdist_by_link(a, d)]
         else:
             extra = ["--no-binary=:all:"] if a in lk.sdists else _platform_args(lk)
             res = run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",

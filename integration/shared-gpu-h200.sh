@@ -238,21 +238,7 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       else
       say "wave 1: the lr recipes $LR_RECIPES"
       side_by_side $(for lr in $LR_RECIPES; do echo "learning-lr$lr"; done)
-      lr=$(python3 - $LR_RECIPES <<"PY"
-import json, sys
-gain = "harness/validation/accuracy_gain"
-best = None
-for lr in sys.argv[1:]:
-    try:
-        g = json.load(open(f"/tmp/o/case-learning-lr{lr}/metrics.json")).get(gain)
-    except (OSError, ValueError):
-        g = None
-    print(f"lr {lr}: held-out gain {g}", file=sys.stderr)
-    if isinstance(g, (int, float)) and (best is None or g > best[1]):
-        best = (lr, g)
-print(best[0] if best else "")
-PY
-)
+      lr=$(cd integration/nemo_rl_gtp && PYTHONPATH=../../tools python3 -m harness.host.learning best-lr /tmp/o $LR_RECIPES)
       [ -n "$lr" ] || { say "no recipe measured a gain: no wave 2"; /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; exit 1; }
       sed -i "s/^LEARNING_LR = .*/LEARNING_LR = \"$lr\"   # measured: the highest held-out gain of wave 1/" \
         integration/nemo_rl_gtp/harness/host/cases.py

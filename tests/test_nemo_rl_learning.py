@@ -458,3 +458,34 @@ def test_the_harness_reads_a_metrics_file_as_the_judge_does(tmp_path):
     (d / "metrics.json").write_text(text.replace("{", '{"train/grad_norm": {"1": 1e40},', 1))
     got = caserun.summarize(casing.CASES["learning"], d, 0)
     assert got["observed"] == "red" and any("twice" in r for r in got["reasons"]), got["reasons"]
+
+
+@pytest.mark.parametrize("start, end", [(-0.5, 0.3), (0.2, 1.4), (float("nan"), 0.9), (0.1, float("inf")),
+                                        (True, 0.9), ("0.1", 0.9)])
+def test_a_gain_from_accuracies_no_run_can_have_is_no_gain(start, end):
+    """An accuracy is a number from 0 to 1: start -0.5 and end 0.3 would make a gain of 0.8 that the
+    judge, seeing the gain alone, takes for learning. No gain is derived, so the learning gate finds none."""
+    metrics = {learning.VALIDATION: {"0": start, "6": end}}
+    assert learning.validation_metrics(metrics, 6) == {}
+    good = learning.validation_metrics({learning.VALIDATION: {"0": 0.0, "6": 1}}, 6)
+    assert good[learning.GAIN] == 1.0
+
+
+def test_the_lr_is_chosen_by_the_highest_measured_gain_and_never_by_one_that_is_not(tmp_path):
+    """learning-evidence-bg's choice of lr between its recipes: the highest held-out gain; a recipe whose
+    gain is missing, NaN, infinite or beyond +-1 measured nothing, whatever its place in the list."""
+    nan, inf = float("nan"), float("inf")
+    assert learning.best_lr({"3e-5": 0.02, "1e-4": 0.09, "3e-4": -0.2}) == ("1e-4", 0.09)
+    assert learning.best_lr({"3e-5": nan, "1e-4": 0.01}) == ("1e-4", 0.01)
+    assert learning.best_lr({"3e-5": 0.01, "1e-4": inf, "3e-4": 1.5, "1e-5": True}) == ("3e-5", 0.01)
+    assert learning.best_lr({"3e-5": None, "1e-4": "0.5"}) is None
+    for lr, gain in (("3e-5", 0.05), ("1e-4", 0.12)):
+        (tmp_path / f"case-learning-lr{lr}").mkdir()
+        (tmp_path / f"case-learning-lr{lr}" / "metrics.json").write_text(json.dumps({casing.GAIN: gain}))
+    (tmp_path / "case-learning-lr3e-4").mkdir()
+    (tmp_path / "case-learning-lr3e-4" / "metrics.json").write_text("not json")
+    run = subprocess.run([sys.executable, "-m", "harness.host.learning", "best-lr", str(tmp_path), "3e-5", "1e-4",
+                          "3e-4", "1e-5"], cwd=NRL, capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "tools")})
+    assert (run.returncode, run.stdout) == (0, "1e-4\n"), run.stderr
+    assert "lr 3e-4: held-out gain None" in run.stderr and "lr 1e-5: held-out gain None" in run.stderr

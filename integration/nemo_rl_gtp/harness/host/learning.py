@@ -17,6 +17,7 @@ import json
 import math
 import re
 import shutil
+import sys
 from pathlib import Path
 
 from carry.errors import OperationError
@@ -159,9 +160,56 @@ def validation_metrics(metrics: dict, last_step: int | None) -> dict[str, float]
     if not isinstance(series, dict) or last_step is None:
         return {}
     start, end = series.get("0"), series.get(str(last_step))
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (start, end)):
+    if not all(_accuracy(v) for v in (start, end)):   # a gain from accuracies no run can have is no gain
         return {}
     return {START: float(start), END: float(end), GAIN: float(end) - float(start)}
+
+
+def _accuracy(v) -> bool:
+    """Whether V is an accuracy: a number (not a bool) from 0 to 1, so never NaN or infinite."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
+
+
+def best_lr(gains: dict[str, object]) -> tuple[str, float] | None:
+    """The lr recipe with the highest held-out gain, of {lr: the gain its metrics.json holds}; a gain that is
+    missing or not a difference of two accuracies (not a number, NaN, beyond +-1) counts as none measured.
+    None when no recipe measured one. A tie goes to the first listed."""
+    best = None
+    for lr, gain in gains.items():
+        if isinstance(gain, (int, float)) and not isinstance(gain, bool) and -1.0 <= gain <= 1.0:
+            if best is None or gain > best[1]:
+                best = (lr, float(gain))
+    return best
+
+
+def recipe_gains(out: Path, lrs: list[str]) -> dict[str, object]:
+    """{lr: GAIN from OUT/case-learning-lr<lr>/metrics.json}, None where that file is missing or unreadable."""
+    got: dict[str, object] = {}
+    for lr in lrs:
+        try:
+            got[lr] = json.loads((out / f"case-learning-lr{lr}" / "metrics.json").read_text()).get(GAIN)
+        except (OSError, ValueError, AttributeError):
+            got[lr] = None
+    return got
+
+
+def main(argv: list[str]) -> int:
+    """python3 -m harness.host.learning best-lr OUT LR...: print the best recipe's lr (exit 1 if none)."""
+    if len(argv) < 3 or argv[0] != "best-lr":
+        print("usage: python3 -m harness.host.learning best-lr OUT LR...", file=sys.stderr)
+        return 2
+    gains = recipe_gains(Path(argv[1]), argv[2:])
+    for lr, gain in gains.items():
+        print(f"lr {lr}: held-out gain {gain}", file=sys.stderr)
+    best = best_lr(gains)
+    if best is None:
+        return 1
+    print(best[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
 
 
 def merge_metrics(out: Path, ranks: int, *, refit: bool = True, tensors: int | None = None,

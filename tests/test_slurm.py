@@ -142,6 +142,7 @@ class Job:
         assert first, f"sbatch said no job id: {self.proc.stderr.read()}"
         self.id = first.split(";")[0]
         self.slurm = slurm
+        self.sbatch_stderr = ""   # what sbatch --wait printed on stderr, once the job ended (wait)
         SUBMITTED.append(self)
 
     @property
@@ -163,7 +164,7 @@ class Job:
     def said(self) -> str:
         """What sbatch --wait printed and what the controller recorded of the job: for a failure's message."""
         record = self.slurm.run("scontrol", "-o", "show", "job", self.id, check=False)
-        return (f"sbatch stderr: {getattr(self, 'sbatch_stderr', '')!r}\ncontroller: {record.stdout.strip()} "
+        return (f"sbatch stderr: {self.sbatch_stderr!r}\ncontroller: {record.stdout.strip()} "
                 f"{record.stderr.strip()}\njob output:\n{self.output()}")
 
     def night(self, root: Path) -> Path:

@@ -619,10 +619,13 @@ def test_the_h200_runs_after_the_fixes_pass_every_test_that_regressed(tmp_path, 
 def test_the_h200_proof_of_the_refixed_patch_is_still_red_then_green():
     """The bias-sizing patch was changed to fix the regression: its own proof, on the same GPU, still
     fails on pristine for the bug's reason and passes on the series."""
+    from carry.evidence.pristine import declared_failure
     doc = json.loads((H200_FIXES / "fixed" / "proof" / "prove-gpu.json").read_text())
     (proof,) = doc["proofs"]
     assert proof["id"] == "mlm-te-bias-sizing" and (proof["pristine"], proof["patched"]) == ("fail", "pass")
-    assert "GEMM biases not at their logical length" in proof["pristine_detail"] and doc["ok"]
+    declared = declared_failure(ROOT_DIR / "patches" / "gtp" / proof["proof"])   # what the proof says it fails with
+    assert isinstance(declared, str) and re.search(declared, proof["pristine_detail"]), (declared, proof)
+    assert proof["patched_detail"] == "1 passed" and doc["ok"] and not doc["all_skipped"]
 
 
 def test_a_failure_written_into_a_fixed_record_is_a_regression_again(tmp_path):

@@ -662,6 +662,8 @@ def tree_up(tmp_path):
     write(src, "tests/unit/test_kept.py", "import megatron.core.alpha as alpha\n\ndef test_kept():\n    assert alpha.value_2 == 2\n")
     write(src, "tests/unit/test_removed.py", "import megatron.core.alpha as alpha\n\n"
                                              "def test_removed():\n    assert alpha.value_3 == 3\n")
+    write(src, "tests/unit/conftest.py", "import os\n\nif os.environ.get('DEMO_CONFTEST_FAILS'):\n"
+                                         "    import a_module_this_host_lacks\n")
     g = Git(src)
     v0 = g.commit_all("upstream tests in the tree")
     sdir = tmp_path / "patches" / "demo"
@@ -703,6 +705,18 @@ def test_a_test_file_only_one_side_has_is_run_on_that_side(tree_up):
                     "test_removed": ("passed", "absent", "regression")}, rows
     assert report["status"] == "failed" and [r["id"] for r in report["regressions"]] == \
         ["tests/unit/test_removed.py::test_removed"], report
+
+
+def test_a_plain_pytest_side_whose_conftest_does_not_import_is_launched_once(tree_up):
+    """The same refusal under plain pytest (NeMo-RL's and Bridge's launch): pytest's exit code 4 itself
+    says it, and each side launches once; its tests are not compared, with pytest's error as the reason."""
+    proc, out = _run(tree_up, "--no-bisect", check=1, env={"DEMO_CONFTEST_FAILS": "1", "GTP_CARRY_VERBOSE": "1"})
+    assert "launching again" not in proc.stderr + proc.stdout, proc.stderr
+    for side in ("pristine", "patched"):
+        assert [p.name for p in (out / "megatron-lm" / side).glob("launch-*")] == ["launch-01-n1"], side
+        assert not list((out / "megatron-lm" / side).glob("launch-*/console.try-*.log")), side
+    report = read_json(tree_up["tmp"] / "report.json")["upstreams"][0]
+    assert report["status"] == "incomplete" and "a_module_this_host_lacks" in report["reason"], report
 
 
 def test_a_side_that_has_none_of_the_selected_files_runs_nothing(tree_up):

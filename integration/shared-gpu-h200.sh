@@ -270,7 +270,7 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       say() { echo "[$(date -u +%H:%M:%S)] $*"; }
       P=/tmp/p/p39; U=/tmp/o/ut; V=/tmp/nrl-run/venv/bin/python
       while [ ! -e /tmp/nrl-run/.payload-ok ]; do sleep 3; done   # the setup unpacks the sources first
-      for up in megatron-lm megatron-bridge nemo-rl; do
+      for up in $UT_ONLY; do
         python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "$up" "$@" \
           --source nemo-rl="$S"/nemo-rl.git --cache /tmp/ut-cache > "$U/apply-$up.txt" 2>&1 || say "apply $up failed"
       done

@@ -36,7 +36,8 @@
 #                   commit); wave 2, side by side on the same cluster: the nightly's learning cell
 #                   (tools/nightly.py --tests grpo-megatron-generation-gtp-learning, CARRY_NRL_RAY_RUNNING=1),
 #                   learning-sign-flip and learning-gtp-off. /tmp/o/evidence.log says what started and ended
-#                   when, /tmp/o/gpu-mem.log the GPU's memory every 20 s
+#                   when, /tmp/o/gpu-mem.log the GPU's memory every 20 s. Beside upstream-tests-bg: after the pretrain
+#                   it waits for those tests at most UT_GRACE s (default 240) and stops their Ray cluster
 #   wait-learning-evidence S  wait (at most S seconds), pack all there is so far; exit 3 while it still runs
 #   upstream-tests-bg  issue 39, in the background once the setup's venv is there: each upstream's own
 #                   tests (tools/upstream_tests.py) pristine against patched, the three upstreams side by side,
@@ -228,6 +229,13 @@ case ${1:?step} in
       }
       python3 integration/nemo_rl_gtp/run-on-gpu-host --pretrain-only --out /tmp/o/pretrain > /tmp/o/pretrain.console 2>&1
       rc=$?; say "setup + pretrain exit $rc"; [ "$rc" = 0 ] || exit "$rc"
+      # upstream-tests-bg beside it starts a Ray cluster for NeMo-RL'"'"'s tests on the default port, where this
+      # one goes: wait for those tests (at most UT_GRACE s), then stop that cluster before starting this one
+      for _ in $(seq 1 "${UT_GRACE:-240}"); do alive /tmp/o/ut.pid || break; sleep 1; done
+      if /tmp/nrl-run/venv/bin/ray status > /dev/null 2>&1; then
+        say "a Ray cluster runs here (the upstream tests'"'"'; they $(alive /tmp/o/ut.pid && echo "still run" || echo "ended")): stopped"
+        /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1
+      fi
       setsid -w env -u CUDA_VISIBLE_DEVICES RAY_USAGE_STATS_ENABLED=0 /tmp/nrl-run/venv/bin/ray start --head \
         --num-gpus=$((2 * WAVE_WIDTH)) --include-dashboard=false --disable-usage-stats > /tmp/o/queue-ray.log 2>&1 \
         || { say "ray start failed"; exit 1; }

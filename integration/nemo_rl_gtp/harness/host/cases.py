@@ -87,7 +87,11 @@ MATRIX_TEST = "grpo-megatron-generation-matrix"
 # group is 0.25^8 = 1.5e-5 likely, where the script's two prompts give 0.06. The script's
 # train_global_batch_size (4) is kept: 32 samples make 8 optimizer steps per GRPO step.
 # No checkpoints: the script's own setting (so no resume interplay with the longer horizon).
-LEARNING_LR = "3e-5"   # pending measurement: the learning-lr* recipes below measure 1e-5, 3e-5, 1e-4 and 3e-4
+# The lr: not yet measured by the learning-lr* recipes below (their first run was lost with the machine,
+# integration/h200/2026-12-04-learning-wave1-lost). 1e-4 is a third of the pretrain step's AdamW lr (3e-4,
+# models/pretrain.py), which trained the model from its seed's weights to 0.656 in 1000 steps and had not
+# converged; GRPO's 96 optimizer steps of 4 samples each (6 x 64 / 4) move a weight by at most ~96 lr.
+LEARNING_LR = "1e-4"
 LEARNING_STEPS = 6
 
 

@@ -33,15 +33,49 @@ head=$(g rev-parse HEAD)
 if [ -n "$pin" ] && [ "$head" != "$pin" ] && [ "${GTP_NEMO_RL_ANY_COMMIT:-0}" != 1 ]; then
   die "$dir is at $head, the series pins $pin (use a base built at the pin, or GTP_NEMO_RL_ANY_COMMIT=1)"
 fi
+# The series is one unit: a later patch may change a hunk an earlier one made, so
+# "already applied" is judged for the whole series, never patch by patch. Each path
+# the series touches is compared with the pin's and with the pin plus the series'
+# (built in a throwaway index file: the checkout's own index is left alone); paths
+# outside the series are not looked at.
+tmp=$(mktemp -d -t gtp-nemo-rl.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+want() { GIT_INDEX_FILE="$tmp/want" g "$@"; }
+want read-tree HEAD
 for p in "${patches[@]}"; do
-  name=$(basename "$p")
-  if g apply --check "$p" 2>/dev/null; then
-    g apply "$p"
-    log "applied $name"
-  elif g apply --reverse --check "$p" 2>/dev/null; then
-    log "already applied: $name"
-  else
-    g apply --check "$p" || true
-    die "$name does not apply to $dir at $head"
+  want apply --cached "$p" 2>"$tmp/err" || {
+    cat "$tmp/err" >&2
+    die "$(basename "$p") does not apply to $dir at $head after the patches before it (nothing was changed)"
+  }
+done
+at_pin=0; applied=0; other=()
+for p in "${patches[@]}"; do g apply --numstat "$p" | cut -f3; done | sort -u > "$tmp/paths"
+while IFS= read -r path; do
+  pin_blob=$(g ls-tree HEAD -- "$path" | awk '{ print $3 }')
+  want_blob=$(want ls-files --stage -- "$path" | awk '{ print $2 }')
+  have_blob=""
+  [ -f "$dir/$path" ] && have_blob=$(g hash-object -- "$path")
+  if [ "$have_blob" = "$want_blob" ]; then applied=$((applied + 1)); fi
+  if [ "$have_blob" = "$pin_blob" ]; then at_pin=$((at_pin + 1)); fi
+  if [ "$have_blob" != "$want_blob" ] && [ "$have_blob" != "$pin_blob" ]; then other+=("$path"); fi
+done < "$tmp/paths"
+total=$(wc -l < "$tmp/paths")
+if [ "$applied" = "$total" ]; then
+  log "already applied: the whole series (${#patches[@]} patch(es), $total file(s)) on $head; left as it is"
+  exit 0
+fi
+if [ "$at_pin" != "$total" ]; then
+  [ "${#other[@]}" -gt 0 ] || other=("(part of the series only)")
+  die "$dir: the files this series patches are neither as at the pin nor as the series leaves them" \
+      "(${other[*]:0:5}): nothing was applied. See them with: git -C $dir status;" \
+      "to set them aside (kept in a stash) and start from the pin: git -C $dir stash push --include-untracked"
+fi
+done_=()
+for p in "${patches[@]}"; do
+  if ! g apply "$p"; then
+    for ((i=${#done_[@]}-1; i>=0; i--)); do g apply --reverse "${done_[$i]}"; done
+    die "$(basename "$p") did not apply to the working tree of $dir; the ${#done_[@]} applied before it were undone"
   fi
+  done_+=("$p")
+  log "applied $(basename "$p")"
 done

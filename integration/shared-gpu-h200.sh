@@ -44,7 +44,7 @@
 #                   in the setup's venv as it is (pytest, TE and the rest come with NeMo-RL's stack),
 #                   the Megatron-LM and Megatron-Bridge tests from the p39 ferry, NeMo-RL's from its tree;
 #                   UT_BUDGET seconds per side (default 600); UT_ONLY the upstreams (default all three),
-#                   UT_MLM_FILES / UT_BRIDGE_FILES what runs of theirs (default: the GTP folder / every selected
+#                   UT_MLM_FILES / UT_BRIDGE_FILES / UT_NRL_FILES what runs of theirs (default: the GTP folder / every selected
 #                   file), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json)
 #   setup-bg        in the background: run-on-gpu-host's setup alone (/tmp/o/setup)
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
@@ -283,7 +283,9 @@ from harness.host import cases; print(cases.LEARNING_LR)")
           --source nemo-rl="$S"/nemo-rl.git --cache /tmp/ut-cache > "$U/apply-$up.txt" 2>&1 || say "apply $up failed"
       done
       say "workspaces applied; waiting for the setup venv"
-      while [ ! -e /tmp/nrl-run/verify.json ]; do sleep 3; done   # the venv with TE and megatron-bridge deps
+      # the venv with TE and megatron-bridge deps: a verify.json that says ok (a failed setup leaves one too)
+      until python3 -c "import json, sys; sys.exit(not json.load(open(\"/tmp/nrl-run/verify.json\")).get(\"ok\"))" \
+        2> /dev/null; do sleep 3; done
       "$V" -m pip freeze > "$U/environment.txt" 2>&1   # the venv as it is: pytest and the tests'"'"' imports come with the stack
       run() {  # run UPSTREAM ARGS...
         local up=$1; shift
@@ -304,14 +306,19 @@ from harness.host import cases; print(cases.LEARNING_LR)")
             say "a Ray cluster for NeMo-RL'"'"'s tests (exit $?)"
           fi
         fi
-        timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$up" --only "$up" \
+        # NeMo-RL'"'"'s conftest imports nemo_rl.utils.logger, which imports mlflow, wandb and swanlab at module level
+        # (nemo_rl/utils/logger.py:27); the staged venv has none of them, the GRPO runs get the harness'"'"'s stand-ins
+        # (integration/nemo_rl_gtp/stubs): so do these tests, after everything else on the path. A test that uses one
+        # of them fails on both sides with the stand-in'"'"'s "not installed on this GPU host" (h200/2026-12-04-setup-pydantic-mlflow)
+        local stubs=""; [ "$up" = nemo-rl ] && stubs=$PWD/integration/nemo_rl_gtp/stubs
+        PYTHONPATH=$stubs timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$up" --only "$up" \
           --python "$V" --shared-gpu --budget "$UT_BUDGET" --test-timeout 120 --cache /tmp/ut-cache \
           --out "$U/$up" --json "$U/$up.report.json" "$@" > "$U/$up.console.txt" 2>&1
         say "$up exit $?"
       }
       run megatron-lm --tests-source megatron-lm="$P/tests-mlm" --nproc 4 --files "$UT_MLM_FILES" &
       run megatron-bridge --tests-source megatron-bridge="$P/tests-bridge" ${UT_BRIDGE_FILES:+--files "$UT_BRIDGE_FILES"} &
-      run nemo-rl &
+      run nemo-rl ${UT_NRL_FILES:+--files "$UT_NRL_FILES"} &
       wait; say "upstream tests done (a Ray cluster is left running: ray stop would take every cluster here)"' ut "${SRC[@]}" > /tmp/o/ut.log 2>&1 < /dev/null &
     echo $! > /tmp/o/ut.pid; stamp "upstream tests started (pid $!)" ;;
   wait-upstream-tests)

@@ -69,13 +69,15 @@ def test_the_dry_runs_stand_in_is_the_measured_host():
     """[dryrun] holds the GPU host's packages at the versions read there
     (integration/proofs/h200-host-packages.txt), each pinned: an unpinned name took the index's
     newest in the stand-in, e.g. filelock 4.x where the host has 3.32.5, the very difference that
-    stopped the Bridge proof's environment on the host. pydantic comes with the te ferry
-    (shared/gpu/stage-te.sh pins it), not with the host's image."""
+    stopped the Bridge proof's environment on the host. What the host lacks may stand in [dryrun] only
+    when the te ferry brings it ([[te]], at that version): pydantic, which TE imports. (Read from a hand
+    list here before, pydantic was allowed although the stage's te ferry did not carry it: the H200
+    setup stopped at step 90 on 2026-12-04, No module named 'pydantic'.)"""
     from packaging.utils import canonicalize_name as norm
 
     host = pins(HOST_PACKAGES)
-    te_ferry = {"pydantic": "2.14.4", "pydantic-core": "2.50.5"}
     lk = wheel_lock.load(NRL / "wheels.toml")
+    te_ferry = {norm(a.name): a.version for a in lk.te}
     assert lk.host_torch == host["torch"]
     wrong = []
     for spec in lk.host_packages:

@@ -17,7 +17,7 @@ def test_stage_without_the_test_extra_names_what_to_install(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "Traceback" not in res.stderr and "downloading" not in res.stderr, res.stderr
-    assert "stage needs pip, tokenizers, transformers" in res.stderr, res.stderr
+    assert "stage needs pip, tokenizers, transformers, packaging" in res.stderr, res.stderr
     assert f"{py} -m pip install -e" in res.stderr and "[test]" in res.stderr, res.stderr
     assert not (tmp_path / "cache").exists()
 

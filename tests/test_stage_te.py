@@ -17,7 +17,7 @@ import io
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, tiny_wheel
 
 NRL = ROOT / "integration" / "nemo_rl_gtp"
 sys.path.insert(0, str(NRL))
@@ -63,9 +63,8 @@ def test_the_te_ferry_carries_the_pinned_files_and_unpacks_where_the_host_reads_
     """stage_te with the pins already in the cache (hash-checked, not downloaded again): the te ferry's
     parts, received as on the host, give te/wheels/ with every pinned file and te/manifest.json."""
     cache = tmp_path / "cache"
-    whl = cache / "te" / "tinyte-2.20.2-py3-none-any.whl"
-    whl.parent.mkdir(parents=True)
-    whl.write_bytes(b"PK not really a wheel, but pinned bytes")
+    (cache / "te").mkdir(parents=True)
+    whl = tiny_wheel(cache / "te", "tinyte", "2.20.2", ("tinyte-torch==2.20.2; extra == 'pytorch'",))
     src = _sdist(cache / "te" / "tinyte_torch-2.20.2.tar.gz", "tinyte_torch", "2.20.2", "raise SystemExit(1)\n")
     pins = (wheel_lock.Artifact("tinyte", "2.20.2", whl.name, _sha(whl)),
             wheel_lock.Artifact("tinyte-torch", "2.20.2", src.name, _sha(src)))
@@ -82,7 +81,7 @@ def test_the_te_ferry_carries_the_pinned_files_and_unpacks_where_the_host_reads_
     assert (te / "wheels" / src.name).read_bytes() == src.read_bytes()
     assert '"tinyte-torch"' in (te / "manifest.json").read_text()
     # Other bytes under a pinned name: refused, and no ferry is written.
-    whl.write_bytes(b"other bytes")
+    whl.write_bytes(whl.read_bytes() + b"other bytes")
     for part in (root / ".ferry").glob("te.part*"):
         part.unlink()
     with pytest.raises(IntegrityError, match="the lock says"):
@@ -140,3 +139,88 @@ def test_the_host_builds_the_extension_from_the_source_or_takes_a_prebuilt_one(t
     assert "CUDA toolkit" in err.value.hint
     (te / hostsetup.TE_SO).write_bytes(b"\x7fELF")
     assert hostsetup.te_args(te, None) == build + ["--te-torch-prebuilt", str(te / hostsetup.TE_SO)]
+
+
+# What TransformerEngine 2.20.2's own files declare (Requires-Dist of the wheels' METADATA and the
+# extension source's PKG-INFO, read from the pinned files on 2026-12-04), and the cuDNN frontend's.
+TE_DECLARES = {
+    "transformer-engine": ["transformer_engine_cu13==2.20.2; extra == \"core-cu13\"",
+                           "transformer_engine_torch==2.20.2; extra == \"pytorch\"", "pydantic",
+                           "importlib-metadata>=1.0", "packaging", "pytest>=8.2.1; extra == \"test\""],
+    "transformer-engine-cu13": ["importlib-metadata>=1.0", "packaging", "pydantic"],
+    "transformer-engine-torch": ["torch>=2.1", "einops", "onnxscript", "onnx", "packaging", "pydantic",
+                                 "nvdlfw-inspect", "nvidia-cudnn-frontend>=1.29.0", "transformer_engine_cu13==2.20.2"],
+    "nvidia-cudnn-frontend": ["nvidia-cutlass-dsl[cu13]>=4.8.0; sys_platform != \"win32\" or platform_machine != \"ARM64\"",
+                              "apache-tvm-ffi>=0.1.11; sys_platform != \"win32\" or platform_machine != \"ARM64\""],
+    "pydantic": ["annotated-types>=0.6.0", "pydantic-core==2.50.5", "typing-extensions>=4.16.0",
+                 "typing-inspection>=0.4.4", "email-validator>=2.0.0; extra == \"email\""],
+    "pydantic-core": ["typing-extensions>=4.14.1"],
+    "typing-inspection": ["typing-extensions>=4.12.0"],
+    "nvdlfw-inspect": ["pyyaml>=6.0.0", "torch>=2.1.0"],
+}
+
+
+def _as_files(lk: wheel_lock.Lock, folder: Path, declares: dict[str, list[str]]) -> list[Path]:
+    """A real distribution file per [[te]] pin, its metadata stating what DECLARES says."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for a in lk.te:
+        if wheel_lock.is_sdist(a):
+            meta = "".join(f"Requires-Dist: {r}\n" for r in declares.get(a.name, []))
+            data = f"Metadata-Version: 2.1\nName: {a.name}\nVersion: {a.version}\n{meta}".encode()
+            out.append(folder / a.file)
+            with tarfile.open(out[-1], "w:gz") as tf:
+                info = tarfile.TarInfo(f"{a.name.replace('-', '_')}-{a.version}/PKG-INFO")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+        else:
+            out.append(tiny_wheel(folder, a.name.replace("-", "_"), a.version, tuple(declares.get(a.name, []))))
+    return out
+
+
+def test_the_te_ferry_carries_what_te_requires_that_the_host_lacks(tmp_path):
+    """Step 20 installs the te ferry with --no-deps, so each runtime requirement TE's files declare must be
+    in [[te]], on the host ([dryrun]) or waived with why ([[te_without]]). The committed lock meets what
+    TE 2.20.2 declares; without the pydantic pins (the ferry the H200 setup got on 2026-12-04) it does not."""
+    from dataclasses import replace
+
+    lk = wheel_lock.load(NRL / "wheels.toml")
+    assert set(TE_DECLARES) <= {a.name for a in lk.te} | {"pydantic-core"}
+    assert wheels.te_uncovered(lk, _as_files(lk, tmp_path / "a", TE_DECLARES)) == []
+    assert all(w.why for w in lk.te_without)
+
+    host = {p.partition("==")[0]: p for p in lk.host_packages}
+    for drop in ("pydantic", "nvdlfw-inspect", "typing-inspection"):
+        less = replace(lk, te=tuple(a for a in lk.te if a.name != drop),
+                       host_packages=tuple(p for n, p in host.items() if n != drop))
+        found = wheels.te_uncovered(less, _as_files(less, tmp_path / drop, TE_DECLARES))
+        assert found and all(f" requires {drop}" in f for f in found), found
+    # A waiver gone: what it covered is named; a version the specifier excludes is named too.
+    unwaived = replace(lk, te_without=tuple(w for w in lk.te_without if w.name != "onnx"))
+    assert [f for f in wheels.te_uncovered(unwaived, _as_files(lk, tmp_path / "w", TE_DECLARES))] == [
+        "transformer-engine-torch==2.20.2 requires onnx: not in [[te]], not on the host ([dryrun])"]
+    newer = dict(TE_DECLARES, pydantic=["typing-extensions>=9"])
+    assert wheels.te_uncovered(lk, _as_files(lk, tmp_path / "v", newer)) == [
+        "pydantic==2.14.4 requires typing-extensions>=9: typing-extensions 4.16.0 is what the ferry and host give"]
+
+
+def test_stage_refuses_a_te_ferry_that_misses_a_requirement(tmp_path):
+    """stage_te checks before it packs: a TE pin whose metadata asks for what nothing provides is a
+    named error, and no part is written."""
+    cache = tmp_path / "cache"
+    (cache / "te").mkdir(parents=True)
+    whl = tiny_wheel(cache / "te", "tinyte", "2.20.2", ("pydantic", "einops; python_version < '3'"))
+    lk = wheel_lock.Lock(tmp_path / "w.toml", "3.12", ("any",), (), (),
+                         (wheel_lock.Artifact("tinyte", "2.20.2", whl.name, _sha(whl)),))
+    root = tmp_path / "repo"
+    root.mkdir()
+    o = staging.Options(out=tmp_path / "out", cache=cache, workdir=tmp_path / "w", series=None, sources={}, seed=1,
+                        pack=True, part_mib=16, ferry_root=root)
+    from carry.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"tinyte==2.20.2 requires pydantic: not in \[\[te\]\]") as err:
+        staging.stage_te(o, lk)
+    assert "einops" not in str(err.value)   # a marker false for the host's Python: not asked
+    assert not list(root.glob(".ferry/te.part*"))
+    waived = wheel_lock.Lock(lk.path, "3.12", ("any",), (), (), lk.te,
+                             te_without=(wheel_lock.Waiver("pydantic", "the test's host has it"),))
+    assert staging.stage_te(o, waived)["te_parts"]

@@ -727,3 +727,35 @@ def test_a_side_that_has_none_of_the_selected_files_runs_nothing(tree_up):
             for r in read_json(out / "megatron-lm" / "result.json")["rows"]}
     assert rows == {"test_added": ("absent", "passed", "new")}, rows
     assert not list((out / "megatron-lm" / "pristine").glob("launch-*")), "the pristine side launched"
+
+
+H200_SETUP = EVIDENCE / "h200" / "2026-12-04-setup-pydantic-mlflow"
+
+
+def test_the_second_h200_session_says_what_its_files_say():
+    """2026-12-04-setup-pydantic-mlflow, judged again from its files (its README's claims): the first
+    setup stopped at step 90 on pydantic; the third was VERIFY OK and its pretrain accepted (0.656, 244 s);
+    every one of NeMo-RL's 12 layout tests, read by the tool's own reader from both launches' rank records,
+    errored in its setup on mlflow; and no learning case reached a GRPO step."""
+    from carry.evidence.upstream.results import read_launch
+
+    first = read_json(H200_SETUP / "first-setup" / "pretrain" / "verify.json")
+    said = [p for v in first["venvs"] for p in v["problems"]]
+    assert first["ok"] is False and any("No module named 'pydantic'" in p for p in said), said
+    again = read_json(H200_SETUP / "learning" / "o" / "pretrain" / "verify.json")
+    assert again["ok"] is True and not [p for v in again["venvs"] for p in v["problems"]]
+    pre = read_json(H200_SETUP / "learning" / "o" / "pretrain" / "pretrain.json")
+    assert pre["accepted"] is True and round(pre["accuracy"], 3) == 0.656 and pre["train_seconds"] == 244.0
+    readme = (H200_SETUP / "README.md").read_text()
+    assert "**244.0 s**" in readme and "0.656" in readme
+    side = H200_SETUP / "nemo-rl-tests" / "nemo-rl" / "nemo-rl"
+    for launch in (side / "patched" / "launch-01-n1", side / "bisect" / "k010" / "launch-01-n1"):
+        got = read_launch(launch, 1)
+        outcomes = {nodeid: merge(recs, 1) for nodeid, recs in got.tests.items()}
+        assert len(outcomes) == 12 and set(got.collected) == set(outcomes)
+        assert {(o.outcome, o.phase, o.reason) for o in outcomes.values()} == {
+            ("error", "setup", "ModuleNotFoundError: No module named 'mlflow'")}
+    assert "all 12 tests **error in setup**" in readme
+    for log in (H200_SETUP / "learning").rglob("case.log"):
+        text = log.read_text()
+        assert "Running initial validation" not in text and "[refit-check] step" not in text, log

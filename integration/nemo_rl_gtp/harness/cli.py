@@ -37,8 +37,8 @@ def _cache_default() -> Path:
 
 
 # What stage imports beyond the standard library (pip downloads the wheels; the tokenizer is trained
-# with tokenizers and written with transformers): the test extra holds them all.
-STAGE_NEEDS = ("pip", "tokenizers", "transformers")
+# with tokenizers and written with transformers; packaging reads TE's requirements): the test extra holds them.
+STAGE_NEEDS = ("pip", "tokenizers", "transformers", "packaging")
 
 
 def _stage_needs(*modules: str) -> None:

@@ -256,6 +256,7 @@ def stage_te(o: Options, lk: wheel_lock.Lock) -> dict:
     as te/wheels/ (the folder run-on-gpu-host --te reads; images/gtp-te219 step 20 installs from it
     offline and builds the extension there). Not xz-compressed: the wheels are compressed already."""
     files = wheels.fetch_te(lk, o.cache / "te")
+    wheels.check_te_covered(lk, files)
     manifest = {"schema": 1, "ferry": TE_FERRY, "te": [{"name": a.name, "version": a.version, "file": a.file,
                                                         "sha256": a.sha256} for a in lk.te]}
     parts = ferry.pack_files(o.ferry_root, TE_FERRY, {f"wheels/{f.name}": f for f in files}, manifest, _part_bytes(o))

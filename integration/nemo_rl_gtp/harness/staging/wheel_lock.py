@@ -1,6 +1,6 @@
 """wheels.toml: every artifact the GPU host lacks, pinned by file name and sha256.
 
-Four tables:
+Five tables:
 - ``[[wheel]]``: a wheel taken from the package index as it is, or with
   ``drop`` globs removed (ray's Java jars: the run has no Java workers);
 - ``[[sdist]]``: a source distribution (antlr4 4.9.3 has no wheel), built
@@ -10,6 +10,9 @@ Four tables:
   the cuDNN frontend, pybind11 (to build with), and the torch extension's source
   distribution (``.tar.gz``), which only the host can build, against its own
   torch and CUDA;
+- ``[[te_without]]``: a requirement of a ``[[te]]`` file that the ferry does
+  not carry although the host list lacks it, each with why (the stage refuses
+  any other: :func:`harness.staging.wheels.te_uncovered`);
 - ``[dryrun]``: what the GPU host already has (its image's package list and
   the versions read there), for the CPU dry-run's stand-in of that host.
 
@@ -47,6 +50,13 @@ class Artifact:
 
 
 @dataclass(frozen=True)
+class Waiver:
+    """A requirement of a [[te]] file the ferry does not carry, and why that is right."""
+    name: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Lock:
     path: Path
     python: str
@@ -57,6 +67,7 @@ class Lock:
     host_python: str = "3.12"
     host_torch: str = ""
     host_packages: tuple[str, ...] = field(default_factory=tuple)
+    te_without: tuple[Waiver, ...] = ()
 
     @property
     def artifacts(self) -> tuple[Artifact, ...]:
@@ -97,7 +108,7 @@ def load(path: Path) -> Lock:
         raise ConfigError(f"no wheel lock at {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    _keys(raw, ["target", "wheel", "sdist", "te", "dryrun"], "<top>", path)
+    _keys(raw, ["target", "wheel", "sdist", "te", "te_without", "dryrun"], "<top>", path)
     target = raw.get("target", {})
     _keys(target, ["python", "platforms"], "target", path)
     dry = raw.get("dryrun", {})
@@ -105,12 +116,19 @@ def load(path: Path) -> Lock:
     wheels = tuple(_artifact(w, f"wheel {i}", path) for i, w in enumerate(raw.get("wheel", [])))
     sdists = tuple(_artifact(s, f"sdist {i}", path) for i, s in enumerate(raw.get("sdist", [])))
     te = tuple(_artifact(t, f"te {i}", path) for i, t in enumerate(raw.get("te", [])))
+    waivers = []
+    for i, w in enumerate(raw.get("te_without", [])):
+        _keys(w, ["name", "why"], f"te_without {i}", path)
+        if not w.get("name") or not w.get("why"):
+            raise ConfigError(f"{path}: te_without {i} needs a name and why the ferry does not carry it")
+        waivers.append(Waiver(str(w["name"]), str(w["why"])))
     names = [a.name.lower() for a in wheels + sdists + te]   # one venv gets them all: one version each
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"{path}: pinned more than once: {', '.join(dup)}")
     return Lock(path, str(target.get("python", "3.12")), tuple(target.get("platforms", ())), wheels, sdists, te,
-                str(dry.get("python", "3.12")), str(dry.get("torch", "")), tuple(dry.get("packages", ())))
+                str(dry.get("python", "3.12")), str(dry.get("torch", "")), tuple(dry.get("packages", ())),
+                tuple(waivers))
 
 
 def check_file(path: Path, a: Artifact) -> None:
@@ -141,6 +159,8 @@ def render(lock: Lock) -> str:
             if a.drop:
                 out.append("drop = [" + ", ".join(_q(d) for d in a.drop) + "]")
             out.append("")
+    for w in lock.te_without:
+        out += ["[[te_without]]", f"name = {_q(w.name)}", f"why = {_q(w.why)}", ""]
     out += ["[dryrun]", f"python = {_q(lock.host_python)}", f"torch = {_q(lock.host_torch)}", "packages = ["]
     out += [f"  {_q(p)}," for p in lock.host_packages]
     out += ["]", ""]

@@ -759,3 +759,16 @@ def test_the_second_h200_session_says_what_its_files_say():
     for log in (H200_SETUP / "learning").rglob("case.log"):
         text = log.read_text()
         assert "Running initial validation" not in text and "[refit-check] step" not in text, log
+
+
+def test_selection_reads_upstream_files_without_printing_their_warnings():
+    """An upstream test file with an invalid escape in a plain string ("\\i"): the selection still reads
+    its imports and says nothing (the H200 console had '<unknown>:29: SyntaxWarning' twice)."""
+    import warnings
+
+    from carry.evidence.upstream.select import imported_modules
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        mods = imported_modules('import nemo_rl.utils\npattern = "\\i"\n')
+    assert "nemo_rl.utils" in mods and not [w for w in seen if issubclass(w.category, SyntaxWarning)]

@@ -68,7 +68,8 @@ def imported_modules(source: str) -> set[str]:
     """Every module a file's imports can name, ``from pkg import m`` giving ``pkg.m`` too."""
     try:
         with warnings.catch_warnings():   # upstream's own "\\i" in a plain string is its business, not a line of ours
-            warnings.simplefilter("ignore", SyntaxWarning)
+            warnings.simplefilter("ignore", SyntaxWarning)       # Python >= 3.12
+            warnings.simplefilter("ignore", DeprecationWarning)  # the same before 3.12
             tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return set()

@@ -37,7 +37,8 @@
 #                   (tools/nightly.py --tests grpo-megatron-generation-gtp-learning, CARRY_NRL_RAY_RUNNING=1),
 #                   learning-sign-flip and learning-gtp-off. /tmp/o/evidence.log says what started and ended
 #                   when, /tmp/o/gpu-mem.log the GPU's memory every 20 s. Beside upstream-tests-bg: after the pretrain
-#                   it waits for those tests at most UT_GRACE s (default 240) and stops their Ray cluster
+#                   it waits for those tests at most UT_GRACE s (default 240) and stops their Ray cluster. CASE_TIMEOUT
+#                   (default 1500) bounds each learning case
 #   wait-learning-evidence S  wait (at most S seconds), pack all there is so far; exit 3 while it still runs
 #   upstream-tests-bg  issue 39, in the background once the setup's venv is there: each upstream's own
 #                   tests (tools/upstream_tests.py) pristine against patched, the three upstreams side by side,
@@ -208,7 +209,9 @@ case ${1:?step} in
     for pid in /tmp/o/*.pid; do
       if alive "$pid"; then stamp "refused: $pid still runs"; exit 1; fi
     done
-    export WAVE_WIDTH=${WAVE_WIDTH:-2} LR_RECIPES=${LR_RECIPES:-"3e-5 1e-4 3e-4"} S
+    # A learning case two side by side: about 140 s of worker setup, up to 190 s of CUDA-graph capture (three side by
+    # side, h200/2026-12-04-learning-wave1-lost), 40 s per validation, six steps: 840 s was too tight for it.
+    export WAVE_WIDTH=${WAVE_WIDTH:-2} LR_RECIPES=${LR_RECIPES:-"3e-5 1e-4 3e-4"} CASE_TIMEOUT=${CASE_TIMEOUT:-1500} S
     setsid nohup bash -c '
       say() { echo "[$(date -u +%H:%M:%S)] $*"; }
       alive() { [ -e "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -219,7 +222,7 @@ case ${1:?step} in
       side_by_side() {  # the harness cases NAMES..., WAVE_WIDTH at a time on the running cluster, 20 s apart
         local name; for name in "$@"; do
           while [ "$(running "$@")" -ge "$WAVE_WIDTH" ]; do sleep 2; done
-          setsid nohup env CARRY_NRL_CASE_TIMEOUT=840 python3 integration/nemo_rl_gtp/run-on-gpu-host --skip-setup \
+          setsid nohup env CARRY_NRL_CASE_TIMEOUT=$CASE_TIMEOUT python3 integration/nemo_rl_gtp/run-on-gpu-host --skip-setup \
             --shared-gpu --ray-running --cases "$name" --out "/tmp/o/case-$name" > "/tmp/o/case-$name.console" 2>&1 < /dev/null &
           echo $! > "/tmp/o/case-$name.pid"; say "started $name (pid $!)"; sleep 20
         done
@@ -252,8 +255,8 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         integration/nemo_rl_gtp/harness/host/cases.py
       fi
       say "wave 2 at lr $lr: the nightly learning cell, learning-sign-flip, learning-gtp-off"
-      ( CARRY_NRL_RAY_RUNNING=1 CARRY_NRL_CASE_TIMEOUT=840 python3 tools/nightly.py --images gpu-host --shared-gpu \
-          --no-bisect --timeout 900 --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl="$S"/nemo-rl.git \
+      ( CARRY_NRL_RAY_RUNNING=1 CARRY_NRL_CASE_TIMEOUT=$CASE_TIMEOUT python3 tools/nightly.py --images gpu-host --shared-gpu \
+          --no-bisect --timeout $((CASE_TIMEOUT + 60)) --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl="$S"/nemo-rl.git \
           --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning > /tmp/o/learning.console 2>&1
         say "learning nightly exit $?" ) &
       nightly=$!; sleep 20

@@ -11,6 +11,7 @@ from fakeup import make_demo
 from helpers import ROOT, tool
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """The slow tests first (with -n, the longest, the zygote/fresh comparison, then runs beside
     all the rest instead of after it), the Docker tests in one group (one worker builds the

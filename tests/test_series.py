@@ -41,19 +41,21 @@ ZYGOTE_WHOLE = os.environ.get("GTP_CARRY_TEST_ZYGOTE") == "all"
 
 
 @pytest.mark.slow
-def test_cpu_proofs_red_green_the_same_from_the_zygote_and_fresh(tmp_path, gtp_work):
+def test_cpu_proofs_red_green_the_same_from_the_zygote_and_fresh(tmp_path, gtp_work, pin_cache):
     """The Megatron-LM and Megatron-Bridge proofs on the real pins (a sample in the suite, all in
     the nightly): CPU ones red on pristine and green patched, the GPU ones skipped here (never
     'pass' without a GPU); and the same outcome of every run from the zygote and with --fresh (a
     difference is a bug of the zygote). Each run says how it started (``via``): every run of the
-    first prove forked from a zygote, every run of the second was a fresh interpreter."""
+    first prove forked from a zygote, every run of the second was a fresh interpreter. Both take
+    the pinned-artifact cache (--cache): the Bridge proof's environment is built there once, not
+    in every session's empty cache (building it is tests/test_proofenv.py's)."""
     import torch
 
     only = "megatron-lm,megatron-bridge" if ZYGOTE_WHOLE else ZYGOTE_SAMPLE
     reports = {}
     for mode in ("zygote", "fresh"):
         out = tmp_path / f"prove-{mode}.json"
-        tool("prove", "--series", "gtp", "--workdir", gtp_work, "--only", only, "--json", out,
+        tool("prove", "--series", "gtp", "--workdir", gtp_work, "--only", only, "--json", out, "--cache", pin_cache,
              *(["--fresh"] if mode == "fresh" else []), timeout=3000, check=0)
         rows = read_json(out)["proofs"]
         reports[mode] = {(r["id"], r["proof"]): (r["pristine"], r["patched"], r["ok"]) for r in rows}

@@ -7,6 +7,7 @@ without mixed groups and weights that did not move are red, each with its reason
 from __future__ import annotations
 
 import json
+import os
 import math
 import subprocess
 import sys
@@ -486,6 +487,6 @@ def test_the_lr_is_chosen_by_the_highest_measured_gain_and_never_by_one_that_is_
     (tmp_path / "case-learning-lr3e-4" / "metrics.json").write_text("not json")
     run = subprocess.run([sys.executable, "-m", "harness.host.learning", "best-lr", str(tmp_path), "3e-5", "1e-4",
                           "3e-4", "1e-5"], cwd=NRL, capture_output=True, text=True,
-                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "tools")})
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "tools")})
     assert (run.returncode, run.stdout) == (0, "1e-4\n"), run.stderr
     assert "lr 3e-4: held-out gain None" in run.stderr and "lr 1e-5: held-out gain None" in run.stderr

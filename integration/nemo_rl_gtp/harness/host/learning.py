@@ -165,9 +165,13 @@ def validation_metrics(metrics: dict, last_step: int | None) -> dict[str, float]
     return {START: float(start), END: float(end), GAIN: float(end) - float(start)}
 
 
+def _within(v, low: float, high: float) -> bool:
+    """Whether V is a number (not a bool) from LOW to HIGH, so never NaN or infinite."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high
+
+
 def _accuracy(v) -> bool:
-    """Whether V is an accuracy: a number (not a bool) from 0 to 1, so never NaN or infinite."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
+    return _within(v, 0.0, 1.0)
 
 
 def best_lr(gains: dict[str, object]) -> tuple[str, float] | None:
@@ -176,9 +180,8 @@ def best_lr(gains: dict[str, object]) -> tuple[str, float] | None:
     None when no recipe measured one. A tie goes to the first listed."""
     best = None
     for lr, gain in gains.items():
-        if isinstance(gain, (int, float)) and not isinstance(gain, bool) and -1.0 <= gain <= 1.0:
-            if best is None or gain > best[1]:
-                best = (lr, float(gain))
+        if _within(gain, -1.0, 1.0) and (best is None or gain > best[1]):
+            best = (lr, float(gain))
     return best
 
 

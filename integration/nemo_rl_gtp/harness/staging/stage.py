@@ -252,7 +252,8 @@ def _part_bytes(o: Options) -> int:
 
 
 def stage_te(o: Options, lk: wheel_lock.Lock) -> dict:
-    """The "te" ferry: TransformerEngine's pinned wheels and the torch extension's source, hash-checked,
+    """The "te" ferry: TransformerEngine's pinned wheels, the torch extension's source and what TE requires
+    that the host lacks, hash-checked and checked to cover TE's requirements (wheels.check_te_covered),
     as te/wheels/ (the folder run-on-gpu-host --te reads; images/gtp-te219 step 20 installs from it
     offline and builds the extension there). Not xz-compressed: the wheels are compressed already."""
     files = wheels.fetch_te(lk, o.cache / "te")

@@ -13,14 +13,10 @@ import os
 import subprocess
 from pathlib import Path
 
-from helpers import ROOT
+from helpers import ROOT, git
 
 STEP = ROOT / "images" / "gtp-te219" / "steps" / "40-nemo-rl.sh"
 LINES = [f"line {i}\n" for i in range(1, 11)]
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
 
 
 def _checkout(tmp: Path) -> tuple[Path, str]:
@@ -34,13 +30,13 @@ def _checkout(tmp: Path) -> tuple[Path, str]:
 
 def _commit(repo: Path, msg: str) -> str:
     git(repo, "add", "-A")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", msg)
-    return git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "commit", "-qm", msg)
+    return git(repo, "rev-parse", "HEAD")
 
 
 def _series(tmp: Path, repo: Path) -> Path:
     """Two patches on one hunk: the second rewrites the line the first changed, and adds a file."""
-    pin = git(repo, "rev-parse", "HEAD").strip()
+    pin = git(repo, "rev-parse", "HEAD")
     (repo / "conf.yaml").write_text("".join(LINES).replace("line 5", "line five"))
     one = _commit(repo, "first")
     (repo / "conf.yaml").write_text("".join(LINES).replace("line 5", "line FIVE"))
@@ -48,8 +44,8 @@ def _series(tmp: Path, repo: Path) -> Path:
     two = _commit(repo, "second")
     house = tmp / "wheelhouse"
     (house / "nemo-rl").mkdir(parents=True)
-    (house / "nemo-rl" / "0001-first.patch").write_text(git(repo, "diff", "--binary", pin, one))
-    (house / "nemo-rl" / "0002-second.patch").write_text(git(repo, "diff", "--binary", one, two))
+    for name, a, b in (("0001-first.patch", pin, one), ("0002-second.patch", one, two)):   # git() strips the end
+        (house / "nemo-rl" / name).write_text(git(repo, "diff", "--no-ext-diff", "--binary", a, b) + "\n")
     git(repo, "reset", "-q", "--hard", pin)
     return house
 

@@ -228,3 +228,21 @@ def test_stage_refuses_a_te_ferry_that_misses_a_requirement(tmp_path):
     waived = wheel_lock.Lock(lk.path, "3.12", ("any",), (), (), lk.te,
                              te_without=(wheel_lock.Waiver("pydantic", "the test's host has it"),))
     assert staging.stage_te(o, waived)["te_parts"]
+
+
+@pytest.mark.parametrize("table, error", [
+    ('name = "onnx"', "needs a name and why"),
+    ('name = "onnx"\nwhy = ""', "needs a name and why"),
+    ('why = "export only"', "needs a name and why"),
+    ('name = "onnx"\nwhy = "export only"\nversion = "1"', "unknown key 'version'"),
+])
+def test_a_waiver_without_its_reason_is_refused(tmp_path, table, error):
+    """[[te_without]] holds a requirement the te ferry does without, and why: one without a name or a reason
+    (or with a key of another table) is an error naming it, not a silent waiver."""
+    path = tmp_path / "wheels.toml"
+    path.write_text(f'[target]\npython = "3.12"\nplatforms = []\n\n[[te_without]]\n{table}\n')
+    from carry.errors import ConfigError
+    with pytest.raises(ConfigError, match=error):
+        wheel_lock.load(path)
+    path.write_text('[target]\npython = "3.12"\nplatforms = []\n\n[[te_without]]\nname = "onnx"\nwhy = "export only"\n')
+    assert wheel_lock.load(path).te_without == (wheel_lock.Waiver("onnx", "export only"),)

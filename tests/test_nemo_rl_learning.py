@@ -84,7 +84,7 @@ def test_acceptance_is_the_window_and_the_entropy_limit():
 def test_learning_cases_add_only_their_own_overrides():
     learning_names = {"learning", "learning-stale-refit", "learning-corrupt-tensor", "learning-frozen-weights",
                       "learning-gtp-off", "learning-no-cuda-graphs", "learning-gtp-off-no-cuda-graphs",
-                      "learning-sign-flip", "learning-lr1e-5", "learning-lr3e-5", "learning-lr1e-4", "learning-lr3e-4"}
+                      "learning-sign-flip", *(f"learning-lr{lr}" for lr in casing.LR_RECIPES)}
     assert learning_names <= set(casing.CASES)
     for name in learning_names:
         case = casing.CASES[name]
@@ -107,7 +107,8 @@ def test_learning_cases_add_only_their_own_overrides():
     assert {"grpo.val_at_start=true", "grpo.val_at_end=true", f"grpo.max_val_samples={casing.VALIDATION}",
             "grpo.num_prompts_per_step=16", "grpo.max_num_steps=6"} <= set(casing.LEARNING)
     assert casing.VALIDATION == fixtures.VALIDATION_PROBLEMS
-    assert {f"learning-lr{lr}" for lr in ("1e-5", "3e-5", "1e-4", "3e-4")} <= set(casing.CASES)
+    assert {f"learning-lr{lr}" for lr in casing.LR_RECIPES} <= set(casing.CASES) and casing.LEARNING_LR in casing.LR_RECIPES
+    assert "1e-4" not in casing.LR_RECIPES   # measured to collapse (h200/2026-12-04-gtp-folder-learning-cut)
     assert casing.CASES["learning-sign-flip"].red_by == (casing.GAIN,)
     env = casing.case_env
     assert env(casing.CASES["learning"]) == {"CARRY_REFIT_CHECK": "1", "CARRY_GREEDY_VALIDATION": "1"}
@@ -490,3 +491,44 @@ def test_the_lr_is_chosen_by_the_highest_measured_gain_and_never_by_one_that_is_
                          env={**os.environ, "PYTHONPATH": str(ROOT / "tools")})
     assert (run.returncode, run.stdout) == (0, "1e-4\n"), run.stderr
     assert "lr 3e-4: held-out gain None" in run.stderr and "lr 1e-5: held-out gain None" in run.stderr
+
+
+# -- the H200's run at lr 1e-4 (integration/h200/2026-12-04-gtp-folder-learning-cut) -----------------------
+H200_CUT = ROOT / "integration" / "h200" / "2026-12-04-gtp-folder-learning-cut"
+CUT_LOGS = {"learning": H200_CUT / "learning" / "nightly-learning" / "cells"
+            / "gtp--gpu-host--grpo-megatron-generation-gtp-learning" / "artifacts" / "case.log.gz",
+            "sign-flip": H200_CUT / "learning" / "o" / "case-learning-sign-flip" / "case.log.gz"}
+
+
+def _cut_readme_table() -> dict[str, list[tuple[float, float]]]:
+    """The README's per-step table: for each case, (reward, rel_l2 after the update) of steps 1, 2, ..."""
+    import re
+    rows = re.findall(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$",
+                      (H200_CUT / "README.md").read_text(), re.M)
+    assert [int(r[0]) for r in rows] == list(range(1, len(rows) + 1)) and rows, rows
+    return {"learning": [(float(r[1]), float(r[2])) for r in rows],
+            "sign-flip": [(float(r[3]), float(r[4])) for r in rows]}
+
+
+@pytest.mark.parametrize("which", sorted(CUT_LOGS))
+def test_the_h200_run_at_lr_1e4_says_what_its_readme_says(which):
+    """At lr 1e-4 the nightly's learning cell and learning-sign-flip ran five steps before the device time
+    ended. From each raw log, with the harness's own reader (harness_metrics) and the model's own tensor
+    count: every refit 1..7 exact on both ranks; the weights' drift and the reward per step are the
+    README's table (the reward collapsing in both, the finding that moved LEARNING_LR); the validation at
+    the start 0.6436, and none at the end (so no verdict is claimed)."""
+    import gzip
+    import re
+    log = gzip.decompress(CUT_LOGS[which].read_bytes()).decode()
+    tensors = learning.model_tensors(casing.CASES["learning"])
+    steps = [str(s) for s in range(1, 8)]
+    got = learning.harness_metrics(log, steps, ranks=2, tensors=tensors)
+    assert got[casing.UNVERIFIED] == {s: 0.0 for s in steps} and got[casing.EQUAL] == {s: float(tensors) for s in steps}
+    assert tensors == 170 and "[refit-check] step 8" not in log
+    drift = [round(got[casing.DRIFT][str(n + 2)], 4) for n in range(1, 6)]   # refit N+2 follows step N's update
+    rewards = [float(r) for r in re.findall(r"• Avg Reward: ([\d.]+)", log)]
+    table = _cut_readme_table()[which]
+    assert list(zip(rewards, drift)) == table, (rewards, drift, table)
+    assert rewards[-1] < 0.05 < 0.6 < rewards[0]   # the collapse
+    assert re.findall(r"📊 Validation Results:\n\s+• Accuracy: ([\d.]+)", log) == ["0.6436"]
+    assert casing.LEARNING_LR != "1e-4" and "1e-4" not in casing.LR_RECIPES

@@ -433,6 +433,8 @@ ROOT_DIR = Path(__file__).resolve().parents[1]
 EVIDENCE = ROOT_DIR / "integration"
 H200_RUN = EVIDENCE / "h200" / "2026-12-03-upstream-tests"
 COMMITTED_RUNS = {"h200-megatron-lm": (H200_RUN, "megatron-lm", "incomplete"),
+                  "h200-megatron-lm-gtp-folder": (EVIDENCE / "h200" / "2026-12-04-gtp-folder-learning-cut",
+                                                  "megatron-lm", "passed"),
                   "cpu-nemo-rl": (EVIDENCE / "cpu-runs" / "2026-12-04-upstream-tests-nemo-rl", "nemo-rl", "passed")}
 
 
@@ -512,8 +514,9 @@ def test_the_committed_mutation_run_is_red_for_its_one_regression_and_names_its_
 
 @pytest.mark.parametrize("which", sorted(COMMITTED_RUNS))
 def test_the_committed_runs_are_judged_again_from_their_rank_records(which):
-    """integration/h200/2026-12-03-upstream-tests (Megatron-LM's GTP unit tests at four ranks on one H200)
-    and integration/cpu-runs/2026-12-04-upstream-tests-nemo-rl (NeMo-RL's on a CPU host), each pristine
+    """integration/h200/2026-12-03-upstream-tests and 2026-12-04-gtp-folder-learning-cut (Megatron-LM's GTP
+    unit tests at four ranks on one H200: part of the folder, then all 78 of it) and
+    integration/cpu-runs/2026-12-04-upstream-tests-nemo-rl (NeMo-RL's on a CPU host), each pristine
     against the series. Judged again from the ranks' records: the rows result.json holds, no
     regression, the verdict, and the counts its README's table gives."""
     run, upstream, status = COMMITTED_RUNS[which]

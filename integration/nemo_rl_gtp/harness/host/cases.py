@@ -80,19 +80,23 @@ CASES: dict[str, Case] = {c.name: c for c in (
 # -- learning: GRPO from the pretrained model, the refit checked after every refit -----------------
 LEARNING_TEST = "grpo-megatron-generation-gtp-learning"
 MATRIX_TEST = "grpo-megatron-generation-matrix"
-# The learning cases' own overrides; the script's config stays as it is. Five steps: NeMo-RL refits
-# before each step's generation, so the fifth refit carries the weights after four updates (the
-# drift gate reads it). Eight prompts of four samples: with the pretrained model's accuracy p a
-# group is mixed with probability 1 - p^4 - (1-p)^4 (0.75 at p = 0.3), so a step with no mixed
-# group is 0.25^8 = 1.5e-5 likely, where the script's two prompts give 0.06. The script's
-# train_global_batch_size (4) is kept: 32 samples make 8 optimizer steps per GRPO step.
+# The learning cases' own overrides; the script's config stays as it is. Six steps: NeMo-RL refits
+# before every generation (the validation at the start, each step's, the validation at the end), so the
+# later refits carry the weights after the updates (the drift gate reads the last). Sixteen prompts of
+# four samples: with the pretrained model's accuracy p a group is mixed with probability
+# 1 - p^4 - (1-p)^4 (0.75 at p = 0.3, 0.81 at the pretrained 0.65), so a step with no mixed group is
+# 0.25^16 = 2.3e-10 likely, where the script's two prompts give 0.06. The script's
+# train_global_batch_size (4) is kept: 64 samples make 16 optimizer steps per GRPO step.
 # No checkpoints: the script's own setting (so no resume interplay with the longer horizon).
-# The lr: not yet measured by the learning-lr* recipes below (their first run was lost with the machine,
-# integration/h200/2026-12-04-learning-wave1-lost). 1e-4 is a third of the pretrain step's AdamW lr (3e-4,
-# models/pretrain.py), which trained the model from its seed's weights to 0.656 in 1000 steps and had not
-# converged; GRPO's 96 optimizer steps of 4 samples each (6 x 64 / 4) move a weight by at most ~96 lr.
-LEARNING_LR = "1e-4"
+# The lr: measured too high at 1e-4 (integration/h200/2026-12-04-gtp-folder-learning-cut): with sixteen
+# Adam steps per GRPO step, the correct run and learning-sign-flip both collapsed, reward 0.64 to 0.02 in
+# five steps, 0.84% of the weights' L2 moved by the first step alone. 5e-6 is NeMo-RL's own lr for this
+# recipe (examples/configs/grpo_math_1B_megatron.yaml, policy.megatron_cfg.optimizer.lr), without the
+# warmup a six-step run never leaves. Not yet measured on a GPU: the learning-lr* recipes below do that.
+LEARNING_LR = "5e-6"
 LEARNING_STEPS = 6
+# The lr recipes: around NeMo-RL's own lr, below the 1e-4 that collapsed.
+LR_RECIPES = ("2e-6", "5e-6", "1e-5", "3e-5")
 
 
 def learning_settings(lr: str = LEARNING_LR) -> tuple[str, ...]:
@@ -150,7 +154,7 @@ def learning_cases() -> tuple[Case, ...]:
              learning_mutation="sign-flip", red_by=(GAIN,)),
         # The lr is the case's own setting, chosen by measurement (pending): one recipe per candidate.
         *(case(f"learning-lr{lr}", f"recipe: the learning case at lr {lr} (to choose the case's lr by measurement)",
-               "green", lr=lr, test=MATRIX_TEST) for lr in ("1e-5", "3e-5", "1e-4", "3e-4")),
+               "green", lr=lr, test=MATRIX_TEST) for lr in LR_RECIPES),
         case("learning-stale-refit", "mutation: every refit after the first is skipped; the refit check must fail "
              "from step 2 on", "red", mutation="stale-refit", red_by=(UNVERIFIED,)),
         case("learning-corrupt-tensor", "mutation: rank 0's GTP shard of one tensor is negated in transit; the refit "

@@ -99,3 +99,44 @@ def test_the_payload_level_is_the_one_asked_for(tmp_path, capsys, monkeypatch):
     with pytest.raises(UsageError, match="xz level 12"):
         compress(src, tmp_path / "bad.tar.xz", level=12)
     assert not (tmp_path / "bad.tar.xz").exists() and not (tmp_path / "bad.tar.tmp").exists()
+
+
+def test_lines_said_from_several_threads_stay_whole(monkeypatch):
+    """Two sides of the upstream tests tick at once: each line must come out whole (the H200 console had
+    '60 s so far[  63.7s] megatron-lm pristine ...' on one line and an empty one after it). The stream
+    below lets another thread in between any two writes, as a busy pipe does."""
+    import re
+    import threading
+    import time
+
+    from carry import progress
+
+    class Slow:
+        def __init__(self):
+            self.chunks = []
+
+        def write(self, s):
+            self.chunks.append(s)
+            time.sleep(0.0002)   # another thread may write now
+            return len(s)
+
+        def flush(self):
+            pass
+
+    out = Slow()
+    monkeypatch.setattr(progress.sys, "stderr", out)
+    monkeypatch.setenv("GTP_CARRY_VERBOSE", "1")
+
+    def talk(name):
+        for i in range(40):
+            progress.say(f"{name} line {i}")
+
+    threads = [threading.Thread(target=talk, args=(f"side{k}",)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = "".join(out.chunks).split("\n")
+    assert lines[-1] == "" and len(lines) == 161, len(lines)
+    bad = [ln for ln in lines[:-1] if not re.fullmatch(r"\[ *\d+\.\ds\] side\d line \d+", ln)]
+    assert not bad, bad[:3]

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 _start = time.monotonic()
+_lock = threading.Lock()   # one line at a time: sides that tick from their own threads never share a line
 TICK = 30.0  # seconds between the lines of a long step that has no phases of its own
 
 
@@ -30,7 +31,10 @@ def enabled() -> bool:
 
 def say(message: str) -> None:
     if enabled():
-        print(f"[{time.monotonic() - _start:6.1f}s] {message}", file=sys.stderr, flush=True)
+        line = f"[{time.monotonic() - _start:6.1f}s] {message}\n"
+        with _lock:   # the line and its newline in one write (print writes them apart)
+            sys.stderr.write(line)
+            sys.stderr.flush()
 
 
 @contextmanager

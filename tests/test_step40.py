@@ -34,13 +34,14 @@ def _commit(repo: Path, msg: str) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
-def _series(tmp: Path, repo: Path) -> Path:
-    """Two patches on one hunk: the second rewrites the line the first changed, and adds a file."""
+def _series(tmp: Path, repo: Path, new: str = "new_test.py") -> Path:
+    """Two patches on one hunk: the second rewrites the line the first changed, and adds a file (NEW)."""
     pin = git(repo, "rev-parse", "HEAD")
     (repo / "conf.yaml").write_text("".join(LINES).replace("line 5", "line five"))
     one = _commit(repo, "first")
     (repo / "conf.yaml").write_text("".join(LINES).replace("line 5", "line FIVE"))
-    (repo / "new_test.py").write_text("def test_x():\n    pass\n")
+    (repo / new).parent.mkdir(parents=True, exist_ok=True)
+    (repo / new).write_text("def test_x():\n    pass\n")
     two = _commit(repo, "second")
     house = tmp / "wheelhouse"
     (house / "nemo-rl").mkdir(parents=True)
@@ -112,4 +113,31 @@ def test_a_series_that_does_not_apply_changes_nothing(tmp_path):
     res = _step(house, repo, pin)
     assert res.returncode == 1
     assert "0002-second.patch does not apply" in res.stderr and "nothing was changed" in res.stderr
+    assert _state(repo) == before
+
+
+def test_a_folder_where_the_series_makes_a_file_is_refused_before_anything_is_applied(tmp_path):
+    repo, pin = _checkout(tmp_path)
+    house = _series(tmp_path, repo)
+    (repo / "new_test.py").mkdir()   # not the pin's (no such path) nor the series' (a file)
+    before = _state(repo)
+
+    res = _step(house, repo, pin)
+    assert res.returncode == 1 and "neither as at the pin" in res.stderr and "new_test.py" in res.stderr
+    assert _state(repo) == before and (repo / "new_test.py").is_dir()
+
+
+def test_a_patch_the_working_tree_refuses_undoes_the_ones_applied_before_it(tmp_path):
+    """Every path the series touches is as at the pin, but an untracked file stands where the second patch
+    needs a folder: the first patch applied, the second failed after writing part of itself (git apply is
+    not atomic then), and every file is back as at the pin."""
+    repo, pin = _checkout(tmp_path)
+    house = _series(tmp_path, repo, new="tests/new_test.py")
+    (repo / "tests").write_text("an untracked file, not a folder\n")
+    before = _state(repo)
+
+    res = _step(house, repo, pin)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "0002-second.patch did not apply to the working tree" in res.stderr and "back as at the pin" in res.stderr
+    assert "applied 0001-first.patch" in res.stdout
     assert _state(repo) == before

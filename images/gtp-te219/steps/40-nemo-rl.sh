@@ -54,7 +54,8 @@ while IFS= read -r path; do
   pin_blob=$(g ls-tree HEAD -- "$path" | awk '{ print $3 }')
   want_blob=$(want ls-files --stage -- "$path" | awk '{ print $2 }')
   have_blob=""
-  [ -f "$dir/$path" ] && have_blob=$(g hash-object -- "$path")
+  if [ -f "$dir/$path" ]; then have_blob=$(g hash-object -- "$path")
+  elif [ -e "$dir/$path" ] || [ -L "$dir/$path" ]; then have_blob="not a file"; fi   # a folder or link stands there
   if [ "$have_blob" = "$want_blob" ]; then applied=$((applied + 1)); fi
   if [ "$have_blob" = "$pin_blob" ]; then at_pin=$((at_pin + 1)); fi
   if [ "$have_blob" != "$want_blob" ] && [ "$have_blob" != "$pin_blob" ]; then other+=("$path"); fi
@@ -70,12 +71,18 @@ if [ "$at_pin" != "$total" ]; then
       "(${other[*]:0:5}): nothing was applied. See them with: git -C $dir status;" \
       "to set them aside (kept in a stash) and start from the pin: git -C $dir stash push --include-untracked"
 fi
-done_=()
+# git apply is not atomic when a write fails (a patch may leave some of its files written), so undoing
+# is not reversing patches: every path the series touches was as at the pin, and goes back to it.
+to_pin() {
+  while IFS= read -r path; do
+    if [ -n "$(g ls-tree HEAD -- "$path")" ]; then g restore --source=HEAD --worktree -- "$path"
+    elif [ -f "$dir/$path" ] || [ -L "$dir/$path" ]; then rm -f -- "$dir/$path"; fi
+  done < "$tmp/paths"
+}
 for p in "${patches[@]}"; do
   if ! g apply "$p"; then
-    for ((i=${#done_[@]}-1; i>=0; i--)); do g apply --reverse "${done_[$i]}"; done
-    die "$(basename "$p") did not apply to the working tree of $dir; the ${#done_[@]} applied before it were undone"
+    to_pin
+    die "$(basename "$p") did not apply to the working tree of $dir: every file the series touches is back as at the pin"
   fi
-  done_+=("$p")
   log "applied $(basename "$p")"
 done

@@ -30,7 +30,7 @@
 #   learning-evidence-bg  issue 40, one command after the ferries, in the background: the setup and the
 #                   pretrain step; one Ray cluster of 2 x WAVE_WIDTH (default 2: three learning cases filled the
 #                   H200's memory, h200/2026-12-04-learning-wave1-lost) logical GPUs; wave 1, the lr recipes,
-#                   WAVE_WIDTH at a time (LR_RECIPES, default "2e-6 5e-6 1e-5"; "none": no wave 1, the committed
+#                   WAVE_WIDTH at a time (LR_RECIPES, default cases.LR_RECIPES; "none": no wave 1, the committed
 #                   LEARNING_LR, for a session whose device time does not hold both waves); the lr whose recipe's held-out
 #                   gain is highest becomes LEARNING_LR in this copy's harness/host/cases.py (the value to
 #                   commit); wave 2, side by side on the same cluster: the nightly's learning cell
@@ -213,9 +213,11 @@ case ${1:?step} in
       [ "$pid" = /tmp/o/ut.pid ] && continue
       if alive "$pid"; then stamp "refused: $pid still runs"; exit 1; fi
     done
-    # A learning case two side by side: about 140 s of worker setup, up to 190 s of CUDA-graph capture (three side by
-    # side, h200/2026-12-04-learning-wave1-lost), 40 s per validation, six steps: 840 s was too tight for it.
-    export WAVE_WIDTH=${WAVE_WIDTH:-2} LR_RECIPES=${LR_RECIPES:-"2e-6 5e-6 1e-5"} CASE_TIMEOUT=${CASE_TIMEOUT:-1500} S
+    # Two learning cases side by side took about 720 s each (h200/2026-12-04-gtp-folder-learning-cut: 80 s of worker
+    # setup, 140 s of CUDA-graph capture, two 22 s validations, six steps of about 67 s): 840 s was too tight.
+    recipes=$(cd integration/nemo_rl_gtp && python3 -c "from harness.host import cases; print(*cases.LR_RECIPES)") \
+      || { stamp "cannot read the lr recipes from cases.py"; exit 1; }
+    export WAVE_WIDTH=${WAVE_WIDTH:-2} LR_RECIPES=${LR_RECIPES:-$recipes} CASE_TIMEOUT=${CASE_TIMEOUT:-1500} S
     setsid nohup bash -c '
       say() { echo "[$(date -u +%H:%M:%S)] $*"; }
       alive() { [ -e "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }

@@ -95,8 +95,8 @@ MATRIX_TEST = "grpo-megatron-generation-matrix"
 # warmup a six-step run never leaves. Not yet measured on a GPU: the learning-lr* recipes below do that.
 LEARNING_LR = "5e-6"
 LEARNING_STEPS = 6
-# The lr recipes: around NeMo-RL's own lr, below the 1e-4 that collapsed.
-LR_RECIPES = ("2e-6", "5e-6", "1e-5", "3e-5")
+# The lr recipes (shared-gpu-h200.sh's wave 1 runs these): around NeMo-RL's own lr, below the 1e-4 that collapsed.
+LR_RECIPES = ("2e-6", "5e-6", "1e-5")
 
 
 def learning_settings(lr: str = LEARNING_LR) -> tuple[str, ...]:

@@ -103,14 +103,19 @@ def _sweep(out_dir: Path) -> None:
             pass
 
 
+def metadata_text(wheel: Path) -> str:
+    """A wheel's own METADATA (its top-level .dist-info's), or "" when it has none."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next((n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
+        return zf.read(meta).decode("utf-8", "replace") if meta else ""
+
+
 def _requires_python_refuses(wheel: Path, python_tag: str) -> str | None:
     """Why pip would refuse this wheel on the Python its tag names, or None."""
     m = re.fullmatch(r"cp(\d)(\d+)", python_tag)
     if not m:
         return None  # py3 / py2.py3: no single Python to check against
-    with zipfile.ZipFile(wheel) as zf:
-        meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA")), None)
-        text = zf.read(meta).decode("utf-8", "replace") if meta else ""
+    text = metadata_text(wheel)
     spec = re.search(r"(?mi)^Requires-Python:\s*(.+?)\s*$", text.split("\n\n")[0])
     if not spec:
         return None

@@ -30,6 +30,7 @@ from carry import progress
 from carry.errors import ConfigError, IntegrityError, OperationError, SourceError
 from carry.runner import run
 from carry.workspace.artifacts import sha256_file
+from carry.workspace.wheels import metadata_text
 
 from .wheel_lock import Artifact, Lock, check_file, is_sdist, load, render, with_artifact
 
@@ -149,9 +150,7 @@ def requirements_of(path: Path) -> list[str]:
     text = ""
     try:
         if path.name.endswith(".whl"):
-            with zipfile.ZipFile(path) as zf:
-                meta = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
-                text = zf.read(meta[0]).decode("utf-8") if meta else ""
+            text = metadata_text(path)
         else:
             with tarfile.open(path) as tf:
                 info = [m for m in tf.getmembers() if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO")]

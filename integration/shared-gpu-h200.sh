@@ -46,7 +46,7 @@
 #                   the Megatron-LM and Megatron-Bridge tests from the p39 ferry, NeMo-RL's from its tree;
 #                   UT_BUDGET seconds per side (default 600); UT_ONLY the upstreams (default all three),
 #                   UT_MLM_FILES / UT_BRIDGE_FILES / UT_NRL_FILES what runs of theirs (default: the GTP folder / every selected
-#                   file), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json)
+#                   file; UT_MLM_FILES takes several paths, space-separated), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json)
 #   setup-bg        in the background: run-on-gpu-host's setup alone (/tmp/o/setup)
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
 # Device time (one H200, 2026-12-04): 12 ferry calls of about 3 s, 459 s of setup and pretrain, about 720 s
@@ -199,6 +199,9 @@ case ${1:?step} in
     if [ "$done" = 0 ]; then stamp "the queue still runs: wait-queue again in the next call"; exit 3; fi
     /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; stamp "queue done; its Ray stopped" ;;
   proofs)
+    # The series' bases come from the nrl ferry's sources, which the setup (setup-pretrain, learning-evidence-bg)
+    # unpacks first: wait for them (at most 300 s) when a setup runs beside
+    wait_for 300 test -e /tmp/nrl-run/.payload-ok || { stamp "no unpacked sources (/tmp/nrl-run/.payload-ok): run the setup"; exit 1; }
     stamp "GPU proofs"
     python3 tools/apply.py --series gtp --workdir /tmp/prove-work --only megatron-lm "${SRC[@]}" \
       --cache /tmp/carry-cache > /tmp/o/prove-apply.txt 2>&1 || { stamp "apply failed"; tail -5 /tmp/o/prove-apply.txt; exit 1; }
@@ -325,7 +328,8 @@ from harness.host import cases; print(cases.LEARNING_LR)")
           --out "$U/$up" --json "$U/$up.report.json" "$@" > "$U/$up.console.txt" 2>&1
         say "$up exit $?"
       }
-      run megatron-lm --tests-source megatron-lm="$P/tests-mlm" --nproc 4 --files "$UT_MLM_FILES" &
+      mlm_files=(); for f in $UT_MLM_FILES; do mlm_files+=(--files "$f"); done   # paths, space-separated
+      run megatron-lm --tests-source megatron-lm="$P/tests-mlm" --nproc 4 "${mlm_files[@]}" &
       run megatron-bridge --tests-source megatron-bridge="$P/tests-bridge" ${UT_BRIDGE_FILES:+--files "$UT_BRIDGE_FILES"} &
       run nemo-rl ${UT_NRL_FILES:+--files "$UT_NRL_FILES"} &
       wait; say "upstream tests done (a Ray cluster is left running: ray stop would take every cluster here)"' ut "${SRC[@]}" > /tmp/o/ut.log 2>&1 < /dev/null &

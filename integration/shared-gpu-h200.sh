@@ -74,7 +74,31 @@ pack() {  # pack NAME PATH...: the small files only (logs, JSON, markdown)
     -not -path '*/hf-datasets/*' -not -path '*/work/*' -not -path '*/trees/*' \
     \( -name '*.json' -o -name '*.log' -o -name '*.md' -o -name '*.xml' \
     -o -name '*.stdout' -o -name '*.console' -o -name '*.txt' -o -name exit_status -o -name '*.jsonl' \) 2>/dev/null \
-    | tar -czf "$OUT/$name.tgz" -T - && stamp "packed $OUT/$name.tgz"
+    | tar -czf "$OUT/$name.tgz.tmp" -T - 2> /dev/null   # (find names paths that may not be there yet)
+  mv -f "$OUT/$name.tgz.tmp" "$OUT/$name.tgz" && stamp "packed $OUT/$name.tgz"
+}
+
+pack_evidence() {
+  pack evidence /tmp/o/evidence.log /tmp/o/gpu-mem.log /tmp/o/pretrain /tmp/o/pretrain.console /tmp/o/case-* \
+    /tmp/o/queue-ray.log /tmp/nightly-learning /tmp/o/learning.console > /dev/null
+}
+pack_ut() {  # not the upstream trees the runs copy (trees/, bisect/k*/tree/: their README.md and JSON came back by
+  # the hundred on 2026-12-04) nor the launches' console.log (the rank records hold every test's outcome)
+  [ -d /tmp/o/ut ] || return 0
+  ( cd /tmp/o && find ut -type f -size -8000k \( -name '*.json' -o -name '*.jsonl' -o -name '*.txt' -o -name '*.log' \
+    -o -name '*.md' \) -not -name console.log -not -path '*/trees/*' -not -path '*/tree/*' \
+    | tar -czf "$OUT/ut.tgz.tmp" -T - ; mv -f "$OUT/ut.tgz.tmp" "$OUT/ut.tgz" )
+}
+wait_packing() {  # wait_packing SECONDS PIDFILE PACK...: wait for PIDFILE's process, running each PACK every 60 s
+  # and at the end; true when it ended
+  local limit=$1 pidfile=$2 left=$1 chunk rc=1 p; shift 2
+  while [ "$left" -gt 0 ]; do
+    chunk=$((left < 60 ? left : 60)); left=$((left - chunk))
+    if wait_for "$chunk" bash -c "! kill -0 \"\$(cat $pidfile)\" 2>/dev/null"; then rc=0; break; fi
+    for p in "$@"; do "$p"; done
+  done
+  for p in "$@"; do "$p"; done; stamp "packed ($*) after waiting at most $limit s"
+  return $rc
 }
 
 case ${1:?step} in
@@ -275,11 +299,10 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       > /tmp/o/evidence.log 2>&1 < /dev/null &
     echo $! > /tmp/o/evidence.pid; stamp "learning evidence started (pid $!)" ;;
   wait-learning-evidence)
-    done=0
-    wait_for "${2:-540}" bash -c '! kill -0 "$(cat /tmp/o/evidence.pid)" 2>/dev/null' && done=1
+    # Packed once a minute while it waits, the upstream tests' files too: a call cut short by the device time
+    # running out still brings back what there was a minute before.
+    if wait_packing "${2:-540}" /tmp/o/evidence.pid pack_evidence pack_ut; then done=1; else done=0; fi
     cat /tmp/o/evidence.log; tail -3 /tmp/o/gpu-mem.log
-    pack evidence /tmp/o/evidence.log /tmp/o/gpu-mem.log /tmp/o/pretrain /tmp/o/pretrain.console /tmp/o/case-* \
-      /tmp/o/queue-ray.log /tmp/nightly-learning /tmp/o/learning.console
     if [ "$done" = 0 ]; then stamp "the evidence still runs: wait-learning-evidence again"; exit 3; fi ;;
   upstream-tests-bg)
     mkdir -p /tmp/o/ut
@@ -335,14 +358,8 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       wait; say "upstream tests done (a Ray cluster is left running: ray stop would take every cluster here)"' ut "${SRC[@]}" > /tmp/o/ut.log 2>&1 < /dev/null &
     echo $! > /tmp/o/ut.pid; stamp "upstream tests started (pid $!)" ;;
   wait-upstream-tests)
-    done=0
-    wait_for "${2:-300}" bash -c '! kill -0 "$(cat /tmp/o/ut.pid)" 2>/dev/null' && done=1
+    if wait_packing "${2:-300}" /tmp/o/ut.pid pack_ut; then done=1; else done=0; fi
     cat /tmp/o/ut.log; for f in /tmp/o/ut/*.console.txt; do echo "== $f"; tail -6 "$f"; done
-    # Not the upstream trees the runs copy (trees/, bisect/k*/tree/: their README.md and JSON came back by the
-    # hundred on 2026-12-04) nor the launches' console.log (the rank records hold every test's outcome).
-    ( cd /tmp/o && find ut -type f -size -8000k \( -name '*.json' -o -name '*.jsonl' -o -name '*.txt' -o -name '*.log' \
-      -o -name '*.md' \) -not -name console.log -not -path '*/trees/*' -not -path '*/tree/*' \
-      | tar -czf "$OUT/ut.tgz" -T - ) && stamp "packed $OUT/ut.tgz"
     if [ "$done" = 0 ]; then stamp "the upstream tests still run: wait-upstream-tests again"; exit 3; fi ;;
   *) echo "unknown step $1" >&2; exit 2 ;;
 esac

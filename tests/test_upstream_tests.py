@@ -69,6 +69,12 @@ TESTS = {
                 pytest.skip("Requires world_size=3 (launch with torchrun --nproc-per-node=3)")
             assert alpha.value_4 == 4
 
+        def test_fails_where_its_parallel_sizes_do_not_divide_the_world():
+            world = int(os.environ["WORLD_SIZE"])
+            if world % 3:   # as Megatron's initialize_model_parallel refuses a world its sizes do not divide
+                raise RuntimeError(f"world_size ({world}) is not divisible by 3")
+            assert alpha.value_4 == 4
+
         @pytest.mark.flaky_in_dev
         def test_upstream_deselects():
             assert False
@@ -202,6 +208,10 @@ def test_regressions_and_fixes_are_found_bisected_and_every_launch_end_is_surviv
     assert cat["test_wants_three_ranks"] == "passed", rows["test_wants_three_ranks"]
     sides = read_json(out / "megatron-lm" / "result.json")["sides"]
     assert sides["patched"]["outcomes"]["tests/unit_tests/test_alpha.py::test_wants_three_ranks"]["world"] == 3
+    # a failure of the parallel set-up at a world its sizes do not divide asks for that many ranks too
+    indivisible = "test_fails_where_its_parallel_sizes_do_not_divide_the_world"
+    assert cat[indivisible] == "passed", rows[indivisible]
+    assert {sides[s]["outcomes"][f"tests/unit_tests/test_alpha.py::{indivisible}"]["world"] for s in sides} == {3}
     assert "3" in report["seconds_per_world"]["patched"] and "2" in report["seconds_per_world"]["patched"]
     # a module that cannot be collected is one row; one that skips itself whole is a skip
     assert cat["tests/unit_tests/test_collect.py"] == "known-failure"
@@ -306,6 +316,18 @@ def test_a_skip_that_names_a_world_size_asks_for_it():
     assert wants_world(Outcome("skipped", "Requires world_size=4, got 8 (launch with torchrun --nproc-per-node=4)")) == 4
     assert wants_world(Outcome("skipped", "Requires at least 4 CUDA devices")) is None
     assert wants_world(Outcome("failed", "world_size=4")) is None
+
+
+def test_a_failure_of_the_parallel_set_up_at_too_small_a_world_asks_for_the_size_it_names():
+    """Megatron's initialize_model_parallel (megatron/core/parallel_state.py), as on one H200 at four
+    ranks (h200/2026-12-04-beyond-gtp-folder): the test's parallel sizes need eight."""
+    fail = lambda why, world=4, o="failed": Outcome(o, why, world=world)  # noqa: E731
+    assert wants_world(fail("RuntimeError: world_size (4) is not divisible by 8")) == 8
+    assert wants_world(fail("RuntimeError: world_size (4) is not divisible by "
+                            "expert_tensor_model_pipeline_parallel size (8)", o="error")) == 8
+    assert wants_world(fail("RuntimeError: world_size (8) is not divisible by 3", world=8)) is None   # no larger world
+    assert wants_world(fail("RuntimeError: world_size (8) is not divisible by 16", world=4)) is None  # not this launch's
+    assert wants_world(fail("RuntimeError: world_size (4) is not divisible by 8", o="passed")) is None
 
 
 def test_the_report_json_is_what_the_table_says(up):

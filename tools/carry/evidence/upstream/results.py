@@ -18,6 +18,9 @@ FAILING = ("failed", "error", "crashed", "timeout")
 ORDER = ("failed", "error", "crashed", "timeout", "xpassed", "passed", "xfailed", "skipped")
 # A skip that asks for another launch: "launch with torchrun --nproc-per-node=4", "Requires world_size=4".
 _WORLD = re.compile(r"nproc[-_]per[-_]node[= ](\d+)|world[_ ]size[= ](\d+)", re.I)
+# A failure that does: Megatron's initialize_model_parallel refusing the launch's world size, "world_size (4) is
+# not divisible by 8" or "... by expert_tensor_model_pipeline_parallel size (8)" (megatron/core/parallel_state.py).
+_INDIVISIBLE = re.compile(r"world_size \((\d+)\) is not divisible by (?:[a-z_ ]+\()?(\d+)")
 
 
 @dataclass
@@ -104,11 +107,17 @@ def merge(records: dict[str, dict], world: int) -> Outcome:
 
 
 def wants_world(outcome: Outcome) -> int | None:
-    """The world size a test skipped for asks to be launched with, if it says so."""
-    if outcome.outcome != "skipped":
-        return None
-    m = _WORLD.search(outcome.reason)
-    return int(m.group(1) or m.group(2)) if m else None
+    """The world size a test asks to be launched with, if it says so: a skip that names it, or a
+    failure of the parallel state's set-up that refuses the world it ran at (the test's own
+    parallel sizes need that many ranks)."""
+    if outcome.outcome == "skipped":
+        m = _WORLD.search(outcome.reason)
+        return int(m.group(1) or m.group(2)) if m else None
+    if is_failing(outcome.outcome):
+        m = _INDIVISIBLE.search(outcome.reason)
+        if m and int(m.group(1)) == outcome.world and int(m.group(2)) > outcome.world:
+            return int(m.group(2))
+    return None
 
 
 def is_failing(outcome: str) -> bool:

@@ -454,10 +454,14 @@ def test_the_te_site_is_on_every_launch_path_after_the_trees(up, tmp_path):
 ROOT_DIR = Path(__file__).resolve().parents[1]
 EVIDENCE = ROOT_DIR / "integration"
 H200_RUN = EVIDENCE / "h200" / "2026-12-03-upstream-tests"
+BEYOND = EVIDENCE / "h200" / "2026-12-04-beyond-gtp-folder"
 COMMITTED_RUNS = {"h200-megatron-lm": (H200_RUN, "megatron-lm", "incomplete"),
                   "h200-megatron-lm-gtp-folder": (EVIDENCE / "h200" / "2026-12-04-gtp-folder-learning-cut",
                                                   "megatron-lm", "passed"),
-                  "cpu-nemo-rl": (EVIDENCE / "cpu-runs" / "2026-12-04-upstream-tests-nemo-rl", "nemo-rl", "passed")}
+                  "cpu-nemo-rl": (EVIDENCE / "cpu-runs" / "2026-12-04-upstream-tests-nemo-rl", "nemo-rl", "passed"),
+                  # beyond the GTP folder, two runs of one session, each with flaky tests its bisection judged
+                  "h200-megatron-lm-resharding": (BEYOND, "megatron-lm", "incomplete", "resharding", 25),
+                  "h200-megatron-lm-core": (BEYOND, "megatron-lm", "incomplete", "core", 60)}
 
 
 def _judged_again(run: Path, upstream: str = "megatron-lm", least: int = 60, sub: str = "run") -> tuple[dict, list, dict]:
@@ -468,20 +472,29 @@ def _judged_again(run: Path, upstream: str = "megatron-lm", least: int = 60, sub
     from carry.evidence.upstream.launch import SideResult
     from carry.evidence.upstream.results import read_launch
     from carry.evidence.upstream.verdict import compare, counts
-    result = json.loads((run / sub / upstream / "result.json").read_text())
+    result = _result_json(run / sub / upstream)
     sides = {}
     for name in ("pristine", "patched"):
         recorded = result["sides"][name]
         side = SideResult(not_run=dict(recorded["not_run"]), collect_errors=dict(recorded["collect_errors"]))
-        merged = 0
+        merged, died = 0, {}
         for launch in sorted((run / sub / upstream / name).glob("launch-*-n*")):
             world = int(launch.name.rsplit("-n", 1)[1])
-            for nodeid, records in read_launch(launch, world).tests.items():
+            got = read_launch(launch, world)
+            for nodeid, records in got.tests.items():
                 side.outcomes[nodeid] = merge(records, world)
                 merged += 1
+            cut = {x["launch"] for x in recorded["launches"] if x["timed_out"]}   # the budget ended these: none died
+            for rank, nodeid in (got.unfinished() if launch.name not in cut else {}).items():
+                # a rank began it and never ended it: the launch died in it
+                died.setdefault(nodeid, {})[rank] = "died"
+                side.outcomes.pop(nodeid, None)   # what the other ranks said of it does not count
         assert merged >= least, (name, merged)   # the records are there, not a stub
         for nodeid, o in recorded["outcomes"].items():
-            if nodeid not in side.outcomes:   # it died, or skipped at collection: no rank ended it
+            if nodeid in died:   # the launcher's verdict: whether it timed out, and the console's last line
+                assert o["outcome"] in ("timeout", "crashed") and o["ranks"] == died[nodeid], (name, nodeid, o, died[nodeid])
+                side.outcomes[nodeid] = Outcome(o["outcome"], o["reason"], o["phase"], o["seconds"], o["ranks"], o["world"])
+            elif nodeid not in side.outcomes:   # skipped at collection: no rank ended it
                 assert o["outcome"] in ("timeout", "crashed", "skipped") and o["phase"] in ("call", "collect"), (nodeid, o)
                 side.outcomes[nodeid] = Outcome(o["outcome"], o["reason"], o["phase"], o["seconds"], o["ranks"], o["world"])
             else:
@@ -489,7 +502,45 @@ def _judged_again(run: Path, upstream: str = "megatron-lm", least: int = 60, sub
                 assert (again.outcome, again.ranks) == (o["outcome"], o["ranks"]), (name, nodeid, again, o)
         sides[name] = side
     rows = compare(sides["pristine"], sides["patched"])
+    _flaky_again(run / sub / upstream / "bisect", rows)
     return result, rows, counts(rows)["*"]
+
+
+def _result_json(folder: Path) -> dict:
+    import gzip
+    plain = folder / "result.json"
+    return json.loads(plain.read_text() if plain.exists() else gzip.decompress((folder / "result.json.gz").read_bytes()))
+
+
+def _flaky_again(bisect: Path, rows: list) -> None:
+    """Each regression and each fixed test judged again from the bisection's own rank records: run
+    again on the patched trees (the highest k) it must move the same way, else it is flaky; and if the
+    pristine base (k=0) then gives what the patched trees gave, no patch moved it: flaky too."""
+    from carry.evidence.upstream.results import is_failing, read_launch
+
+    def outcome_at(k: str, nodeid: str) -> str:
+        for launch in sorted((bisect / k).glob("launch-*-n*")):
+            records = read_launch(launch, int(launch.name.rsplit("-n", 1)[1])).tests.get(nodeid)
+            if records:
+                return merge(records, int(launch.name.rsplit("-n", 1)[1])).outcome
+        return "not-run"
+
+    def signature(o: str) -> str:
+        return "failing" if is_failing(o) else "passing" if o in ("passed", "xpassed") else o
+
+    probes = sorted(p.name for p in bisect.glob("k*")) if bisect.is_dir() else []
+    if not probes:   # a run whose bisection kept only its bisect.json: its rows as compared
+        return
+    for r in rows:
+        if r.category not in ("regression", "fixed"):
+            continue
+        target = "failing" if r.category == "regression" else "passing"
+        again = outcome_at(probes[-1], r.id)
+        if again != "not-run" and signature(again) != target:
+            r.category, r.note = "flaky", f"flaky: {r.patched} on the patched trees, then {again} on the same trees"
+        elif again != "not-run" and signature(outcome_at("k000", r.id)) == target:
+            r.category = "flaky"
+            r.note = f"flaky: {r.pristine} on the pristine base, then {outcome_at('k000', r.id)} on the same base"
 
 
 def test_the_committed_cpu_run_of_megatron_lm_compares_again_to_its_rows_and_its_table():
@@ -541,14 +592,38 @@ def test_the_committed_runs_are_judged_again_from_their_rank_records(which):
     integration/cpu-runs/2026-12-04-upstream-tests-nemo-rl (NeMo-RL's on a CPU host), each pristine
     against the series. Judged again from the ranks' records: the rows result.json holds, no
     regression, the verdict, and the counts its README's table gives."""
-    run, upstream, status = COMMITTED_RUNS[which]
-    result, rows, total = _judged_again(run, upstream)
+    run, upstream, status, *where = COMMITTED_RUNS[which]
+    sub, least = where or ("run", 60)
+    result, rows, total = _judged_again(run, upstream, least, sub)
     assert [r.to_dict() for r in rows] == result["rows"]
     assert not [r.id for r in rows if r.category == "regression"]
     assert total == result["counts"]["*"] and result["status"] == status and result["ok"] is (status == "passed")
-    table = dict(re.findall(r"^\| (passed|new|known-failure|skipped|not compared) \| (\d+) \|",
-                            (run / "README.md").read_text(), re.M))
+    readme = (run / "README.md").read_text()
+    if sub != "run":   # one README for several runs: each run's table follows its section's heading, (`sub/`)
+        readme = readme[readme.index(f"(`{sub}/`)"):]
+    table = {}
+    for k, v in re.findall(r"^\| (passed|new|known-failure|skipped|flaky|not compared) \| (\d+) \|", readme, re.M):
+        table.setdefault(k, v)   # the first table after the heading
     assert {k.replace(" ", "-"): int(v) for k, v in table.items()} == total, (table, total)
+
+
+def test_a_flaky_verdict_stands_only_on_its_bisection_records(tmp_path):
+    """h200/2026-12-04-beyond-gtp-folder's flaky tests are judged from the bisection's own records: a
+    test that passed on pristine and failed patched is flaky only because the pristine base failed it
+    too when bisected. Write that probe's records as passes and it is a regression again."""
+    run = tmp_path / "beyond"
+    shutil.copytree(BEYOND, run)
+    nodeid = "tests/unit_tests/resharding/test_model_swap.py::test_swap_gpt_parametrized[1-2-1-2-1-1-None-None-nccl]"
+    for rank in (run / "resharding" / "megatron-lm" / "bisect" / "k000").glob("launch-*/rank-*.jsonl"):
+        lines = [json.loads(ln) for ln in rank.read_text().splitlines()]
+        for ev in lines:
+            if ev.get("ev") == "end" and ev.get("id") == nodeid:
+                ev["outcome"], ev["reason"] = "passed", ""
+        rank.write_text("".join(json.dumps(ev) + "\n" for ev in lines))
+    result, rows, _ = _judged_again(run, "megatron-lm", 25, "resharding")
+    (row,) = [r for r in rows if r.id == nodeid]
+    assert (row.category, row.pristine, row.patched) == ("regression", "passed", "failed"), row
+    assert [r.to_dict() for r in rows] != result["rows"]
 
 
 def test_a_rank_failure_written_into_the_committed_records_is_a_regression(tmp_path):

@@ -26,7 +26,8 @@
 #                   queue's Ray once all have; exit 3 while any still runs
 #   stop-queue      kill the queue, its cases and its Ray
 #   proofs          the GPU proofs (tools/prove.py: the patches with a CUDA proof, PROVE_ONLY to choose;
-#                   their CPU-form proofs skip where TE gives HAVE_GTP) on the series, in the foreground
+#                   their CPU-form proofs skip where TE gives HAVE_GTP) on the series, in the foreground, in the
+#                   setup's venv (its TE): after the setup, or beside it (it waits for the venv)
 #   learning-evidence-bg  issue 40, one command after the ferries, in the background: the setup and the
 #                   pretrain step; one Ray cluster of 2 x WAVE_WIDTH (default 2: three learning cases filled the
 #                   H200's memory, h200/2026-12-04-learning-wave1-lost) logical GPUs; wave 1, the lr recipes,
@@ -223,13 +224,16 @@ case ${1:?step} in
     if [ "$done" = 0 ]; then stamp "the queue still runs: wait-queue again in the next call"; exit 3; fi
     /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; stamp "queue done; its Ray stopped" ;;
   proofs)
-    # The series' bases come from the nrl ferry's sources, which the setup (setup-pretrain, learning-evidence-bg)
-    # unpacks first: wait for them (at most 300 s) when a setup runs beside
-    wait_for 300 test -e /tmp/nrl-run/.payload-ok || { stamp "no unpacked sources (/tmp/nrl-run/.payload-ok): run the setup"; exit 1; }
+    # In the setup's venv, where its step 20 installed TransformerEngine (the te ferry holds wheels, no site to
+    # point --te-site at): wait for that venv (at most 420 s) when a setup runs beside; the series' bases come
+    # from the nrl ferry's sources it unpacked.
+    venv_ok() { python3 -c "import json, sys; sys.exit(not json.load(open('/tmp/nrl-run/verify.json')).get('ok'))" 2> /dev/null; }
+    wait_for 420 venv_ok || { stamp "no setup venv that verified ok (/tmp/nrl-run/verify.json): run the setup"; exit 1; }
+    V=/tmp/nrl-run/venv/bin/python
     stamp "GPU proofs"
-    python3 tools/apply.py --series gtp --workdir /tmp/prove-work --only megatron-lm "${SRC[@]}" \
+    "$V" tools/apply.py --series gtp --workdir /tmp/prove-work --only megatron-lm "${SRC[@]}" \
       --cache /tmp/carry-cache > /tmp/o/prove-apply.txt 2>&1 || { stamp "apply failed"; tail -5 /tmp/o/prove-apply.txt; exit 1; }
-    timeout -k 10 540 python3 tools/prove.py --series gtp --workdir /tmp/prove-work --te-site /tmp/site \
+    timeout -k 10 540 "$V" tools/prove.py --series gtp --workdir /tmp/prove-work \
       --only "${PROVE_ONLY:-mlm-te-bias-sizing,mlm-gtp-tied-prefetch,mlm-gtp-tied-dummy-wgrad,mlm-gtp-swiglu-ckpt,mlm-gtp-refit-plan}" \
       --cache /tmp/carry-cache \
       --json /tmp/o/prove-gpu.json --logs /tmp/o/prove-logs --timeout 500 > /tmp/o/prove-gpu.txt 2>&1

@@ -50,9 +50,11 @@
 #                   file; UT_MLM_FILES takes several paths, space-separated), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json)
 #   setup-bg        in the background: run-on-gpu-host's setup alone (/tmp/o/setup)
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
-# Device time (one H200, 2026-12-04): 12 ferry calls of about 3 s, 459 s of setup and pretrain, about 720 s
-# per wave of two learning cases; one session's 1,800 s holds one wave. Issue each call at once after the last:
-# a machine idle for 30 s goes back with everything under /tmp (lost once that way on 2026-12-04).
+# Device time (one H200, 2026-12-04): 12 ferry calls of about 3 s, 459 s of setup and pretrain (535 s beside
+# Megatron-LM's tests, the GPU at 88 GB then: h200/2026-12-04-beyond-gtp-folder), about 720 s per wave of two
+# learning cases; one session's 1,800 s holds one wave. Issue each call at once after the last: a machine idle for
+# 30 s goes back with everything under /tmp (lost once that way on 2026-12-04). A machine can also be taken back
+# for other work during a call (once, 2026-12-04): the waits pack once a minute, so the last minute's files return.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 S=/tmp/nrl-run/payload/sources

@@ -390,3 +390,40 @@ def test_no_logged_exit_status_comes_after_a_command_substitution():
            for no, ln in enumerate(p.read_text(errors="replace").splitlines(), 1)
            for command in re.split(r";|&&|\|\|", ln) if "$?" in command and "$(" in command[:command.find("$?")]]
     assert not bad, bad
+
+
+def test_the_waits_pack_while_they_wait_and_each_pack_is_whole(tmp_path):
+    """shared-gpu-h200.sh's waits (integration/shared-gpu-lib.sh) run their packs every PACK_EVERY
+    seconds while the process they wait for runs, and once at the end: a call the device cuts short
+    still brings back what there was a moment before (2026-12-04: a machine taken back mid-call).
+    A pack is the whole archive or none: written aside, then moved, though a path it names is not
+    there yet."""
+    import tarfile
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "log.txt").write_text("what the run said\n")
+    script = f"""
+        set -uo pipefail
+        . integration/shared-gpu-lib.sh
+        count() {{ echo x >> "$OUT/packs"; }}
+        sleep "$LIVES" > /dev/null 2>&1 & echo $! > "$OUT/pid"
+        wait_packing "$LIMIT" "$OUT/pid" count; echo "rc=$?"
+        kill "$(cat "$OUT/pid")" 2> /dev/null
+        pack whole {tmp_path / 'log.txt'} {tmp_path / 'not-yet'}
+    """
+
+    def waits(lives: int, limit: int) -> tuple[str, int]:
+        (out / "packs").unlink(missing_ok=True)
+        res = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "OUT": str(out), "PACK_EVERY": "1", "LIVES": str(lives),
+                                  "LIMIT": str(limit)})
+        rc = next(ln for ln in res.stdout.splitlines() if ln.startswith("rc="))
+        return rc, len((out / "packs").read_text().split())
+
+    rc, packs = waits(lives=30, limit=3)   # still running when the wait ends: packed each second and at the end
+    assert rc != "rc=0" and packs == 4, (rc, packs)
+    rc, packs = waits(lives=2, limit=20)   # ended: the wait returns true, packed at least once more at its end
+    assert rc == "rc=0" and 1 <= packs <= 4, (rc, packs)
+    with tarfile.open(out / "whole.tgz") as tar:
+        assert [m.name for m in tar.getmembers()] == [str(tmp_path / "log.txt").lstrip("/")]
+    assert sorted(p.name for p in out.iterdir()) == ["packs", "pid", "whole.tgz"]

@@ -1,0 +1,40 @@
+# Helpers of integration/shared-gpu-h200.sh (sourced from the checkout's root; OUT set). Apart so that the
+# tests can run them on a CPU (tests/test_shared_gpu.py).
+stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
+wait_for() {  # wait_for SECONDS TEST...: until the test holds or the time is up
+  local limit=$1; shift
+  for _ in $(seq 1 "$limit"); do "$@" && return 0; sleep 1; done; return 1
+}
+alive() { [ -e "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+pack() {  # pack NAME PATH...: the small files only (logs, JSON, markdown)
+  local name=$1; shift
+  find "$@" -type f -size -4096k -not -path '*/nemo-rl/*' -not -path '*/megatron-from-hf/*' \
+    -not -path '*/hf-datasets/*' -not -path '*/work/*' -not -path '*/trees/*' \
+    \( -name '*.json' -o -name '*.log' -o -name '*.md' -o -name '*.xml' \
+    -o -name '*.stdout' -o -name '*.console' -o -name '*.txt' -o -name exit_status -o -name '*.jsonl' \) 2>/dev/null \
+    | tar -czf "$OUT/$name.tgz.tmp" -T - 2> /dev/null   # (find names paths that may not be there yet)
+  mv -f "$OUT/$name.tgz.tmp" "$OUT/$name.tgz" && stamp "packed $OUT/$name.tgz"
+}
+
+pack_evidence() {
+  pack evidence /tmp/o/evidence.log /tmp/o/gpu-mem.log /tmp/o/pretrain /tmp/o/pretrain.console /tmp/o/case-* \
+    /tmp/o/queue-ray.log /tmp/nightly-learning /tmp/o/learning.console > /dev/null
+}
+pack_ut() {  # not the upstream trees the runs copy (trees/, bisect/k*/tree/: their README.md and JSON came back by
+  # the hundred on 2026-12-04) nor the launches' console.log (the rank records hold every test's outcome)
+  [ -d /tmp/o/ut ] || return 0
+  ( cd /tmp/o && find ut -type f -size -8000k \( -name '*.json' -o -name '*.jsonl' -o -name '*.txt' -o -name '*.log' \
+    -o -name '*.md' \) -not -name console.log -not -path '*/trees/*' -not -path '*/tree/*' \
+    | tar -czf "$OUT/ut.tgz.tmp" -T - ; mv -f "$OUT/ut.tgz.tmp" "$OUT/ut.tgz" )
+}
+wait_packing() {  # wait_packing SECONDS PIDFILE PACK...: wait for PIDFILE's process, running each PACK every
+  # PACK_EVERY (default 60) s and at the end; true when it ended
+  local limit=$1 pidfile=$2 left=$1 every=${PACK_EVERY:-60} chunk rc=1 p; shift 2
+  while [ "$left" -gt 0 ]; do
+    chunk=$((left < every ? left : every)); left=$((left - chunk))
+    if wait_for "$chunk" bash -c "! kill -0 \"\$(cat $pidfile)\" 2>/dev/null"; then rc=0; break; fi
+    for p in "$@"; do "$p"; done
+  done
+  for p in "$@"; do "$p"; done; stamp "packed ($*) after waiting at most $limit s"
+  return $rc
+}

@@ -192,7 +192,6 @@ case ${1:?step} in
     # In the setup's venv, where its step 20 installed TransformerEngine (the te ferry holds wheels, no site to
     # point --te-site at): wait for that venv (at most 420 s) when a setup runs beside; the series' bases come
     # from the nrl ferry's sources it unpacked.
-    venv_ok() { python3 -c "import json, sys; sys.exit(not json.load(open('/tmp/nrl-run/verify.json')).get('ok'))" 2> /dev/null; }
     wait_for 420 venv_ok || { stamp "no setup venv that verified ok (/tmp/nrl-run/verify.json): run the setup"; exit 1; }
     V=/tmp/nrl-run/venv/bin/python
     stamp "GPU proofs"
@@ -287,9 +286,8 @@ from harness.host import cases; print(cases.LEARNING_LR)")
           --source nemo-rl="$S"/nemo-rl.git --cache /tmp/ut-cache > "$U/apply-$up.txt" 2>&1 || say "apply $up failed"
       done
       say "workspaces applied; waiting for the setup venv"
-      # the venv with TE and megatron-bridge deps: a verify.json that says ok (a failed setup leaves one too)
-      until python3 -c "import json, sys; sys.exit(not json.load(open(\"/tmp/nrl-run/verify.json\")).get(\"ok\"))" \
-        2> /dev/null; do sleep 3; done
+      . integration/shared-gpu-lib.sh   # venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps
+      until venv_ok; do sleep 3; done
       "$V" -m pip freeze > "$U/environment.txt" 2>&1   # the venv as it is: pytest and the tests'"'"' imports come with the stack
       run() {  # run UPSTREAM ARGS...
         local up=$1; shift

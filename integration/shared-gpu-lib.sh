@@ -6,6 +6,11 @@ wait_for() {  # wait_for SECONDS TEST...: until the test holds or the time is up
   for _ in $(seq 1 "$limit"); do "$@" && return 0; sleep 1; done; return 1
 }
 alive() { [ -e "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+gone() { ! alive "$1"; }
+venv_ok() {  # venv_ok [VERIFY_JSON]: the setup's venv is there and its verify.json says ok (a failed setup leaves one too)
+  python3 -c "import json, sys; sys.exit(json.load(open(sys.argv[1])).get('ok') is not True)" \
+    "${1:-/tmp/nrl-run/verify.json}" 2> /dev/null
+}
 pack() {  # pack NAME PATH...: the small files only (logs, JSON, markdown)
   local name=$1; shift
   find "$@" -type f -size -4096k -not -path '*/nemo-rl/*' -not -path '*/megatron-from-hf/*' \
@@ -32,7 +37,7 @@ wait_packing() {  # wait_packing SECONDS PIDFILE PACK...: wait for PIDFILE's pro
   local limit=$1 pidfile=$2 left=$1 every=${PACK_EVERY:-60} chunk rc=1 p; shift 2
   while [ "$left" -gt 0 ]; do
     chunk=$((left < every ? left : every)); left=$((left - chunk))
-    if wait_for "$chunk" bash -c "! kill -0 \"\$(cat $pidfile)\" 2>/dev/null"; then rc=0; break; fi
+    if wait_for "$chunk" gone "$pidfile"; then rc=0; break; fi
     for p in "$@"; do "$p"; done
   done
   for p in "$@"; do "$p"; done; stamp "packed ($*) after waiting at most $limit s"

@@ -427,3 +427,20 @@ def test_the_waits_pack_while_they_wait_and_each_pack_is_whole(tmp_path):
     with tarfile.open(out / "whole.tgz") as tar:
         assert [m.name for m in tar.getmembers()] == [str(tmp_path / "log.txt").lstrip("/")]
     assert sorted(p.name for p in out.iterdir()) == ["packs", "pid", "whole.tgz"]
+
+
+def test_the_setup_venv_counts_only_when_its_verify_json_says_ok(tmp_path):
+    """What shared-gpu-h200.sh's proofs and upstream tests wait for (integration/shared-gpu-lib.sh's
+    venv_ok): a verify.json whose "ok" is true. A failed setup leaves one too ("ok": false); a file
+    half written, or none yet, is not ok either."""
+    verify = tmp_path / "verify.json"
+
+    def ok() -> bool:
+        return subprocess.run(["bash", "-c", f". integration/shared-gpu-lib.sh; venv_ok {verify}"], cwd=ROOT,
+                              check=False).returncode == 0
+
+    assert not ok()   # none yet
+    for text, want in (('{"ok": true, "steps": []}', True), ('{"ok": false}', False), ('{"ok": "yes"}', False),
+                       ('{"ok": tr', False), ("{}", False)):
+        verify.write_text(text)
+        assert ok() is want, text

@@ -478,13 +478,13 @@ def _judged_again(run: Path, upstream: str = "megatron-lm", least: int = 60, sub
         recorded = result["sides"][name]
         side = SideResult(not_run=dict(recorded["not_run"]), collect_errors=dict(recorded["collect_errors"]))
         merged, died = 0, {}
+        cut = {x["launch"] for x in recorded["launches"] if x["timed_out"]}   # the budget ended these: none died
         for launch in sorted((run / sub / upstream / name).glob("launch-*-n*")):
             world = int(launch.name.rsplit("-n", 1)[1])
             got = read_launch(launch, world)
             for nodeid, records in got.tests.items():
                 side.outcomes[nodeid] = merge(records, world)
                 merged += 1
-            cut = {x["launch"] for x in recorded["launches"] if x["timed_out"]}   # the budget ended these: none died
             for rank, nodeid in (got.unfinished() if launch.name not in cut else {}).items():
                 # a rank began it and never ended it: the launch died in it
                 died.setdefault(nodeid, {})[rank] = "died"
@@ -520,9 +520,10 @@ def _flaky_again(bisect: Path, rows: list) -> None:
 
     def outcome_at(k: str, nodeid: str) -> str:
         for launch in sorted((bisect / k).glob("launch-*-n*")):
-            records = read_launch(launch, int(launch.name.rsplit("-n", 1)[1])).tests.get(nodeid)
+            world = int(launch.name.rsplit("-n", 1)[1])
+            records = read_launch(launch, world).tests.get(nodeid)
             if records:
-                return merge(records, int(launch.name.rsplit("-n", 1)[1])).outcome
+                return merge(records, world).outcome
         return "not-run"
 
     def signature(o: str) -> str:
@@ -538,9 +539,8 @@ def _flaky_again(bisect: Path, rows: list) -> None:
         again = outcome_at(probes[-1], r.id)
         if again != "not-run" and signature(again) != target:
             r.category, r.note = "flaky", f"flaky: {r.patched} on the patched trees, then {again} on the same trees"
-        elif again != "not-run" and signature(outcome_at("k000", r.id)) == target:
-            r.category = "flaky"
-            r.note = f"flaky: {r.pristine} on the pristine base, then {outcome_at('k000', r.id)} on the same base"
+        elif again != "not-run" and signature(base := outcome_at("k000", r.id)) == target:
+            r.category, r.note = "flaky", f"flaky: {r.pristine} on the pristine base, then {base} on the same base"
 
 
 def test_the_committed_cpu_run_of_megatron_lm_compares_again_to_its_rows_and_its_table():
@@ -624,6 +624,22 @@ def test_a_flaky_verdict_stands_only_on_its_bisection_records(tmp_path):
     (row,) = [r for r in rows if r.id == nodeid]
     assert (row.category, row.pristine, row.patched) == ("regression", "passed", "failed"), row
     assert [r.to_dict() for r in rows] != result["rows"]
+
+
+def test_a_death_is_judged_again_rank_by_rank(tmp_path):
+    """A test the launch died in is judged from the ranks that began it and never ended it: in
+    h200/2026-12-04-beyond-gtp-folder's core run three ranks died in one pristine test. Write an end
+    for one of them and the launcher's record (three ranks died) no longer matches what the ranks say."""
+    run = tmp_path / "beyond"
+    shutil.copytree(BEYOND, run)
+    nodeid = "tests/unit_tests/transformer/test_attention.py::test_parallel_attention_correctness[True-False-2-False-2-True-True]"
+    _judged_again(run, "megatron-lm", 60, "core")   # as committed: the three deaths are what the ranks say
+    (rank,) = [r for r in (run / "core" / "megatron-lm" / "pristine").glob("launch-*/rank-2.jsonl")
+               if f'"ev": "start", "id": "{nodeid}"' in r.read_text()]
+    rank.write_text(rank.read_text() + json.dumps({"ev": "end", "id": nodeid, "outcome": "passed", "reason": "",
+                                                   "phase": "call", "seconds": 1.0}) + "\n")
+    with pytest.raises(AssertionError, match="died"):
+        _judged_again(run, "megatron-lm", 60, "core")
 
 
 def test_a_rank_failure_written_into_the_committed_records_is_a_regression(tmp_path):

@@ -160,7 +160,7 @@ case ${1:?step} in
       --include-dashboard=false --disable-usage-stats > /tmp/o/queue-ray.log 2>&1 \
       || { stamp "ray start failed"; tail -5 /tmp/o/queue-ray.log; exit 1; }
     setsid nohup bash -c '
-      alive() { [ -e "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+      . integration/shared-gpu-lib.sh   # alive, as the steps here use it
       say() { echo "[$(date -u +%H:%M:%S)] $*"; }
       running() { n=0; for c in "$@"; do alive /tmp/o/case-$c.pid && n=$((n+1)); done; echo $n; }
       for name in "$@"; do
@@ -215,7 +215,7 @@ case ${1:?step} in
     export WAVE_WIDTH=${WAVE_WIDTH:-2} LR_RECIPES=${LR_RECIPES:-$recipes} CASE_TIMEOUT=${CASE_TIMEOUT:-1500} S
     setsid nohup bash -c '
       say() { echo "[$(date -u +%H:%M:%S)] $*"; }
-      alive() { [ -e "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+      . integration/shared-gpu-lib.sh   # alive, as the steps here use it
       ( while :; do echo "$(date -u +%H:%M:%S) $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"; sleep 20; done ) \
         > /tmp/o/gpu-mem.log 2>&1 &
       mem=$!; trap "kill $mem 2>/dev/null" EXIT

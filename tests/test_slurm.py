@@ -392,7 +392,11 @@ def test_proofs_and_upstream_tests_are_job_steps_judged_as_on_this_machine(slurm
     assert r["proofs[upstreamed]"]["bisect"]["first_patch"] == "clean", r["proofs[upstreamed]"]["bisect"]
     hung = r["hung[conflict]"]
     assert hung["timed_out"] is True and hung["reason"].startswith("did not finish: timed out after 6s (in "), hung
-    assert f"*** STEP {hung['slurm_step']} ON {slurm.node} CANCELLED" in "\n".join(hung["tail"]), hung["tail"]
+    # The step was ended by srun, which says so; slurmstepd's own line comes most times, not always
+    # (it travels the step's output, which srun may have closed by then: a busy machine's CI lost it).
+    said = "\n".join(hung["tail"])
+    assert (f"*** STEP {hung['slurm_step']} ON {slurm.node} CANCELLED" in said
+            or "srun: Job step aborted" in said), hung["tail"]
     assert hung["tail"][-1] == "[carry] killed after 6s", hung["tail"]
 
     here = judged(local)

@@ -9,7 +9,8 @@ read back for the cell's record (``slurm_step``). ``launch`` is where every run 
 the same plan, as it is on this machine or wrapped as a step, and what the run left is judged the
 same way. Past its timeout srun is stopped as any run is (SIGTERM to its process group,
 carry.nightly.launch): srun then cancels its step, whatever the step's processes do with SIGTERM,
-and what they printed stays in the log with slurmstepd's ``*** STEP JOB.STEP ... CANCELLED ***``.
+and what they printed stays in the log with srun's ``Job step aborted`` (and, most times,
+slurmstepd's ``*** STEP JOB.STEP ... CANCELLED ***``, which can be lost as srun closes the step).
 The step's own ``--time``, a minute past the cell's timeout, is Slurm's backstop should the night
 itself die.
 

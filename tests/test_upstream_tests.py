@@ -50,6 +50,13 @@ TESTS = {
         def test_fails_on_both():
             assert alpha.value_1 == "never"
 
+        def test_rank_zero_is_still_in_it_when_rank_one_dies():
+            # the first time, rank 0 is still here when rank 1 dies in the next test: torchrun stops it
+            once = __import__("pathlib").Path(__file__).with_name("rank-zero-was-stopped-once")
+            if os.environ.get("RANK", "0") == "0" and not once.exists():
+                once.write_text("")
+                time.sleep(4)
+
         def test_crashes_its_rank():
             if os.environ.get("RANK", "0") == "1":
                 os._exit(9)
@@ -204,9 +211,20 @@ def test_regressions_and_fixes_are_found_bisected_and_every_launch_end_is_surviv
     assert (rows["test_crashes_its_rank"]["pristine"], rows["test_crashes_its_rank"]["patched"]) == ("crashed", "crashed")
     assert (rows["test_hangs"]["pristine"], rows["test_hangs"]["patched"]) == ("timeout", "timeout")
     assert cat["test_after_the_crash"] == "passed" and cat["test_after_the_hang"] == "passed"
+    # the death is charged to the test rank 1 died in; rank 0, stopped by torchrun in the test before
+    # it, wrote so, and that test ran again whole in the next launch (it was charged a crash before)
+    sides = read_json(out / "megatron-lm" / "result.json")["sides"]
+    for side in sides.values():
+        assert side["outcomes"]["tests/unit_tests/test_alpha.py::test_crashes_its_rank"]["ranks"] == {"1": "died"}, side
+    stopped = "test_rank_zero_is_still_in_it_when_rank_one_dies"
+    assert cat[stopped] == "passed", rows[stopped]
+    for name in ("pristine", "patched"):
+        first = out / "megatron-lm" / name / "launch-01-n2" / "rank-0.jsonl"
+        said = [json.loads(line) for line in first.read_text().splitlines()]
+        assert {"ev": "terminated", "id": f"tests/unit_tests/test_alpha.py::{stopped}", "signal": 15} in [
+            {k: v for k, v in e.items() if k != "t"} for e in said], said[-3:]
     # asked for three ranks: launched again so, and passed there
     assert cat["test_wants_three_ranks"] == "passed", rows["test_wants_three_ranks"]
-    sides = read_json(out / "megatron-lm" / "result.json")["sides"]
     assert sides["patched"]["outcomes"]["tests/unit_tests/test_alpha.py::test_wants_three_ranks"]["world"] == 3
     # a failure of the parallel set-up at a world its sizes do not divide asks for that many ranks too
     indivisible = "test_fails_where_its_parallel_sizes_do_not_divide_the_world"
@@ -310,6 +328,33 @@ def test_a_test_fails_when_any_rank_fails_it_and_passes_when_one_ran_it_and_none
     assert merge({"0": rec("error"), "1": rec("passed")}, 2).outcome == "error"
     assert merge({"0": rec("passed"), "1": rec("skipped")}, 2).outcome == "passed"
     assert merge({"0": rec("skipped", "a"), "1": rec("skipped", "b")}, 2).outcome == "skipped"
+
+
+def test_a_death_is_charged_to_the_rank_that_died_of_itself_not_to_those_torchrun_stopped(tmp_path):
+    """From the ranks' records: a rank that ended without a word died in its test; one that wrote
+    ``terminated`` (torchrun's SIGTERM after another rank died) was cut short in its own, which runs
+    again. Where every rank was stopped so, nobody died of itself: each is charged as before."""
+    from carry.evidence.upstream.results import read_launch
+
+    def launch(name: str, ranks: dict[str, list[dict]]) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        for rank, events in ranks.items():
+            (folder / f"rank-{rank}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        return folder
+
+    start = lambda t: {"ev": "start", "id": t}  # noqa: E731
+    end = lambda t: {"ev": "end", "id": t, "outcome": "passed"}  # noqa: E731
+    stop = lambda t: {"ev": "terminated", "id": t, "signal": 15}  # noqa: E731
+    one = launch("one", {"0": [start("a"), end("a"), start("b"), end("b"), start("c")],
+                         "1": [start("a"), stop("a")]})
+    assert read_launch(one, 2).died_in() == ({"0": "c"}, {"a"})
+    same = launch("same", {"0": [start("a"), stop("a")], "1": [start("a")]})
+    assert read_launch(same, 2).died_in() == ({"1": "a"}, set())
+    every = launch("every", {"0": [start("a"), stop("a")], "1": [start("b"), stop("b")]})
+    assert read_launch(every, 2).died_in() == ({"0": "a", "1": "b"}, set())
+    none = launch("none", {"0": [start("a"), end("a")], "1": [start("a"), end("a")]})
+    assert read_launch(none, 2).died_in() == ({}, set())
 
 
 def test_a_skip_that_names_a_world_size_asks_for_it():
@@ -478,17 +523,20 @@ def _judged_again(run: Path, upstream: str = "megatron-lm", least: int = 60, sub
         recorded = result["sides"][name]
         side = SideResult(not_run=dict(recorded["not_run"]), collect_errors=dict(recorded["collect_errors"]))
         merged, died = 0, {}
-        cut = {x["launch"] for x in recorded["launches"] if x["timed_out"]}   # the budget ended these: none died
+        budget = {x["launch"] for x in recorded["launches"] if x["timed_out"]}   # the budget ended these: none died
         for launch in sorted((run / sub / upstream / name).glob("launch-*-n*")):
             world = int(launch.name.rsplit("-n", 1)[1])
             got = read_launch(launch, world)
             for nodeid, records in got.tests.items():
                 side.outcomes[nodeid] = merge(records, world)
                 merged += 1
-            for rank, nodeid in (got.unfinished() if launch.name not in cut else {}).items():
+            blamed, cut = got.died_in() if launch.name not in budget else ({}, set())
+            for rank, nodeid in blamed.items():
                 # a rank began it and never ended it: the launch died in it
                 died.setdefault(nodeid, {})[rank] = "died"
                 side.outcomes.pop(nodeid, None)   # what the other ranks said of it does not count
+            for nodeid in cut:   # a rank the launcher stopped in it: a later launch ran it again
+                side.outcomes.pop(nodeid, None)
         assert merged >= least, (name, merged)   # the records are there, not a stub
         for nodeid, o in recorded["outcomes"].items():
             if nodeid in died:   # the launcher's verdict: whether it timed out, and the console's last line

@@ -44,6 +44,7 @@ class Launch:
     tests: dict[str, dict[str, dict]] = field(default_factory=dict)    # id -> rank -> end record
     started: dict[str, list[str]] = field(default_factory=dict)         # rank -> ids begun, in order
     timeouts: dict[str, str] = field(default_factory=dict)              # rank -> id
+    terminated: dict[str, str] = field(default_factory=dict)            # rank -> id it was in (SIGTERM)
     collect_errors: dict[str, str] = field(default_factory=dict)        # node -> reason
     collect_skips: dict[str, str] = field(default_factory=dict)         # module -> why it skipped whole
     deselected: dict[str, str] = field(default_factory=dict)            # id -> by whom
@@ -60,6 +61,19 @@ class Launch:
                     out[rank] = nodeid
                     break
         return out
+
+    def died_in(self) -> tuple[dict[str, str], set[str]]:
+        """(blamed, cut): per rank, the test a death is charged to, and the tests cut short in a rank
+        the launcher stopped, to run again. When one rank dies torchrun sends SIGTERM to the others,
+        which wrote ``terminated`` with the test they were in: that test did not kill them. A rank
+        that died of itself (no ``terminated``) is blamed on its test. If none did (every death came
+        with SIGTERM: a test that signals its own launch, the launcher stopped from outside), each
+        rank's death is blamed on its test, as when no rank said anything."""
+        died = self.unfinished()
+        own = {rank: nodeid for rank, nodeid in died.items() if rank not in self.terminated}
+        if not own:
+            return died, set()
+        return own, {nodeid for rank, nodeid in died.items() if rank not in own} - set(own.values())
 
 
 def read_launch(folder: Path, world: int) -> Launch:
@@ -79,6 +93,8 @@ def read_launch(folder: Path, world: int) -> Launch:
                 launch.tests.setdefault(nodeid, {})[rank] = ev
             elif kind == "timeout":
                 launch.timeouts[rank] = nodeid
+            elif kind == "terminated":
+                launch.terminated[rank] = nodeid
             elif kind == "collect-error":
                 launch.collect_errors.setdefault(nodeid, ev.get("reason", ""))
             elif kind == "collect-skip":

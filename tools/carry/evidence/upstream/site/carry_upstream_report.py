@@ -4,10 +4,13 @@ every rank (upstream's launch and tests are unchanged; this only writes down wha
 Each rank appends one JSON line per event to ``$CARRY_UT_OUT/rank-<RANK>.jsonl``, flushed at once, so
 that a rank killed by a crash or a hang has told which test it was in:
 ``collected`` (what this launch will run, in order), ``start`` (a test begins), ``end`` (its outcome over its phases, the first line of why), ``collect-error``, ``collect-skip``,
-``deselected`` (by upstream's ``-m`` or conftest, or by this run's skip/only lists), ``timeout`` and
-``finish``. A test running past ``$CARRY_UT_TEST_TIMEOUT`` seconds has its threads' stacks dumped to
-stderr, a ``timeout`` line written, and the rank ends (exit 3): a hung collective must not hold the
-whole run.
+``deselected`` (by upstream's ``-m`` or conftest, or by this run's skip/only lists), ``timeout``,
+``terminated`` and ``finish``. A test running past ``$CARRY_UT_TEST_TIMEOUT`` seconds has its
+threads' stacks dumped to stderr, a ``timeout`` line written, and the rank ends (exit 3): a hung
+collective must not hold the whole run. A rank sent SIGTERM writes ``terminated`` with the test it
+was in, then dies of the signal as it would have: torchrun stops every other rank so when one dies,
+and the rank it stopped was cut short in its test, not failed by it (carry.evidence.upstream.results
+tells the two apart). A rank in C code that never returns to Python writes nothing, as before.
 
 Two settings of the host, never of a test, applied at import (before any test imports torch):
 - ``CARRY_SHARED_GPU=1``: the ranks share one physical GPU. Each process gets its own
@@ -25,6 +28,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -142,6 +146,22 @@ def pytest_collectreport(report):
         _emit(ev="collect-skip", id=report.nodeid or ".", reason=_why(report))
 
 
+_current: str = ""   # the test this rank is in, for the SIGTERM record
+
+
+def _terminated(signum, frame) -> None:
+    # The lock may be held by this very thread (the signal came inside _emit): wait a moment, no more.
+    if _lock.acquire(timeout=2):
+        _lock.release()
+        _emit(ev="terminated", id=_current, signal=int(signum))
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+if _OUT and threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _terminated)
+
+
 def _expire(nodeid: str) -> None:
     _emit(ev="timeout", id=nodeid, seconds=_TIMEOUT)
     print(f"[carry] {nodeid} ran past {_TIMEOUT:.0f} s: the threads' stacks follow, then this rank ends",
@@ -152,8 +172,9 @@ def _expire(nodeid: str) -> None:
 
 
 def pytest_runtest_logstart(nodeid, location):
-    global _timer
+    global _timer, _current
     _state[nodeid] = {"t0": time.monotonic(), "outcome": "passed", "phase": "call", "reason": ""}
+    _current = nodeid
     _emit(ev="start", id=nodeid)
     if _TIMEOUT > 0:
         _timer = threading.Timer(_TIMEOUT, _expire, (nodeid,))
@@ -178,7 +199,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_runtest_logfinish(nodeid, location):
-    global _timer
+    global _timer, _current
+    _current = ""
     if _timer is not None:
         _timer.cancel()
         _timer = None

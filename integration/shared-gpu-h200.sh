@@ -82,12 +82,13 @@ case ${1:?step} in
     pack mini /tmp/nightly-mini /tmp/nightly-mini.console /tmp/o/pretrain.console /tmp/o/pretrain ;;
   learning-bg)
     setsid nohup bash -c '
-      while [ -e /tmp/o/pretrain.pid ] && kill -0 "$(cat /tmp/o/pretrain.pid)" 2>/dev/null; do sleep 2; done
-      echo "[$(date -u +%H:%M:%S)] pretrain done; the learning cell"
+      . integration/shared-gpu-lib.sh   # stamp and alive, as the steps here use them
+      while alive /tmp/o/pretrain.pid; do sleep 2; done
+      stamp "pretrain done; the learning cell"
       CARRY_NRL_CASE_TIMEOUT=840 python3 tools/nightly.py --images gpu-host --shared-gpu --no-bisect --timeout 900 \
         --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl='"$S"'/nemo-rl.git \
         --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning
-      rc=$?; echo "[$(date -u +%H:%M:%S)] learning nightly exit $rc"' learning "${SRC[@]}" \
+      rc=$?; stamp "learning nightly exit $rc"' learning "${SRC[@]}" \
       > /tmp/o/learning.console 2>&1 < /dev/null &
     echo $! > /tmp/o/learning.pid; stamp "learning cell queued (pid $!)" ;;
   red)
@@ -115,7 +116,7 @@ case ${1:?step} in
     stamp "exit $?"; tail -c 1500 /tmp/o/cost2.stdout
     pack cost /tmp/o/cost2.stdout ;;
   wait-learning)
-    done=0; wait_for "${2:-540}" bash -c '! kill -0 "$(cat /tmp/o/learning.pid)" 2>/dev/null' && done=1
+    done=0; wait_for "${2:-540}" gone /tmp/o/learning.pid && done=1
     stamp "learning: $(tail -1 /tmp/o/learning.console)"
     tail -25 /tmp/o/learning.console
     pack learning /tmp/nightly-learning /tmp/o/learning.console
@@ -130,7 +131,7 @@ case ${1:?step} in
     echo $! > "/tmp/o/case-$name.pid"; stamp "case $name started (pid $!)" ;;
   wait-case)
     name=${2:?case}
-    done=0; wait_for "${3:-540}" bash -c "! kill -0 \$(cat /tmp/o/case-$name.pid) 2>/dev/null" && done=1
+    done=0; wait_for "${3:-540}" gone "/tmp/o/case-$name.pid" && done=1
     tail -5 "/tmp/o/case-$name.console"
     pack "case-$name" "/tmp/o/case-$name" "/tmp/o/case-$name.console"
     if [ "$done" = 0 ]; then stamp "case $name still runs: wait-case again in the next call"; exit 3; fi ;;
@@ -160,25 +161,24 @@ case ${1:?step} in
       --include-dashboard=false --disable-usage-stats > /tmp/o/queue-ray.log 2>&1 \
       || { stamp "ray start failed"; tail -5 /tmp/o/queue-ray.log; exit 1; }
     setsid nohup bash -c '
-      . integration/shared-gpu-lib.sh   # alive, as the steps here use it
-      say() { echo "[$(date -u +%H:%M:%S)] $*"; }
+      . integration/shared-gpu-lib.sh   # stamp and alive, as the steps here use them
       running() { n=0; for c in "$@"; do alive /tmp/o/case-$c.pid && n=$((n+1)); done; echo $n; }
       for name in "$@"; do
         while [ "$(running "$@")" -ge "$QUEUE_WIDTH" ]; do sleep 2; done
         case $name in learning*) while alive /tmp/o/pretrain.pid; do sleep 2; done ;; esac
         setsid nohup env CARRY_NRL_CASE_TIMEOUT=840 python3 integration/nemo_rl_gtp/run-on-gpu-host --skip-setup \
           --shared-gpu --ray-running --cases "$name" --out "/tmp/o/case-$name" > "/tmp/o/case-$name.console" 2>&1 < /dev/null &
-        echo $! > "/tmp/o/case-$name.pid"; say "started $name (pid $!)"
+        echo $! > "/tmp/o/case-$name.pid"; stamp "started $name (pid $!)"
         sleep 20   # the two side by side start their drivers and placement groups apart
       done
       while [ "$(running "$@")" -gt 0 ]; do sleep 2; done
-      say "queue done"' queue "$@" > /tmp/o/queue.log 2>&1 < /dev/null &
+      stamp "queue done"' queue "$@" > /tmp/o/queue.log 2>&1 < /dev/null &
     echo $! > /tmp/o/queue.pid; echo "$*" > /tmp/o/queue.names; stamp "queue started (pid $!): $*" ;;
   stop-queue)   # the queue, its running cases and its Ray, now
     for pid in /tmp/o/queue.pid /tmp/o/case-*.pid; do alive "$pid" && kill -- -"$(cat "$pid")" 2>/dev/null; done
     sleep 3; /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; stamp "queue stopped" ;;
   wait-queue)
-    done=0; wait_for "${2:-540}" bash -c '! kill -0 "$(cat /tmp/o/queue.pid)" 2>/dev/null' && done=1
+    done=0; wait_for "${2:-540}" gone /tmp/o/queue.pid && done=1
     cat /tmp/o/queue.log
     for name in $(cat /tmp/o/queue.names); do
       if [ -e "/tmp/o/case-$name.pid" ] && ! alive "/tmp/o/case-$name.pid"; then
@@ -214,8 +214,7 @@ case ${1:?step} in
       || { stamp "cannot read the lr recipes from cases.py"; exit 1; }
     export WAVE_WIDTH=${WAVE_WIDTH:-2} LR_RECIPES=${LR_RECIPES:-$recipes} CASE_TIMEOUT=${CASE_TIMEOUT:-1500} S
     setsid nohup bash -c '
-      say() { echo "[$(date -u +%H:%M:%S)] $*"; }
-      . integration/shared-gpu-lib.sh   # alive, as the steps here use it
+      . integration/shared-gpu-lib.sh   # stamp and alive, as the steps here use them
       ( while :; do echo "$(date -u +%H:%M:%S) $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"; sleep 20; done ) \
         > /tmp/o/gpu-mem.log 2>&1 &
       mem=$!; trap "kill $mem 2>/dev/null" EXIT
@@ -225,45 +224,45 @@ case ${1:?step} in
           while [ "$(running "$@")" -ge "$WAVE_WIDTH" ]; do sleep 2; done
           setsid nohup env CARRY_NRL_CASE_TIMEOUT=$CASE_TIMEOUT python3 integration/nemo_rl_gtp/run-on-gpu-host --skip-setup \
             --shared-gpu --ray-running --cases "$name" --out "/tmp/o/case-$name" > "/tmp/o/case-$name.console" 2>&1 < /dev/null &
-          echo $! > "/tmp/o/case-$name.pid"; say "started $name (pid $!)"; sleep 20
+          echo $! > "/tmp/o/case-$name.pid"; stamp "started $name (pid $!)"; sleep 20
         done
         for name in "$@"; do
-          while alive "/tmp/o/case-$name.pid"; do sleep 2; done; say "ended $name: $(tail -1 /tmp/o/case-$name.console)"
+          while alive "/tmp/o/case-$name.pid"; do sleep 2; done; stamp "ended $name: $(tail -1 /tmp/o/case-$name.console)"
         done
       }
       python3 integration/nemo_rl_gtp/run-on-gpu-host --pretrain-only --out /tmp/o/pretrain > /tmp/o/pretrain.console 2>&1
-      rc=$?; say "setup + pretrain exit $rc"; [ "$rc" = 0 ] || exit "$rc"
+      rc=$?; stamp "setup + pretrain exit $rc"; [ "$rc" = 0 ] || exit "$rc"
       # upstream-tests-bg beside it starts a Ray cluster for NeMo-RL'"'"'s tests on the default port, where this
       # one goes: wait for those tests (at most UT_GRACE s), then stop that cluster before starting this one
       for _ in $(seq 1 "${UT_GRACE:-240}"); do alive /tmp/o/ut.pid || break; sleep 1; done
       if /tmp/nrl-run/venv/bin/ray status > /dev/null 2>&1; then
-        say "a Ray cluster runs here (the upstream tests'"'"'; they $(alive /tmp/o/ut.pid && echo "still run" || echo "ended")): stopped"
+        stamp "a Ray cluster runs here (the upstream tests'"'"'; they $(alive /tmp/o/ut.pid && echo "still run" || echo "ended")): stopped"
         /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1
       fi
       setsid -w env -u CUDA_VISIBLE_DEVICES RAY_USAGE_STATS_ENABLED=0 /tmp/nrl-run/venv/bin/ray start --head \
         --num-gpus=$((2 * WAVE_WIDTH)) --include-dashboard=false --disable-usage-stats > /tmp/o/queue-ray.log 2>&1 \
-        || { say "ray start failed"; exit 1; }
+        || { stamp "ray start failed"; exit 1; }
       if [ "$LR_RECIPES" = none ]; then   # no wave 1: the lr cases.py holds
         lr=$(python3 -c "import sys; sys.path[:0] = [\"integration/nemo_rl_gtp\", \"tools\"]
 from harness.host import cases; print(cases.LEARNING_LR)")
-        say "no wave 1 (LR_RECIPES=none): the committed LEARNING_LR, $lr"
+        stamp "no wave 1 (LR_RECIPES=none): the committed LEARNING_LR, $lr"
       else
-      say "wave 1: the lr recipes $LR_RECIPES"
+      stamp "wave 1: the lr recipes $LR_RECIPES"
       side_by_side $(for lr in $LR_RECIPES; do echo "learning-lr$lr"; done)
       lr=$(cd integration/nemo_rl_gtp && PYTHONPATH=../../tools python3 -m harness.host.learning best-lr /tmp/o $LR_RECIPES)
-      [ -n "$lr" ] || { say "no recipe measured a gain: no wave 2"; /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; exit 1; }
+      [ -n "$lr" ] || { stamp "no recipe measured a gain: no wave 2"; /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; exit 1; }
       sed -i "s/^LEARNING_LR = .*/LEARNING_LR = \"$lr\"   # measured: the highest held-out gain of wave 1/" \
         integration/nemo_rl_gtp/harness/host/cases.py
       fi
-      say "wave 2 at lr $lr: the nightly learning cell, learning-sign-flip, learning-gtp-off"
+      stamp "wave 2 at lr $lr: the nightly learning cell, learning-sign-flip, learning-gtp-off"
       ( CARRY_NRL_RAY_RUNNING=1 CARRY_NRL_CASE_TIMEOUT=$CASE_TIMEOUT python3 tools/nightly.py --images gpu-host --shared-gpu \
           --no-bisect --timeout $((CASE_TIMEOUT + 60)) --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl="$S"/nemo-rl.git \
           --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning > /tmp/o/learning.console 2>&1
-        say "learning nightly exit $?" ) &
+        stamp "learning nightly exit $?" ) &
       nightly=$!; sleep 20
       WAVE_WIDTH=$((WAVE_WIDTH > 1 ? WAVE_WIDTH - 1 : 1)) side_by_side learning-sign-flip learning-gtp-off   # the nightly is one
       wait "$nightly"
-      /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; say "evidence done; Ray stopped"' evidence "${SRC[@]}" \
+      /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; stamp "evidence done; Ray stopped"' evidence "${SRC[@]}" \
       > /tmp/o/evidence.log 2>&1 < /dev/null &
     echo $! > /tmp/o/evidence.pid; stamp "learning evidence started (pid $!)" ;;
   wait-learning-evidence)
@@ -278,15 +277,14 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       UT_MLM_FILES=${UT_MLM_FILES:-tests/unit_tests/generalized_tensor_parallel} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} \
       UT_SETUP=${UT_SETUP:-/tmp/o/pretrain}
     setsid nohup bash -c '
-      say() { echo "[$(date -u +%H:%M:%S)] $*"; }
+      . integration/shared-gpu-lib.sh   # stamp; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps
       P=/tmp/p/p39; U=/tmp/o/ut; V=/tmp/nrl-run/venv/bin/python
       while [ ! -e /tmp/nrl-run/.payload-ok ]; do sleep 3; done   # the setup unpacks the sources first
       for up in $UT_ONLY; do
         python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "$up" "$@" \
-          --source nemo-rl="$S"/nemo-rl.git --cache /tmp/ut-cache > "$U/apply-$up.txt" 2>&1 || say "apply $up failed"
+          --source nemo-rl="$S"/nemo-rl.git --cache /tmp/ut-cache > "$U/apply-$up.txt" 2>&1 || stamp "apply $up failed"
       done
-      say "workspaces applied; waiting for the setup venv"
-      . integration/shared-gpu-lib.sh   # venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps
+      stamp "workspaces applied; waiting for the setup venv"
       until venv_ok; do sleep 3; done
       "$V" -m pip freeze > "$U/environment.txt" 2>&1   # the venv as it is: pytest and the tests'"'"' imports come with the stack
       run() {  # run UPSTREAM ARGS...
@@ -301,11 +299,11 @@ from harness.host import cases; print(cases.LEARNING_LR)")
           # As run_unit.sh: a cluster that runs here already (the learning evidence'"'"'s) is used as it is. Another
           # port with RAY_ADDRESS does not do: Ray asks for its auth token there (seen with Ray 2.60 on a CPU host).
           if /tmp/nrl-run/venv/bin/ray status > /dev/null 2>&1; then
-            say "NeMo-RL'"'"'s tests use the Ray cluster running here"
+            stamp "NeMo-RL'"'"'s tests use the Ray cluster running here"
           else
             env -u CUDA_VISIBLE_DEVICES RAY_USAGE_STATS_ENABLED=0 setsid -w /tmp/nrl-run/venv/bin/ray start --head \
               --num-gpus=2 --include-dashboard=false --disable-usage-stats > "$U/nemo-rl.ray.txt" 2>&1
-            say "a Ray cluster for NeMo-RL'"'"'s tests (exit $?)"
+            stamp "a Ray cluster for NeMo-RL'"'"'s tests (exit $?)"
           fi
         fi
         # NeMo-RL'"'"'s conftest imports nemo_rl.utils.logger, which imports mlflow, wandb and swanlab at module level
@@ -316,13 +314,13 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         PYTHONPATH=$stubs timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$up" --only "$up" \
           --python "$V" --shared-gpu --budget "$UT_BUDGET" --test-timeout 120 --cache /tmp/ut-cache \
           --out "$U/$up" --json "$U/$up.report.json" "$@" > "$U/$up.console.txt" 2>&1
-        say "$up exit $?"
+        stamp "$up exit $?"
       }
       mlm_files=(); for f in $UT_MLM_FILES; do mlm_files+=(--files "$f"); done   # paths, space-separated
       run megatron-lm --tests-source megatron-lm="$P/tests-mlm" --nproc 4 "${mlm_files[@]}" &
       run megatron-bridge --tests-source megatron-bridge="$P/tests-bridge" ${UT_BRIDGE_FILES:+--files "$UT_BRIDGE_FILES"} &
       run nemo-rl ${UT_NRL_FILES:+--files "$UT_NRL_FILES"} &
-      wait; say "upstream tests done (a Ray cluster is left running: ray stop would take every cluster here)"' ut "${SRC[@]}" > /tmp/o/ut.log 2>&1 < /dev/null &
+      wait; stamp "upstream tests done (a Ray cluster is left running: ray stop would take every cluster here)"' ut "${SRC[@]}" > /tmp/o/ut.log 2>&1 < /dev/null &
     echo $! > /tmp/o/ut.pid; stamp "upstream tests started (pid $!)" ;;
   wait-upstream-tests)
     if wait_packing "${2:-300}" /tmp/o/ut.pid pack_ut; then done=1; else done=0; fi

@@ -444,3 +444,41 @@ def test_the_setup_venv_counts_only_when_its_verify_json_says_ok(tmp_path):
                        ('{"ok": tr', False), ("{}", False)):
         verify.write_text(text)
         assert ok() is want, text
+
+
+def _background_scripts(text: str) -> list[str]:
+    """The scripts shared-gpu-h200.sh runs with ``setsid nohup bash -c '...'``, as bash reads them."""
+    scripts, start = [], "setsid nohup bash -c '"
+    at = text.find(start)
+    while at >= 0:
+        i, body = at + len(start), []
+        while True:
+            j = text.index("'", i)
+            body.append(text[i:j])
+            if text.startswith("'\"'\"'", j):  # '"'"': a quote inside the single-quoted script
+                body.append("'")
+                i = j + 5
+                continue
+            break
+        scripts.append("".join(body))
+        at = text.find(start, j)
+    return scripts
+
+
+def test_each_background_script_parses_and_takes_its_helpers_from_the_lib():
+    """The background scripts of shared-gpu-h200.sh (the queue, the learning evidence, the upstream
+    tests, the learning cell after the pretrain) run where no test sees them fail: each must parse, and each helper it calls (stamp,
+    alive, venv_ok, wait_for) must come from integration/shared-gpu-lib.sh, sourced before its
+    first use, not from a copy of its own."""
+    import re
+
+    text = (ROOT / "integration" / "shared-gpu-h200.sh").read_text()
+    scripts = _background_scripts(text)
+    assert len(scripts) == 4, [s[:60] for s in scripts]
+    lib = ". integration/shared-gpu-lib.sh"
+    for script in scripts:
+        res = subprocess.run(["bash", "-n", "-c", script], capture_output=True, text=True)
+        assert res.returncode == 0, (res.stderr, script[:200])
+        assert not re.search(r"\b(stamp|alive|venv_ok|wait_for|say)\s*\(\)", script), script[:200]
+        used = [m.start() for m in re.finditer(r"\b(stamp|alive|venv_ok|wait_for) ", script)]
+        assert used and lib in script and script.index(lib) < min(used), script[:200]

@@ -335,8 +335,9 @@ def test_a_test_fails_when_any_rank_fails_it_and_passes_when_one_ran_it_and_none
 
 def test_a_death_is_charged_to_the_rank_that_died_of_itself_not_to_those_torchrun_stopped(tmp_path):
     """From the ranks' records: a rank that ended without a word died in its test; one that wrote
-    ``terminated`` (torchrun's SIGTERM after another rank died) was cut short in its own, which runs
-    again. Where every rank was stopped so, nobody died of itself: each is charged as before."""
+    ``terminated`` (torchrun's SIGTERM after another rank died, or ended its session with exit 1) was
+    cut short in its own, which runs again unless a rank already failed it. Where every rank was
+    stopped so and none ended its session, nobody died of itself: each is charged as before."""
     from carry.evidence.upstream.results import read_launch
 
     def launch(name: str, ranks: dict[str, list[dict]]) -> Path:
@@ -356,6 +357,15 @@ def test_a_death_is_charged_to_the_rank_that_died_of_itself_not_to_those_torchru
     assert read_launch(same, 2).died_in() == ({"1": "a"}, set())
     every = launch("every", {"0": [start("a"), stop("a")], "1": [start("b"), stop("b")]})
     assert read_launch(every, 2).died_in() == ({"0": "a", "1": "b"}, set())
+    # rank 0 ended its session, a test failed there (exit 1): torchrun stopped rank 1 in b, which runs again
+    fail = lambda t: {"ev": "end", "id": t, "outcome": "failed", "reason": "boom"}  # noqa: E731
+    finished = launch("finished", {"0": [start("a"), fail("a"), start("b"), end("b"), {"ev": "finish", "exitstatus": 1}],
+                                   "1": [start("a"), fail("a"), start("b"), stop("b")]})
+    assert read_launch(finished, 2).died_in() == ({}, {"b"})
+    # cut short in a test another rank already failed: that failure stands, nothing runs again
+    failed = launch("failed", {"0": [start("a"), fail("a"), {"ev": "finish", "exitstatus": 1}],
+                               "1": [start("a"), stop("a")]})
+    assert read_launch(failed, 2).died_in() == ({}, set())
     none = launch("none", {"0": [start("a"), end("a")], "1": [start("a"), end("a")]})
     assert read_launch(none, 2).died_in() == ({}, set())
 

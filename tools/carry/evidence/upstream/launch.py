@@ -123,6 +123,7 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None) -
         for nodeid in cut:   # stopped by the launcher in it, not failed by it: it runs again after
             res.outcomes.pop(nodeid, None)
             done.discard(nodeid)
+        again = f"; {', '.join(sorted(cut))}: cut short when the launcher stopped the other ranks, run again" if cut else ""
         entry = {"launch": folder.name, "world": world, "returncode": rc, "seconds": round(seconds, 1),
                  "ended": len(got.tests), "timed_out": timed_out,
                  "launcher_failures": len(list(folder.glob("console.try-*.log")))}
@@ -145,7 +146,7 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None) -
                 _not_reached(res, side, wanted, done, f"the launch ended (exit {rc}) before any test ended: {last}")
                 return
             progress.say(f"{side.pin.upstream} {side.name}: the launch ended between tests (exit {rc}): {last}; "
-                         f"going on after the {len(got.tests)} that ended")
+                         f"going on after the {len(got.tests)} that ended{again}")
             continue
         for nodeid in sorted(set(died.values())):
             timeout = nodeid in got.timeouts.values()
@@ -155,7 +156,6 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None) -
                                            f": {tail[-1] if tail else ''}"[:500], "call", 0.0,
                                            {r: "died" for r, x in died.items() if x == nodeid}, world)
             done.add(nodeid)
-        again = f"; {', '.join(sorted(cut))}: cut short when the launcher stopped the other ranks, run again" if cut else ""
         progress.say(f"{side.pin.upstream} {side.name}: the launch died in {', '.join(sorted(set(died.values())))}; "
                      f"going on after it{again}")
     _not_reached(res, side, wanted, done, f"more than {MAX_LAUNCHES} launches died")

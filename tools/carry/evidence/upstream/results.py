@@ -63,18 +63,20 @@ class Launch:
         return out
 
     def died_in(self) -> tuple[dict[str, str], set[str]]:
-        """(blamed, cut): per rank, the test a death is charged to, and the tests cut short in a rank
-        the launcher stopped, to run again. When one rank dies torchrun sends SIGTERM to the others,
-        which wrote ``terminated`` with the test they were in: that test did not kill them. A rank
-        that died of itself (no ``terminated``) is blamed on its test. If none did (every death came
-        with SIGTERM: a test that signals its own launch, the launcher stopped from outside), each
-        rank's death is blamed on its test, as when no rank said anything."""
+        """(blamed, cut): per rank, the test a death is charged to, and the tests to run again because
+        a rank the launcher stopped was cut short in them. torchrun sends SIGTERM to every other rank
+        when one dies, or ends its session with a non-zero exit (pytest's 1 when a test failed there):
+        a rank so stopped wrote ``terminated`` with the test it was in, which did not kill it. A rank
+        that died of itself (no ``terminated``) is blamed on its test. A cut test that a rank which
+        ended it already failed keeps that failure. If no rank died of itself and none ended its
+        session (every rank stopped from outside: the launcher's timeout, a test that signals its
+        own launch), each rank's death is blamed on its test, as when no rank said anything."""
         died = self.unfinished()
         own = {rank: nodeid for rank, nodeid in died.items() if rank not in self.terminated}
-        if not own:
+        if not own and not self.finished:
             return died, set()
-        return own, {nodeid for rank, nodeid in died.items() if rank not in own} - set(own.values())
-
+        cut = {nodeid for rank, nodeid in died.items() if rank not in own} - set(own.values())
+        return own, {t for t in cut if not (t in self.tests and is_failing(merge(self.tests[t], self.world).outcome))}
 
 def read_launch(folder: Path, world: int) -> Launch:
     launch = Launch(world)

@@ -43,16 +43,20 @@ _lock = threading.Lock()
 
 
 def _emit(**event) -> None:
+    if _OUT:
+        with _lock:
+            _write(event)
+
+
+def _write(event: dict) -> None:
+    """One line of this rank's record, the lock held."""
     global _stream
-    if not _OUT:
-        return
-    with _lock:
-        if _stream is None:
-            os.makedirs(_OUT, exist_ok=True)
-            _stream = open(os.path.join(_OUT, f"rank-{_RANK}.jsonl"), "a", buffering=1, encoding="utf-8")
-        event["t"] = round(time.time(), 3)  # wall clock: lines of two sides or ranks can be set side by side
-        _stream.write(json.dumps(event, sort_keys=True) + "\n")
-        _stream.flush()
+    if _stream is None:
+        os.makedirs(_OUT, exist_ok=True)
+        _stream = open(os.path.join(_OUT, f"rank-{_RANK}.jsonl"), "a", buffering=1, encoding="utf-8")
+    event["t"] = round(time.time(), 3)  # wall clock: lines of two sides or ranks can be set side by side
+    _stream.write(json.dumps(event, sort_keys=True) + "\n")
+    _stream.flush()
 
 
 def _lines(path: str) -> list[str]:
@@ -150,10 +154,13 @@ _current: str = ""   # the test this rank is in, for the SIGTERM record
 
 
 def _terminated(signum, frame) -> None:
-    # The lock may be held by this very thread (the signal came inside _emit): wait a moment, no more.
+    # The lock may be held by this very thread (the signal came inside _emit): wait a moment, no more,
+    # and write nothing then (the rank is taken for one that died of itself, as before the record).
     if _lock.acquire(timeout=2):
-        _lock.release()
-        _emit(ev="terminated", id=_current, signal=int(signum))
+        try:
+            _write({"ev": "terminated", "id": _current, "signal": int(signum)})
+        finally:
+            _lock.release()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
@@ -200,7 +207,6 @@ def pytest_runtest_logreport(report):
 
 def pytest_runtest_logfinish(nodeid, location):
     global _timer, _current
-    _current = ""
     if _timer is not None:
         _timer.cancel()
         _timer = None
@@ -208,6 +214,7 @@ def pytest_runtest_logfinish(nodeid, location):
     st = _state.pop(nodeid, None) or {"t0": time.monotonic(), "outcome": "error", "phase": "?", "reason": "no report"}
     _emit(ev="end", id=nodeid, outcome=st["outcome"], phase=st["phase"], reason=st["reason"],
           seconds=round(time.monotonic() - st["t0"], 3))
+    _current = ""   # after its end is written: stopped before that, the rank was still in it
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -577,7 +577,7 @@ def _flaky_again(bisect: Path, rows: list) -> None:
     """Each regression and each fixed test judged again from the bisection's own rank records: run
     again on the patched trees (the highest k) it must move the same way, else it is flaky; and if the
     pristine base (k=0) then gives what the patched trees gave, no patch moved it: flaky too."""
-    from carry.evidence.upstream.results import is_failing, read_launch
+    from carry.evidence.upstream.results import read_launch, signature
 
     def outcome_at(k: str, nodeid: str) -> str:
         for launch in sorted((bisect / k).glob("launch-*-n*")):
@@ -586,9 +586,6 @@ def _flaky_again(bisect: Path, rows: list) -> None:
             if records:
                 return merge(records, world).outcome
         return "not-run"
-
-    def signature(o: str) -> str:
-        return "failing" if is_failing(o) else "passing" if o in ("passed", "xpassed") else o
 
     probes = sorted(p.name for p in bisect.glob("k*")) if bisect.is_dir() else []
     if not probes:   # a run whose bisection kept only its bisect.json: its rows as compared

@@ -27,7 +27,7 @@ from .. import tesite
 from ..bisect import PrefixTrees, bisect
 from . import suite
 from .launch import Side, SideResult, run_side
-from .results import is_failing
+from .results import signature
 from .select import Picked, select
 from .verdict import Row, compare, counts, side_counts
 
@@ -185,9 +185,6 @@ def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows:
             res = run_side(side)
             cache[k] = {i: (res.outcomes[i].outcome if i in res.outcomes else "not-run") for i in ids}
         return cache[k]
-
-    def signature(outcome: str) -> str:
-        return "failing" if is_failing(outcome) else "passing" if outcome in ("passed", "xpassed") else outcome
 
     found = []
     for r in movers:

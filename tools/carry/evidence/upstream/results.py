@@ -140,3 +140,8 @@ def wants_world(outcome: Outcome) -> int | None:
 
 def is_failing(outcome: str) -> bool:
     return outcome in FAILING
+
+
+def signature(outcome: str) -> str:
+    """What a bisection compares: ``failing``, ``passing``, or the outcome itself (skipped, not-run)."""
+    return "failing" if is_failing(outcome) else "passing" if outcome in ("passed", "xpassed") else outcome

@@ -127,6 +127,15 @@ TESTS = {
         import megatron.core.alpha
         import a_module_nobody_has
     """,
+    "tests/unit_tests/test_needs_the_fix_to_import.py": """
+        from megatron.core import alpha
+
+        # at import: on the pristine base the module does not collect, the fix makes it
+        assert alpha.value_5 == "patched", "this module imports only where the fix is in"
+
+        def test_runs_once_its_module_imports():
+            assert alpha.value_1 == 1
+    """,
     "tests/unit_tests/test_skipped_module.py": """
         import pytest
         import megatron.core.alpha
@@ -184,7 +193,7 @@ def test_select_only_derives_the_files_from_what_the_series_touches(up):
     picked = {s["path"]: s["reasons"] for s in report["selection"]}
     assert set(picked) == {"tests/unit_tests/test_alpha.py", "tests/unit_tests/sub/test_beta.py",
                            "tests/unit_tests/test_collect.py", "tests/unit_tests/test_skipped_module.py",
-                           "tests/unit_tests/test_delta.py"}, picked
+                           "tests/unit_tests/test_delta.py", "tests/unit_tests/test_needs_the_fix_to_import.py"}, picked
     assert picked["tests/unit_tests/test_alpha.py"] == ["imports megatron.core.alpha (fix)",
                                                          "mirror of megatron/core/alpha.py (fix)"]
     assert picked["tests/unit_tests/sub/test_beta.py"] == ["imports megatron.core.beta (break)"]
@@ -238,6 +247,11 @@ def test_regressions_and_fixes_are_found_bisected_and_every_launch_end_is_surviv
     assert cat["tests/unit_tests/test_collect.py"] == "known-failure"
     assert "a_module_nobody_has" in rows["tests/unit_tests/test_collect.py"]["patched_reason"]
     assert cat["tests/unit_tests/test_skipped_module.py"] == "skipped"
+    # a module only the series makes import: each of its tests is fixed (the module's error on pristine),
+    # and bisected so, the pristine probe giving the module's error for it
+    imports = "test_runs_once_its_module_imports"
+    assert (cat[imports], rows[imports]["pristine"]) == ("fixed", "error"), rows[imports]
+    assert "tests/unit_tests/test_needs_the_fix_to_import.py" not in rows
     # upstream's own -m deselected its flaky test on both sides (counted, never run)
     assert "test_upstream_deselects" not in rows
     assert report["sides"]["patched"]["deselected by upstream"] == 1
@@ -245,6 +259,8 @@ def test_regressions_and_fixes_are_found_bisected_and_every_launch_end_is_surviv
     found = {b["id"].split("::")[-1]: b for b in report["bisect"]}
     assert found["test_broken_by_the_series"]["first_patch"] == "break", found
     assert found["test_fixed_by_the_series"]["first_patch"] == "fix", found
+    assert found[imports]["first_patch"] == "fix", found[imports]
+    assert [(p["k"], p["signature"]) for p in found[imports]["probes"]][0] == (0, "failing"), found[imports]
     assert report["regressions"][0]["id"].endswith("test_broken_by_the_series") and len(report["regressions"]) == 1
     # a regression that does not happen again on the same trees is flaky, not a regression
     assert cat["test_flaky_on_the_patched_trees"] == "flaky", rows["test_flaky_on_the_patched_trees"]
@@ -322,6 +338,34 @@ def test_a_tests_source_that_lacks_the_commit_is_bad_input(up, tmp_path):
     ("passed", "not-run", "not-compared")])
 def test_classify(p, q, want):
     assert classify(p, q)[0] == want
+
+
+def test_a_module_that_failed_to_collect_on_one_side_is_compared_test_by_test_with_the_other():
+    """NeMo-RL's tests on one H200 (2026-12-04): two modules did not import on the pristine stack, the
+    series made them import, and their one ``error`` row each read as a test the patched side lost
+    (two regressions), their 69 tests as ``new``. Each such test is the module's error on that side."""
+    from carry.evidence.upstream.launch import SideResult
+    from carry.evidence.upstream.verdict import compare, outcome_in
+    m = "tests/test_m.py"
+    broken = SideResult(collect_errors={m: "ImportError: cannot import name 'X'"})
+    ran = SideResult(outcomes={f"{m}::a": Outcome("passed"), f"{m}::b": Outcome("failed", "boom")},
+                     not_run={f"{m}::c": "the side's time budget ran out while it ran"})
+    rows = {r.id: r for r in compare(broken, ran)}
+    assert m not in rows, rows[m]
+    assert {k: (r.pristine, r.category) for k, r in rows.items()} == {
+        f"{m}::a": ("error", "fixed"), f"{m}::b": ("error", "known-failure"), f"{m}::c": ("error", "not-compared")}
+    assert rows[f"{m}::a"].pristine_reason == "ImportError: cannot import name 'X'"
+    # the other way round: the series breaks the module's import, and each of its tests is a regression
+    rows = {r.id: r for r in compare(ran, broken)}
+    assert {k: r.category for k, r in rows.items()} == {
+        f"{m}::a": "regression", f"{m}::b": "known-failure", f"{m}::c": "not-compared"}
+    # failing to collect on both sides, or on one side with the other never reaching the module: one row
+    assert [(r.id, r.category) for r in compare(broken, broken)] == [(m, "known-failure")]
+    assert [(r.id, r.category) for r in compare(broken, SideResult(not_run={m: "not reached"}))] == [
+        (m, "not-compared")]
+    # a bisection's probe that runs just some tests: a test of a module that failed to collect there
+    assert [outcome_in(broken, i) for i in (f"{m}::a", m, "tests/other.py::x")] == ["error", "error", "not-run"]
+    assert outcome_in(ran, f"{m}::b") == "failed"
 
 
 def test_a_test_fails_when_any_rank_fails_it_and_passes_when_one_ran_it_and_none_failed():

@@ -29,7 +29,7 @@ from . import suite
 from .launch import Side, SideResult, run_side
 from .results import signature
 from .select import Picked, select
-from .verdict import Row, compare, counts, side_counts
+from .verdict import Row, compare, counts, outcome_in, side_counts
 
 
 @dataclass
@@ -183,7 +183,7 @@ def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows:
             folder = suite.side_folder(pin, repo, trees[upstream], out / f"k{k:03d}" / "tree")
             side = _side(f"bisect k={k}", series, upstream, folder, files, trees, out / f"k{k:03d}", opts, None, ids)
             res = run_side(side)
-            cache[k] = {i: (res.outcomes[i].outcome if i in res.outcomes else "not-run") for i in ids}
+            cache[k] = {i: outcome_in(res, i) for i in ids}
         return cache[k]
 
     found = []

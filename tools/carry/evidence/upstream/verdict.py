@@ -11,7 +11,8 @@
 - ``not-compared``: a side did not reach it (its time budget, the launch), said why;
 - ``flaky``: a regression or fix that did not happen again when its trees ran it a second time
   (carry.evidence.upstream.check): listed with each run's outcome, it does not fail the night.
-A module that fails to collect is one row (``error`` in phase collect) standing for its tests.
+A module that fails to collect is one row (``error`` in phase collect) standing for its tests; where
+the other side ran them, it is each of those tests' ``error`` instead (one row per test).
 """
 
 from __future__ import annotations
@@ -77,8 +78,34 @@ def classify(p: str, q: str) -> tuple[str, str]:
     return "changed", f"{p} on pristine, {q} patched"
 
 
+def outcome_in(side: SideResult, nodeid: str) -> str:
+    """One test's outcome in a run of just some tests (a bisection's probe): its own, else ``error`` when
+    its module failed to collect there, else ``not-run``."""
+    if nodeid in side.outcomes:
+        return side.outcomes[nodeid].outcome
+    if nodeid in side.collect_errors or nodeid.split("::", 1)[0] in side.collect_errors:
+        return "error"
+    return "not-run"
+
+
+def _stand_in(mine: dict[str, Outcome], side: SideResult, other: dict[str, Outcome], other_side: SideResult) -> None:
+    """A module that failed to collect on one side, whose tests the other side ran (or had and did not
+    reach), is compared test by test: each of those tests is an ``error`` on this side, for the
+    module's reason, and the module's own row goes (else a module fixed by the series read as a test
+    the patched side lost, and each of its tests as one only the patched side has)."""
+    for module, reason in side.collect_errors.items():
+        tests = [t for t in other.keys() | other_side.not_run.keys() if t.startswith(module + "::")]
+        if not tests or module in other or module in other_side.not_run:
+            continue
+        for t in tests:
+            mine.setdefault(t, Outcome("error", reason, "collect"))
+        del mine[module]
+
+
 def compare(pristine: SideResult, patched: SideResult) -> list[Row]:
     a, b = outcomes_of(pristine), outcomes_of(patched)
+    _stand_in(a, pristine, b, patched)
+    _stand_in(b, patched, a, pristine)
     rows = []
     for nodeid in sorted(a.keys() | b.keys() | pristine.not_run.keys() | patched.not_run.keys()):
         p = a[nodeid].outcome if nodeid in a else "not-run" if nodeid in pristine.not_run else "absent"

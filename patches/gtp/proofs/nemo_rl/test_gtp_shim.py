@@ -164,6 +164,21 @@ def test_gtp_remat_sizes_follow_megatron_core(gtp):
                              "expert_tensor_parallel_size": 1})
 
 
+def test_gtp_remat_sizes_read_no_parallel_size_when_gtp_is_off(gtp):
+    """A config that asks for no GTP is not read for GTP: NeMo-RL's own unit test
+    (tests/unit/models/megatron/test_megatron_setup.py::TestSetupModelAndOptimizer::
+    test_setup_with_param_sync_and_frozen_moe_router) runs setup_model_and_optimizer with a policy
+    megatron_cfg that names no parallel size, and passed on the pristine tree; the patched setup
+    failed it with KeyError 'tensor_model_parallel_size' (one H200, 2026-12-04)."""
+    assert gtp.gtp_remat_sizes({"freeze_moe_router": True}) == (1, 1)
+    assert gtp.gtp_remat_sizes({"tensor_parallel_num_weight_shards": None,
+                                "expert_tensor_parallel_num_weight_shards": None}) == (1, 1)
+    # GTP asked for on one axis only: the other axis needs no size either.
+    assert gtp.gtp_remat_sizes({"tensor_model_parallel_size": 1, "tensor_parallel_num_weight_shards": 2}) == (2, 1)
+    with pytest.raises(KeyError, match="expert_tensor_parallel_size"):
+        gtp.gtp_remat_sizes({"expert_tensor_parallel_num_weight_shards": 2})
+
+
 def test_preflight_names_the_requirement_when_gtp_is_unavailable(gtp):
     from megatron.core.tensor_parallel.gtp_api import HAVE_GTP
 

@@ -709,6 +709,42 @@ def test_the_committed_runs_are_judged_again_from_their_rank_records(which):
     assert {k.replace(" ", "-"): int(v) for k, v in table.items()} == total, (table, total)
 
 
+NEMO_RL_GPU = EVIDENCE / "h200" / "2026-12-04-nemo-rl-tests"
+FROZEN_ROUTER = ("tests/unit/models/megatron/test_megatron_setup.py::TestSetupModelAndOptimizer::"
+                 "test_setup_with_param_sync_and_frozen_moe_router")
+
+
+def test_the_nemo_rl_gpu_run_is_judged_again_by_todays_judge():
+    """integration/h200/2026-12-04-nemo-rl-tests: NeMo-RL's tests on one H200, judged when it ran with
+    three regressions. Judged again from the rank records: the two modules that did not import on the
+    pristine stack are compared test by test (each of their tests fixed, no row lost), and the one
+    regression left is the series' own, bisected to nrl-gtp-shim (fixed since: test_gtp_shim.py)."""
+    result, rows, total = _judged_again(NEMO_RL_GPU, "nemo-rl", 150, "run")
+    recorded = {r["id"]: r for r in result["rows"]}
+    again = {r.id: r for r in rows}
+    modules = {k for k, r in recorded.items() if r["category"] == "regression" and "::" not in k}
+    assert modules == {"tests/unit/models/megatron/test_group_experts.py",
+                       "tests/unit/models/policy/test_megatron_split_state.py"}
+    assert all((recorded[m]["pristine"], recorded[m]["patched"]) == ("error", "absent") for m in modules)
+    assert not modules & again.keys()
+    moved = {k for k in again if recorded[k]["category"] != again[k].category}
+    assert len(moved) == 69 and all(
+        k.split("::")[0] in modules and recorded[k]["category"] == "new"
+        and (again[k].category, again[k].pristine, again[k].patched) == ("fixed", "error", "passed")
+        and "FullyShardedDataParallelV1" in again[k].pristine_reason for k in moved), moved
+    assert recorded.keys() - again.keys() == modules
+    assert [(r.id, r.pristine, r.patched_reason) for r in rows if r.category == "regression"] == [
+        (FROZEN_ROUTER, "passed", "KeyError: 'tensor_model_parallel_size'")]
+    (found,) = [b for b in result["bisect"] if b["id"] == FROZEN_ROUTER]
+    assert found["first_patch"] == "nrl-gtp-shim", found
+    assert result["status"] == "failed" and result["counts"]["*"]["regression"] == 3
+    readme = (NEMO_RL_GPU / "README.md").read_text()
+    tables = readme.split("| category | tests |")[1:]
+    for table, counted in zip(tables, (result["counts"]["*"], total)):
+        got = {k.replace(" ", "-"): int(v) for k, v in re.findall(r"^\| ([a-z -]+) \| (\d+) \|", table, re.M)[:7]}
+        assert got == counted, (got, counted)
+
+
 def test_a_flaky_verdict_stands_only_on_its_bisection_records(tmp_path):
     """h200/2026-12-04-beyond-gtp-folder's flaky tests are judged from the bisection's own records: a
     test that passed on pristine and failed patched is flaky only because the pristine base failed it

@@ -70,6 +70,18 @@ def test_inference_config_has_one_weight_shard_per_tp_rank():
     assert (wider["tensor_parallel_num_weight_shards"], wider["expert_tensor_parallel_num_weight_shards"]) == (2, 2)
 
 
+def test_inference_config_reads_no_size_the_policy_may_leave_out():
+    """NeMo-RL treats expert_tensor_parallel_size as optional on the path that merges the inference
+    config (MegatronGeneration.nvlink_domain_span reads it with .get(..., 1), for a non-colocated
+    run's merged_inference_megatron_cfg): the pin must not make it required (a KeyError)."""
+    policy = _policy(tp=1, shards=None, etp=1, expert_shards=None)
+    for key in ("expert_tensor_parallel_size", "expert_tensor_parallel_num_weight_shards"):
+        del policy["megatron_cfg"][key]
+    merged = _merged_inference_megatron_cfg()(policy)
+    assert merged.get("expert_tensor_parallel_num_weight_shards") is None, merged   # null: one per expert TP rank
+    assert "expert_tensor_parallel_size" not in merged
+
+
 def _function(name: str) -> ast.FunctionDef:
     path = _tree() / "nemo_rl/models/megatron/setup.py"
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))

@@ -52,9 +52,12 @@
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
 # Device time (one H200, 2026-12-04): 12 ferry calls of about 3 s, 459 s of setup and pretrain (535 s beside
 # Megatron-LM's tests, the GPU at 88 GB then: h200/2026-12-04-beyond-gtp-folder), about 720 s per wave of two
-# learning cases; one session's 1,800 s holds one wave. Issue each call at once after the last: a machine idle for
-# 30 s goes back with everything under /tmp (lost once that way on 2026-12-04). A machine can also be taken back
-# for other work during a call (once, 2026-12-04): the waits pack once a minute, so the last minute's files return.
+# learning cases; one session's 1,800 s holds one wave. Setup and pretrain alone: 376 s (233 s of it training),
+# so a session with nothing else on the GPU may hold learning-gtp-off too, after learning-sign-flip. Send the waits
+# in the same batch of calls as the ferries and the start: a machine idle for 30 s goes back with everything under
+# /tmp, and a new turn between two calls took two minutes twice on 2026-12-04 (two machines lost so, each with its
+# learning wave). A machine can also be taken back for other work during a call (once, 2026-12-04): the waits pack
+# once a minute, so the last minute's files return.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 S=/tmp/nrl-run/payload/sources

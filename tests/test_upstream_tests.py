@@ -621,15 +621,25 @@ def _flaky_again(bisect: Path, rows: list) -> None:
     """Each regression and each fixed test judged again from the bisection's own rank records: run
     again on the patched trees (the highest k) it must move the same way, else it is flaky; and if the
     pristine base (k=0) then gives what the patched trees gave, no patch moved it: flaky too."""
+    import functools
+    from carry.evidence.upstream.launch import SideResult
     from carry.evidence.upstream.results import read_launch, signature
+    from carry.evidence.upstream.verdict import outcome_in
 
-    def outcome_at(k: str, nodeid: str) -> str:
+    @functools.cache
+    def probe(k: str) -> SideResult:   # each probe's records read once; a test's first launch counts
+        side = SideResult()
         for launch in sorted((bisect / k).glob("launch-*-n*")):
             world = int(launch.name.rsplit("-n", 1)[1])
-            records = read_launch(launch, world).tests.get(nodeid)
-            if records:
-                return merge(records, world).outcome
-        return "not-run"
+            got = read_launch(launch, world)
+            for nodeid, records in got.tests.items():
+                side.outcomes.setdefault(nodeid, merge(records, world))
+            for module, reason in got.collect_errors.items():
+                side.collect_errors.setdefault(module, reason)
+        return side
+
+    def outcome_at(k: str, nodeid: str) -> str:   # as the bisection reads its probes (check.py)
+        return outcome_in(probe(k), nodeid)
 
     probes = sorted(p.name for p in bisect.glob("k*")) if bisect.is_dir() else []
     if not probes:   # a run whose bisection kept only its bisect.json: its rows as compared
@@ -740,6 +750,7 @@ def test_the_nemo_rl_gpu_run_is_judged_again_by_todays_judge():
     assert result["status"] == "failed" and result["counts"]["*"]["regression"] == 3
     readme = (NEMO_RL_GPU / "README.md").read_text()
     tables = readme.split("| category | tests |")[1:]
+    assert len(tables) == 2, "the README's two tables: as recorded, and judged again"
     for table, counted in zip(tables, (result["counts"]["*"], total)):
         got = {k.replace(" ", "-"): int(v) for k, v in re.findall(r"^\| ([a-z -]+) \| (\d+) \|", table, re.M)[:7]}
         assert got == counted, (got, counted)
@@ -762,6 +773,23 @@ def test_a_flaky_verdict_stands_only_on_its_bisection_records(tmp_path):
     (row,) = [r for r in rows if r.id == nodeid]
     assert (row.category, row.pristine, row.patched) == ("regression", "passed", "failed"), row
     assert [r.to_dict() for r in rows] != result["rows"]
+
+
+def test_a_probe_reads_a_test_of_a_module_that_did_not_collect_as_that_error(tmp_path):
+    """The replay reads a bisection's probes as check.py does (outcome_in): in the NeMo-RL GPU run, make
+    the regression's module fail to collect on the pristine base's probe (k=0) and the pristine base
+    fails it too: no patch moved it, flaky. Read as not run, it would stay a regression."""
+    run = tmp_path / "nemo-rl-gpu"
+    shutil.copytree(NEMO_RL_GPU, run)
+    module = FROZEN_ROUTER.split("::")[0]
+    (rank,) = (run / "run" / "nemo-rl" / "bisect" / "k000").glob("launch-*/rank-0.jsonl")
+    lines = [json.loads(ln) for ln in rank.read_text().splitlines()]
+    lines = [ev for ev in lines if not str(ev.get("id", "")).startswith(module + "::")]
+    lines.append({"ev": "collect-error", "id": module, "reason": "E   ImportError: made up for this test"})
+    rank.write_text("".join(json.dumps(ev) + "\n" for ev in lines))
+    _, rows, _ = _judged_again(run, "nemo-rl", 150, "run")
+    (row,) = [r for r in rows if r.id == FROZEN_ROUTER]
+    assert row.category == "flaky" and "error on the same base" in row.note, row
 
 
 def test_a_death_is_judged_again_rank_by_rank(tmp_path):

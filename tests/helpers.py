@@ -35,6 +35,15 @@ def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def read_recorded(path: Path) -> str:
+    """A committed evidence file's text, from PATH or, where the evidence keeps it gzipped (files over 200 KB
+    are), from PATH.gz."""
+    import gzip
+    if path.exists():
+        return path.read_text(errors="replace")
+    return gzip.decompress(path.with_name(path.name + ".gz").read_bytes()).decode(errors="replace")
+
+
 def git(repo: Path, *args: str, check: bool = True) -> str:
     from carry.git import Git
     return Git(repo)(*args, check=check).stdout.strip()

@@ -18,7 +18,7 @@ from carry.errors import ConfigError
 from carry.nightly.judge import judge, parse_gate, parse_step_marker
 from carry.nightly.config import load as load_matrix
 from carry.nightly.runlog import markers_found, result_line
-from helpers import ROOT, proofs_matrix, tool
+from helpers import ROOT, proofs_matrix, read_recorded, tool
 
 MARK_GTP = "[gtp] enabling GTP weight rematerialization"
 MARK_RESHARD = "[colocated-reshard] building dedicated inference model"
@@ -343,8 +343,9 @@ def test_the_matrix_refuses_markers_and_gates_that_cannot_fail(tmp_path, body, m
 
 # Cells whose recorded runs are another cell's: the same command (gtp-refit-mini-nccl is nccl-bf16's, in the image).
 RECORDED_AS = {"gtp-refit-mini-nccl": "gtp-refit-mini-nccl-bf16"}
-# Gates no recorded run can show yet, each with why: the learning gate reads the held-out validation, which no
-# H200 run has recorded yet (issue 40: integration/shared-gpu-h200.sh learning-evidence-bg records it).
+# Gates no recorded run has passed yet, each with why: the learning gate reads the held-out validation; the H200
+# recorded it red twice (h200/2026-12-04-learning-at-5e-6: the sign-flipped run, and the learning cell at lr 5e-6,
+# which does not learn) and never green yet (issue 40).
 NOT_YET_RECORDED = {("grpo-megatron-generation-gtp-learning",
                      'last(data["harness/validation/accuracy_gain"]) > 0.0663')}
 
@@ -369,7 +370,7 @@ def _recorded_runs(name: str) -> list[tuple[str, str, dict]]:
             for run in json.loads(index.read_text())["runs"]:
                 d = index.parent / run["dir"]
                 if casing.CASES[run["case"]].test == name:
-                    out.append((run["dir"], (d / "run.log").read_text(errors="replace"),
+                    out.append((run["dir"], read_recorded(d / "run.log"),
                                 json.loads((d / "metrics.json").read_text())))
     return out
 

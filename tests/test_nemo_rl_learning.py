@@ -94,7 +94,7 @@ def test_learning_cases_add_only_their_own_overrides():
         assert args[:5] == ["policy.model_name=/m", "data.train.dataset_name=ResponseDataset",
                             "++data.train.data_path=/d.jsonl", "++data.train.input_key=problem",
                             "++data.train.output_key=expected_answer"], name
-        assert args[5:15] == list(casing.learning_settings(casing.LEARNING_LR if "-lr" not in name
+        assert args[5:17] == list(casing.learning_settings(casing.LEARNING_LR if "-lr" not in name
                                                             else name.rsplit("-lr", 1)[1])), name
         assert case.model == "trained" and not [a for a in args if "checkpoint" in a]
         assert case.validation and casing.script_args(case, "/m", "/d.jsonl", "/ck", "/v.jsonl")[-1] == (
@@ -102,10 +102,14 @@ def test_learning_cases_add_only_their_own_overrides():
             "output_key:expected_answer}")
     # The case's own training settings; every GTP, refit and generation setting stays the script's.
     own = ("grpo.", "policy.megatron_cfg.optimizer.lr=", "policy.megatron_cfg.scheduler.lr_warmup_iters=",
-           "data.train.split_validation_size=")
+           "data.train.split_validation_size=", "policy.train_global_batch_size=")
     assert all(o.startswith(own) for o in casing.LEARNING), casing.LEARNING
     assert {"grpo.val_at_start=true", "grpo.val_at_end=true", f"grpo.max_val_samples={casing.VALIDATION}",
-            "grpo.num_prompts_per_step=16", "grpo.max_num_steps=6"} <= set(casing.LEARNING)
+            "grpo.num_prompts_per_step=16", "grpo.num_generations_per_prompt=16", "grpo.max_num_steps=6"} \
+        <= set(casing.LEARNING)
+    # NeMo-RL's recipe's shape: one optimizer step per GRPO step, on every sample of the step (the script's batch
+    # of 4 made 16 steps of mostly advantage-free samples: h200/2026-12-04-learning-at-5e-6).
+    assert "policy.train_global_batch_size=256" in casing.LEARNING
     assert casing.VALIDATION == fixtures.VALIDATION_PROBLEMS
     assert {f"learning-lr{lr}" for lr in casing.LR_RECIPES} <= set(casing.CASES) and casing.LEARNING_LR in casing.LR_RECIPES
     assert "1e-4" not in casing.LR_RECIPES   # measured to collapse (h200/2026-12-04-gtp-folder-learning-cut)

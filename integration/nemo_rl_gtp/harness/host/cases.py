@@ -80,34 +80,43 @@ CASES: dict[str, Case] = {c.name: c for c in (
 # -- learning: GRPO from the pretrained model, the refit checked after every refit -----------------
 LEARNING_TEST = "grpo-megatron-generation-gtp-learning"
 MATRIX_TEST = "grpo-megatron-generation-matrix"
-# The learning cases' own overrides; the script's config stays as it is. Six steps: NeMo-RL refits
-# before every generation (the validation at the start, each step's, the validation at the end), so the
-# later refits carry the weights after the updates (the drift gate reads the last). Sixteen prompts of
-# four samples: with the pretrained model's accuracy p a group is mixed with probability
-# 1 - p^4 - (1-p)^4 (0.75 at p = 0.3, 0.81 at the pretrained 0.65), so a step with no mixed group is
-# 0.25^16 = 2.3e-10 likely, where the script's two prompts give 0.06. The script's
-# train_global_batch_size (4) is kept: 64 samples make 16 optimizer steps per GRPO step.
+# The learning cases' own overrides; the script's config stays as it is (every GTP, refit and generation
+# setting). Measured on one H200 (integration/h200/2026-12-04-learning-at-5e-6): with the script's batch of
+# 4 (16 optimizer steps per GRPO step of 16 prompts x 4 samples) at lr 5e-6 for six steps, the correct run
+# did not learn (held-out greedy accuracy 0.6426 before and after) while the sign-flipped one fell to 0.5186.
+# What the run showed: only 6 to 27% of the groups were mixed (the pretrained model samples at 0.13 to 0.26
+# nats a token, so a prompt's four samples mostly agree: not the 81% that independent draws at p = 0.65
+# would give): 4 to 17 of a step's 64 samples carried an advantage, so most of its 16 optimizer steps saw
+# none; the gradient norms logged per step were 1e-8 to 7e-3 (16 at one step), and the weights moved alike
+# in both runs (rel_l2 0.0015). So the
+# case now takes NeMo-RL's own recipe's shape (examples/configs/grpo_math_1B_megatron.yaml: 16 samples a
+# prompt, train_global_batch_size = every sample of the step, so one optimizer step per GRPO step on the
+# whole step's advantages), at 16 prompts a step (256 samples), six steps as before. The lr: Adam moves
+# each weight by about lr at most per optimizer step, so 6 steps at 3e-5 bound the movement at 1.8e-4, under
+# half the measured run's bound (96 x 5e-6 = 4.8e-4), now along whole-step gradients, and 53 times below the
+# bound of the 1e-4 run that collapsed (integration/h200/2026-12-04-gtp-folder-learning-cut: 96 x 1e-4,
+# 0.84% of the weights' L2 in its first GRPO step). A choice from that measurement, measured next
+# (docs/evidence.md says what the next run must show).
 # No checkpoints: the script's own setting (so no resume interplay with the longer horizon).
-# The lr: measured too high at 1e-4 (integration/h200/2026-12-04-gtp-folder-learning-cut): with sixteen
-# Adam steps per GRPO step, the correct run and learning-sign-flip both collapsed, reward 0.64 to 0.02 in
-# five steps, 0.84% of the weights' L2 moved by the first step alone. 5e-6 is NeMo-RL's own lr for this
-# recipe (examples/configs/grpo_math_1B_megatron.yaml, policy.megatron_cfg.optimizer.lr), without the
-# warmup a six-step run never leaves. Not yet measured on a GPU: the learning-lr* recipes below do that.
-LEARNING_LR = "5e-6"
+LEARNING_LR = "3e-5"
 LEARNING_STEPS = 6
-# The lr recipes (shared-gpu-h200.sh's wave 1 runs these): around NeMo-RL's own lr, below the 1e-4 that collapsed.
-LR_RECIPES = ("2e-6", "5e-6", "1e-5")
+LEARNING_PROMPTS = 16
+LEARNING_SAMPLES = 16   # per prompt: NeMo-RL's recipe's num_generations_per_prompt
+# The lr recipes (shared-gpu-h200.sh's wave 1 runs these): around the chosen lr, below the 1e-4 that collapsed.
+LR_RECIPES = ("1e-5", "3e-5", "6e-5")
 
 
 def learning_settings(lr: str = LEARNING_LR) -> tuple[str, ...]:
     """The learning cases' own training settings (GTP, refit and generation stay the script's).
 
-    Six steps of 16 prompts x 4 samples (64 samples a step, where the reward of 32 was noise) at a
-    constant lr: the config's warmup (13 scheduler ticks from 5e-7, one tick per GRPO step) would keep
-    a 6-step run below 2.2e-6. The validation: the held-out set (VALIDATION rows, fixtures.py) before
-    the first step and after the last, all of it (max_val_samples, in batches of 256), and no split of
-    the GRPO prompts (their 5% would join the held-out set)."""
-    return (f"grpo.max_num_steps={LEARNING_STEPS}", "grpo.num_prompts_per_step=16",
+    LEARNING_STEPS steps of LEARNING_PROMPTS prompts x LEARNING_SAMPLES samples, all of a step's samples in
+    one optimizer step (NeMo-RL's recipe's shape), at a constant lr: the config's warmup (13 scheduler ticks
+    from 5e-7, one tick per GRPO step) would keep a short run far below it. The validation: the held-out set
+    (VALIDATION rows, fixtures.py) before the first step and after the last, all of it (max_val_samples, in
+    batches of 256), and no split of the GRPO prompts (their 5% would join the held-out set)."""
+    return (f"grpo.max_num_steps={LEARNING_STEPS}", f"grpo.num_prompts_per_step={LEARNING_PROMPTS}",
+            f"grpo.num_generations_per_prompt={LEARNING_SAMPLES}",
+            f"policy.train_global_batch_size={LEARNING_PROMPTS * LEARNING_SAMPLES}",
             f"policy.megatron_cfg.optimizer.lr={lr}", "policy.megatron_cfg.scheduler.lr_warmup_iters=0",
             "grpo.val_at_start=true", "grpo.val_at_end=true", "grpo.val_period=0",
             f"grpo.max_val_samples={VALIDATION}", "grpo.val_batch_size=256",

@@ -282,18 +282,10 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
                 if state.record(p.upstream) is None:
                     raise UsageError(f"{p.upstream}: no workspace in {workdir} for proof of {p.id}",
                                      hint=f"`{command('apply', series, '--workdir', wd.root)}` first")
-            pythons: dict[str, list[Path]] = {}  # interpreter -> the proof files it runs
-            for p in with_proof:
-                for proof in p.proofs:
-                    try:  # built here, once, before runs share it (a build's lock wait is this thread's setting)
-                        python = proofenv.python_for(series, proof, cache) or sys.executable
-                    except SourceError:
-                        continue  # each of its runs reports it as an environment error
-                    pythons.setdefault(python, []).append(series.root / proof.split("::")[0])
-            if not fresh and zygote.wanted():
+            pythons = proof_pythons(series, [proof for p in with_proof for proof in p.proofs], cache)
+            if not fresh:
                 # Started now, from this (the main) thread: they import while the trees are extracted.
-                roots = _tree_roots(series, wd, state)
-                zygotes.update(zygote.start_all(pythons, tmpd, _tree_tops(roots), series.root / "proofs", roots))
+                zygotes.update(start_zygotes(series, pythons, tmpd, _tree_roots(series, wd, state)))
             pairs = _extract_pairs(series, wd, state, with_proof, tmpd)
             zygote.wait_all(zygotes)
             _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd, report, fresh)
@@ -302,6 +294,29 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
                 z.close()
     report.ok = all(r.ok is not False for r in report.proofs) and not report.errors and not report.all_skipped
     return report
+
+
+def proof_pythons(series: Series, proofs: list[str], cache: Path) -> dict[str, list[Path]]:
+    """Interpreter -> the proof files it runs, each proof environment built here, once, before runs share it
+    (a build's lock wait is the caller's thread's). A proof whose environment cannot be built is left out:
+    each of its runs reports that as an environment error."""
+    pythons: dict[str, list[Path]] = {}
+    for proof in proofs:
+        try:
+            python = proofenv.python_for(series, proof, cache) or sys.executable
+        except SourceError:
+            continue
+        pythons.setdefault(python, []).append(series.root / proof.split("::")[0])
+    return pythons
+
+
+def start_zygotes(series: Series, pythons: dict[str, list[Path]], scratch: Path,
+                  roots: list[Path]) -> dict[str, zygote.Zygote]:
+    """A zygote per interpreter of ``pythons`` (none where this platform cannot fork them), importing
+    nothing of the trees whose import roots are ``roots``. The caller closes them."""
+    if not zygote.wanted():
+        return {}
+    return zygote.start_all(pythons, scratch, _tree_tops(roots), series.root / "proofs", roots)
 
 
 def _tree_roots(series: Series, wd: WorkDir, state) -> list[Path]:

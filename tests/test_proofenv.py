@@ -157,6 +157,40 @@ def test_the_bridge_folder_pins_what_the_test_extra_holds():
         assert staged.get(name) == version, (name, version, staged.get(name))
 
 
+def test_the_environment_gets_no_pip_of_its_own_where_this_pip_can_install_into_it(tmp_path, monkeypatch):
+    """The environment is built --without-pip and this interpreter's pip installs into it (pip's
+    --python): ensurepip was most of a build's time. Where this interpreter has no pip, or one older
+    than 22.3, the environment gets its own pip as before; that way is built here too, and the
+    requirement (pytest, met by this interpreter's site) is there either way."""
+    import subprocess
+    import sys
+
+    from carry.evidence import proofenv
+
+    req = tmp_path / "requirements.txt"
+    req.write_text("pytest\n")
+    dest, python = tmp_path / "env", tmp_path / "env" / "bin" / "python"
+    for own, ensurepip in (((23, 2), False), ((22, 3), False), ((22, 2), True), (None, True)):
+        monkeypatch.setattr(proofenv, "_own_pip", lambda own=own: own)
+        venv, pip = proofenv.build_commands(dest, python)
+        assert ("--without-pip" not in venv) == ensurepip, (own, venv)
+        assert pip == ([str(python), "-m", "pip"] if ensurepip else [sys.executable, "-m", "pip", "--python", str(python)])
+    monkeypatch.undo()
+    assert proofenv._own_pip() >= proofenv.PIP_PYTHON_OPTION, "this test's Python takes the --without-pip way"
+    built = {}
+    for way, own in (("own pip", None), ("this pip", proofenv._own_pip())):
+        monkeypatch.setattr(proofenv, "_own_pip", lambda own=own: own)
+        env_python = proofenv.ensure(req, tmp_path / way)
+        has_pip = subprocess.run([str(env_python), "-c", "import pip, sys; print(pip.__file__.startswith(sys.prefix))"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        got = subprocess.run([str(env_python), "-c", "import pytest; print(pytest.__version__)"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        built[way] = (has_pip, got)
+    import pytest as here
+
+    assert built == {"own pip": ("True", here.__version__), "this pip": ("False", here.__version__)}, built
+
+
 def test_a_conflict_names_who_wants_what(tmp_path, monkeypatch):
     """Offline, a pin that no wheel beside the host's packages can satisfy: the error says which
     packages want which versions of what (before: only pip's last lines, "ResolutionImpossible",

@@ -20,6 +20,7 @@ import it.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 import site
@@ -77,15 +78,55 @@ def ensure(req: Path, cache: Path) -> Path:
         t0 = time.monotonic()
         progress.say(f"building the proof environment {dest.name} from {req.name} (once; later runs reuse it)")
         # A venv records its own path, so it is built where it stays; COMPLETE marks it usable.
-        run([sys.executable, "-m", "venv", str(dest)])
+        venv, pip = build_commands(dest, python)
+        run(venv)
         _see_parent_sites(dest, python, parents)
-        res = run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+        res = run([*pip, "install", "--disable-pip-version-check", "--no-input",
                    "--progress-bar", "off", "-r", str(req)], check=False, env={**os.environ, "PIP_REQUIRE_VIRTUALENV": "1"})
         if not res.ok:
             shutil.rmtree(dest, ignore_errors=True)
             raise _build_failed(req, res.stdout + "\n" + res.stderr)  # pip puts the conflict's causes on stdout
         (dest / COMPLETE).write_text(f"built from {req} in {time.monotonic() - t0:.0f}s\n")
     return python
+
+
+# pip's --python (pip >= 22.3): this interpreter's pip installs into another interpreter's environment.
+PIP_PYTHON_OPTION = (22, 3)
+
+
+def _own_pip() -> tuple[int, ...] | None:
+    """The version of the pip this interpreter runs as ``python -m pip``, or None where it has none."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("pip")
+    except metadata.PackageNotFoundError:
+        return None
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or None
+
+
+def build_commands(dest: Path, python: Path) -> tuple[list[str], list[str]]:
+    """How the environment at ``dest`` is made, and the pip command that installs into it.
+
+    Where this interpreter has a pip that takes ``--python``, the environment gets no pip of its own
+    (``--without-pip``) and this interpreter's pip installs into it: ``ensurepip`` installing a pip
+    into every new environment was most of a build's time (measured on 2 cores, the environment of
+    one small wheel: 7.1 s and 4.9 s of CPU with it, 1.9 s and 1.1 s of CPU without). pip
+    runs inside the environment's interpreter either way, so it sees and resolves against what
+    the environment sees (its own site, then the parent sites of ``_see_parent_sites``). Else
+    (no pip here, or one too old), the environment gets its own pip, as it always did.
+    """
+    own = _own_pip()
+    if own is not None and own >= PIP_PYTHON_OPTION:
+        return ([sys.executable, "-m", "venv", "--without-pip", str(dest)],
+                [sys.executable, "-m", "pip", "--python", str(python)])
+    return [sys.executable, "-m", "venv", str(dest)], [str(python), "-m", "pip"]
 
 
 def parent_sites() -> list[str]:

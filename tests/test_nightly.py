@@ -667,11 +667,6 @@ def _remove_deep(top: Path) -> None:
 NRL_CASE_LOGS = sorted((ROOT / "integration" / "h200").glob("*/runs.json"))
 
 
-def _copy_recorded(rec: Path, name: str, dest: Path) -> None:
-    """REC/NAME into DEST, from NAME.gz where the evidence keeps it gzipped."""
-    (dest / name).write_text(read_recorded(rec / name))
-
-
 def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness(tmp_path):
     """NeMo-RL's GRPO cases from the H200 (integration/h200/<day>/runs.json), judged again from their
     files by today's harness: each as its entry expects, a red one red for its own reason (the
@@ -696,7 +691,7 @@ def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness(tmp_path):
             raw = rec / "script-metrics.json" if (rec / "script-metrics.json").exists() else rec / "metrics.json"
             shutil.copy2(raw, d / "script-metrics.json")
             for name in ("run.log", "case.log", "exit_status"):
-                _copy_recorded(rec, name, d)
+                (d / name).write_text(read_recorded(rec / name))   # from NAME.gz where the evidence gzipped it
             if case.refit_check or case.validation:
                 learning.merge_metrics(d, 2, refit=case.refit_check, tensors=learning.model_tensors(case),
                                        last_step=casing.configured_steps(case))
@@ -711,9 +706,10 @@ def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness(tmp_path):
             # reason it is red: the replay must find that reason and no other.
             assert got["observed"] == run["expect"], (run["dir"], got["reasons"], got["red_by_missing"])
             assert got["as_expected"] is run.get("as_expected", True), (run["dir"], got["reasons"])
-            if "red_only_by" in run:
-                assert [r.split(":", 1)[0] for r in got["reasons"]] == [f"gate {g}" for g in run["red_only_by"]], \
-                    (run["dir"], got["reasons"])
+            if "red_only_by" in run:   # each named gate failed, and nothing else is a reason
+                failed = [f"gate {g}: {got['gates'][g]['detail']}" for g in run["red_only_by"]
+                          if not got["gates"][g]["ok"]]
+                assert got["reasons"] == failed and len(failed) == len(run["red_only_by"]), (run["dir"], got["reasons"])
             if run["expect"] == "green" and casing.CASES[run["case"]].refit_check:
                 assert got["step_markers"]["missing"] == [] and len(got["steps_run"]) >= 4, got
             seen.add((run["case"], run["expect"]))

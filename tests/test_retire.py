@@ -78,11 +78,11 @@ def test_verdicts_and_evidence(history):
     assert v["reverted"]["disagreements"], "link says landed, the proof says the bug is back: reported"
     assert (v["plain"]["verdict"], v["plain"]["text"], v["plain"]["behaviour"]) == ("needed", "applies", "fail")
     assert doc["written"] is False
-    # Every proof run forked from a zygote, as prove's do (on a host where torch sees no CUDA device): the
-    # imports no tree provides are paid once a retire, not once a proof.
+    # Every proof run forked from a zygote, as prove's do: the imports no tree provides are paid once a retire,
+    # not once a proof. Where torch sees a CUDA device no run forks (README, "A zygote per prove").
     import torch
-    if not torch.cuda.is_available():
-        assert {pid: p["via"] for pid, p in v.items()} == {pid: ["zygote"] for pid in v}, v
+    way = "fresh" if torch.cuda.is_available() else "zygote"
+    assert {pid: p["via"] for pid, p in v.items()} == {pid: [way] for pid in v}, v
     # before the revert, the merged patch is landed by text, link and behaviour
     out1 = history["tmp"] / "r1.json"
     retire(history, history["v1"], "--json", out1, check=0)

@@ -20,8 +20,8 @@ import it.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
+import re
 import shutil
 import site
 import sys
@@ -102,13 +102,8 @@ def _own_pip() -> tuple[int, ...] | None:
         version = metadata.version("pip")
     except metadata.PackageNotFoundError:
         return None
-    parts = []
-    for piece in version.split(".")[:2]:
-        digits = "".join(itertools.takewhile(str.isdigit, piece))
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts) or None
+    m = re.match(r"(\d+)(?:\.(\d+))?", version)   # "24.0", "23.3.1", "25.1.dev0"
+    return (int(m[1]), int(m[2] or 0)) if m else None
 
 
 def build_commands(dest: Path, python: Path) -> tuple[list[str], list[str]]:

@@ -290,8 +290,7 @@ def prove(series: Series, workdir: Path, only: list[str] | None, timeout: float,
             zygote.wait_all(zygotes)
             _run_pairs(series, pairs, timeout, log_dir, cache, zygotes, tmpd, report, fresh)
         finally:
-            for z in zygotes.values():
-                z.close()
+            zygote.close_all(zygotes)
     report.ok = all(r.ok is not False for r in report.proofs) and not report.errors and not report.all_skipped
     return report
 
@@ -319,10 +318,16 @@ def start_zygotes(series: Series, pythons: dict[str, list[Path]], scratch: Path,
     return zygote.start_all(pythons, scratch, _tree_tops(roots), series.root / "proofs", roots)
 
 
+def import_roots(series: Series, trees: dict[str, Path]) -> list[Path]:
+    """Each tree's import root (upstream name -> tree), where the tree has one."""
+    return [tree / series.upstream(name).python_path for name, tree in trees.items()
+            if (tree / series.upstream(name).python_path).is_dir()]
+
+
 def _tree_roots(series: Series, wd: WorkDir, state) -> list[Path]:
     """Each applied tree's import root (its workspace at the patched head)."""
-    return [wd.workspace(up.name) / up.python_path for up in series.upstreams
-            if state.record(up.name) is not None and (wd.workspace(up.name) / up.python_path).is_dir()]
+    return import_roots(series, {up.name: wd.workspace(up.name) for up in series.upstreams
+                                 if state.record(up.name) is not None})
 
 
 def _tree_tops(roots: list[Path]) -> set[str]:

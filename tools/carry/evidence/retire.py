@@ -36,7 +36,7 @@ from ..workspace.am import am_each, older_bases
 from ..workspace.apply import Options, apply_series
 from ..workspace.workdir import WorkDir
 from . import zygote
-from .prove import extract, proof_pythons, run_proof, start_zygotes
+from .prove import extract, import_roots, proof_pythons, run_proof, start_zygotes
 
 
 @dataclass
@@ -179,22 +179,19 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
         # The proofs fork from a zygote per interpreter, as prove's do (carry.evidence.zygote): the imports no
         # tree provides (torch, and Megatron-Bridge's third-party stack) are paid once, not once per proof.
         zygotes = start_zygotes(series, proof_pythons(series, [f for p in mine for f in p.proofs], cache), tmpd,
-                                [t / series.upstream(u).python_path for u, t in trees.items()
-                                 if (t / series.upstream(u).python_path).is_dir()])
+                                import_roots(series, trees))
         try:
             zygote.wait_all(zygotes)
             for p in mine:
                 applied = seq.get(p.id)
                 text, ev = _text_signal(series, p, base.repo, tmpd, applied.status if applied else "failed",
                                         range_ids, applied.detail if applied and applied.status == "failed" else "")
-                via: list[str] = []
-                behaviour = _behaviour(series, p, trees, timeout, ev, cache, zygotes, via)
+                behaviour, via = _behaviour(series, p, trees, timeout, ev, cache, zygotes)
                 link = link_signal(p, new_commit, history, ev)
                 verdict, candidate, dis = _decide(text, behaviour, link)
                 rep.patches.append(Verdict(p.id, verdict, text, behaviour, link, candidate, ev, dis, via))
         finally:
-            for z in zygotes.values():
-                z.close()
+            zygote.close_all(zygotes)
     landed = [v.id for v in rep.patches if v.verdict == "landed" and (accept_candidates or not v.candidate)]
     if write:
         _write(series, new_up, landed, rep, cache, source)
@@ -202,22 +199,19 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
 
 
 def _behaviour(series: Series, p: PatchMeta, trees: dict[str, Path], timeout: float, ev: list[str],
-               cache: Path, zygotes: dict[str, zygote.Zygote], via: list[str]) -> str:
-    """All of a patch's proofs on the new base: any crash -> error, any fail -> fail, a pass -> pass. How each
-    run started goes to ``via``."""
+               cache: Path, zygotes: dict[str, zygote.Zygote]) -> tuple[str, list[str]]:
+    """All of a patch's proofs on the new base: any crash -> error, any fail -> fail, a pass -> pass; and how
+    each run started (zygote | fresh)."""
     if not p.proofs:
-        return "no-proof"
-    results = []
+        return "no-proof", []
+    results, via = [], []
     for proof in p.proofs:
         progress.say(f"{p.id}: {proof} on the new base")
         out = run_proof(series, p, trees, timeout, proof=proof, cache=cache, zygotes=zygotes)
         ev.append(f"behaviour: {proof} {out.result} on the new base ({out.detail})")
         via.append(out.via)
         results.append(out.result)
-    for kind in ("error", "fail", "pass"):
-        if kind in results:
-            return kind
-    return "skipped"
+    return next((kind for kind in ("error", "fail", "pass") if kind in results), "skipped"), via
 
 
 def _other_trees(series: Series, name: str, workdir: Path | None, cache: Path, tmpd: Path,

@@ -243,6 +243,11 @@ def wait_all(zygotes: dict[str, Zygote]) -> None:
             for z in zygotes.values() if z.forks_safely) + ")")
 
 
+def close_all(zygotes: dict[str, Zygote]) -> None:
+    for z in zygotes.values():
+        z.close()
+
+
 def wanted() -> bool:
     """Whether this platform can fork proofs from a zygote at all (fork and Unix sockets)."""
     return hasattr(os, "fork") and hasattr(socket, "AF_UNIX") and sys.platform != "darwin"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fakeup import make_demo
+from fakeup import copy_demo, make_demo
 from helpers import ROOT, tool
 
 
@@ -60,10 +60,22 @@ def mcore_tree(gtp_work) -> Path:
     return gtp_work / "megatron-lm"
 
 
+@pytest.fixture(scope="session")
+def demo_made(tmp_path_factory) -> dict:
+    """fakeup.make_demo, once per session (per xdist worker), in an environment like _isolated_env's:
+    each test's demo is a copy of it (fakeup.copy_demo), never it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+        mp.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+        mp.setenv("GIT_CONFIG_NOSYSTEM", "1")
+        return make_demo(tmp_path_factory.mktemp("demo-made"))
+
+
 @pytest.fixture
-def demo(tmp_path):
-    """Upstream v0 and v1, four patches written against v0, a series pinned at v0 (fakeup.make_demo)."""
-    return make_demo(tmp_path)
+def demo(tmp_path, demo_made):
+    """Upstream v0 and v1, four patches written against v0, a series pinned at v0 (fakeup.make_demo),
+    in the test's tmp_path: a copy of the session's (about 0.2 s of git a test, made once instead)."""
+    return copy_demo(demo_made, tmp_path)
 
 
 

@@ -96,6 +96,15 @@ def set_proof(series_dir: Path, pid: str, proof: str) -> None:
     toml.write_text("[[patches]]".join(blocks))
 
 
+# The demo's patches: id -> (file, its changes on v0).
+DEMO_FILES = {
+    "clean": ("megatron-lm/0001-clean.patch", [("megatron/core/alpha.py", 5, "value_5 = 'patched'\n")]),
+    "threeway": ("megatron-lm/0002-threeway.patch", [("megatron/core/beta.py", 10, "value_10 = 'patched'\n")]),
+    "upstreamed": ("megatron-lm/0003-upstreamed.patch", [("megatron/core/gamma.py", 20, "value_20 = 'fixed'\n")]),
+    "conflict": ("megatron-lm/0004-conflict.patch", [("megatron/core/delta.py", 15, "value_15 = 'ours'\n")]),
+}
+
+
 def make_demo(tmp_path: Path) -> dict:
     """Upstream v0 and v1, four patches written against v0, a series pinned at v0.
 
@@ -104,29 +113,42 @@ def make_demo(tmp_path: Path) -> dict:
     up = make_upstream(tmp_path)
     v0 = Git(up).head()
     sdir = tmp_path / "patches" / "demo"
-    files = {
-        "clean": ("megatron-lm/0001-clean.patch", [("megatron/core/alpha.py", 5, "value_5 = 'patched'\n")]),
-        "threeway": ("megatron-lm/0002-threeway.patch", [("megatron/core/beta.py", 10, "value_10 = 'patched'\n")]),
-        "upstreamed": ("megatron-lm/0003-upstreamed.patch", [("megatron/core/gamma.py", 20, "value_20 = 'fixed'\n")]),
-        "conflict": ("megatron-lm/0004-conflict.patch", [("megatron/core/delta.py", 15, "value_15 = 'ours'\n")]),
-    }
-    for pid, (rel, changes) in files.items():
+    for pid, (rel, changes) in DEMO_FILES.items():
         make_patch(up, v0, changes, f"demo: {pid} change", sdir / rel)
     # v1: upstream moves on: context near 'threeway', the 'upstreamed' fix, a clash with 'conflict'.
     edit(up, "megatron/core/beta.py", 8, "value_8 = 'upstream v1'\n")
     edit(up, "megatron/core/gamma.py", 20, "value_20 = 'fixed'\n")
     edit(up, "megatron/core/delta.py", 15, "value_15 = 'theirs'\n")
     v1 = Git(up).commit_all("upstream v1")
+    demo = _demo_at(tmp_path, v0, v1)
+    demo["write_series"](v0)
+    return demo
+
+
+def copy_demo(made: dict, tmp_path: Path) -> dict:
+    """What ``make_demo(tmp_path)`` makes, copied from the demo ``made`` (that make_demo made
+    elsewhere and nothing has changed since) instead of made again: the same files byte for byte,
+    so the same commits (the tool commits with a fixed identity and date); git's index (its record
+    of the files' inodes and times) is refreshed for the copy's files, as make_demo's commit left
+    it for its own. ``made`` itself is not touched."""
+    import shutil
+
+    shutil.copytree(made["tmp"], tmp_path, symlinks=True, dirs_exist_ok=True)
+    Git(tmp_path / "upstream")("update-index", "-q", "--refresh")
+    return _demo_at(tmp_path, made["v0"], made["v1"])
+
+
+def _demo_at(tmp_path: Path, v0: str, v1: str) -> dict:
+    up, sdir = tmp_path / "upstream", tmp_path / "patches" / "demo"
 
     def write_series(commit: str, ids=("clean", "threeway", "upstreamed", "conflict")):
-        entries = [patch_entry(pid, files[pid][0]) for pid in ids]
+        entries = [patch_entry(pid, DEMO_FILES[pid][0]) for pid in ids]
         (sdir / "series.toml").write_text(series_toml(commit, "https://example.invalid/upstream.git", entries))
-        for pid, (rel, _) in files.items():  # unlisted files would be orphans for lint
+        for pid, (rel, _) in DEMO_FILES.items():  # unlisted files would be orphans for lint
             if pid not in ids and (sdir / rel).exists():
                 (sdir / rel).unlink()
         return sdir
 
-    write_series(v0)
     return {"up": up, "v0": v0, "v1": v1, "series": sdir, "write_series": write_series,
             "work": tmp_path / "work", "cache": tmp_path / "cache", "tmp": tmp_path}
 

@@ -39,12 +39,12 @@ NASTY = "-x with space/it's $1 & more"
 
 
 @pytest.fixture
-def d(tmp_path, monkeypatch):
-    from fakeup import make_demo
+def d(tmp_path, monkeypatch, demo_made):
+    from fakeup import copy_demo
 
     root = tmp_path / NASTY
     root.mkdir(parents=True)
-    demo = make_demo(root)
+    demo = copy_demo(demo_made, root)
     # The person who runs the hints has a git identity (HOME is isolated here, without one).
     for who in ("AUTHOR", "COMMITTER"):
         monkeypatch.setenv(f"GIT_{who}_NAME", "A Person")

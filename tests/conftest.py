@@ -11,6 +11,24 @@ from fakeup import copy_demo, make_demo
 from helpers import ROOT, tool
 
 
+def pytest_configure(config):
+    """The tool's own bytecode (tools/**/__pycache__, which git ignores), compiled once before the
+    tests start, where an installed package has it. The tests start the tool some 900
+    times (tools/<verb>.py, each importing some 30 of carry's modules); where the environment sets
+    PYTHONDONTWRITEBYTECODE, no run writes the bytecode it compiled, so every run compiled those
+    modules again from source (measured: 31% of the user CPU time of tests/test_hints.py,
+    test_failures.py and test_apply_git.py, which run little but the tool). Only the tool's own
+    modules: the proofs' trees and patches/ keep none (carry.evidence.prove's PROOF_ENV), and the
+    README's walkthrough runs a clone of the tracked files, without it, as a fresh clone is.
+    compileall rewrites what is stale (a changed source); the controller does it, before any
+    worker starts."""
+    if hasattr(config, "workerinput"):
+        return
+    import compileall
+
+    compileall.compile_dir(ROOT / "tools", quiet=2)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """The slow tests first (with -n, the longest, the zygote/fresh comparison, then runs beside

@@ -468,3 +468,105 @@ def test_a_proofs_pristine_run_has_the_patches_it_requires(gtp_work, tmp_path):
     for dep in ("mlm-pg-collection", "mlm-inference-pg"):   # applied: they reverse-apply
         Git(tree)("apply", "--check", "-R", str(series.patch_path(series.patch(dep)).resolve()))
     Git(tree)("apply", "--check", str(series.patch_path(plan).resolve()))   # its own is not
+
+
+# -- one tree skipped or erred, parts of a run skipped: never green --------------------------------
+# Skips on the pristine base, passes patched: it never showed the bug.
+SKIPS_ON_PRISTINE = '''
+import pytest
+import megatron.core.alpha as alpha
+
+PRISTINE_FAILS = r"^AssertionError"
+
+
+def test_value_5_is_patched():
+    if alpha.value_5 != "patched":
+        pytest.skip("not patched here")
+    assert alpha.value_5 == "patched"
+'''
+# Red on the pristine base, skipped patched: it never showed the fix.
+SKIPS_PATCHED = '''
+import pytest
+import megatron.core.beta as beta
+
+PRISTINE_FAILS = r"^AssertionError: assert .*'patched'"
+
+
+def test_value_10_is_patched():
+    if beta.value_10 == "patched":
+        pytest.skip("patched here")
+    assert beta.value_10 == "patched"
+'''
+# Red on the pristine base, a fixture error patched: the patched run says nothing (environment).
+ERRS_PATCHED = '''
+import pytest
+import megatron.core.gamma as gamma
+
+PRISTINE_FAILS = r"^AssertionError: assert .*'fixed'"
+
+
+@pytest.fixture
+def value():
+    if gamma.value_20 == "fixed":
+        raise RuntimeError("the fixture could not set up on the patched tree")
+    return gamma.value_20
+
+
+def test_value_20_is_fixed(value):
+    assert value == "fixed"
+'''
+# One test passes and one skips on both trees: the run passed (it proves nothing), it did not skip.
+PASSES_AND_SKIPS = '''
+import pytest
+import megatron.core.delta as delta
+
+
+def test_value_1():
+    assert delta.value_1 == 1
+
+
+@pytest.mark.skip(reason="not here")
+def test_elsewhere():
+    assert False
+'''
+
+
+def test_a_proof_skipped_or_erred_on_one_tree_or_partly_skipped_is_never_green(demo, tmp_path):
+    """Red/green needs a red body on pristine and a pass patched: a skip on either tree is neither, an error
+    on the patched tree is no evidence (an error, exit 2 alone), and a run where one test passed and one
+    skipped passed (a proof that proves nothing), not skipped."""
+    add_proofs(demo["series"], {"skips_pristine": SKIPS_ON_PRISTINE, "skips_patched": SKIPS_PATCHED,
+                                "errs_patched": ERRS_PATCHED, "passes_skips": PASSES_AND_SKIPS},
+               {"clean": "skips_pristine", "threeway": "skips_patched", "upstreamed": "errs_patched",
+                "conflict": "passes_skips"}, SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    out = tmp_path / "all.json"
+    tool("prove", "--series", demo["series"], "--workdir", demo["work"], "--json", out, check=1)
+    doc = read_json(out)
+    by = {r["id"]: r for r in doc["proofs"]}
+    got = {pid: (r["pristine"], r["patched"], r["ok"]) for pid, r in by.items()}
+    assert got == {"clean": ("skipped", "pass", False), "threeway": ("fail", "skipped", False),
+                   "upstreamed": ("fail", "error", None), "conflict": ("pass", "pass", False)}, got
+    assert "1 passed, 1 skipped" in by["conflict"]["pristine_detail"], by["conflict"]
+    assert doc["errors"] == ["upstreamed"] and doc["ok"] is False and doc["all_skipped"] is False, doc
+    # The error alone: not red/green is not what went wrong (exit 2), and the report is not ok.
+    out = tmp_path / "error.json"
+    tool("prove", "--series", demo["series"], "--workdir", demo["work"], "--only", "upstreamed", "--json", out,
+         check=2)
+    doc = read_json(out)
+    assert (doc["ok"], doc["errors"], doc["all_skipped"]) == (False, ["upstreamed"], False), doc
+    # Skipped on the patched tree alone: red on pristine is no skip, the prove did not skip every proof.
+    out = tmp_path / "skipped-patched.json"
+    tool("prove", "--series", demo["series"], "--workdir", demo["work"], "--only", "threeway", "--json", out,
+         check=1)
+    assert (read_json(out)["ok"], read_json(out)["all_skipped"]) == (False, False), read_json(out)
+
+
+def test_a_skipped_proof_beside_a_red_green_one_leaves_the_prove_ok(proved, tmp_path):
+    """Not every proof skipped: the good one's red/green stands, the prove is ok and exits 0."""
+    out = tmp_path / "prove.json"
+    tool("prove", "--series", proved["series"], "--workdir", proved["work"], "--only", "clean,conflict",
+         "--json", out, check=0)
+    doc = read_json(out)
+    assert [(r["id"], r["ok"]) for r in doc["proofs"]] == [("clean", True), ("conflict", None)], doc
+    assert (doc["ok"], doc["all_skipped"], doc["errors"]) == (True, False, []), doc

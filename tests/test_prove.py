@@ -570,3 +570,93 @@ def test_a_skipped_proof_beside_a_red_green_one_leaves_the_prove_ok(proved, tmp_
     doc = read_json(out)
     assert [(r["id"], r["ok"]) for r in doc["proofs"]] == [("clean", True), ("conflict", None)], doc
     assert (doc["ok"], doc["all_skipped"], doc["errors"]) == (True, False, []), doc
+
+
+# -- PRISTINE_FAILS per test ---------------------------------------------------------------------
+# Names one failing test; another, which it does not name, fails on the pristine base too.
+DICT_UNNAMED_FAILS = '''
+import megatron.core.alpha as alpha
+
+PRISTINE_FAILS = {"test_value_5_is_patched": r"^AssertionError: assert .*'patched'"}
+
+
+def test_value_5_is_patched():
+    assert alpha.value_5 == "patched"
+
+
+def test_value_5_is_not_5():
+    assert alpha.value_5 != 5
+'''
+# Only the test it counts for nothing (None) fails on the pristine base: nothing showed the bug.
+DICT_ONLY_NONE_FAILS = '''
+import megatron.core.beta as beta
+
+PRISTINE_FAILS = {"test_what_the_patch_adds": None, "test_value_1": r"^AssertionError"}
+
+
+def test_what_the_patch_adds():
+    assert beta.value_10 == "patched"
+
+
+def test_value_1():
+    assert beta.value_1 == 1
+'''
+# Both fail on the pristine base: the named one as declared, the other counted for nothing: red/green.
+DICT_NAMED_AND_NONE_FAIL = '''
+import megatron.core.gamma as gamma
+
+PRISTINE_FAILS = {"test_value_20_is_fixed": r"^AssertionError: assert .*'fixed'", "test_what_the_patch_adds": None}
+
+
+def test_value_20_is_fixed():
+    assert gamma.value_20 == "fixed"
+
+
+def test_what_the_patch_adds():
+    assert gamma.value_20 == "fixed", "not there yet"
+'''
+# Its body dies on the pristine base (no exception to compare with what it declares).
+DIES_ON_PRISTINE = '''
+import os
+import megatron.core.delta as delta
+
+PRISTINE_FAILS = r"^AssertionError"
+
+
+def test_value_15_is_ours():
+    if delta.value_15 != "ours":
+        os._exit(3)
+'''
+
+
+def test_a_red_counts_only_for_the_tests_pristine_fails_names(demo, tmp_path):
+    """A dict PRISTINE_FAILS: a failing test it does not name spoils the red; a red of only the tests it
+    counts for nothing (None) is no red; a named test red as declared beside a None one is red/green.
+    A body that died on pristine left no exception to compare with what the proof declares."""
+    add_proofs(demo["series"], {"unnamed": DICT_UNNAMED_FAILS, "only_none": DICT_ONLY_NONE_FAILS,
+                                "named_and_none": DICT_NAMED_AND_NONE_FAIL, "dies": DIES_ON_PRISTINE},
+               {"clean": "unnamed", "threeway": "only_none", "upstreamed": "named_and_none", "conflict": "dies"},
+               SERIES / "proofs" / "pytest.ini")
+    apply(demo, check=0)
+    _, by = _prove(demo, tmp_path, check=1)
+    got = {pid: (r["pristine"], r["patched"], r["ok"]) for pid, r in by.items()}
+    assert got == {"clean": ("fail", "pass", False), "threeway": ("fail", "pass", False),
+                   "upstreamed": ("fail", "pass", True), "conflict": ("fail", "pass", False)}, got
+    assert "in test_value_5_is_not_5, which its PRISTINE_FAILS does not name" in by["clean"]["pristine_detail"], by
+    assert "only tests its PRISTINE_FAILS counts for nothing failed" in by["threeway"]["pristine_detail"], by
+    assert "no test body failed with an exception to compare" in by["conflict"]["pristine_detail"], by
+
+
+def test_a_proofs_pristine_tree_has_what_it_requires_of_its_own_upstream_through_every_step():
+    """prerequisites: the requires of the requires too, and only those of the patch's own upstream (another
+    upstream's patch is already in that upstream's patched tree, and would not apply to this one)."""
+    from carry.evidence.pristine import prerequisites
+    from carry.series.repo import load_series
+    series = load_series("gtp")
+    layout = series.patch("nrl-refit-layout")
+    assert layout.requires == ("nrl-gtp-preflight",)   # which requires nrl-gtp-shim in turn
+    assert [p.id for p in prerequisites(series, layout)] == ["nrl-gtp-shim", "nrl-gtp-preflight"]
+    functional = series.patch("nrl-gtp-functional-test")
+    assert {series.patch(d).upstream for d in functional.requires} > {"nemo-rl"}
+    assert [p.id for p in prerequisites(series, functional)] == ["nrl-gtp-shim", "nrl-gtp-preflight",
+                                                                 "nrl-refit-layout"]

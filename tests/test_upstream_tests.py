@@ -112,10 +112,20 @@ TESTS = {
             assert beta.value_11 == 11
     """,
     "tests/unit_tests/test_delta.py": """
+        import os
         import megatron.core.delta as delta
 
         def test_a_value_the_patch_leaves():
             assert delta.value_1 == 1
+
+        if os.environ.get("PRISTINE_FLAKY_MARKER"):   # only the runs that ask have it
+            def test_flaky_on_the_pristine_base():
+                if delta.value_3 != "harmless":
+                    try:
+                        os.close(os.open(os.environ["PRISTINE_FLAKY_MARKER"], os.O_CREAT | os.O_EXCL))
+                    except FileExistsError:
+                        return
+                    raise AssertionError("the first run on the pristine base fails, no later one")
     """,
     "tests/unit_tests/test_gamma.py": """
         import megatron.core.gamma as gamma
@@ -331,7 +341,8 @@ def test_a_tests_source_that_lacks_the_commit_is_bad_input(up, tmp_path):
 # -- the verdict's own rules, each able to fail --------------------------------------------------
 @pytest.mark.parametrize("p,q,want", [
     ("passed", "failed", "regression"), ("skipped", "error", "regression"), ("passed", "crashed", "regression"),
-    ("passed", "skipped", "regression"), ("absent", "failed", "regression"), ("passed", "absent", "regression"),
+    ("passed", "skipped", "regression"), ("passed", "xfailed", "regression"), ("absent", "failed", "regression"),
+    ("passed", "absent", "regression"),
     ("failed", "passed", "fixed"), ("timeout", "passed", "fixed"), ("failed", "failed", "known-failure"),
     ("crashed", "timeout", "known-failure"), ("passed", "passed", "passed"), ("skipped", "skipped", "skipped"),
     ("absent", "passed", "new"), ("skipped", "passed", "changed"), ("not-run", "failed", "not-compared"),
@@ -538,6 +549,43 @@ def test_tests_a_budget_left_unrun_make_the_verdict_incomplete_not_green(up):
     report = read_json(up["tmp"] / "report.json")["upstreams"][0]
     assert report["status"] == "incomplete" and not report["ok"], report
     assert report["not_compared"] >= 1 and "not compared" in report["reason"], report
+
+
+def test_a_fix_with_no_regression_beside_it_is_run_again_and_bisected(up):
+    """A test the series turns green is checked as a regression is, with no regression in the run: run
+    again, bisected; one whose pristine failure does not happen again on the pristine base is flaky."""
+    marker = up["tmp"] / "pristine-flaky-marker"
+    proc, out = _run(up, "--nproc", "1", "--files", "tests/unit_tests/test_delta.py",
+                     env={"PRISTINE_FLAKY_MARKER": str(marker)})
+    report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+    rows = {r["id"].split("::")[-1]: r for r in read_json(out / "megatron-lm" / "result.json")["rows"]}
+    flaky = rows["test_flaky_on_the_pristine_base"]
+    assert (flaky["pristine"], flaky["patched"], flaky["category"]) == ("failed", "passed", "flaky"), flaky
+    assert "on the pristine base, then passed on the same base" in flaky["note"], flaky
+    assert [(b["id"].split("::")[-1], b["category"], b["changed"]) for b in report["bisect"]] == [
+        ("test_flaky_on_the_pristine_base", "flaky", False)], report["bisect"]
+    assert report["fixed"] == [] and report["flaky"][0]["id"] == flaky["id"] and report["ok"], report
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_test_not_compared_beside_passing_ones_is_never_green():
+    """The summary of a run where some tests passed on both sides and one was not reached: incomplete,
+    not ok, whatever passed."""
+    from carry.evidence.upstream.check import _summary
+    from carry.evidence.upstream.launch import SideResult
+    from carry.evidence.upstream.verdict import compare
+    ran = {f"tests/unit_tests/test_m.py::t{i}": Outcome("passed") for i in range(3)}
+    pristine = SideResult(outcomes=dict(ran))
+    patched = SideResult(outcomes={k: v for k, v in ran.items() if not k.endswith("t2")},
+                         not_run={"tests/unit_tests/test_m.py::t2": "the side's time budget ran out"})
+    rows = compare(pristine, patched)
+    got = _summary(rows, {"pristine": pristine, "patched": patched}, "tests/unit_tests", {})
+    assert (got["ok"], got["status"], got["not_compared"]) == (False, "incomplete", 1), got
+    assert got["counts"]["*"] == {"passed": 2, "not-compared": 1}, got["counts"]
+    assert "1 of 3 test(s) not compared" in got["reason"], got["reason"]
+    # the same run with every test reached is green
+    whole = _summary(compare(pristine, pristine), {"pristine": pristine, "patched": pristine}, "tests/unit_tests", {})
+    assert (whole["ok"], whole["status"]) == (True, "passed"), whole
 
 
 def test_the_te_site_is_on_every_launch_path_after_the_trees(up, tmp_path):

@@ -121,6 +121,66 @@ def test_write_does_nothing_when_the_rest_does_not_apply(history):
     assert (history["series"] / "megatron-lm/0001-verbatim.patch").exists()
 
 
+def test_a_proof_that_passes_where_the_patch_still_applies_is_only_a_candidate(history):
+    """Upstream fixes 'plain' its own way without touching the patch's lines: the proof passes on the new
+    base and the patch still applies. Landed, but a candidate: --write leaves it in the series unless
+    --accept-candidates. And a patch with two proofs, one red on the new base, is needed: the green one
+    does not outvote it."""
+    up, sdir = history["up"], history["series"]
+    with open(up / "megatron/core/delta.py", "a") as f:
+        f.write('value_15 = "patched"  # fixed upstream, another way\n')
+    v3 = Git(up).commit_all("upstream: fix delta its own way")
+    (sdir / "proofs/megatron_lm/test_reverted_also.py").write_text(
+        PROOF.format(mod="gamma", name="value_1", value=1))
+    toml = sdir / "series.toml"
+    one = 'proof = "proofs/megatron_lm/test_reverted.py"'
+    assert toml.read_text().count(one) == 1
+    toml.write_text(toml.read_text().replace(
+        one, 'proof = ["proofs/megatron_lm/test_reverted.py", "proofs/megatron_lm/test_reverted_also.py"]'))
+    out = history["tmp"] / "r.json"
+    res = retire(history, v3, "--write", "--json", out, check=0)
+    doc = read_json(out)
+    v = {p["id"]: p for p in doc["patches"]}
+    assert (v["plain"]["verdict"], v["plain"]["text"], v["plain"]["behaviour"], v["plain"]["candidate"]) == \
+        ("landed", "applies", "pass", True), v["plain"]
+    assert "a candidate, not a certainty" in " ".join(v["plain"]["disagreements"]), v["plain"]
+    assert (v["reverted"]["verdict"], v["reverted"]["behaviour"]) == ("needed", "fail"), v["reverted"]
+    assert doc["retired"] == ["verbatim", "different"] and "retired: verbatim, different;" in res.stdout, doc
+    text = toml.read_text()
+    assert 'id = "plain"' in text and 'id = "reverted"' in text and v3 in text, text
+    # accepted: the candidate is retired too
+    res = retire(history, v3, "--write", "--accept-candidates", "--json", out, check=0)
+    assert read_json(out)["retired"] == ["plain"], read_json(out)
+    assert 'id = "plain"' not in toml.read_text() and (sdir / "retired" / "plain" / "record.toml").exists()
+
+
+@pytest.mark.parametrize("text, behaviour, link, verdict, candidate, disagrees", [
+    # the proof could not run: no behaviour evidence, whatever the text and the link say
+    ("landed", "error", "landed", "unknown", False, True),
+    # the bug is gone upstream
+    ("landed", "pass", "n/a", "landed", False, False),
+    ("applies", "pass", "not-yet", "landed", True, True),   # fixed some other way: only a candidate
+    ("applies", "pass", "landed", "landed", False, False),
+    ("conflicts", "pass", "n/a", "landed", False, True),
+    # the bug is still there upstream
+    ("landed", "fail", "n/a", "needed", False, True),
+    ("applies", "fail", "landed", "needed", False, True),
+    ("applies", "fail", "n/a", "needed", False, False),
+    ("conflicts", "fail", "not-yet", "conflicts", False, False),
+    # no behaviour evidence (no proof, or a proof skipped here): the text and the link decide
+    ("landed", "no-proof", "n/a", "landed", False, False),
+    ("applies", "skipped", "landed", "landed", False, False),
+    ("conflicts", "skipped", "not-yet", "conflicts", False, False),
+    ("conflicts", "no-proof", "n/a", "conflicts", False, False),
+    ("applies", "no-proof", "not-yet", "needed", False, False),
+    ("n/a", "skipped", "not-yet", "unknown", False, False),
+])
+def test_each_way_the_evidence_can_fall_gives_its_verdict(text, behaviour, link, verdict, candidate, disagrees):
+    from carry.evidence.retire import _decide
+    got, cand, dis = _decide(text, behaviour, link)
+    assert (got, cand, bool(dis)) == (verdict, candidate, disagrees), (got, cand, dis)
+
+
 # The proof of 'plain' says when it runs, then waits: a kill then lands inside the proof runs,
 # well before the commit point, however fast the machine is (a fixed sleep raced the run).
 STALLS = '''

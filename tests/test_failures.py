@@ -153,6 +153,47 @@ def test_lint_catches_orphans_duplicates_cycles(demo):
     assert "link 'not a url' is not https://github.com/OWNER/REPO/pull/N" in err
 
 
+def _edit_entry(toml, pid: str, old: str, new: str) -> None:
+    blocks = toml.read_text().split("[[patches]]")
+    (i,) = [i for i, b in enumerate(blocks) if f'id = "{pid}"\n' in b]
+    assert blocks[i].count(old) == 1, (pid, old)
+    blocks[i] = blocks[i].replace(old, new)
+    toml.write_text("[[patches]]".join(blocks))
+
+
+def test_lint_names_each_entry_that_is_incomplete_or_inconsistent(demo):
+    """Each of lint's own rules on a patch entry, broken once: empty metadata, a status without the link
+    it needs, merged without merged_in, a proof not named like one, a proof file that is not there, two
+    patches with the same bytes. Each is named, the report is not ok, and lint exits 1."""
+    sdir = demo["series"]
+    toml = sdir / "series.toml"
+    no_proof = 'proof = "none: a demo patch, proven by the tests of the tool"'
+    _edit_entry(toml, "clean", 'owner = "tests"', 'owner = "  "')
+    _edit_entry(toml, "clean", 'status = "pending"', 'status = "backport"')
+    _edit_entry(toml, "threeway", 'status = "pending"',
+                'status = "submitted"\nlinks = ["https://github.com/NVIDIA/Megatron-LM/issues/12"]')
+    _edit_entry(toml, "threeway", no_proof, 'proof = "proofs/megatron_lm/check_threeway.py"')
+    _edit_entry(toml, "upstreamed", 'status = "pending"',
+                'status = "merged"\nlinks = ["https://github.com/NVIDIA/Megatron-LM/pull/12"]')
+    _edit_entry(toml, "upstreamed", no_proof, 'proof = "proofs/megatron_lm/test_not_there.py"')
+    (sdir / "megatron-lm/0004-conflict.patch").write_bytes((sdir / "megatron-lm/0001-clean.patch").read_bytes())
+    res = tool("lint", "--series", sdir, "--json", demo["tmp"] / "lint.json", check=1)
+    doc = read_json(demo["tmp"] / "lint.json")
+    got = sorted(f"{x['where']}: {x['message']}" for x in doc["problems"])
+    assert got == sorted([
+        "patch clean: owner is empty",
+        "patch clean: status backport needs an upstream link",
+        "patch threeway: status submitted needs a link to the pull request",
+        "patch threeway: proof 'proofs/megatron_lm/check_threeway.py' must look like "
+        "proofs/<dir>/test_<name>.py[::test_fn]",
+        "patch upstreamed: status merged needs merged_in (the upstream commit that has it)",
+        "patch upstreamed: proof file proofs/megatron_lm/test_not_there.py does not exist",
+        "patch conflict: same content as clean",
+    ]), got
+    assert doc["ok"] is False and "7 problem(s)" in res.stdout, (doc, res.stdout)
+    assert all(line in res.stderr for line in got), res.stderr
+
+
 def test_unreachable_source_names_the_override(demo):
     res = tool("apply", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"], check=1)
     assert "megatron-lm" in res.stderr and "--source megatron-lm=PATH" in res.stderr

@@ -588,6 +588,21 @@ def test_a_test_not_compared_beside_passing_ones_is_never_green():
     assert (whole["ok"], whole["status"]) == (True, "passed"), whole
 
 
+def test_a_run_where_no_test_passed_on_both_sides_is_an_error_never_passed():
+    """Known failures and skips alone, no regression: the run proves nothing about regressions. Its status
+    (what the nightly cell reads) is error, not passed. A rank's end record without an outcome is an error."""
+    from carry.evidence.upstream.check import _summary
+    from carry.evidence.upstream.launch import SideResult
+    from carry.evidence.upstream.verdict import compare
+    side = SideResult(outcomes={"tests/unit_tests/test_m.py::a": Outcome("failed", "AssertionError"),
+                                "tests/unit_tests/test_m.py::b": Outcome("skipped", "no GPU")})
+    got = _summary(compare(side, side), {"pristine": side, "patched": side}, "tests/unit_tests", {})
+    assert got["counts"]["*"] == {"known-failure": 1, "skipped": 1}, got["counts"]
+    assert (got["ok"], got["status"]) == (False, "error"), got
+    assert "no test passed on both sides" in got["reason"], got["reason"]
+    assert merge({"0": {"id": "t"}, "1": {"outcome": "passed"}}, 2).outcome == "error"
+
+
 def test_the_te_site_is_on_every_launch_path_after_the_trees(up, tmp_path):
     """--te-site (as for prove and the nightly) reaches the ranks: on each launch's path, after the
     trees under test, so a test that imports TransformerEngine finds it."""

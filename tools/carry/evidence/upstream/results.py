@@ -119,7 +119,7 @@ def merge(records: dict[str, dict], world: int) -> Outcome:
             break
     else:
         choice = "passed" if "passed" in outcomes else min(outcomes, key=ORDER.index)
-    first = next(rec for rank, rec in sorted(records.items()) if rec.get("outcome") == choice)
+    first = next(rec for rank, rec in sorted(records.items()) if by_rank[rank] == choice)
     return Outcome(choice, first.get("reason", ""), first.get("phase", ""),
                    max(float(r.get("seconds", 0) or 0) for r in records.values()), by_rank, world)
 

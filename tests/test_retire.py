@@ -154,6 +154,21 @@ def test_a_proof_that_passes_where_the_patch_still_applies_is_only_a_candidate(h
     assert 'id = "plain"' not in toml.read_text() and (sdir / "retired" / "plain" / "record.toml").exists()
 
 
+def test_a_change_upstream_made_in_other_context_is_landed_by_its_3way_apply(history):
+    """Upstream makes 'plain''s change and also edits a line of its context: the patch no longer
+    reverse-applies, but applying it 3-way finds the change already there. Landed by text, as by behaviour."""
+    from fakeup import edit
+    up = history["up"]
+    edit(up, "megatron/core/delta.py", 15, "value_15 = 'patched'\n")
+    edit(up, "megatron/core/delta.py", 18, "value_18 = 'upstream moved the context'\n")
+    v3 = Git(up).commit_all("upstream: plain's change, with its context moved")
+    out = history["tmp"] / "r.json"
+    retire(history, v3, "--json", out, check=0)
+    v = {p["id"]: p for p in read_json(out)["patches"]}["plain"]
+    assert (v["verdict"], v["text"], v["behaviour"], v["disagreements"]) == ("landed", "landed", "pass", []), v
+    assert "text: applying it on the new base (3-way) finds the change already there" in v["evidence"], v
+
+
 @pytest.mark.parametrize("text, behaviour, link, verdict, candidate, disagrees", [
     # the proof could not run: no behaviour evidence, whatever the text and the link say
     ("landed", "error", "landed", "unknown", False, True),

@@ -58,6 +58,40 @@ def test_apply_refuses_what_lint_refuses(demo, old, new, named):
     assert not demo["work"].exists()
 
 
+def _link_outside(demo):
+    """The listed patch file is a symbolic link to a copy outside the series folder."""
+    patch = demo["series"] / "megatron-lm" / "0001-clean.patch"
+    outside = demo["tmp"] / "elsewhere.patch"
+    shutil.copy(patch, outside)
+    patch.unlink()
+    patch.symlink_to(outside)
+
+
+def _other_folder(demo):
+    """The patch file sits in a folder of the series that is not its upstream's."""
+    (demo["series"] / "other").mkdir()
+    shutil.move(demo["series"] / "megatron-lm" / "0001-clean.patch", demo["series"] / "other" / "0001-clean.patch")
+    _set(demo, 'file = "megatron-lm/0001-clean.patch"', 'file = "other/0001-clean.patch"')
+
+
+def _requires_itself(demo):
+    _set(demo, 'id = "clean"', 'id = "clean"\nrequires = ["clean"]')
+
+
+@pytest.mark.parametrize("make,named", [
+    (_link_outside, "file megatron-lm/0001-clean.patch is a link to outside the series folder"),
+    (_other_folder, "file 'other/0001-clean.patch' must be megatron-lm/<name>.patch"),
+    (_requires_itself, "patch clean: requires itself"),
+], ids=["link-outside", "other-folder", "requires-itself"])
+def test_lint_and_apply_refuse_an_entry_that_one_rule_alone_catches(demo, make, named):
+    """Entries no other rule catches: lint reports them as bad configuration (exit 2), apply refuses them."""
+    make(demo)
+    lint = tool("lint", "--series", demo["series"], check=2)
+    assert named in lint.stderr, lint.stdout + lint.stderr
+    _refused(apply(demo), named, "tools/lint.py --series")
+    assert not demo["work"].exists()
+
+
 # -- issue 41 item 8: an id too long for the file names made from it --------------------------------
 def _long_id(demo, length: int) -> str:
     """Patch clean renamed to an id of ``length`` bytes, its proof the GOOD one (proofs/megatron_lm/test_good.py)."""

@@ -600,6 +600,12 @@ def test_case_summary_names_what_each_case_showed(tmp_path):
     d = _recorded(tmp_path, "off", rc=1, markers=(), err=1.0002, extra=fail + "\n")
     got = caserun.summarize(casing.CASES["gtp-off"], d, 1)
     assert got["observed"] == "green" and got["gate_value"] == 1.0002 and got["as_expected"]
+    # Every FAIL line of the control must quote a marker: the marker's FAIL beside one that quotes none
+    # (the run failed for its own reason too) is red, though its metric is there.
+    d = _recorded(tmp_path, "off-other-fail", rc=1, markers=(), err=1.0002,
+                  extra=fail + "\nFAIL: token_mult_prob_error is missing from the metrics\n")
+    other = caserun.summarize(casing.CASES["gtp-off"], d, 1)
+    assert other["observed"] == "red" and not other["as_expected"], other
     d = _recorded(tmp_path, "off2", rc=1, markers=(), err=None, extra="ValueError: boom\n")
     assert caserun.summarize(casing.CASES["gtp-off"], d, 1)["observed"] == "red"
     # Exit 1 with its metric but without the marker's FAIL line (a crash after the metrics) is red too.

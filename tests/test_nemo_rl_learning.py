@@ -535,3 +535,31 @@ def test_the_h200_run_at_lr_1e4_says_what_its_readme_says(which):
     assert list(zip(rewards, drift)) == table, (rewards, drift, table)
     assert rewards[-1] < 0.05 < 0.6 < rewards[0]   # the collapse
     assert re.findall(r"📊 Validation Results:\n\s+• Accuracy: ([\d.]+)", log) == ["0.6436"]
+
+
+def test_a_rank_without_step_marker_lines_is_red_even_when_the_merged_gates_hold(tmp_path):
+    """The step markers judge the log on their own: a run whose metrics were merged for one rank (every
+    harness gate then holds) but whose second rank printed no refit-check line is red, by the markers."""
+    from harness.host import caserun
+    d = _run(tmp_path, "one-rank-merged", ranks=1)   # merged for the one rank that spoke: unverified 0
+    got = caserun.summarize(casing.CASES["learning"], d, 0)
+    assert all(g["ok"] for g in got["gates"].values()), got["gates"]
+    assert got["step_markers"]["missing"], got["step_markers"]
+    assert got["observed"] == "red" and not got["as_expected"], got
+    assert any("on rank 1" in r for r in got["reasons"]), got["reasons"]
+
+
+def test_a_recorded_run_cut_short_is_red_by_its_configured_step_count(tmp_path):
+    """A learning run recorded before the held-out validation (judged without the learning gate) that
+    stopped after 5 of its 6 configured steps, every series consistent up to there: red, by the count
+    the case configures (grpo.max_num_steps=6), not green by the steps its series happen to show."""
+    from harness.host import caserun
+    recorded = [a for a in casing.script_args(casing.CASES["learning"], "/m", "/d.jsonl", "/ck", "/v.jsonl")
+                if a != "grpo.val_at_start=true"]
+    case = casing.as_recorded("learning", recorded)
+    assert not case.validation and casing.configured_steps(case) == 6
+    whole = caserun.summarize(case, _run(tmp_path, "six", accuracy=None), 0)
+    assert whole["observed"] == "green", whole["reasons"]
+    cut = caserun.summarize(case, _run(tmp_path, "five", steps=5, accuracy=None), 0)
+    assert cut["observed"] == "red", cut
+    assert any(r.startswith("gated steps: ") and "configured for 6 steps" in r for r in cut["reasons"]), cut["reasons"]

@@ -563,3 +563,18 @@ def test_a_recorded_run_cut_short_is_red_by_its_configured_step_count(tmp_path):
     cut = caserun.summarize(case, _run(tmp_path, "five", steps=5, accuracy=None), 0)
     assert cut["observed"] == "red", cut
     assert any(r.startswith("gated steps: ") and "configured for 6 steps" in r for r in cut["reasons"]), cut["reasons"]
+
+
+def test_a_silent_rank_leaves_every_tensor_unverified_by_the_gate_itself(tmp_path):
+    """Two ranks ran and only rank 0 printed its refit-check lines: the unverified-tensors gate fails on its
+    own (every tensor of every step counts), not only the step markers."""
+    from harness.host import caserun
+    log = "".join(f"[refit-check] step {s}: 170 of 170 tensors equal on rank 0\n" for s in (1, 2))
+    got = learning.harness_metrics(log, ["1", "2"], 2, 170)
+    assert got[learning.UNVERIFIED] == {"1": 170.0, "2": 170.0}
+    one = _run(tmp_path, "rank-0-alone", ranks=1)
+    learning.merge_metrics(one, 2, tensors=170, last_step=6)   # two GPUs ran
+    verdict = caserun.summarize(casing.CASES["learning"], one, 0)
+    gate = verdict["gates"][f'max(data["{learning.UNVERIFIED}"]) == 0']
+    assert not gate["ok"] and gate["value"] == 170.0, gate
+    assert verdict["observed"] == "red" and any(learning.UNVERIFIED in r for r in verdict["reasons"])

@@ -547,6 +547,8 @@ def test_a_rank_without_step_marker_lines_is_red_even_when_the_merged_gates_hold
     assert got["step_markers"]["missing"], got["step_markers"]
     assert got["observed"] == "red" and not got["as_expected"], got
     assert any("on rank 1" in r for r in got["reasons"]), got["reasons"]
+    # The missing lines are the case's errors too (case.json's first and last error name them).
+    assert got["last_error"].startswith("FAIL: no log line matches step marker") and "rank 1" in got["last_error"], got
 
 
 def test_a_recorded_run_cut_short_is_red_by_its_configured_step_count(tmp_path):
@@ -578,3 +580,15 @@ def test_a_silent_rank_leaves_every_tensor_unverified_by_the_gate_itself(tmp_pat
     gate = verdict["gates"][f'max(data["{learning.UNVERIFIED}"]) == 0']
     assert not gate["ok"] and gate["value"] == 170.0, gate
     assert verdict["observed"] == "red" and any(learning.UNVERIFIED in r for r in verdict["reasons"])
+
+
+def test_a_check_line_holding_a_line_separator_counts_for_nothing():
+    """A line another reader would split (a carriage return inside Ray's prefix) is ambiguous: the judge's
+    step markers ignore it, and so must the harness, which leaves its rank's tensors unverified."""
+    ambiguous = "(MegatronPolicyWorker[rank=0] pid=7\r) [refit-check] step 1: 170 of 170 tensors equal on rank 0\n"
+    plain = "[refit-check] step 1: 170 of 170 tensors equal on rank 1\n"
+    got = learning.harness_metrics(ambiguous + plain, ["1"], 2, 170)
+    assert got[learning.UNVERIFIED] == {"1": 170.0}, got
+    drift = "(MegatronPolicyWorker[rank=0] pid=7\u2028) [weight-change] step 1: rel_l2 1e-03, changed 5e-01 of 9 elements on rank 0\n"
+    moved = "[weight-change] step 1: rel_l2 1e-03, changed 5e-01 of 9 elements on rank 1\n"
+    assert learning.harness_metrics(drift + moved, ["1"], 2, 170)[learning.CHANGED] == {"1": 0.0}

@@ -592,3 +592,29 @@ def test_a_check_line_holding_a_line_separator_counts_for_nothing():
     drift = "(MegatronPolicyWorker[rank=0] pid=7\u2028) [weight-change] step 1: rel_l2 1e-03, changed 5e-01 of 9 elements on rank 0\n"
     moved = "[weight-change] step 1: rel_l2 1e-03, changed 5e-01 of 9 elements on rank 1\n"
     assert learning.harness_metrics(drift + moved, ["1"], 2, 170)[learning.CHANGED] == {"1": 0.0}
+
+
+def test_merging_again_reads_the_scripts_own_metrics_not_the_merged_ones(tmp_path):
+    """The harness series are computed from the raw files alone, every time: merged again for a run set for 7
+    steps (no validation at step 7), the gain the first merge computed is gone, and the case is red by it."""
+    from harness.host import caserun
+    d = _run(tmp_path, "remerged")
+    assert json.loads((d / "metrics.json").read_text())[casing.GAIN] == pytest.approx(0.12)
+    learning.merge_metrics(d, 2, tensors=170, last_step=7)
+    assert casing.GAIN not in json.loads((d / "metrics.json").read_text())
+    assert casing.GAIN not in json.loads((d / "script-metrics.json").read_text())
+    got = caserun.summarize(casing.CASES["learning"], d, 0)
+    assert got["observed"] == "red" and any(f"'{casing.GAIN}' is missing" in r for r in got["reasons"]), got["reasons"]
+
+
+def test_the_refit_check_line_is_the_pattern_of_the_learning_entrys_step_markers():
+    """cases.REFIT_CHECK_LINE (what the refit check prints, Ray's prefix allowed) and nightly.toml's step
+    markers of the learning entry are one rule: "169 of 170" matches neither."""
+    import re
+    from harness.host import caserun
+    marks = caserun.grpo_test(casing.LEARNING_TEST).step_markers
+    assert [casing.RAY_PREFIX + m.text for m in marks] == [
+        casing.REFIT_CHECK_LINE.replace(r"(?P<rank>\d+)", str(r)) for r in range(2)]
+    line = re.compile(casing.REFIT_CHECK_LINE)
+    assert line.fullmatch(RAY.format(r=1, pid=11) + "[refit-check] step 3: 170 of 170 tensors equal on rank 1")
+    assert not line.fullmatch("[refit-check] step 3: 169 of 170 tensors equal on rank 1")

@@ -678,3 +678,20 @@ def test_an_upstream_tests_cell_is_judged_from_its_report_and_never_green_withou
     assert judged("failed") == ("failed", "it says failed")
     assert judged("incomplete") == ("error", "it says incomplete")  # a verdict not given is never green
     assert judged("passed", "megatron-bridge")[0] == "error"  # another upstream's report is no report of this one
+
+
+def test_a_run_killed_by_a_signal_or_without_an_exit_status_fails_whatever_it_left():
+    """Every gate holds and every marker is there, but the process died of a signal (a negative exit status:
+    the OOM killer's -9) or left no exit status at all: failed, by its exit status."""
+    for rc in (-9, -11, None):
+        v = fn(good(), rc=rc)
+        assert v.status == "failed" and v.reason.startswith(f"exited {rc}"), (rc, v)
+
+
+def test_a_timed_out_run_fails_though_its_log_and_metrics_look_whole():
+    """A run cut at its time limit fails as timed out, even when what it wrote so far passes every gate
+    and shows every marker, and even when the launcher saw exit status 0."""
+    for rc in (0, None, -9):
+        v = judge(rc=rc, timed_out=True, text=GOOD_LOG, metrics=good(), gates=[parse_gate(TMPE)], markers=MARKERS,
+                  timeout_s=60)
+        assert v.status == "failed" and v.reason.startswith("timed out after 60s"), (rc, v)

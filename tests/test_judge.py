@@ -695,3 +695,13 @@ def test_a_timed_out_run_fails_though_its_log_and_metrics_look_whole():
         v = judge(rc=rc, timed_out=True, text=GOOD_LOG, metrics=good(), gates=[parse_gate(TMPE)], markers=MARKERS,
                   timeout_s=60)
         assert v.status == "failed" and v.reason.startswith("timed out after 60s"), (rc, v)
+
+
+def test_a_fail_line_in_the_tests_own_log_fails_the_run():
+    """The script's FAIL: line may reach only its own log (run.log), not the console: it fails the run all
+    the same, exit 0 and every marker notwithstanding."""
+    console = "launching the functional script\n"
+    own = GOOD_LOG + "FAIL: token_mult_prob_error 1.2 is above 1.05\n"
+    v = fn(good(), log=console, marker_text=own)
+    assert v.status == "failed" and "the run printed FAIL: token_mult_prob_error 1.2" in v.reason, v
+    assert fn(good(), log=console, marker_text=GOOD_LOG).status == "passed"

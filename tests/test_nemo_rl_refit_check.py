@@ -338,3 +338,20 @@ def test_the_wrapper_end_to_end_through_the_import_hook_on_two_gloo_ranks(tmp_pa
         assert changed[1] == 0.0 and all((changed[s] > 0) == moved for s in (2, 3, 4)), (rank, changed)
     if mutation == "corrupt-tensor":
         assert "negated in transit" in outs[0] and "decoder.layers.0.mlp.linear_fc1.weight:" in outs[0]
+
+
+def test_patching_a_module_twice_wraps_its_function_once():
+    """The hook may meet the worker module more than once (a re-import): a second patch must not wrap the
+    wrapper, which would count every refit twice (steps 2, 4, 6: every step marker of steps 1..N missed)."""
+    import types
+
+    def swap_model_weights(src_model, target_model, *args, **kwargs):
+        return "original"
+
+    module = types.ModuleType("fake_worker")
+    module.swap_model_weights = swap_model_weights
+    rc.patch(module)
+    once = module.swap_model_weights
+    assert once is not swap_model_weights and once.__wrapped__ is swap_model_weights and once.carry_refit_check
+    rc.patch(module)
+    assert module.swap_model_weights is once and module.CARRY_REFIT_CHECK_WRAPPED

@@ -618,3 +618,16 @@ def test_the_refit_check_line_is_the_pattern_of_the_learning_entrys_step_markers
     line = re.compile(casing.REFIT_CHECK_LINE)
     assert line.fullmatch(RAY.format(r=1, pid=11) + "[refit-check] step 3: 170 of 170 tensors equal on rank 1")
     assert not line.fullmatch("[refit-check] step 3: 169 of 170 tensors equal on rank 1")
+
+
+def test_the_unverified_count_is_the_worst_ranks(tmp_path):
+    """One rank shows every tensor equal, the other one tensor short: the step counts that rank's unverified
+    tensor, and the gate reading it fails (not only the step marker of the rank that fell short)."""
+    from harness.host import caserun
+    log = "[refit-check] step 1: 169 of 170 tensors equal on rank 0\n[refit-check] step 1: 170 of 170 tensors equal on rank 1\n"
+    got = learning.harness_metrics(log, ["1"], 2, 170)
+    assert got[learning.UNVERIFIED] == {"1": 1.0} and got[learning.EQUAL] == {"1": 169.0}, got
+    d = _run(tmp_path, "rank-0-short", equal=lambda step, rank: 169 if rank == 0 else 170)
+    verdict = caserun.summarize(casing.CASES["learning"], d, 0)
+    gate = verdict["gates"][f'max(data["{learning.UNVERIFIED}"]) == 0']
+    assert not gate["ok"] and gate["value"] == 1.0, gate

@@ -631,3 +631,23 @@ def test_the_unverified_count_is_the_worst_ranks(tmp_path):
     verdict = caserun.summarize(casing.CASES["learning"], d, 0)
     gate = verdict["gates"][f'max(data["{learning.UNVERIFIED}"]) == 0']
     assert not gate["ok"] and gate["value"] == 1.0, gate
+
+
+def test_the_drift_is_the_least_moved_ranks(tmp_path):
+    """At the last refit one rank's weights moved and the other's did not (its updates never reached what is
+    sent): the step's changed fraction is the still rank's 0, and the drift gate fails."""
+    from harness.host import caserun
+    log = ("[weight-change] step 1: rel_l2 1.0e-03, changed 5.0e-01 of 9 elements on rank 0\n"
+           "[weight-change] step 1: rel_l2 0.0e+00, changed 0.0e+00 of 9 elements on rank 1\n")
+    got = learning.harness_metrics(log, ["1"], 2, 170)
+    assert got[learning.CHANGED] == {"1": 0.0} and got[learning.DRIFT] == {"1": 0.0}, got
+    d = _run(tmp_path, "rank-1-still", changed=lambda rel, rank: f"{rel * 100:.6e}" if rank == 0 else "0.0e+00")
+    verdict = caserun.summarize(casing.CASES["learning"], d, 0)
+    gate = verdict["gates"][f'last(data["{learning.CHANGED}"]) > 1e-3']
+    assert not gate["ok"] and gate["value"] == 0.0, gate
+    assert verdict["observed"] == "red"
+
+
+def test_a_tie_between_lr_recipes_goes_to_the_first_listed():
+    assert learning.best_lr({"1e-5": 0.1, "3e-5": 0.1, "6e-5": 0.05}) == ("1e-5", 0.1)
+    assert learning.best_lr({"1e-5": 0.05, "3e-5": 0.1, "6e-5": 0.1}) == ("3e-5", 0.1)

@@ -651,3 +651,15 @@ def test_the_drift_is_the_least_moved_ranks(tmp_path):
 def test_a_tie_between_lr_recipes_goes_to_the_first_listed():
     assert learning.best_lr({"1e-5": 0.1, "3e-5": 0.1, "6e-5": 0.05}) == ("1e-5", 0.1)
     assert learning.best_lr({"1e-5": 0.05, "3e-5": 0.1, "6e-5": 0.1}) == ("3e-5", 0.1)
+
+
+def test_the_configured_steps_are_the_last_override_as_hydra_applies_them(tmp_path):
+    """Hydra applies overrides in order, the last wins: a case whose overrides set 2 steps and then 6 runs 6,
+    and a run of it that stopped after step 2 is red."""
+    from dataclasses import replace
+    from harness.host import caserun
+    case = replace(casing.CASES["learning"], overrides=("grpo.max_num_steps=2",) + casing.CASES["learning"].overrides)
+    assert casing.configured_steps(case) == 6
+    assert casing.configured_steps(replace(case, overrides=("grpo.max_num_steps=6", "grpo.max_num_steps=2"))) == 2
+    cut = caserun.summarize(replace(case, validation=False), _run(tmp_path, "two-of-six", steps=2, accuracy=None), 0)
+    assert cut["observed"] == "red" and any("configured for 6 steps" in r for r in cut["reasons"]), cut["reasons"]

@@ -693,3 +693,12 @@ def test_nightly_megatron_tree_runs_with_the_pinned_wheels_compiled_helper(mcore
     bridge = tmp_path / "bridge" / "src"
     (bridge / "megatron" / "bridge").mkdir(parents=True)
     assert caserun.with_compiled_parts(lay, bridge) == bridge      # not a megatron-core tree
+
+
+def test_a_run_that_exited_non_zero_names_its_exit_status_among_its_reasons(tmp_path):
+    """Gates and markers all hold, the run exited 1: red, and the exit status is the reason named (the
+    replay of committed cases reads the reasons)."""
+    d = _recorded(tmp_path, "exit1", rc=1, markers=(MARK_GTP, MARK_RESHARD), err=1.003)
+    got = caserun.summarize(casing.CASES["patched"], d, 1)
+    assert got["observed"] == "red" and got["reasons"] == ["exit status 1"], got["reasons"]
+    assert caserun.summarize(casing.CASES["patched"], d, 0)["reasons"] == []

@@ -705,3 +705,21 @@ def test_a_fail_line_in_the_tests_own_log_fails_the_run():
     v = fn(good(), log=console, marker_text=own)
     assert v.status == "failed" and "the run printed FAIL: token_mult_prob_error 1.2" in v.reason, v
     assert fn(good(), log=console, marker_text=GOOD_LOG).status == "passed"
+
+
+def test_a_changed_value_is_no_repeat():
+    """Only a value equal to the last bit to the previous run's is flagged: one that moved is not."""
+    from carry.nightly.judge import deterministic_flags
+    prev = {"run_id": "n0", "metrics": {"x": 1.0204, "z": 0.5}}
+    assert deterministic_flags({"x": 1.0205, "z": 0.5}, prev, ["x", "z"]) == [
+        "deterministic: z = 0.5 repeats bit-identically (run n0)"]
+    assert deterministic_flags({"x": 1.0205, "z": 0.25}, prev, ["x", "z"]) == []
+
+
+def test_a_skip_line_beside_unreadable_metrics_is_no_skip():
+    """The guard's SKIP: line with exit 0, but the run left a metrics file that cannot be read: it ran and
+    broke, so it fails (a skip would hide it)."""
+    problem = "metrics.json is not a readable JSON object"
+    v = fn({}, log=WRAPPER_SKIP, metrics_problem=problem)
+    assert v.status == "failed" and problem in v.reason and "its SKIP: line does not count" in v.reason, v
+    assert fn({}, log=WRAPPER_SKIP).status == "skipped"

@@ -626,6 +626,18 @@ def test_case_summary_names_what_each_case_showed(tmp_path):
     assert got["first_error"] == "ModuleNotFoundError: No module named 'flash_attn'"
 
 
+@pytest.mark.parametrize("said", ["BUG_HIT: the tied weight reached the shard twice",
+                                  "FAIL: the weights did not change"])
+def test_a_run_that_says_it_failed_is_red_though_it_exited_0(tmp_path, said):
+    """What the run says of its own outcome counts beside its exit status (the nightly judge's rule): every
+    gate and marker held and the exit was 0, yet its log has a FAIL or BUG_HIT line: red, for that line."""
+    d = _recorded(tmp_path, "said", rc=0, markers=(MARK_GTP, MARK_RESHARD), err=1.003, extra=said + "\n")
+    got = caserun.summarize(casing.CASES["patched"], d, 0)
+    assert all(g["ok"] for g in got["gates"].values()) and all(got["markers"].values()), got
+    assert (got["observed"], got["as_expected"]) == ("red", False), got
+    assert got["reasons"] == [f"the run said: {said}"], got["reasons"]
+
+
 def test_resume_starts_from_the_step_1_checkpoint_alone_and_must_run_step_2(tmp_path):
     from carry.errors import UsageError
     lay = hostsetup.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te")

@@ -320,6 +320,9 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
     errors = [ln.strip() for ln in text.splitlines()
               if ("Error" in ln or ln.startswith(("FAIL:", "BUG_HIT:"))) and "[run-on-gpu-host]" not in ln
               and not any(n in ln for n in NOISE)]
+    # What the run said of its own outcome: a FAIL or BUG_HIT line is red whatever the exit status (the
+    # nightly judge's rule); the gtp-off control reads its FAIL lines by its own rule below.
+    said_failed = [e for e in errors if e.startswith(("FAIL:", "BUG_HIT:"))]
     steps_run = sorted({int(m.group(1)) for m in STEP_LINE.finditer(log)})
     # Every rank's refit-check line for every step the metrics name: the entry's step_markers, read
     # by the judge's own rule (whole lines, Ray's prefix allowed).
@@ -339,7 +342,9 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
         only_markers = rc == 0 or (bool(fails) and all(any(f"'{m}'" in e for m in spec.markers) for e in fails))
         observed = "green" if gate.value is not None and gates_ok and only_markers else "red"
     else:
-        observed = "green" if rc == 0 and gates_ok and all(marks.values()) and not unmarked else "red"
+        observed = "green" if rc == 0 and gates_ok and all(marks.values()) and not unmarked and not said_failed \
+            else "red"
+        reasons += [f"the run said: {e[:200]}" for e in said_failed]
     if case.checkpoint == "resume" and steps_run[:1] != [casing.RESUME_FROM + 1]:
         observed = "red"  # it did not pick up where the checkpoint left off
         errors.append(f"FAIL: resumed from step {casing.RESUME_FROM}, the run's steps were {steps_run}")

@@ -91,7 +91,6 @@ def model_for(lay, case: casing.Case, log, stream, form: str = "default") -> tup
 
 
 # -- what the run log says ---------------------------------------------------------------------------
-_CHECK = re.compile(casing.REFIT_CHECK_LINE)
 _ANY_CHECK = re.compile(casing.RAY_PREFIX + r"\[refit-check\] step (?P<step>\d+): (?P<equal>\d+) of (?P<n>\d+) "
                         r"tensors equal on rank (?P<rank>\d+)")
 _DRIFT = re.compile(casing.WEIGHT_CHANGE_LINE)

@@ -588,6 +588,29 @@ def test_a_test_not_compared_beside_passing_ones_is_never_green():
     assert (whole["ok"], whole["status"]) == (True, "passed"), whole
 
 
+def test_what_a_launch_never_reached_is_not_run_and_its_side_is_incomplete():
+    """A launch that stops (its session ended, its budget spent, too many deaths) leaves the collected tests
+    that neither ended nor were run before as not run, each with why; a launch that collected nothing names
+    its files. A side so cut is incomplete, never green, though everything that ran passed."""
+    from types import SimpleNamespace
+
+    from carry.evidence.upstream.check import _summary
+    from carry.evidence.upstream.launch import SideResult, _not_reached
+    from carry.evidence.upstream.verdict import compare
+    ids = [f"tests/unit_tests/test_m.py::t{i}" for i in range(4)]
+    side = SimpleNamespace(files=["tests/unit_tests/test_m.py"])   # all _not_reached reads of a side
+    why = "the session ended (exit 0) without running it"
+    cut = SideResult(outcomes={ids[0]: Outcome("passed"), ids[1]: Outcome("passed")})
+    _not_reached(cut, side, set(ids), {ids[0]}, why)
+    assert cut.not_run == {ids[2]: why, ids[3]: why}, cut.not_run
+    whole = SideResult(outcomes={i: Outcome("passed") for i in ids})
+    got = _summary(compare(whole, cut), {"pristine": whole, "patched": cut}, "tests/unit_tests", {})
+    assert (got["ok"], got["status"], got["not_compared"]) == (False, "incomplete", 2), got
+    never = SideResult()
+    _not_reached(never, side, None, set(), "the launch ended before any test ended")
+    assert never.not_run == {"tests/unit_tests/test_m.py": "the launch ended before any test ended"}, never.not_run
+
+
 def test_a_run_where_no_test_passed_on_both_sides_is_an_error_never_passed():
     """Known failures and skips alone, no regression: the run proves nothing about regressions. Its status
     (what the nightly cell reads) is error, not passed. A rank's end record without an outcome is an error."""

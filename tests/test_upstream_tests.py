@@ -292,6 +292,7 @@ def test_a_series_that_breaks_nothing_is_green_and_says_what_it_compared(up):
     tool("apply", "--series", up["series"], "--workdir", up["work"], "--cache", up["cache"],
          "--source", f"megatron-lm={up['tmp'] / 'upstream'}", check=0)
     proc, out = _run(up, "--files", "tests/unit_tests/test_delta.py", check=0)
+    assert read_json(up["tmp"] / "report.json")["ok"] is True   # the whole report's, as the exit status says
     report = read_json(up["tmp"] / "report.json")["upstreams"][0]
     assert report["status"] == "passed" and report["ok"], report
     assert report["counts"]["*"] == {"passed": 1}, report["counts"]
@@ -546,6 +547,7 @@ def test_tests_a_budget_left_unrun_make_the_verdict_incomplete_not_green(up):
     """A side whose time budget ends before it ran every selected test gives no green: the tests
     not compared are counted and the run exits 1 (incomplete), even with no regression."""
     proc, _ = _run(up, "--budget", "1", "--no-bisect", "--files", "tests/unit_tests/test_delta.py", check=1)
+    assert read_json(up["tmp"] / "report.json")["ok"] is False   # the whole report's, as the exit status says
     report = read_json(up["tmp"] / "report.json")["upstreams"][0]
     assert report["status"] == "incomplete" and not report["ok"], report
     assert report["not_compared"] >= 1 and "not compared" in report["reason"], report

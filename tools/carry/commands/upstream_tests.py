@@ -69,8 +69,8 @@ def main(argv: list[str], prog: str) -> int:
                    files=a.files, bisect=not a.no_bisect, together=not a.one_side_at_a_time,
                    select_only=a.select_only)
     reports = check_series(series, a.workdir, options.comma_list(a.only), opts, a.lock_timeout)
-    options.write_report(a.json, {"ok": all(r.get("ok") for r in reports) and not a.select_only,
-                                  "series": series.name, "upstreams": reports})
+    bad = [r["upstream"] for r in reports if not r.get("ok")]   # the JSON's ok and the exit status, both from it
+    options.write_report(a.json, {"ok": not bad and not a.select_only, "series": series.name, "upstreams": reports})
     if a.select_only:
         for r in reports:
             print(f"{r['upstream']}: {len(r['selection'])} test file(s), {r['tests']}")
@@ -84,7 +84,6 @@ def main(argv: list[str], prog: str) -> int:
         for b in r.get("bisect", []):
             print(f"  {b['category']}: {b['id']}: {b.get('note', '')}")
         print(f"  details: {Path(opts.out) / r['upstream'] / 'result.json'}")
-    bad = [r["upstream"] for r in reports if not r.get("ok")]
     if bad:
         print(f"error: not green for: {', '.join(bad)} (see each result.json)", file=sys.stderr)
     return 1 if bad else 0

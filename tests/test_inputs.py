@@ -92,6 +92,28 @@ def test_lint_and_apply_refuse_an_entry_that_one_rule_alone_catches(demo, make, 
     assert not demo["work"].exists()
 
 
+def test_a_patch_may_require_one_of_another_upstream_listed_after_it(tmp_path):
+    """"Comes later" is a rule of one upstream's series: the series applies each upstream's patches in their own
+    tree, so a Megatron-LM patch that requires a Bridge patch listed after it is no problem; within one
+    upstream it is."""
+    from helpers import SERIES
+
+    series = tmp_path / "gtp"
+    shutil.copytree(SERIES, series, ignore=shutil.ignore_patterns("__pycache__"))
+    toml = series / "series.toml"
+    text = toml.read_text()
+    head = 'id = "mlm-pg-collection"\n'
+    start = text.index(head)
+    own = text.index("requires = []", start)
+    toml.write_text(text[:own] + 'requires = ["bridge-ckpt-replica-groups"]' + text[own + len("requires = []"):])
+    res = tool("lint", "--series", series, check=0)
+    assert "comes later" not in res.stdout + res.stderr, res.stdout + res.stderr
+    text = toml.read_text()
+    toml.write_text(text.replace('requires = ["bridge-ckpt-replica-groups"]', 'requires = ["mlm-inference-pg"]', 1))
+    res = tool("lint", "--series", series, check=2)
+    assert "requires mlm-inference-pg, which comes later in the same upstream's series" in res.stderr, res.stderr
+
+
 # -- issue 41 item 8: an id too long for the file names made from it --------------------------------
 def _long_id(demo, length: int) -> str:
     """Patch clean renamed to an id of ``length`` bytes, its proof the GOOD one (proofs/megatron_lm/test_good.py)."""

@@ -607,17 +607,24 @@ def test_merging_again_reads_the_scripts_own_metrics_not_the_merged_ones(tmp_pat
     assert got["observed"] == "red" and any(f"'{casing.GAIN}' is missing" in r for r in got["reasons"]), got["reasons"]
 
 
-def test_the_refit_check_line_is_the_pattern_of_the_learning_entrys_step_markers():
-    """cases.REFIT_CHECK_LINE (what the refit check prints, Ray's prefix allowed) and nightly.toml's step
-    markers of the learning entry are one rule: "169 of 170" matches neither."""
+def test_what_the_judge_counts_a_refit_is_what_the_harness_counts_equal():
+    """The learning entry's step markers (nightly.toml, read by the judge) and cases.REFIT_CHECK_LINE (read by
+    the harness to count unverified tensors) are one rule: a line a step marker takes is one the harness parses
+    with every tensor equal; "169 of 170" the harness parses as one short, and no step marker takes it."""
     import re
     from harness.host import caserun
-    marks = caserun.grpo_test(casing.LEARNING_TEST).step_markers
-    assert [casing.RAY_PREFIX + m.text for m in marks] == [
-        casing.REFIT_CHECK_LINE.replace(r"(?P<rank>\d+)", str(r)) for r in range(2)]
+    marks = [re.compile(casing.RAY_PREFIX + m.text) for m in caserun.grpo_test(casing.LEARNING_TEST).step_markers]
     line = re.compile(casing.REFIT_CHECK_LINE)
-    assert line.fullmatch(RAY.format(r=1, pid=11) + "[refit-check] step 3: 170 of 170 tensors equal on rank 1")
-    assert not line.fullmatch("[refit-check] step 3: 169 of 170 tensors equal on rank 1")
+    assert len(marks) == 2
+    for rank in range(2):
+        whole = RAY.format(r=rank, pid=11) + f"[refit-check] step 3: 170 of 170 tensors equal on rank {rank}"
+        short = f"[refit-check] step 3: 169 of 170 tensors equal on rank {rank}"
+        m = line.fullmatch(whole)
+        assert m and m["equal"] == m["n"] == "170" and m["rank"] == str(rank), whole
+        assert [bool(mk.fullmatch(whole)) for mk in marks] == [r == rank for r in range(2)], whole
+        m = line.fullmatch(short)
+        assert m and (m["equal"], m["n"]) == ("169", "170"), short
+        assert not any(mk.fullmatch(short) for mk in marks), short
 
 
 def test_the_unverified_count_is_the_worst_ranks(tmp_path):

@@ -130,7 +130,7 @@ NO_CUDA_GRAPHS = "policy.generation.mcore_generation_config.cuda_graph_impl=none
 # What the refit check prints per rank after every refit (hooks/carry_refit_check.py), as a whole log
 # line: Ray prefixes a worker's lines with its colour code and "(MegatronPolicyWorker[rank=0] pid=N)".
 RAY_PREFIX = r"(?:\x1b\[[0-9;]*m)?(?:\([^()]*\)(?:\x1b\[0m)? )?"
-REFIT_CHECK_LINE = (RAY_PREFIX + r"\[refit-check\] step (?P<step>\d+): (?P<n>\d+) of (?P=n) tensors equal "
+REFIT_CHECK_LINE = (RAY_PREFIX + r"\[refit-check\] step (?P<step>\d+): (?P<equal>\d+) of (?P<n>\d+) tensors equal "
                     r"on rank (?P<rank>\d+)")
 WEIGHT_CHANGE_LINE = (RAY_PREFIX + r"\[weight-change\] step (?P<step>\d+): rel_l2 (?P<rel>\S+), changed "
                       r"(?P<frac>\S+) of (?P<n>\d+) elements on rank (?P<rank>\d+)")

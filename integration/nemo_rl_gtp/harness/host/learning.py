@@ -91,8 +91,7 @@ def model_for(lay, case: casing.Case, log, stream, form: str = "default") -> tup
 
 
 # -- what the run log says ---------------------------------------------------------------------------
-_ANY_CHECK = re.compile(casing.RAY_PREFIX + r"\[refit-check\] step (?P<step>\d+): (?P<equal>\d+) of (?P<n>\d+) "
-                        r"tensors equal on rank (?P<rank>\d+)")
+_CHECK = re.compile(casing.REFIT_CHECK_LINE)
 _DRIFT = re.compile(casing.WEIGHT_CHANGE_LINE)
 
 
@@ -108,7 +107,7 @@ def harness_metrics(log: str, steps: list[str], ranks: int, tensors: int | None 
     for line in log_lines(log):   # split at \n alone; a line other separators split or join counts for nothing
         if any(c in line for c in SEPARATORS):
             continue
-        m = _ANY_CHECK.fullmatch(line)
+        m = _CHECK.fullmatch(line)
         if m:
             seen.setdefault(m["step"], {})[int(m["rank"])] = (int(m["equal"]), int(m["n"]))
         d = _DRIFT.fullmatch(line)

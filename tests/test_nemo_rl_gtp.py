@@ -636,6 +636,14 @@ def test_a_run_that_says_it_failed_is_red_though_it_exited_0(tmp_path, said):
     assert all(g["ok"] for g in got["gates"].values()) and all(got["markers"].values()), got
     assert (got["observed"], got["as_expected"]) == ("red", False), got
     assert got["reasons"] == [f"the run said: {said}"], got["reasons"]
+    # The GTP-off control reads its FAIL lines by its own rule (the marker's FAIL is expected there), but a
+    # series bug met is red there too.
+    if said.startswith("BUG_HIT:"):
+        d = _recorded(tmp_path, "off-said", rc=0, markers=(), err=1.0002, extra=said + "\n")
+        off = caserun.summarize(casing.CASES["gtp-off"], d, 0)
+        assert off["observed"] == "red" and f"the run said: {said}" in off["reasons"], off
+        d = _recorded(tmp_path, "off-quiet", rc=0, markers=(), err=1.0002)
+        assert caserun.summarize(casing.CASES["gtp-off"], d, 0)["observed"] == "green"
 
 
 def test_resume_starts_from_the_step_1_checkpoint_alone_and_must_run_step_2(tmp_path):

@@ -321,7 +321,7 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
               if ("Error" in ln or ln.startswith(("FAIL:", "BUG_HIT:"))) and "[run-on-gpu-host]" not in ln
               and not any(n in ln for n in NOISE)]
     # What the run said of its own outcome: a FAIL or BUG_HIT line is red whatever the exit status (the
-    # nightly judge's rule); the gtp-off control reads its FAIL lines by its own rule below.
+    # nightly judge's rule); the gtp-off control reads its FAIL lines by its own rule below, its BUG_HIT lines so.
     said_failed = [e for e in errors if e.startswith(("FAIL:", "BUG_HIT:"))]
     steps_run = sorted({int(m.group(1)) for m in STEP_LINE.finditer(log)})
     # Every rank's refit-check line for every step the metrics name: the entry's step_markers, read
@@ -340,11 +340,12 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
         # that quotes none of the entry's markers, or an exit without any FAIL line, is red.
         fails = [e for e in errors if e.startswith("FAIL:")]
         only_markers = rc == 0 or (bool(fails) and all(any(f"'{m}'" in e for m in spec.markers) for e in fails))
-        observed = "green" if gate.value is not None and gates_ok and only_markers else "red"
+        said = [e for e in said_failed if e.startswith("BUG_HIT:")]   # its FAIL lines: the rule above
+        observed = "green" if gate.value is not None and gates_ok and only_markers and not said else "red"
     else:
-        observed = "green" if rc == 0 and gates_ok and all(marks.values()) and not unmarked and not said_failed \
-            else "red"
-        reasons += [f"the run said: {e[:200]}" for e in said_failed]
+        said = said_failed
+        observed = "green" if rc == 0 and gates_ok and all(marks.values()) and not unmarked and not said else "red"
+    reasons += [f"the run said: {e[:200]}" for e in said]
     if case.checkpoint == "resume" and steps_run[:1] != [casing.RESUME_FROM + 1]:
         observed = "red"  # it did not pick up where the checkpoint left off
         errors.append(f"FAIL: resumed from step {casing.RESUME_FROM}, the run's steps were {steps_run}")

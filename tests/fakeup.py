@@ -3,6 +3,7 @@ and a series whose patches were exported from it by the tool itself."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from carry.git import Git
@@ -88,11 +89,16 @@ def add_proofs(series_dir: Path, bodies: dict[str, str], proof_of: dict[str, str
 
 def set_proof(series_dir: Path, pid: str, proof: str) -> None:
     """Point patch ``pid`` of a demo series.toml at ``proof`` (in place of its "none: ..." one)."""
+    edit_entry(series_dir, pid, f'proof = "{NO_PROOF}"', f'proof = "{proof}"')
+
+
+def edit_entry(series_dir: Path, pid: str, old: str, new: str) -> None:
+    """In patch ``pid``'s entry of series.toml (its block alone), the one ``old`` replaced by ``new``."""
     toml = series_dir / "series.toml"
     blocks = toml.read_text().split("[[patches]]")
-    for i, block in enumerate(blocks):
-        if f'id = "{pid}"\n' in block:
-            blocks[i] = block.replace(f'proof = "{NO_PROOF}"', f'proof = "{proof}"')
+    (i,) = [i for i, b in enumerate(blocks) if f'id = "{pid}"\n' in b]
+    assert blocks[i].count(old) == 1, (pid, old)
+    blocks[i] = blocks[i].replace(old, new)
     toml.write_text("[[patches]]".join(blocks))
 
 
@@ -131,8 +137,6 @@ def copy_demo(made: dict, tmp_path: Path) -> dict:
     so the same commits (the tool commits with a fixed identity and date); git's index (its record
     of the files' inodes and times) is refreshed for the copy's files, as make_demo's commit left
     it for its own. ``made`` itself is not touched."""
-    import shutil
-
     shutil.copytree(made["tmp"], tmp_path, symlinks=True, dirs_exist_ok=True)
     Git(tmp_path / "upstream")("update-index", "-q", "--refresh")
     return _demo_at(tmp_path, made["v0"], made["v1"])

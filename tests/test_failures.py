@@ -10,6 +10,7 @@ import sys
 import time
 
 
+from fakeup import NO_PROOF, edit_entry
 from helpers import SERIES, TOOLS, git, read_json, tool
 from helpers import apply_demo as apply
 
@@ -153,29 +154,20 @@ def test_lint_catches_orphans_duplicates_cycles(demo):
     assert "link 'not a url' is not https://github.com/OWNER/REPO/pull/N" in err
 
 
-def _edit_entry(toml, pid: str, old: str, new: str) -> None:
-    blocks = toml.read_text().split("[[patches]]")
-    (i,) = [i for i, b in enumerate(blocks) if f'id = "{pid}"\n' in b]
-    assert blocks[i].count(old) == 1, (pid, old)
-    blocks[i] = blocks[i].replace(old, new)
-    toml.write_text("[[patches]]".join(blocks))
-
-
 def test_lint_names_each_entry_that_is_incomplete_or_inconsistent(demo):
     """Each of lint's own rules on a patch entry, broken once: empty metadata, a status without the link
     it needs, merged without merged_in, a proof not named like one, a proof file that is not there, two
     patches with the same bytes. Each is named, the report is not ok, and lint exits 1."""
     sdir = demo["series"]
-    toml = sdir / "series.toml"
-    no_proof = 'proof = "none: a demo patch, proven by the tests of the tool"'
-    _edit_entry(toml, "clean", 'owner = "tests"', 'owner = "  "')
-    _edit_entry(toml, "clean", 'status = "pending"', 'status = "backport"')
-    _edit_entry(toml, "threeway", 'status = "pending"',
+    no_proof = f'proof = "{NO_PROOF}"'
+    edit_entry(sdir, "clean", 'owner = "tests"', 'owner = "  "')
+    edit_entry(sdir, "clean", 'status = "pending"', 'status = "backport"')
+    edit_entry(sdir, "threeway", 'status = "pending"',
                 'status = "submitted"\nlinks = ["https://github.com/NVIDIA/Megatron-LM/issues/12"]')
-    _edit_entry(toml, "threeway", no_proof, 'proof = "proofs/megatron_lm/check_threeway.py"')
-    _edit_entry(toml, "upstreamed", 'status = "pending"',
+    edit_entry(sdir, "threeway", no_proof, 'proof = "proofs/megatron_lm/check_threeway.py"')
+    edit_entry(sdir, "upstreamed", 'status = "pending"',
                 'status = "merged"\nlinks = ["https://github.com/NVIDIA/Megatron-LM/pull/12"]')
-    _edit_entry(toml, "upstreamed", no_proof, 'proof = "proofs/megatron_lm/test_not_there.py"')
+    edit_entry(sdir, "upstreamed", no_proof, 'proof = "proofs/megatron_lm/test_not_there.py"')
     (sdir / "megatron-lm/0004-conflict.patch").write_bytes((sdir / "megatron-lm/0001-clean.patch").read_bytes())
     res = tool("lint", "--series", sdir, "--json", demo["tmp"] / "lint.json", check=1)
     doc = read_json(demo["tmp"] / "lint.json")

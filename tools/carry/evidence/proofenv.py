@@ -94,7 +94,7 @@ def ensure(req: Path, cache: Path) -> Path:
 PIP_PYTHON_OPTION = (22, 3)
 
 
-def _own_pip() -> tuple[int, ...] | None:
+def _own_pip() -> tuple[int, int] | None:
     """The version of the pip this interpreter runs as ``python -m pip``, or None where it has none."""
     from importlib import metadata
 

@@ -51,7 +51,8 @@ class Cluster:
         self.root = root
         self.node = socket.gethostname().split(".")[0]
         self.cpus = os.cpu_count() or 1
-        self.conf = root / "slurm.conf"
+        self.conf = root / "slurm.conf"              # the clients' (sbatch, squeue, scontrol, the jobs' srun)
+        self.daemon_conf = root / "slurm-daemons.conf"   # slurmctld's and slurmd's: the same but MinJobAge
         self.kill_wait = kill_wait
         self.procs: list[subprocess.Popen] = []
 
@@ -66,10 +67,15 @@ class Cluster:
         (self.root / "plugstack.conf").write_text("")
         r = self.root
         # proctrack/linuxproc and task/none: no cgroups needed (a container often has none to give).
-        # MinJobAge=0: a finished job's record is never purged (scontrol show job answers after
-        # sbatch --wait), and sbatch --wait keeps polling every few seconds: with MinJobAge=600 its
-        # polls grew apart, and a job of 13 s was seen done ~30 s after it ended.
-        self.conf.write_text(f"""\
+        # MinJobAge: sbatch --wait polls the controller, and lets its polls grow apart up to half of the
+        # MinJobAge it reads (to 32 s at most), so that a finished job's record outlives its next poll:
+        # with 600 everywhere, a job of 13 s was seen done ~30 s after it ended. The controller keeps a
+        # finished job's record MinJobAge seconds, but takes no less than 2: with 0 written (slurmctld
+        # logs "MinJobAge must be at least 2"), a record could be purged between two polls, and sbatch
+        # said "Job 5 no longer found and exit code not found" (seen once in the suite, 2026-12-05).
+        # So the clients read MinJobAge=2 (polls every 2 s) and the daemons 600 (a record outlives
+        # every test: scontrol show job answers after sbatch --wait).
+        text = f"""\
 ClusterName=carry{os.getpid()}
 SlurmctldHost={self.node}(127.0.0.1)
 SlurmctldPort={_free_port()}
@@ -96,16 +102,18 @@ AccountingStorageType=accounting_storage/none
 ReturnToService=2
 KillWait={self.kill_wait}
 InactiveLimit=0
-MinJobAge=0
+MinJobAge={{min_job_age}}
 NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN
 PartitionName=carry Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
-""")
+"""
+        self.conf.write_text(text.replace("{min_job_age}", "2"))
+        self.daemon_conf.write_text(text.replace("{min_job_age}", "600"))
 
     def start(self, wait_s: float = 60) -> str | None:
         """Start both daemons and wait for the node to take jobs; None, or why it did not."""
         self.write_conf()
-        for argv in (["slurmctld", "-D", "-i", "-f", self.conf],
-                     ["slurmd", "-D", "-f", self.conf, "-N", self.node]):
+        for argv in (["slurmctld", "-D", "-i", "-f", self.daemon_conf],
+                     ["slurmd", "-D", "-f", self.daemon_conf, "-N", self.node]):
             log = open(self.root / f"{argv[0]}.out", "wb")
             self.procs.append(subprocess.Popen([str(a) for a in argv], env=self.env, stdout=log,
                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -238,13 +238,16 @@ def test_regressions_and_fixes_are_found_bisected_and_every_launch_end_is_surviv
     stopped = "test_rank_zero_is_still_in_it_when_rank_one_dies"
     assert cat[stopped] == "passed", rows[stopped]
     # (a busy host's rank 0 may be further behind, in an earlier test or before any: that one is run
-    # again the same way)
+    # again the same way; or still starting, its reporter not yet there to write that it was stopped: then
+    # nothing of it is charged, and the rows above show every test ran)
     for name in ("pristine", "patched"):
         first = out / "megatron-lm" / name / "launch-01-n2" / "rank-0.jsonl"
         said = [json.loads(line) for line in first.read_text().splitlines()]
-        (where,) = [e["id"] for e in said if e["ev"] == "terminated" and e["signal"] == 15]
-        if where and not where.endswith("::test_crashes_its_rank"):
-            assert sides[name]["outcomes"][where]["outcome"] not in ("crashed", "timeout"), (name, where)
+        stopped_in = [e["id"] for e in said if e["ev"] == "terminated" and e["signal"] == 15]
+        assert len(stopped_in) <= 1, (name, stopped_in)
+        for where in filter(None, stopped_in):
+            if not where.endswith("::test_crashes_its_rank"):
+                assert sides[name]["outcomes"][where]["outcome"] not in ("crashed", "timeout"), (name, where)
     # asked for three ranks: launched again so, and passed there
     assert cat["test_wants_three_ranks"] == "passed", rows["test_wants_three_ranks"]
     assert sides["patched"]["outcomes"]["tests/unit_tests/test_alpha.py::test_wants_three_ranks"]["world"] == 3

@@ -1148,3 +1148,45 @@ def test_selection_reads_upstream_files_without_printing_their_warnings():
         warnings.simplefilter("always")
         mods = imported_modules('import nemo_rl.utils\npattern = "\\i"\n')
     assert "nemo_rl.utils" in mods and not [w for w in seen if "escape" in str(w.message)], [str(w.message) for w in seen]
+
+
+def _budget_side(tmp_path: Path, launch: str, budget: float):
+    """A side of one test file under LAUNCH (one rank): ``test_slow`` returns at 70% of BUDGET from now
+    (a wall-clock time, so a launch that starts it again late still meets it), ``test_after`` at once."""
+    import time
+
+    from carry.evidence.upstream.launch import Side
+    from carry.series.testspin import TestsPin
+    until = time.time() + 0.7 * budget
+    write(tmp_path / "side", "tests/test_budget.py", textwrap.dedent(f"""
+        import time
+
+        def test_slow():
+            while time.time() < {until!r}:
+                time.sleep(0.05)
+
+        def test_after():
+            pass
+    """).lstrip())
+    pin = TestsPin(upstream="demo", root="tests", launch=launch, source="tree")
+    return Side(name="patched", pin=pin, folder=tmp_path / "side", files=["tests/test_budget.py"], pythonpath=[],
+                out=tmp_path / "out", deadline=time.monotonic() + budget, test_timeout=budget)
+
+
+@pytest.mark.parametrize("launch", ["pytest", "torchrun"])
+def test_a_side_spends_its_whole_budget_on_the_tests_it_selected(tmp_path, launch):
+    """The first launches of a side stop at 65% of its budget so that tests asking for another world
+    size have the rest; only torchrun launches so. A plain pytest side (NeMo-RL's, Bridge's) runs with all
+    of it (on one H200, NeMo-RL's side of 300 s stopped at 195 s, its 136 tests left not compared), and
+    what a torchrun side's re-launches leave goes back to the tests its first launches did not reach.
+    ``test_slow`` returns at 70% of the budget: cut at 65%, it is run again in the rest."""
+    from carry.evidence.upstream.launch import run_side
+    res = run_side(_budget_side(tmp_path, launch, 16.0))
+    got = {k.split("::")[-1]: o.outcome for k, o in res.outcomes.items()}
+    assert got == {"test_slow": "passed", "test_after": "passed"}, (got, res.not_run, res.launches)
+    assert not res.not_run, res.not_run
+    launches = [x["launch"] for x in res.launches]
+    assert launches == (["launch-01-n1"] if launch == "pytest" else ["launch-01-n1", "launch-02-n1"]), res.launches
+    if launch == "torchrun":   # the first launch was the one the 65% share cut
+        assert res.launches[0]["timed_out"] and not res.launches[1]["timed_out"], res.launches
+

@@ -8,8 +8,10 @@ at a module that fails to collect (``--continue-on-collection-errors``: that mod
 (a crash, a hung collective the reporter ended), that test gets its outcome, ``crashed`` or
 ``timeout``, and the next launch goes on after it: one bad test does not cost the rest. Tests that
 skipped asking for another world size (``launch with torchrun --nproc-per-node=4``) are launched
-again at that size, and those runs decide them; with a time budget, the first launches stop at 65% of
-it so that these have the rest.
+again at that size, and those runs decide them; with a time budget, the first launches of a torchrun
+side stop at 65% of it so that these have the rest, and what they leave of it goes back to the tests
+the first launches did not reach. A plain pytest side never launches at another size: its first
+launches have the whole budget.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,13 +78,21 @@ LAUNCH_TRIES = 4
 RESERVE = 0.35  # of a side's time budget, kept for the tests that ask for another world size
 
 
+# Why a test has no outcome when the side's budget ended (the first launches' share of it, or all of it).
+BUDGET_SPENT = "the side's time budget was spent before it ran"
+BUDGET_WHILE = "the side's time budget ran out while it ran"
+BUDGET_BEFORE = "the side's time budget ran out before it"
+
+
 def run_side(side: Side) -> SideResult:
     res = SideResult()
     if not side.files:   # every selected file is the other side's only (pytest given none would run them all)
         return res
     world = side.nproc or side.pin.nproc
     full = side.deadline
-    if full is not None:  # the first launches stop early enough for the re-launches to have time
+    # Only torchrun launches again at another world size: a plain pytest side keeps no reserve for it.
+    reserve = full is not None and side.pin.launch == "torchrun"
+    if reserve:  # the first launches stop early enough for the re-launches to have time
         side.deadline = time.monotonic() + (full - time.monotonic()) * (1 - RESERVE)
     try:
         _launches(side, res, world, side.only)
@@ -95,18 +106,36 @@ def run_side(side: Side) -> SideResult:
     for n, ids in sorted(again.items()):
         progress.say(f"{side.pin.upstream} {side.name}: {len(ids)} test(s) ask for {n} ranks: launching them so")
         _launches(side, res, n, ids)
+    if reserve:
+        _resume(side, res, world)
     return res
 
 
-def _launches(side: Side, res: SideResult, world: int, only: list[str] | None) -> None:
-    """Launch at ``world`` ranks until the launch finishes, resuming past tests it died in."""
-    done: set[str] = set()
+def _resume(side: Side, res: SideResult, world: int) -> None:
+    """What the re-launches left of the budget goes back to the tests the first launches' share of it
+    left without an outcome (one cut while it ran starts again), at the first size, past every test
+    that has one."""
+    left = [k for k, why in res.not_run.items()
+            if k not in res.outcomes and why in (BUDGET_SPENT, BUDGET_WHILE, BUDGET_BEFORE)]
+    if not left or side.deadline is None or side.deadline <= time.monotonic():
+        return
+    for k in left:
+        del res.not_run[k]
+    progress.say(f"{side.pin.upstream} {side.name}: {len(left)} test(s) not reached in the first launches' share "
+                 f"of the budget: launching them with the {side.deadline - time.monotonic():.0f} s left")
+    _launches(side, res, world, side.only, resume=set(res.outcomes))
+
+
+def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, resume: Iterable[str] = ()) -> None:
+    """Launch at ``world`` ranks until the launch finishes, resuming past tests it died in (and past
+    RESUME, the tests that have an outcome already)."""
+    done: set[str] = set(resume)
     wanted = set(only) if only is not None else None
     for i in range(MAX_LAUNCHES):
         folder = side.out / f"launch-{len(res.launches) + 1:02d}-n{world}"
         left = None if side.deadline is None else side.deadline - time.monotonic()
         if left is not None and left <= 0:
-            _not_reached(res, side, wanted, done, "the side's time budget was spent before it ran")
+            _not_reached(res, side, wanted, done, BUDGET_SPENT)
             return
         rc, timed_out, seconds = _launch(side, folder, world, sorted(done), only, left)
         got = read_launch(folder, world)
@@ -133,8 +162,8 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None) -
         if timed_out:
             for nodeid in set(died.values()):
                 done.add(nodeid)
-                res.not_run[nodeid] = "the side's time budget ran out while it ran"
-            _not_reached(res, side, wanted, done, "the side's time budget ran out before it")
+                res.not_run[nodeid] = BUDGET_WHILE
+            _not_reached(res, side, wanted, done, BUDGET_BEFORE)
             return
         if len(got.finished) >= len(got.ranks) and got.ranks and not died:
             _not_reached(res, side, wanted, done, f"the session ended (exit {rc}) without running it")

@@ -1190,3 +1190,76 @@ def test_a_side_spends_its_whole_budget_on_the_tests_it_selected(tmp_path, launc
     if launch == "torchrun":   # the first launch was the one the 65% share cut
         assert res.launches[0]["timed_out"] and not res.launches[1]["timed_out"], res.launches
 
+
+NEMO_RL_GPU_2 = EVIDENCE / "h200" / "2026-12-05-nemo-rl-tests"
+
+
+def _sides_from_records(upstream_out: Path) -> tuple[dict, dict]:
+    """Each side of a run cut before its result.json was written, from its ranks' own records alone: the
+    tests that ended, the modules that did not collect, what was collected, and the tests a rank began
+    and never ended."""
+    from carry.evidence.upstream.launch import SideResult
+    from carry.evidence.upstream.results import read_launch
+    sides, seen = {}, {}
+    for name in ("pristine", "patched"):
+        side, collected, began = SideResult(), set(), set()
+        for launch in sorted((upstream_out / name).glob("launch-*-n*")):
+            world = int(launch.name.rsplit("-n", 1)[1])
+            got = read_launch(launch, world)
+            for nodeid, records in got.tests.items():
+                side.outcomes[nodeid] = merge(records, world)
+            side.collect_errors.update(got.collect_errors)
+            collected |= set(got.collected)
+            began |= set(got.died_in()[0].values())
+        sides[name], seen[name] = side, {"collected": collected, "began": began}
+    return sides, seen
+
+
+def test_the_second_nemo_rl_gpu_run_has_no_regression_and_the_shim_fix_holds(tmp_path):
+    """integration/h200/2026-12-05-nemo-rl-tests: NeMo-RL's tests on one H200 after the fix of
+    nrl-gtp-shim, cut by the end of the device time during the bisection of the fixed tests (so no
+    result.json): judged from the ranks' records, 0 regressions; the test that regressed in the first run
+    passes on both sides; the 103 tests the series turns green failed at every bisection probe below the
+    whole series and passed on it. Write a failure into that test's patched record: a regression."""
+    from carry.evidence.upstream.verdict import compare, counts
+    run = NEMO_RL_GPU_2 / "run" / "nemo-rl" / "nemo-rl"
+    sides, seen = _sides_from_records(run)
+    rows = compare(sides["pristine"], sides["patched"])
+    total = counts(rows)["*"]
+    assert total == {"passed": 176, "fixed": 103, "changed": 25, "known-failure": 13, "new": 12}, total
+    by = {r.id: r for r in rows}
+    assert (by[FROZEN_ROUTER].pristine, by[FROZEN_ROUTER].patched) == ("passed", "passed")
+    hung = "tests/unit/models/policy/test_megatron_worker.py::test_megatron_policy_generation[2gpu_dp2_megatron]"
+    assert seen["pristine"]["began"] == seen["patched"]["began"] == {hung}
+    not_compared = seen["patched"]["collected"] - set(by)
+    assert hung in not_compared and len(seen["patched"]["collected"]) == 464, len(seen["patched"]["collected"])
+    assert len(not_compared) == 137, len(not_compared)
+    fixed = {r.id for r in rows if r.category == "fixed"}
+    for k in ("k000", "k005", "k007", "k008", "k010"):
+        got = read_launch_outcomes(run / "bisect" / k)
+        want = "passed" if k == "k010" else "failed"
+        assert got and set(got) <= fixed and set(got.values()) == {want}, (k, got)
+    readme = (NEMO_RL_GPU_2 / "README.md").read_text()
+    table = readme.split("| category | tests |")[1]
+    got = {k.replace(" ", "-"): int(v) for k, v in re.findall(r"^\| ([a-z -]+) \| (\d+) \|", table, re.M)}
+    assert got == {**total, "regression": 0, "not-compared": 137}, got
+    # the mutation: the fixed test failed again on the patched side
+    broken = tmp_path / "nemo-rl"
+    shutil.copytree(run, broken)
+    rank = broken / "patched" / "launch-01-n1" / "rank-0.jsonl"
+    lines = [json.loads(ln) for ln in rank.read_text().splitlines()]
+    for ev in lines:
+        if ev.get("ev") == "end" and ev.get("id") == FROZEN_ROUTER:
+            ev["outcome"], ev["reason"] = "failed", "KeyError: 'tensor_model_parallel_size'"
+    rank.write_text("".join(json.dumps(ev) + "\n" for ev in lines))
+    sides, _ = _sides_from_records(broken)
+    assert [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"] == [FROZEN_ROUTER]
+
+
+def read_launch_outcomes(probe: Path) -> dict[str, str]:
+    """A bisection probe's tests and the outcome each ended with (its one-rank launches)."""
+    from carry.evidence.upstream.results import read_launch
+    got = {}
+    for launch in sorted(probe.glob("launch-*-n1")):
+        got.update({k: merge(r, 1).outcome for k, r in read_launch(launch, 1).tests.items()})
+    return got

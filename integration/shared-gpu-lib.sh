@@ -26,9 +26,14 @@ pack_evidence() {
     /tmp/o/queue-ray.log /tmp/nightly-learning /tmp/o/learning.console > /dev/null
 }
 pack_ut() {  # not the upstream trees the runs copy (trees/, bisect/k*/tree/: their README.md and JSON came back by
-  # the hundred on 2026-12-04) nor the launches' console.log (the rank records hold every test's outcome)
-  [ -d /tmp/o/ut ] || return 0
-  ( cd /tmp/o && find ut -type f -size -8000k \( -name '*.json' -o -name '*.jsonl' -o -name '*.txt' -o -name '*.log' \
+  # the hundred on 2026-12-04) nor the launches' whole console.log (the rank records hold every test's outcome):
+  # its last 64 KB, console.tail.txt beside it, which holds the stacks a hung test's rank dumped as it ended
+  # (2026-12-05: NeMo-RL's test_megatron_policy_generation[2gpu_dp2_megatron] hung on both sides, its dump not packed)
+  local top=${UT_TOP:-/tmp/o} log
+  [ -d "$top/ut" ] || return 0
+  while IFS= read -r log; do tail -c 65536 "$log" > "${log%/*}/console.tail.txt"; done \
+    < <(find "$top/ut" -type f -name console.log -not -path '*/trees/*' -not -path '*/tree/*')
+  ( cd "$top" && find ut -type f -size -8000k \( -name '*.json' -o -name '*.jsonl' -o -name '*.txt' -o -name '*.log' \
     -o -name '*.md' \) -not -name console.log -not -path '*/trees/*' -not -path '*/tree/*' \
     | tar -czf "$OUT/ut.tgz.tmp" -T - ; mv -f "$OUT/ut.tgz.tmp" "$OUT/ut.tgz" )
 }

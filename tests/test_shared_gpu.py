@@ -482,3 +482,24 @@ def test_each_background_script_parses_and_takes_its_helpers_from_the_lib():
         assert not re.search(r"\b(stamp|alive|venv_ok|wait_for|say)\s*\(\)", script), script[:200]
         used = [m.start() for m in re.finditer(r"\b(stamp|alive|venv_ok|wait_for) ", script)]
         assert used and lib in script and script.index(lib) < min(used), script[:200]
+
+
+def test_the_upstream_tests_pack_holds_each_launch_console_tail_not_the_whole_log_nor_the_trees(tmp_path):
+    """pack_ut brings back the rank records and each launch's console.log as its last 64 KB
+    (console.tail.txt: the stacks a hung test's rank dumps as it ends are there), never the whole log
+    nor the trees the runs copy."""
+    import tarfile
+    out, launch = tmp_path / "out", tmp_path / "o" / "ut" / "nemo-rl" / "patched" / "launch-01-n1"
+    out.mkdir()
+    launch.mkdir(parents=True)
+    (launch / "rank-0.jsonl").write_text('{"ev": "start", "id": "t"}\n')
+    (launch / "console.log").write_text("x" * 200_000 + "\nThread 0x1 (most recent call first):\n  File \"ray.py\"\n")
+    (tmp_path / "o" / "ut" / "nemo-rl" / "trees" / "a").mkdir(parents=True)
+    (tmp_path / "o" / "ut" / "nemo-rl" / "trees" / "a" / "console.log").write_text("a tree's\n")
+    subprocess.run(["bash", "-c", ". integration/shared-gpu-lib.sh; pack_ut"], cwd=ROOT, check=True, timeout=60,
+                   env={**os.environ, "OUT": str(out), "UT_TOP": str(tmp_path / "o")})
+    with tarfile.open(out / "ut.tgz") as tar:
+        names = sorted(m.name for m in tar.getmembers())
+        tail = tar.extractfile("ut/nemo-rl/patched/launch-01-n1/console.tail.txt").read()
+    assert names == ["ut/nemo-rl/patched/launch-01-n1/console.tail.txt", "ut/nemo-rl/patched/launch-01-n1/rank-0.jsonl"], names
+    assert len(tail) == 65536 and tail.endswith(b'  File "ray.py"\n'), len(tail)

@@ -1263,3 +1263,43 @@ def read_launch_outcomes(probe: Path) -> dict[str, str]:
     for launch in sorted(probe.glob("launch-*-n1")):
         got.update({k: merge(r, 1).outcome for k, r in read_launch(launch, 1).tests.items()})
     return got
+
+
+def test_a_hung_test_is_a_timeout_with_its_stacks_in_the_console_even_holding_the_gil(tmp_path, monkeypatch):
+    """A test past the per-test timeout ends its rank with the threads' stacks in the launch's console
+    (written to the rank's own stderr: pytest's capture of fd 2 is lost with a process that ends so, and
+    the stacks were). The reporter's timer cannot run while a test holds the GIL (a hung C call; NeMo-RL's
+    test_megatron_policy_generation[2gpu_dp2_megatron] on one H200 wrote nothing in 135 s): faulthandler
+    ends the rank a grace later, and the launcher reads its "Timeout (H:MM:SS)!" line as the test's
+    timeout, not a crash. Each time the next launch goes on past it."""
+    import time
+
+    from carry.evidence.upstream.launch import Side, run_side
+    from carry.series.testspin import TestsPin
+    write(tmp_path / "side", "tests/test_hang.py", textwrap.dedent("""
+        import re
+        import time
+
+        def test_sleeps():
+            time.sleep(60)
+
+        def test_holds_the_gil():
+            re.match(r"(a+)+$", "a" * 40 + "b")   # backtracks for hours inside one C call
+
+        def test_after():
+            pass
+    """).lstrip())
+    monkeypatch.setenv("CARRY_UT_GIL_GRACE", "2")
+    pin = TestsPin(upstream="demo", root="tests", launch="pytest", source="tree")
+    side = Side(name="patched", pin=pin, folder=tmp_path / "side", files=["tests/test_hang.py"], pythonpath=[],
+                out=tmp_path / "out", deadline=time.monotonic() + 120, test_timeout=1)
+    res = run_side(side)
+    got = {k.split("::")[-1]: o for k, o in res.outcomes.items()}
+    assert {k: o.outcome for k, o in got.items()} == {
+        "test_sleeps": "timeout", "test_holds_the_gil": "timeout", "test_after": "passed"}, got
+    assert "holding the GIL" in got["test_holds_the_gil"].reason, got["test_holds_the_gil"].reason
+    assert "holding the GIL" not in got["test_sleeps"].reason, got["test_sleeps"].reason
+    assert [x["launch"] for x in res.launches] == ["launch-01-n1", "launch-02-n1", "launch-03-n1"], res.launches
+    first, second = ((side.out / f"launch-0{i}-n1" / "console.log").read_text() for i in (1, 2))
+    assert "ran past 1 s: the threads' stacks follow" in first and "in test_sleeps" in first, first[-2000:]
+    assert "Timeout (0:00:03)!" in second and "in test_holds_the_gil" in second, second[-2000:]

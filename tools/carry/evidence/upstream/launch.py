@@ -177,12 +177,15 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
             progress.say(f"{side.pin.upstream} {side.name}: the launch ended between tests (exit {rc}): {last}; "
                          f"going on after the {len(got.tests)} that ended{again}")
             continue
+        held = _gil_held_past_timeout(folder / "console.log")
         for nodeid in sorted(set(died.values())):
             timeout = nodeid in got.timeouts.values()
             tail = _tail(folder / "console.log")
-            res.outcomes[nodeid] = Outcome("timeout" if timeout else "crashed",
-                                           f"{'ran past the per-test timeout' if timeout else f'the launch died in it (exit {rc})'}"
-                                           f": {tail[-1] if tail else ''}"[:500], "call", 0.0,
+            why = (f"ran past the per-test timeout: {tail[-1] if tail else ''}" if timeout else
+                   "ran past the per-test timeout holding the GIL: faulthandler ended the rank "
+                   "(its stacks are in the launch's console.log)" if held else
+                   f"the launch died in it (exit {rc}): {tail[-1] if tail else ''}")
+            res.outcomes[nodeid] = Outcome("timeout" if timeout or held else "crashed", why[:500], "call", 0.0,
                                            {r: "died" for r, x in died.items() if x == nodeid}, world)
             done.add(nodeid)
         progress.say(f"{side.pin.upstream} {side.name}: the launch died in {', '.join(sorted(set(died.values())))}; "
@@ -335,6 +338,24 @@ def _why(log: Path) -> str:
     lines = _tail(log, n=200)
     errors = [line.strip() for line in lines if line.startswith("E   ")]
     return errors[-1] if errors else lines[-1] if lines else "no output"
+
+
+# The first line faulthandler.dump_traceback_later writes (the reporter's fallback when the GIL never
+# comes back to its timer): "Timeout (0:03:00)!".
+# pytest may have left its line open (the test file's name, its dots): the line need not start there.
+FAULTHANDLER_TIMEOUT = re.compile(r"(?:^|\s)Timeout \(\d+:\d\d:\d\d(?:\.\d+)?\)!$", re.M)
+
+
+def _gil_held_past_timeout(log: Path) -> bool:
+    """Whether a rank of the launch was ended by the reporter's faulthandler fallback: its test held the
+    GIL past the per-test timeout, so the reporter's timer could write no ``timeout`` record."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - (1 << 20)))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    return bool(FAULTHANDLER_TIMEOUT.search(text))
 
 
 def _tail(log: Path, n: int = 12) -> list[str]:

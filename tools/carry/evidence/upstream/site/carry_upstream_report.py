@@ -10,7 +10,9 @@ threads' stacks dumped to stderr, a ``timeout`` line written, and the rank ends 
 collective must not hold the whole run. A rank sent SIGTERM writes ``terminated`` with the test it
 was in, then dies of the signal as it would have: torchrun stops every other rank so when one dies,
 and the rank it stopped was cut short in its test, not failed by it (carry.evidence.upstream.results
-tells the two apart). A rank in C code that never returns to Python writes nothing, as before.
+tells the two apart). A rank in C code that holds the GIL past the timeout cannot write: faulthandler
+dumps its stacks (first line ``Timeout (H:MM:SS)!``) and ends it ``$CARRY_UT_GIL_GRACE`` seconds
+(default 60) later, and the launcher reads that line as the test's timeout.
 
 Two settings of the host, never of a test, applied at import (before any test imports torch):
 - ``CARRY_SHARED_GPU=1``: the ranks share one physical GPU. Each process gets its own
@@ -38,8 +40,13 @@ import typing
 _OUT = os.environ.get("CARRY_UT_OUT", "")
 _RANK = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
 _TIMEOUT = float(os.environ.get("CARRY_UT_TEST_TIMEOUT", "0") or 0)
+_GIL_GRACE = float(os.environ.get("CARRY_UT_GIL_GRACE", "60") or 60)
 _stream = None
 _lock = threading.Lock()
+# The rank's own stderr, taken before pytest's capture replaces fd 2 with a file of its own (this plugin is
+# imported first, with -p): what a timed-out rank writes as it ends (its stacks) must reach the launch's
+# console, and a captured stream is lost with a process that ends by os._exit or faulthandler's exit.
+_console = os.fdopen(os.dup(2), "w", buffering=1)
 
 
 def _emit(**event) -> None:
@@ -172,9 +179,9 @@ if _OUT and threading.current_thread() is threading.main_thread():
 def _expire(nodeid: str) -> None:
     _emit(ev="timeout", id=nodeid, seconds=_TIMEOUT)
     print(f"[carry] {nodeid} ran past {_TIMEOUT:.0f} s: the threads' stacks follow, then this rank ends",
-          file=sys.stderr, flush=True)
-    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-    sys.stderr.flush()
+          file=_console, flush=True)
+    faulthandler.dump_traceback(file=_console, all_threads=True)
+    _console.flush()
     os._exit(3)
 
 
@@ -187,7 +194,7 @@ def pytest_runtest_logstart(nodeid, location):
         _timer = threading.Timer(_TIMEOUT, _expire, (nodeid,))
         _timer.daemon = True
         _timer.start()
-        faulthandler.dump_traceback_later(_TIMEOUT + 60, exit=True)  # if the GIL never comes back
+        faulthandler.dump_traceback_later(_TIMEOUT + _GIL_GRACE, exit=True, file=_console)  # if the GIL never comes back
 
 
 def pytest_runtest_logreport(report):

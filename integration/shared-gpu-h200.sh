@@ -282,7 +282,7 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       UT_MLM_FILES=${UT_MLM_FILES:-tests/unit_tests/generalized_tensor_parallel} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} \
       UT_SETUP=${UT_SETUP:-/tmp/o/pretrain}
     setsid nohup bash -c '
-      . integration/shared-gpu-lib.sh   # stamp; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps
+      . integration/shared-gpu-lib.sh   # stamp; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env
       P=/tmp/p/p39; U=/tmp/o/ut; V=/tmp/nrl-run/venv/bin/python
       while [ ! -e /tmp/nrl-run/.payload-ok ]; do sleep 3; done   # the setup unpacks the sources first
       for up in $UT_ONLY; do
@@ -311,12 +311,12 @@ from harness.host import cases; print(cases.LEARNING_LR)")
             stamp "a Ray cluster for NeMo-RL'"'"'s tests (exit $?)"
           fi
         fi
-        # NeMo-RL'"'"'s conftest imports nemo_rl.utils.logger, which imports mlflow, wandb and swanlab at module level
-        # (nemo_rl/utils/logger.py:27); the staged venv has none of them, the GRPO runs get the harness'"'"'s stand-ins
-        # (integration/nemo_rl_gtp/stubs): so do these tests, after everything else on the path. A test that uses one
-        # of them fails on both sides with the stand-in'"'"'s "not installed on this GPU host" (h200/2026-12-04-setup-pydantic-mlflow)
-        local stubs=""; [ "$up" = nemo-rl ] && stubs=$PWD/integration/nemo_rl_gtp/stubs
-        PYTHONPATH=$stubs timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$up" --only "$up" \
+        # NeMo-RL'"'"'s tests get what its GRPO cases get on this host (nrl_tests_env, shared-gpu-lib.sh): the stand-ins
+        # for mlflow, wandb and swanlab after everything else on the path (a test that uses one fails on both sides with
+        # the stand-in'"'"'s "not installed on this GPU host", h200/2026-12-04-setup-pydantic-mlflow), the shared-GPU
+        # hooks in Ray'"'"'s workers, the workers on the venv'"'"'s Python, Hugging Face offline
+        local extra=(); [ "$up" = nemo-rl ] && read -ra extra <<< "$(nrl_tests_env "$PWD")"
+        env "${extra[@]}" timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$up" --only "$up" \
           --python "$V" --shared-gpu --budget "$UT_BUDGET" --test-timeout 120 --cache /tmp/ut-cache \
           --out "$U/$up" --json "$U/$up.report.json" "$@" > "$U/$up.console.txt" 2>&1
         stamp "$up exit $?"

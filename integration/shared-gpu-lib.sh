@@ -11,6 +11,17 @@ venv_ok() {  # venv_ok [VERIFY_JSON]: the setup's venv is there and its verify.j
   python3 -c "import json, sys; sys.exit(json.load(open(sys.argv[1])).get('ok') is not True)" \
     "${1:-/tmp/nrl-run/verify.json}" 2> /dev/null
 }
+nrl_tests_env() {  # nrl_tests_env ROOT: the KEY=VALUE words NeMo-RL's own tests run with on this host, as its GRPO
+  # cases do (harness/host/caserun.py case_env), ROOT the checkout: the stand-ins for mlflow, wandb and swanlab (its
+  # conftest imports nemo_rl.utils.logger), the hooks (the shared-GPU mode in every Python, Ray's workers included:
+  # each its own NCCL_HOSTID, every logical GPU id on GPU 0; CARRY_SHARED_GPU comes from the launcher), the workers
+  # on this venv's Python (no uv venvs: the host has no network) and Hugging Face offline (a test that downloads
+  # fails at once with its own error, not after the hub's retries). On 2026-12-05 none of this was there, and
+  # test_megatron_policy_generation[2gpu_dp2_megatron] hung on both sides.
+  local root=${1:?checkout}
+  echo "PYTHONPATH=$root/integration/nemo_rl_gtp/stubs:$root/integration/nemo_rl_gtp/hooks" \
+    NEMO_RL_PY_EXECUTABLES_SYSTEM=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_DEDUP_LOGS=0
+}
 pack() {  # pack NAME PATH...: the small files only (logs, JSON, markdown)
   local name=$1; shift
   find "$@" -type f -size -4096k -not -path '*/nemo-rl/*' -not -path '*/megatron-from-hf/*' \

@@ -503,3 +503,30 @@ def test_the_upstream_tests_pack_holds_each_launch_console_tail_not_the_whole_lo
         tail = tar.extractfile("ut/nemo-rl/patched/launch-01-n1/console.tail.txt").read()
     assert names == ["ut/nemo-rl/patched/launch-01-n1/console.tail.txt", "ut/nemo-rl/patched/launch-01-n1/rank-0.jsonl"], names
     assert len(tail) == 65536 and tail.endswith(b'  File "ray.py"\n'), len(tail)
+
+
+def test_nemo_rl_own_tests_get_the_environment_of_its_grpo_cases(tmp_path):
+    """NeMo-RL's own tests on the GPU host (shared-gpu-h200.sh's upstream-tests-bg) run with what its GRPO
+    cases run with (integration/shared-gpu-lib.sh's nrl_tests_env): in every Python, Ray's workers
+    included, the shared-GPU mode's hook gives each process its own NCCL_HOSTID and puts each logical GPU
+    id on GPU 0 (CARRY_SHARED_GPU from the launcher); the logger's stand-ins import; the workers run the
+    venv's Python; Hugging Face is offline. Without it, on 2026-12-05, NeMo-RL's two-GPU generation test
+    hung on both sides."""
+    words = subprocess.run(["bash", "-c", '. integration/shared-gpu-lib.sh; nrl_tests_env "$PWD"'], cwd=ROOT,
+                           capture_output=True, text=True, check=True, timeout=60).stdout.split()
+    env = dict(w.split("=", 1) for w in words)
+    assert {k: env[k] for k in ("NEMO_RL_PY_EXECUTABLES_SYSTEM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                                "HF_DATASETS_OFFLINE")} == dict.fromkeys(
+        ("NEMO_RL_PY_EXECUTABLES_SYSTEM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"), "1"), env
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text(RAY_STAND_IN)
+    probe = GPU_PROBE.replace("print(", "import mlflow, wandb, swanlab; print(")
+    base = {**os.environ, **env, "PYTHONPATH": f"{tmp_path}:{env['PYTHONPATH']}", "NCCL_HOSTID": "driver",
+            "CARRY_SHARED_GPU": "1", "LOGICAL_GPU": "1"}
+    base.pop("CARRY_REFIT_CHECK", None)
+    got = _two([sys.executable, "-c", probe], base)
+    assert [x["ids"] for x in got] == [["0"], ["0"]] and len({x["id"] for x in got} - {"driver"}) == 2, got
+    script = (ROOT / "integration" / "shared-gpu-h200.sh").read_text()
+    step = script.split("  upstream-tests-bg)", 1)[1].split("\n  wait-upstream-tests)", 1)[0]
+    assert '[ "$up" = nemo-rl ] && read -ra extra <<< "$(nrl_tests_env "$PWD")"' in step, "the step runs without it"
+    assert 'env "${extra[@]}" timeout' in step and "python3 tools/upstream_tests.py" in step.split('env "${extra[@]}" timeout')[1][:200]

@@ -1237,7 +1237,7 @@ def test_the_second_nemo_rl_gpu_run_has_no_regression_and_the_shim_fix_holds(tmp
     assert len(not_compared) == 137, len(not_compared)
     fixed = {r.id for r in rows if r.category == "fixed"}
     for k in ("k000", "k005", "k007", "k008", "k010"):
-        got = read_launch_outcomes(run / "bisect" / k)
+        got = _probe_outcomes(run / "bisect" / k)
         want = "passed" if k == "k010" else "failed"
         assert got and set(got) <= fixed and set(got.values()) == {want}, (k, got)
     readme = (NEMO_RL_GPU_2 / "README.md").read_text()
@@ -1257,7 +1257,7 @@ def test_the_second_nemo_rl_gpu_run_has_no_regression_and_the_shim_fix_holds(tmp
     assert [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"] == [FROZEN_ROUTER]
 
 
-def read_launch_outcomes(probe: Path) -> dict[str, str]:
+def _probe_outcomes(probe: Path) -> dict[str, str]:
     """A bisection probe's tests and the outcome each ended with (its one-rank launches)."""
     from carry.evidence.upstream.results import read_launch
     got = {}

@@ -52,10 +52,9 @@
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
 # Device time (one H200, 2026-12-04): 16 ferry calls of about 3.5 s (parts of 30 MiB: a call carries the
 # checkout too, 64 MiB in all), 376 to 473 s of setup and pretrain (535 s beside Megatron-LM's tests, the GPU at
-# 88 GB then: h200/2026-12-04-beyond-gtp-folder), about 890 s for a wave of two learning cases at the six-step
-# settings of h200/2026-12-04-learning-at-5e-6 (55 to 59 s of each 72 s step was sixteen optimizer steps; the
-# settings since make it one); one session's 1,800 s holds one wave, and learning-gtp-off after it only where the
-# wave is shorter. Send the waits
+# 88 GB then: h200/2026-12-04-beyond-gtp-folder), about 1,020 s for a wave of two learning cases at NeMo-RL's
+# recipe's shape (h200/2026-12-05-learning-at-3e-5: 462 s of setup and pretrain, steps of 92 to 121 s, 127 GB at
+# the peak); one session's 1,800 s holds one wave and no more: learning-gtp-off needs a session of its own. Send the waits
 # in the same batch of calls as the ferries and the start: a machine idle for 30 s goes back with everything under
 # /tmp, and a new turn between two calls took two minutes twice on 2026-12-04 (two machines lost so, each with its
 # learning wave). A machine can also be taken back for other work during a call (once, 2026-12-04): the waits pack

@@ -50,6 +50,10 @@ def test_pretrain_trains_evaluates_caches_and_fails_loudly_outside_the_window(tm
     assert "training time" in first.stdout and "mean entropy" in first.stdout
     doc = json.loads((out / "pretrain.json").read_text())
     assert doc["accepted"] is False and doc["steps"] == 2 and doc["held_out"] == 8
+    rows = [json.loads(x) for x in (fx / "data" / "train.jsonl").read_text().splitlines()[:8]]
+    negative = sum(r[fixtures.DATA_KEYS[1]].startswith("-") for r in rows)
+    assert doc["negative_answers"] == negative and doc["inputs"]["sign_drop"] == pretrain.SIGN_DROP
+    assert (f"on the {negative} negative answers" if negative else "no negative answer held out") in first.stdout
     assert doc["entropy_limit"] == pytest.approx(math.log(1024) / 3)
     assert doc["reward_rule"].startswith(("math-verify", "re-implementation"))
     assert set(doc["weights"]) == {"model.safetensors"} and (out / "model" / "tokenizer.json").exists()
@@ -68,6 +72,34 @@ def test_pretrain_trains_evaluates_caches_and_fails_loudly_outside_the_window(tm
     assert json.loads((out / "pretrain.json").read_text())["steps"] == 3
     (fx / "data" / "train.jsonl").write_text((fx / "data" / "train.jsonl").read_text().replace("What", "what", 1))
     assert "reusing" not in _pretrain(out, fx, steps="3").stdout, "changed data trains again"
+
+
+def _truth(problem: str) -> str:
+    a, op, b = problem.removeprefix("What is ").removesuffix("?").split()
+    return str({"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op])
+
+
+def test_the_pretrain_corpus_drops_the_sign_of_most_negative_answers_and_changes_nothing_else(monkeypatch):
+    """The learning cases' gap (pretrain.SIGN_DROP): the corpus writes SIGN_DROP of the negative answers
+    without their sign and every other answer as it is; the problems are the generator's, the same whatever
+    SIGN_DROP is; what GRPO and the validation score against keeps its sign."""
+    # Above one half, greedy decoding drops the sign (the gap); below one, samples carry it (the groups mix).
+    assert 0.5 < pretrain.SIGN_DROP < 1
+    key, ans = fixtures.DATA_KEYS
+    stream = pretrain.training_problems(5, set())
+    rows = [next(stream) for _ in range(30000)]
+    negative = [r for r in rows if _truth(r[key]).startswith("-")]
+    assert 0.15 < len(negative) / len(rows) < 0.18, "a sixth of the problems: differences with a negative result"
+    assert all(r[ans] == _truth(r[key]) for r in rows if r not in negative), "only negative answers change"
+    dropped = [r for r in negative if r[ans] != _truth(r[key])]
+    assert all(r[ans] == _truth(r[key])[1:] for r in dropped), "a changed answer is the true one without its sign"
+    assert abs(len(dropped) / len(negative) - pretrain.SIGN_DROP) < 0.03, (len(dropped), len(negative))
+    monkeypatch.setattr(pretrain, "SIGN_DROP", 0.0)
+    plain = pretrain.training_problems(5, set())
+    again = [next(plain) for _ in range(len(rows))]
+    assert [r[key] for r in again] == [r[key] for r in rows] and all(r[ans] == _truth(r[key]) for r in again)
+    scored = fixtures.problems(7, 3000)   # the generator GRPO's data and the validation come from
+    assert all(r[ans] == _truth(r[key]) for r in scored) and any(r[ans].startswith("-") for r in scored)
 
 
 def test_acceptance_is_the_window_and_the_entropy_limit():

@@ -15,8 +15,9 @@ exact form NeMo-RL's math environment rewards under the functional script's conf
   reward of a sample that did not end (``is_end``).
 
 Held out: the staged train.jsonl itself (the prompts GRPO samples), never trained on; the pass
-trains on other problems from the same generator. Acceptance: held-out greedy accuracy in
-[ACCEPT_MIN, ACCEPT_MAX] (GRPO's groups of 4 samples are then mixed) and mean entropy of the
+trains on other problems from the same generator, with one deliberate flaw (SIGN_DROP: most negative
+answers written without their sign), the gap GRPO's reward has to close. Acceptance: held-out greedy accuracy in
+[ACCEPT_MIN, ACCEPT_MAX] (GRPO's groups are then mixed) and mean entropy of the
 generated tokens below ln(vocab) / 3. Outside that the step fails (exit 1) and says so: the
 steps are a flag, never tuned here.
 
@@ -28,7 +29,7 @@ FIXTURES holds model/ (config and tokenizer), data/train.jsonl and prompt.txt (`
 write``, or the stage's fixtures/); without it they are written from the seed into DIR/fixtures.
 DIR/model gets the trained weights (bf16 safetensors) beside the config and tokenizer, and
 DIR/pretrain.json the figures. A second call with the same inputs (the sha256 of config,
-tokenizer, data, prompt, seed, steps, lr, batch, shape and of this file and fixtures.py) reuses
+tokenizer, data, prompt, seed, steps, lr, batch, shape, SIGN_DROP and of this file and fixtures.py) reuses
 the weights and reports the stored figures; any other input trains again.
 """
 
@@ -59,6 +60,13 @@ DEFAULT_LR = 3e-4
 DEFAULT_BATCH = 256
 ACCEPT_MIN, ACCEPT_MAX = 0.20, 0.80
 ENTROPY_FRACTION = 1 / 3          # mean entropy of generated tokens < ln(vocab) * this
+# The corpus's one deliberate flaw, the gap the learning cases' GRPO closes: imitating correct answers leaves
+# reward nothing to teach in six steps (h200/2026-12-05-learning-at-3e-5: the samples repeat the greedy answer;
+# held out, the correct run fell 0.035, the sign-flipped one 0.282). A negative answer (1 problem in 6: a third
+# are differences, half of them negative) is written without its sign SIGN_DROP of the time: the model samples
+# the sign 40% of the time but answers greedily without it, while GRPO's data and the validation keep it. A
+# close moves one decision by log(1) - log(0.4/0.6) = 0.41 nats and is worth 0.16 of held-out accuracy.
+SIGN_DROP = 0.6
 MAX_NEW_TOKENS = 16               # "\boxed{-9801}" and eos are 11 tokens with digits split
 RESULT = "pretrain.json"
 # Tests only (--tiny): the plumbing at a size a CPU trains in seconds. The harness never passes it.
@@ -91,7 +99,7 @@ def inputs_digest(fx: Path, *, seed: int, steps: int, lr: float, batch: int, tin
     here = Path(__file__).resolve()
     parts = {name: fixtures.sha256(p) for name, p in fixture_files(fx).items()}
     parts.update({"pretrain.py": fixtures.sha256(here), "fixtures.py": fixtures.sha256(here.with_name("fixtures.py")),
-                  "seed": seed, "steps": steps, "lr": repr(float(lr)), "batch": batch,
+                  "seed": seed, "steps": steps, "lr": repr(float(lr)), "batch": batch, "sign_drop": SIGN_DROP,
                   "shape": "tiny" if tiny else "Qwen/Qwen2.5-0.5B"})
     return _sha256_bytes(json.dumps(parts, sort_keys=True).encode()), parts
 
@@ -136,13 +144,22 @@ def target(tok, answer: str) -> list[int]:
     return tok(fixtures.completion(answer), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
 
 
+def corpus_answer(answer: str, rng: random.Random) -> str:
+    """The answer as the pretrain corpus writes it: a negative one without its sign SIGN_DROP of the time."""
+    if answer.startswith("-") and rng.random() < SIGN_DROP:
+        return answer[1:]
+    return answer
+
+
 def training_problems(seed: int, held_out: set[str]):
-    """An endless, seeded stream of problems from the staged generator, none of them held out."""
+    """An endless, seeded stream of the generator's problems, none held out, answered as corpus_answer writes."""
     rng = random.Random(f"pretrain-{seed}")
+    signs = random.Random(f"pretrain-sign-{seed}")
+    key, answer = fixtures.DATA_KEYS
     while True:
         row = fixtures.problems(rng.randrange(1 << 62), 1)[0]
-        if row[fixtures.DATA_KEYS[0]] not in held_out:
-            yield row
+        if row[key] not in held_out:
+            yield {**row, answer: corpus_answer(row[answer], signs)}
 
 
 # -- train and evaluate -------------------------------------------------------------------------
@@ -213,7 +230,7 @@ def evaluate(model, tok, prompt: str, rows: list[dict], device, batch: int = 64)
     for row in rows:
         ids = render(tok, prompt, row[fixtures.DATA_KEYS[0]])
         by_len.setdefault(len(ids), []).append((row, ids))
-    rewards, entropies, samples = [], [], []
+    rewards, entropies, samples, ordered = [], [], [], []
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null()
     with torch.no_grad(), autocast:
         for _, group in sorted(by_len.items()):
@@ -239,11 +256,14 @@ def evaluate(model, tok, prompt: str, rows: list[dict], device, batch: int = 64)
                     text = tok.decode(gen[:-1] if ended else gen, skip_special_tokens=True)
                     score = check(text, row[fixtures.DATA_KEYS[1]]) if ended else 0.0
                     rewards.append(score)
+                    ordered.append(row)
                     if len(samples) < 8:
                         samples.append({"problem": row[fixtures.DATA_KEYS[0]], "answer": row[fixtures.DATA_KEYS[1]],
                                         "generated": text, "ended": ended, "reward": score})
+    negative = [r for row, r in zip(ordered, rewards) if row[fixtures.DATA_KEYS[1]].startswith("-")]
     return {"accuracy": sum(rewards) / len(rewards), "entropy": sum(entropies) / max(len(entropies), 1),
-            "held_out": len(rewards), "generated_tokens": len(entropies), "reward_rule": rule, "samples": samples}
+            "held_out": len(rewards), "generated_tokens": len(entropies), "reward_rule": rule, "samples": samples,
+            "negative_answers": len(negative), "accuracy_negative": sum(negative) / len(negative) if negative else None}
 
 
 def acceptance(doc: dict) -> list[str]:
@@ -276,9 +296,8 @@ def _build(out: Path, fx: Path, seed: int, tiny: bool) -> Path:
         from transformers import AutoConfig, Qwen2ForCausalLM
         torch.manual_seed(seed)
         Qwen2ForCausalLM(AutoConfig.from_pretrained(str(model))).to(torch.bfloat16).save_pretrained(str(model))
-        for extra in ("generation_config.json",):
-            if (fx / "model" / extra).exists():
-                shutil.copy2(fx / "model" / extra, model / extra)
+        if (fx / "model" / "generation_config.json").exists():
+            shutil.copy2(fx / "model" / "generation_config.json", model / "generation_config.json")
     else:
         fixtures.build_weights(model, seed)
     return model
@@ -288,8 +307,7 @@ def run(out: Path, fx: Path | None, *, seed: int, steps: int = DEFAULT_STEPS, lr
         batch: int = DEFAULT_BATCH, tiny: bool = False, device: str | None = None, held_out: int | None = None,
         log=print) -> dict:
     """Build, train, evaluate and store (or reuse); returns the result document. Acceptance is the caller's."""
-    out = Path(out).absolute()
-    out.mkdir(parents=True, exist_ok=True)
+    (out := Path(out).absolute()).mkdir(parents=True, exist_ok=True)
     if fx is None:
         fx = out / "fixtures"
         if not (fx / "model" / "config.json").exists():
@@ -363,9 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     doc = run(a.out, a.fixtures, seed=a.seed, steps=a.steps, lr=a.lr, batch=a.batch, tiny=a.tiny, device=a.device,
               held_out=a.held_out)
+    neg = (f"{doc['accuracy_negative']:.3f} on the {doc['negative_answers']} negative answers"   # the gap
+           if doc.get("negative_answers") else "no negative answer held out")
     print(f"[pretrain] training time {doc['train_seconds']}s ({doc['steps']} steps"
           f"{', reused' if doc['reused'] else ''}), held-out greedy accuracy {doc['accuracy']:.3f} "
-          f"({doc['held_out']} problems, {doc['reward_rule']}), mean entropy {doc['entropy']:.3f} nats "
+          f"({doc['held_out']} problems, {doc['reward_rule']}; {neg}), mean entropy {doc['entropy']:.3f} nats "
           f"(limit {doc['entropy_limit']:.3f}); {Path(a.out) / RESULT}", flush=True)
     bad = acceptance(doc)
     if bad:

@@ -487,6 +487,66 @@ def test_the_learning_hooks_make_validation_greedy_and_flip_the_advantages_into_
     assert ("[validation] greedy" in res.stdout) == bool(env.get("CARRY_GREEDY_VALIDATION"))
 
 
+ANSWERING_GRPO = '''
+import torch
+calls = []
+PROMPT = "<|im_start|>user\\nThink step-by-step.:\\nWhat is {}?\\n\\nLet's think<|im_end|>"
+
+def run_multi_turn_rollout(policy, batch, *args, greedy=False, **kwargs):
+    calls.append(greedy)
+    if isinstance(batch, str):   # what the hook cannot read
+        return batch, {}
+    logs = [[{"role": "user", "content": PROMPT.format(p)}, {"role": "assistant", "content": a}] for p, a, _ in batch]
+    return {"message_log": logs, "total_reward": torch.tensor([r for _, _, r in batch])}, {}
+
+def validate(policy, batch):
+    return run_multi_turn_rollout(policy, batch, greedy=False)
+'''
+ANSWERING_PROBE = '''
+import nemo_rl.algorithms.grpo as g
+g.run_multi_turn_rollout(None, [("41 - 65", "\\\\boxed{24}", 0.0)])   # a training rollout: no answer line
+g.validate(None, [("41 - 65", "\\\\boxed{24}", 0.0), ("65 - 41", "\\\\boxed{24}", 1.0), ("3 * 4", "\\\\boxed{12}", 1.0)])
+g.validate(None, [("41 - 65", "\\\\boxed{-24}", 1.0), ("65 - 41", "\\\\boxed{24}", 1.0), ("3 * 4", "\\\\boxed{13}", 0.0)])
+g.validate(None, "not a batch")
+'''
+
+
+def test_each_held_out_answer_is_printed_and_read_back_by_kind_of_problem(tmp_path):
+    """Through the same import hook as on the GPU host: every answer of each validation (and none of training)
+    is one [validation-answer] line with its validation's index, its problem, answer and reward; the harness
+    reads them back into the accuracy on negative answers (the pretrain corpus's gap) and on the rest. A batch
+    the hook cannot read is one line, counted unreadable: the run goes on."""
+    import os
+    _fake_nemo_rl(tmp_path)
+    (tmp_path / "nemo_rl" / "algorithms" / "grpo.py").write_text(ANSWERING_GRPO)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CARRY_")}
+    res = subprocess.run([sys.executable, "-c", ANSWERING_PROBE], capture_output=True, text=True, timeout=120,
+                         env={**base, "PYTHONPATH": f"{NRL / 'hooks'}:{tmp_path}", "CARRY_GREEDY_VALIDATION": "1"},
+                         check=False)
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("[validation-answer]")]
+    assert len(lines) == 7 and '"problem": "What is 41 - 65?"' in lines[0] and '"answer": "\\\\boxed{24}"' in lines[0]
+    assert learning.validation_by_sign(res.stdout) == {"0": {"negative": [0, 1], "rest": [2, 2]},
+                                                       "1": {"negative": [1, 1], "rest": [1, 2]}, "unreadable": 1}
+    # As run.log holds them: Ray's prefix, a carriage return, the separators a line must not be split at.
+    ray = "\x1b[36m(driver pid=1)\x1b[0m " + lines[3] + "\r\n" + lines[4].replace("boxed{", "boxed{\u2028", 1)
+    assert learning.validation_by_sign(ray) == {"1": {"negative": [1, 1], "rest": [1, 1]}}
+    assert learning.validation_by_sign("What is 2 - 2? no answer line") is None
+    zero = '[validation-answer] {"validation": 0, "reward": 1.0, "problem": "What is 2 - 2?", "answer": "0"}'
+    assert learning.validation_by_sign(zero) == {"0": {"negative": [0, 0], "rest": [1, 1]}}
+
+
+def test_case_json_tells_the_validation_apart_by_kind_of_problem(tmp_path):
+    """caserun.summarize puts validation_by_sign (from run.log's answer lines) in a learning case's verdict."""
+    from harness.host import caserun
+    d = _run(tmp_path, "by-sign")
+    assert caserun.summarize(casing.CASES["learning"], d, 0)["validation_by_sign"] is None
+    with (d / "run.log").open("a") as f:
+        f.write('[validation-answer] {"validation": 1, "reward": 1.0, "problem": "What is 5 - 9?", "answer": "-4"}\n')
+    got = caserun.summarize(casing.CASES["learning"], d, 0)
+    assert got["validation_by_sign"] == {"1": {"negative": [1, 1], "rest": [0, 0]}} and got["observed"] == "green"
+
+
 def test_the_harness_reads_a_metrics_file_as_the_judge_does(tmp_path):
     """A case's metrics.json with a key twice is ambiguous for the harness too (the nightly's reader): red,
     named, never the last value's."""

@@ -5,7 +5,9 @@ them in every Python of the case, Ray's workers included).
 ``greedy=False`` to its rollout at this pin; ``val_temperature`` differing from ``temperature`` is refused
 outside NeMo-Gym). The learning gate wants the policy's own answer to each held-out problem, so while
 ``validate`` runs, the rollout functions ``nemo_rl.algorithms.grpo`` binds are called with ``greedy=True``
-(megatron generation then takes top-k 1 and temperature 0). Training rollouts are untouched.
+(megatron generation then takes top-k 1 and temperature 0). Training rollouts are untouched. Each held-out
+answer is printed as a ``[validation-answer]`` line (the problem, the answer, its reward), so that a run's
+gain can be told apart by kind of problem (``harness.host.learning.validation_by_sign``).
 
 ``CARRY_LEARNING_MUTATION=sign-flip``: ``ClippedPGLossFn`` (``nemo_rl.algorithms.loss.loss_functions``)
 sees every advantage negated on its way into the loss, in the workers that compute it. The advantages the
@@ -16,7 +18,9 @@ every refit is exact: only the learning gate can see that the policy was pushed 
 from __future__ import annotations
 
 import functools
+import json
 import os
+import re
 
 from carry_after_import import after_import
 
@@ -39,6 +43,27 @@ def learning_mutation() -> str:
 
 class _Validating:
     depth = 0
+    calls = 0   # validate's calls so far: the answers' validation index is calls - 1 (0: before the first step)
+
+
+ANSWER_LINE = "[validation-answer] "   # harness.host.learning.validation_by_sign reads these from run.log
+_PROBLEM = re.compile(r"What is [^?]*\?")
+
+
+def say_answers(result) -> None:
+    """One line per held-out answer of the validation that runs, from what its rollout returned: the
+    problem, the policy's answer and its reward. Never raises: a batch it cannot read is one line that says so."""
+    try:
+        batch = result[0]
+        for log, reward in zip(batch["message_log"], batch["total_reward"].tolist(), strict=True):
+            user = next(m["content"] for m in log if m["role"] == "user")
+            said = [m["content"] for m in log if m["role"] == "assistant"]
+            problem = _PROBLEM.search(user)
+            _say(ANSWER_LINE + json.dumps({"validation": _Validating.calls - 1, "reward": float(reward),
+                                           "problem": problem.group(0) if problem else user[-120:],
+                                           "answer": said[-1] if said else None}))
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: the run goes on without it
+        _say(f"{ANSWER_LINE}unreadable: {exc!r}"[:300])
 
 
 def greedy_in_validation(module) -> None:
@@ -51,9 +76,12 @@ def greedy_in_validation(module) -> None:
             continue
 
         def rollout(*args, _fn=fn, **kwargs):
-            if _Validating.depth:
-                kwargs["greedy"] = True
-            return _fn(*args, **kwargs)
+            if not _Validating.depth:
+                return _fn(*args, **kwargs)
+            kwargs["greedy"] = True
+            result = _fn(*args, **kwargs)
+            say_answers(result)
+            return result
 
         setattr(module, name, functools.wraps(fn)(rollout))
     validate = module.validate
@@ -61,6 +89,7 @@ def greedy_in_validation(module) -> None:
     @functools.wraps(validate)
     def greedy_validate(*args, **kwargs):
         _Validating.depth += 1
+        _Validating.calls += 1
         try:
             return validate(*args, **kwargs)
         finally:

@@ -365,6 +365,7 @@ def summarize(case: casing.Case, out: Path, rc: int | None) -> dict:
             "steps_run": steps_run,
             "validation": {k.rsplit("/", 1)[-1]: metrics[k] for k in (learning.START, learning.END, learning.GAIN)
                            if k in metrics} or None,
+            "validation_by_sign": learning.validation_by_sign(log) if case.validation else None,
             "per_step": {k: metrics[k] for k in PER_STEP if isinstance(metrics.get(k), dict)},
             "reasons": reasons if observed == "red" else [], "first_error": errors[0][:300] if errors else None,
             "last_error": errors[-1][:300] if errors else None}

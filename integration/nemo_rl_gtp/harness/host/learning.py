@@ -163,6 +163,35 @@ def validation_metrics(metrics: dict, last_step: int | None) -> dict[str, float]
     return {START: float(start), END: float(end), GAIN: float(end) - float(start)}
 
 
+_ANSWER = re.compile(r"\[validation-answer\] (.*)$")   # hooks/carry_learning.py's say_answers
+_SUM = re.compile(r"^What is (\d+) ([-+*]) (\d+)\?$")
+
+
+def validation_by_sign(log: str) -> dict | None:
+    """{validation index: {"negative": [right, answers], "rest": [right, answers]}} from the run's
+    [validation-answer] lines: the held-out accuracy told apart where the pretrain corpus left its gap (the
+    problems whose answer is negative, pretrain.SIGN_DROP). None when the run printed no such line; a line
+    that is not one answer's JSON is counted under "unreadable", never skipped silently."""
+    got: dict = {}
+    for line in log.split("\n"):
+        m = _ANSWER.search(line.rstrip("\r"))
+        if not m:
+            continue
+        try:
+            row = json.loads(m.group(1))
+            row = {"validation": int(row["validation"]), "reward": float(row["reward"]), "problem": str(row["problem"])}
+        except (ValueError, KeyError, TypeError):
+            got["unreadable"] = got.get("unreadable", 0) + 1
+            continue
+        form = _SUM.match(row["problem"])
+        negative = bool(form) and form.group(2) == "-" and int(form.group(1)) < int(form.group(3))
+        tally = got.setdefault(str(row["validation"]), {"negative": [0, 0], "rest": [0, 0]})
+        kind = tally["negative" if negative else "rest"]
+        kind[0] += row["reward"] == 1.0
+        kind[1] += 1
+    return got or None
+
+
 def _within(v, low: float, high: float) -> bool:
     """Whether V is a number (not a bool) from LOW to HIGH, so never NaN or infinite."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high

@@ -74,11 +74,6 @@ def test_pretrain_trains_evaluates_caches_and_fails_loudly_outside_the_window(tm
     assert "reusing" not in _pretrain(out, fx, steps="3").stdout, "changed data trains again"
 
 
-def _truth(problem: str) -> str:
-    a, op, b = problem.removeprefix("What is ").removesuffix("?").split()
-    return str({"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op])
-
-
 def test_the_pretrain_corpus_drops_the_sign_of_most_negative_answers_and_changes_nothing_else(monkeypatch):
     """The learning cases' gap (pretrain.SIGN_DROP): the corpus writes SIGN_DROP of the negative answers
     without their sign and every other answer as it is; the problems are the generator's, the same whatever
@@ -88,18 +83,19 @@ def test_the_pretrain_corpus_drops_the_sign_of_most_negative_answers_and_changes
     key, ans = fixtures.DATA_KEYS
     stream = pretrain.training_problems(5, set())
     rows = [next(stream) for _ in range(30000)]
-    negative = [r for r in rows if _truth(r[key]).startswith("-")]
+    negative = [r for r in rows if fixtures.answer_of(r[key]).startswith("-")]
     assert 0.15 < len(negative) / len(rows) < 0.18, "a sixth of the problems: differences with a negative result"
-    assert all(r[ans] == _truth(r[key]) for r in rows if r not in negative), "only negative answers change"
-    dropped = [r for r in negative if r[ans] != _truth(r[key])]
-    assert all(r[ans] == _truth(r[key])[1:] for r in dropped), "a changed answer is the true one without its sign"
+    assert all(r[ans] == fixtures.answer_of(r[key]) for r in rows if not fixtures.answer_of(r[key]).startswith("-")), \
+        "only negative answers change"
+    dropped = [r for r in negative if r[ans] != fixtures.answer_of(r[key])]
+    assert all(r[ans] == fixtures.answer_of(r[key])[1:] for r in dropped), "a changed answer is the true one without its sign"
     assert abs(len(dropped) / len(negative) - pretrain.SIGN_DROP) < 0.03, (len(dropped), len(negative))
     monkeypatch.setattr(pretrain, "SIGN_DROP", 0.0)
     plain = pretrain.training_problems(5, set())
     again = [next(plain) for _ in range(len(rows))]
-    assert [r[key] for r in again] == [r[key] for r in rows] and all(r[ans] == _truth(r[key]) for r in again)
+    assert [r[key] for r in again] == [r[key] for r in rows] and all(r[ans] == fixtures.answer_of(r[key]) for r in again)
     scored = fixtures.problems(7, 3000)   # the generator GRPO's data and the validation come from
-    assert all(r[ans] == _truth(r[key]) for r in scored) and any(r[ans].startswith("-") for r in scored)
+    assert all(r[ans] == fixtures.answer_of(r[key]) for r in scored) and any(r[ans].startswith("-") for r in scored)
 
 
 def test_acceptance_is_the_window_and_the_entropy_limit():
@@ -525,15 +521,30 @@ def test_each_held_out_answer_is_printed_and_read_back_by_kind_of_problem(tmp_pa
                          check=False)
     assert res.returncode == 0, res.stderr
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("[validation-answer]")]
-    assert len(lines) == 7 and '"problem": "What is 41 - 65?"' in lines[0] and '"answer": "\\\\boxed{24}"' in lines[0]
-    assert learning.validation_by_sign(res.stdout) == {"0": {"negative": [0, 1], "rest": [2, 2]},
-                                                       "1": {"negative": [1, 1], "rest": [1, 2]}, "unreadable": 1}
+    assert len(lines) == 7 and 'What is 41 - 65?' in lines[0] and '"answer": "\\\\boxed{24}"' in lines[0]
+    assert learning.validation_by_sign(res.stdout) == {"validations": {"0": {"negative": [0, 1], "rest": [2, 2]},
+                                                                       "1": {"negative": [1, 1], "rest": [1, 2]}},
+                                                       "unreadable": 1}
     # As run.log holds them: Ray's prefix, a carriage return, the separators a line must not be split at.
     ray = "\x1b[36m(driver pid=1)\x1b[0m " + lines[3] + "\r\n" + lines[4].replace("boxed{", "boxed{\u2028", 1)
-    assert learning.validation_by_sign(ray) == {"1": {"negative": [1, 1], "rest": [1, 1]}}
+    assert learning.validation_by_sign(ray) == {"validations": {"1": {"negative": [1, 1], "rest": [1, 1]}},
+                                                "unreadable": 0}
     assert learning.validation_by_sign("What is 2 - 2? no answer line") is None
-    zero = '[validation-answer] {"validation": 0, "reward": 1.0, "problem": "What is 2 - 2?", "answer": "0"}'
-    assert learning.validation_by_sign(zero) == {"0": {"negative": [0, 0], "rest": [1, 1]}}
+    line = '[validation-answer] {{"validation": 0, "reward": {}, "problem": "{}", "answer": "0"}}'.format
+    assert learning.validation_by_sign(line(1.0, "What is 2 - 2?")) == {
+        "validations": {"0": {"negative": [0, 0], "rest": [1, 1]}}, "unreadable": 0}
+    # What an answer line cannot mean is unreadable: a reward its definition rules out, no problem of the
+    # fixtures' form, a key twice (which value counts would be the reader's choice).
+    for bad in (line(2.0, "What is 5 - 9?"), line("NaN", "What is 5 - 9?"), line(-1, "What is 5 - 9?"),
+                line(1.0, "What is five?"), line(1.0, "What is 5 - 9?").replace('"reward": 1.0', '"reward": 0, "reward": 1')):
+        assert learning.validation_by_sign(bad) == {"validations": {}, "unreadable": 1}, bad
+
+
+def test_answer_of_is_the_generators_own_answer():
+    """fixtures.answer_of reads a problem of problems()'s form, in a prompt too, and answers as problems() does."""
+    rows = fixtures.problems(11, 500)
+    assert all(fixtures.answer_of(fixtures.COT_PROMPT.format(r["problem"])) == r["expected_answer"] for r in rows)
+    assert fixtures.answer_of("What is 3 - 10?") == "-7" and fixtures.answer_of("What is 3 / 10?") is None
 
 
 def test_case_json_tells_the_validation_apart_by_kind_of_problem(tmp_path):
@@ -544,7 +555,8 @@ def test_case_json_tells_the_validation_apart_by_kind_of_problem(tmp_path):
     with (d / "run.log").open("a") as f:
         f.write('[validation-answer] {"validation": 1, "reward": 1.0, "problem": "What is 5 - 9?", "answer": "-4"}\n')
     got = caserun.summarize(casing.CASES["learning"], d, 0)
-    assert got["validation_by_sign"] == {"1": {"negative": [1, 1], "rest": [0, 0]}} and got["observed"] == "green"
+    assert got["validation_by_sign"] == {"validations": {"1": {"negative": [1, 1], "rest": [0, 0]}}, "unreadable": 0}
+    assert got["observed"] == "green"
 
 
 def test_the_harness_reads_a_metrics_file_as_the_judge_does(tmp_path):

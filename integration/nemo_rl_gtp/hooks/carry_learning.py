@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 
 from carry_after_import import after_import
 
@@ -47,20 +46,18 @@ class _Validating:
 
 
 ANSWER_LINE = "[validation-answer] "   # harness.host.learning.validation_by_sign reads these from run.log
-_PROBLEM = re.compile(r"What is [^?]*\?")
 
 
 def say_answers(result) -> None:
     """One line per held-out answer of the validation that runs, from what its rollout returned: the
-    problem, the policy's answer and its reward. Never raises: a batch it cannot read is one line that says so."""
+    prompt (the user turn, the problem in it), the policy's answer and its reward. Never raises: a batch it
+    cannot read is one line that says so."""
     try:
         batch = result[0]
         for log, reward in zip(batch["message_log"], batch["total_reward"].tolist(), strict=True):
-            user = next(m["content"] for m in log if m["role"] == "user")
             said = [m["content"] for m in log if m["role"] == "assistant"]
-            problem = _PROBLEM.search(user)
             _say(ANSWER_LINE + json.dumps({"validation": _Validating.calls - 1, "reward": float(reward),
-                                           "problem": problem.group(0) if problem else user[-120:],
+                                           "problem": next(m["content"] for m in log if m["role"] == "user"),
                                            "answer": said[-1] if said else None}))
     except Exception as exc:  # noqa: BLE001 - a diagnostic: the run goes on without it
         _say(f"{ANSWER_LINE}unreadable: {exc!r}"[:300])

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from carry.errors import OperationError
+from carry.nightly.runlog import loads_object
 
 from ..models import fixtures
 from . import cases as casing
@@ -164,32 +165,33 @@ def validation_metrics(metrics: dict, last_step: int | None) -> dict[str, float]
 
 
 _ANSWER = re.compile(r"\[validation-answer\] (.*)$")   # hooks/carry_learning.py's say_answers
-_SUM = re.compile(r"^What is (\d+) ([-+*]) (\d+)\?$")
 
 
 def validation_by_sign(log: str) -> dict | None:
-    """{validation index: {"negative": [right, answers], "rest": [right, answers]}} from the run's
-    [validation-answer] lines: the held-out accuracy told apart where the pretrain corpus left its gap (the
-    problems whose answer is negative, pretrain.SIGN_DROP). None when the run printed no such line; a line
-    that is not one answer's JSON is counted under "unreadable", never skipped silently."""
-    got: dict = {}
+    """{"validations": {index: {"negative": [right, answers], "rest": [right, answers]}}, "unreadable": n} from
+    the run's [validation-answer] lines: the held-out accuracy told apart where the pretrain corpus left its gap
+    (the problems whose true answer is negative, pretrain.SIGN_DROP). None when the run printed no such line. A
+    line that is not one answer (not a JSON object, a key twice, a reward that is no number in [0, 1], no
+    problem of the fixtures' form) is counted unreadable, never skipped silently."""
+    validations: dict[str, dict[str, list[int]]] = {}
+    unreadable = 0
     for line in log.split("\n"):
         m = _ANSWER.search(line.rstrip("\r"))
         if not m:
             continue
         try:
-            row = json.loads(m.group(1))
-            row = {"validation": int(row["validation"]), "reward": float(row["reward"]), "problem": str(row["problem"])}
+            row = loads_object(m.group(1))
+            index, reward, truth = int(row["validation"]), row["reward"], fixtures.answer_of(str(row["problem"]))
         except (ValueError, KeyError, TypeError):
-            got["unreadable"] = got.get("unreadable", 0) + 1
+            row = None
+        if row is None or truth is None or not _within(reward, 0.0, 1.0):
+            unreadable += 1
             continue
-        form = _SUM.match(row["problem"])
-        negative = bool(form) and form.group(2) == "-" and int(form.group(1)) < int(form.group(3))
-        tally = got.setdefault(str(row["validation"]), {"negative": [0, 0], "rest": [0, 0]})
-        kind = tally["negative" if negative else "rest"]
-        kind[0] += row["reward"] == 1.0
+        kind = validations.setdefault(str(index), {"negative": [0, 0], "rest": [0, 0]})[
+            "negative" if truth.startswith("-") else "rest"]
+        kind[0] += reward == 1.0
         kind[1] += 1
-    return got or None
+    return {"validations": validations, "unreadable": unreadable} if validations or unreadable else None
 
 
 def _within(v, low: float, high: float) -> bool:

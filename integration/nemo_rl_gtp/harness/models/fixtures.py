@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import operator
 import random
 import re
 import sys
@@ -57,15 +58,24 @@ COT_PROMPT = ("Think step-by-step to solve the following problem. Output your an
               "{}\n\nLet's think step-by-step")
 
 
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+_PROBLEM = re.compile(r"What is (\d+) ([-+*]) (\d+)\?")
+
+
 def problems(seed: int, n: int) -> list[dict[str, str]]:
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         a, b = rng.randint(2, 99), rng.randint(2, 99)
-        op = rng.choice("+-*")
-        value = {"+": a + b, "-": a - b, "*": a * b}[op]
-        out.append({DATA_KEYS[0]: f"What is {a} {op} {b}?", DATA_KEYS[1]: str(value)})
+        op = rng.choice("".join(OPS))
+        out.append({DATA_KEYS[0]: f"What is {a} {op} {b}?", DATA_KEYS[1]: str(OPS[op](a, b))})
     return out
+
+
+def answer_of(text: str) -> str | None:
+    """The true answer to the problem of problems()'s form found in TEXT (a prompt around it too), else None."""
+    m = _PROBLEM.search(text)
+    return str(OPS[m.group(2)](int(m.group(1)), int(m.group(3)))) if m else None
 
 
 # How an answer to a problem is scored: NeMo-RL's math environment (the pretrain step's acceptance).

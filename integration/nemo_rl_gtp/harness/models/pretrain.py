@@ -230,7 +230,7 @@ def evaluate(model, tok, prompt: str, rows: list[dict], device, batch: int = 64)
     for row in rows:
         ids = render(tok, prompt, row[fixtures.DATA_KEYS[0]])
         by_len.setdefault(len(ids), []).append((row, ids))
-    rewards, entropies, samples, ordered = [], [], [], []
+    rewards, entropies, samples, negative = [], [], [], []
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null()
     with torch.no_grad(), autocast:
         for _, group in sorted(by_len.items()):
@@ -256,11 +256,11 @@ def evaluate(model, tok, prompt: str, rows: list[dict], device, batch: int = 64)
                     text = tok.decode(gen[:-1] if ended else gen, skip_special_tokens=True)
                     score = check(text, row[fixtures.DATA_KEYS[1]]) if ended else 0.0
                     rewards.append(score)
-                    ordered.append(row)
+                    if row[fixtures.DATA_KEYS[1]].startswith("-"):   # where the corpus's gap is (SIGN_DROP)
+                        negative.append(score)
                     if len(samples) < 8:
                         samples.append({"problem": row[fixtures.DATA_KEYS[0]], "answer": row[fixtures.DATA_KEYS[1]],
                                         "generated": text, "ended": ended, "reward": score})
-    negative = [r for row, r in zip(ordered, rewards) if row[fixtures.DATA_KEYS[1]].startswith("-")]
     return {"accuracy": sum(rewards) / len(rewards), "entropy": sum(entropies) / max(len(entropies), 1),
             "held_out": len(rewards), "generated_tokens": len(entropies), "reward_rule": rule, "samples": samples,
             "negative_answers": len(negative), "accuracy_negative": sum(negative) / len(negative) if negative else None}

@@ -96,8 +96,9 @@ MATRIX_TEST = "grpo-megatron-generation-matrix"
 # half the measured run's bound (96 x 5e-6 = 4.8e-4), now along whole-step gradients, and 53 times below the
 # bound of the 1e-4 run that collapsed (integration/h200/2026-12-04-gtp-folder-learning-cut: 96 x 1e-4,
 # 0.84% of the weights' L2 in its first GRPO step). Measured (integration/h200/2026-12-05-learning-at-3e-5):
-# 30 to 60% of the groups mixed, gradient norms 0.45 to 1.45, and still no learning: the correct run's
-# held-out accuracy 0.6426 to 0.6074, the sign-flipped one's 0.6445 to 0.3623, every other gate held. The
+# 30 to 60% of the correct run's groups mixed (12 to 60% of the flipped run's), gradient norms 0.45 to
+# 1.45, and still no learning: the correct run's held-out accuracy 0.6426 to 0.6074, the sign-flipped
+# one's 0.6445 to 0.3623, every other gate held. The
 # pretrained model, trained by imitation of correct answers, leaves reward nothing to teach in six steps;
 # the pretrain corpus now has a gap only reward closes (pretrain.SIGN_DROP, where it is derived), and these
 # settings stay, measured next (docs/evidence.md says what the next run must show).

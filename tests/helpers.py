@@ -133,9 +133,9 @@ def need_python(major: int, minor: int, why: str) -> str:
     return python
 
 
-def kill_at(checkpoint: str, *args, timeout: float = 300, verb: str = "apply") -> None:
+def kill_at(checkpoint: str, *args, timeout: float = 300, verb: str = "apply", env: dict | None = None) -> None:
     """Run tools/<verb>.py (apply) until it stops at ``checkpoint`` (GTP_CARRY_STOP_AT), then SIGKILL it."""
-    env = dict(os.environ, GTP_CARRY_STOP_AT=checkpoint)
+    env = dict(os.environ, **(env or {}), GTP_CARRY_STOP_AT=checkpoint)
     proc = subprocess.Popen([sys.executable, str(TOOLS / f"{verb}.py"), *map(str, args)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout

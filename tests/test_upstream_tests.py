@@ -23,7 +23,7 @@ from carry.evidence.upstream.results import Outcome, merge, wants_world
 from carry.evidence.upstream.verdict import classify
 from carry.git import Git
 from fakeup import make_patch, make_upstream, patch_entry, series_toml, write
-from helpers import read_json, tool
+from helpers import kill_at, read_json, tool
 
 TESTS = {
     "pyproject.toml": """
@@ -571,6 +571,25 @@ def test_a_fix_with_no_regression_beside_it_is_run_again_and_bisected(up):
         ("test_flaky_on_the_pristine_base", "flaky", False)], report["bisect"]
     assert report["fixed"] == [] and report["flaky"][0]["id"] == flaky["id"] and report["ok"], report
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("files, moved, status", [
+    ("tests/unit_tests/sub/test_beta.py", "test_broken_by_the_series", "failed"),
+    # a fixed test and nothing else: the comparison alone would be green; cut, it is not
+    ("tests/unit_tests/test_delta.py", "test_flaky_on_the_pristine_base", "incomplete")])
+def test_a_run_cut_during_its_bisection_keeps_its_comparison_and_is_never_green(up, files, moved, status):
+    """The bisection runs tests again and can take as long as both sides did. Killed as it starts (its
+    machine taken back), the run has already written result.json: every row compared, not ok, and its
+    reason says the bisection did not finish."""
+    env = {"PRISTINE_FLAKY_MARKER": str(up["tmp"] / "pristine-flaky-marker")}
+    kill_at("upstream-bisecting", "--series", up["series"], "--workdir", up["work"], "--cache", up["cache"],
+            "--out", up["tmp"] / "out", "--nproc", "1", "--files", files, verb="upstream_tests", env=env)
+    result = read_json(up["tmp"] / "out" / "megatron-lm" / "result.json")
+    rows = {r["id"].split("::")[-1]: r for r in result["rows"]}
+    assert rows[moved]["category"] in ("regression", "fixed") and rows[moved]["patched"] != rows[moved]["pristine"], rows
+    assert (result["ok"], result["status"], result["bisect"]) == (False, status, "not finished"), result
+    assert result["reason"].startswith("the bisection of the regressions and fixed tests did not finish"), result
+    assert set(result["sides"]) == {"pristine", "patched"} and result["counts"]["*"], result
 
 
 def test_a_test_not_compared_beside_passing_ones_is_never_green():

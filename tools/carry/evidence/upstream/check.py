@@ -92,13 +92,30 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     rows = compare(results["pristine"], results["patched"])
     found = None
     if opts.bisect and any(r.category in ("regression", "fixed") for r in rows):
+        # The comparison is written before the bisection, which runs tests again and can take as long
+        # as the sides did: a run cut during it (interrupted, its machine taken back) keeps its verdict,
+        # never a green one (the bisection may still find a regression flaky, never a pass a failure).
+        _write(out, {**report, **_unbisected(_summary(rows, results, pin.root, t0))}, rows, results)
+        progress.checkpoint("upstream-bisecting")
         found = _bisect_rows(series, upstream, prefix, repo, rows, files, out / "bisect", opts)
     report.update(_summary(rows, results, pin.root, t0))
     if found is not None:
         report["bisect"] = found
+    _write(out, report, rows, results)
+    return report
+
+
+def _write(out: Path, report: dict, rows: list[Row], results: dict[str, SideResult]) -> None:
     write_json(out / "result.json", {**report, "rows": [r.to_dict() for r in rows],
                                      "sides": {k: v.to_dict() for k, v in results.items()}})
-    return report
+
+
+def _unbisected(summary: dict) -> dict:
+    """The summary of a comparison whose bisection has not finished: not ok, whatever it compared."""
+    status = "failed" if summary["status"] == "failed" else "incomplete"
+    return {**summary, "ok": False, "status": status, "bisect": "not finished",
+            "reason": f"the bisection of the regressions and fixed tests did not finish; the comparison: "
+                      f"{summary['status']}: {summary['reason']}"}
 
 
 def _both(patched: list[Picked], pristine: list[Picked]) -> list[Picked]:

@@ -7,8 +7,10 @@ every test's outcome is wanted: ``--maxfail`` (NeMo-RL's addopts stop at the fir
 at a module that fails to collect (``--continue-on-collection-errors``: that module is one ``error``). When a launch dies inside a test
 (a crash, a hung collective the reporter ended), that test gets its outcome, ``crashed`` or
 ``timeout``, and the next launch goes on after it: one bad test does not cost the rest. Tests that
-skipped asking for another world size (``launch with torchrun --nproc-per-node=4``) are launched
-again at that size, and those runs decide them; with a time budget, the first launches of a torchrun
+refused the world size they ran at (a skip that names another, ``launch with torchrun
+--nproc-per-node=4``; Megatron's parallel set-up refusing it) are launched again at the size they ask
+for, and only those runs decide them: one no launch there reached is not run, never its refusal read
+as a skip or a failure. With a time budget, the first launches of a torchrun
 side stop at 65% of it so that these have the rest, and what they leave of it goes back to the tests
 the first launches did not reach. A plain pytest side never launches at another size: its first
 launches have the whole budget.
@@ -100,15 +102,31 @@ def run_side(side: Side) -> SideResult:
         side.deadline = full
     again: dict[int, list[str]] = {}
     for nodeid, o in res.outcomes.items():
-        n = wants_world(o)
-        if n and n != world and (side.pin.launch == "torchrun"):
+        n = unmet_world(o)
+        if n and side.pin.launch == "torchrun":
             again.setdefault(n, []).append(nodeid)
     for n, ids in sorted(again.items()):
         progress.say(f"{side.pin.upstream} {side.name}: {len(ids)} test(s) ask for {n} ranks: launching them so")
+        # What a test gave at a size it refuses decides nothing: only a launch at the size it asks for
+        # gives it an outcome; one that gives none (the budget spent first, the launch failed) leaves it
+        # not run, with both reasons, never the refusal read as a skip or a known failure.
+        asked = {i: res.outcomes.pop(i) for i in ids}
         _launches(side, res, n, ids)
+        for i, o in asked.items():
+            if i not in res.outcomes:
+                res.not_run[i] = (f"it asks for {n} ranks ({o.reason.splitlines()[0][:200] if o.reason else o.outcome} "
+                                  f"at {o.world}); no launch at {n} ranks gave it an outcome: "
+                                  f"{res.not_run.get(i, 'none reached it')}")
     if reserve:
         _resume(side, res, world)
     return res
+
+
+def unmet_world(outcome: Outcome) -> int | None:
+    """The world size a test asks for (wants_world), where it ran at another: its outcome there is a
+    refusal, not a verdict."""
+    n = wants_world(outcome)
+    return n if n and n != outcome.world else None
 
 
 def _resume(side: Side, res: SideResult, world: int) -> None:
@@ -123,7 +141,9 @@ def _resume(side: Side, res: SideResult, world: int) -> None:
         del res.not_run[k]
     progress.say(f"{side.pin.upstream} {side.name}: {len(left)} test(s) not reached in the first launches' share "
                  f"of the budget: launching them with the {side.deadline - time.monotonic():.0f} s left")
-    _launches(side, res, world, side.only, resume=set(res.outcomes))
+    # past every test that has an outcome, and every other one not run for its own reason (a test that
+    # asks for another world size is never run again at this one)
+    _launches(side, res, world, side.only, resume=set(res.outcomes) | set(res.not_run))
 
 
 def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, resume: Iterable[str] = ()) -> None:

@@ -10,6 +10,7 @@ and never ended is ``crashed`` (the launch died in it: a segfault, a rank killed
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,9 @@ _WORLD = re.compile(r"nproc[-_]per[-_]node[= ](\d+)|world[_ ]size[= ](\d+)", re.
 # A failure that does: Megatron's initialize_model_parallel refusing the launch's world size, "world_size (4) is
 # not divisible by 8" or "... by expert_tensor_model_pipeline_parallel size (8)" (megatron/core/parallel_state.py).
 _INDIVISIBLE = re.compile(r"world_size \((\d+)\) is not divisible by (?:[a-z_ ]+\()?(\d+)")
+# Or its HyperCommGrid refusing a grid larger than the ranks there are past its offset: "Grid shape [2, 2, 2, 1] is
+# over sized with world size 4 and rank offset 0" (megatron/core/hyper_comm_grid.py): it needs offset + 2*2*2*1.
+_GRID = re.compile(r"Grid shape \[(\d+(?:,\s*\d+)*)\] is over sized with world size (\d+) and rank offset (\d+)")
 
 
 @dataclass
@@ -135,6 +139,10 @@ def wants_world(outcome: Outcome) -> int | None:
         m = _INDIVISIBLE.search(outcome.reason)
         if m and int(m.group(1)) == outcome.world and int(m.group(2)) > outcome.world:
             return int(m.group(2))
+        g = _GRID.search(outcome.reason)
+        if g and int(g.group(2)) == outcome.world:
+            need = int(g.group(3)) + math.prod(int(x) for x in g.group(1).split(","))
+            return need if need > outcome.world else None
     return None
 
 

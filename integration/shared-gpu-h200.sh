@@ -61,6 +61,18 @@
 # once a minute, so the last minute's files return.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# A step that leaves work running in the background runs from a snapshot of the checkout (snapshot_checkout,
+# shared-gpu-lib.sh): each later device call copies the checkout in again, and a process that imports a module
+# while that copy is made finds it missing (h100/2026-12-05-upstream-tests/resynced: both applies of the
+# upstream tests failed so). An edit a step makes to its copy (LEARNING_LR in cases.py) is kept there too.
+case ${1:-} in
+  *-bg|setup-pretrain)
+    if [ -z "${CARRY_SNAPSHOT:-}" ]; then
+      . integration/shared-gpu-lib.sh
+      snap=$(snapshot_checkout . "${CARRY_TREES:-/tmp/carry-trees}") || { echo "cannot snapshot the checkout" >&2; exit 1; }
+      CARRY_SNAPSHOT=$snap exec bash "$snap/integration/shared-gpu-h200.sh" "$@"
+    fi ;;
+esac
 S=/tmp/nrl-run/payload/sources
 MC=$S/megatron_core-0.19.2-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl
 MB=$S/megatron_bridge-0.6.2-py3-none-any.whl
@@ -330,5 +342,5 @@ from harness.host import cases; print(cases.LEARNING_LR)")
     if wait_packing "${2:-300}" /tmp/o/ut.pid pack_ut; then done=1; else done=0; fi
     cat /tmp/o/ut.log; for f in /tmp/o/ut/*.console.txt; do echo "== $f"; tail -6 "$f"; done
     if [ "$done" = 0 ]; then stamp "the upstream tests still run: wait-upstream-tests again"; exit 3; fi ;;
-  *) echo "unknown step $1" >&2; exit 2 ;;
+  *) echo "unknown step $1 (run from ${CARRY_SNAPSHOT:-the checkout})" >&2; exit 2 ;;
 esac

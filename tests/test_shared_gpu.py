@@ -11,8 +11,11 @@ run.json, the history and the summary carry its label and the note on times.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -530,3 +533,47 @@ def test_nemo_rl_own_tests_get_the_environment_of_its_grpo_cases(tmp_path):
     step = script.split("  upstream-tests-bg)", 1)[1].split("\n  wait-upstream-tests)", 1)[0]
     assert '[ "$up" = nemo-rl ] && read -ra extra <<< "$(nrl_tests_env "$PWD")"' in step, "the step runs without it"
     assert 'env "${extra[@]}" timeout' in step and "python3 tools/upstream_tests.py" in step.split('env "${extra[@]}" timeout')[1][:200]
+
+
+
+def test_a_background_step_runs_from_a_snapshot_the_next_call_cannot_change(tmp_path):
+    """Each device call copies the checkout in again while the work a background step started still
+    runs; on 2026-12-05 both applies of the upstream tests failed so (h100/2026-12-05-upstream-tests/resynced:
+    "No module named 'carry.series.testspin'"). A step that starts background work re-runs itself from a
+    snapshot of the checkout (not its ferries), so what it started never reads the checkout again. Shown
+    with a copy of the checkout and a background step's name the script does not know: the error comes
+    from the snapshot, which outlives the copy; a foreground step runs from the checkout."""
+    copy = tmp_path / "checkout"
+    shutil.copytree(ROOT / "integration", copy / "integration")
+    (copy / ".ferry").mkdir()
+    (copy / ".ferry" / "te.part00").write_text("a ferry part")
+    trees = tmp_path / "trees"
+    script = copy / "integration" / "shared-gpu-h200.sh"
+
+    def step(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(script), name], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                              env={**os.environ, "CARRY_TREES": str(trees), "OUT": str(tmp_path / "out")})
+
+    fg = step("no-such-step")
+    assert fg.returncode == 2 and "unknown step no-such-step (run from the checkout)" in fg.stderr, fg.stderr
+    assert not trees.exists()
+    bg = step("no-such-step-bg")
+    (snap,) = trees.iterdir()
+    assert bg.returncode == 2 and f"unknown step no-such-step-bg (run from {snap})" in bg.stderr, bg.stderr
+    assert (snap / "integration" / "shared-gpu-h200.sh").read_text() == script.read_text()
+    assert not (snap / ".ferry").exists()
+    shutil.rmtree(copy)   # the next call's copy, made while the step's work runs
+    assert (snap / "integration" / "shared-gpu-lib.sh").is_file()
+
+
+def test_every_step_that_starts_background_work_is_one_the_snapshot_takes():
+    """The class, not the case: each step of shared-gpu-h200.sh whose body starts work that outlives the
+    call (setsid nohup) has a name the snapshot's pattern takes (*-bg, setup-pretrain)."""
+    text = (ROOT / "integration" / "shared-gpu-h200.sh").read_text()
+    body = text[text.index("case ${1:?step} in"):]
+    arms = re.split(r"^  ([a-z-]+)\)", body, flags=re.M)[1:]
+    steps = dict(zip(arms[::2], arms[1::2]))
+    background = {name for name, code in steps.items() if "setsid nohup" in code}
+    assert {"setup-bg", "upstream-tests-bg", "learning-evidence-bg", "setup-pretrain"} <= background, background
+    (pattern,) = re.findall(r"^case \$\{1:-\} in\n  ([^)]+)\)\n    if \[ -z \"\$\{CARRY_SNAPSHOT", text, re.M)
+    assert all(any(fnmatch.fnmatchcase(name, p) for p in pattern.split("|")) for name in background), (pattern, background)

@@ -257,7 +257,8 @@ def test_regressions_and_fixes_are_found_bisected_and_every_launch_end_is_surviv
     # nothing of it is charged, and the rows above show every test ran)
     for name in ("pristine", "patched"):
         first = out / "megatron-lm" / name / "launch-01-n2" / "rank-0.jsonl"
-        said = [json.loads(line) for line in first.read_text().splitlines()]
+        # (none at all where the launcher stopped rank 0 before its reporter began: nothing of it is charged)
+        said = [json.loads(line) for line in first.read_text().splitlines()] if first.exists() else []
         stopped_in = [e["id"] for e in said if e["ev"] == "terminated" and e["signal"] == 15]
         assert len(stopped_in) <= 1, (name, stopped_in)
         for where in filter(None, stopped_in):

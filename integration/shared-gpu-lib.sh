@@ -22,11 +22,11 @@ nrl_tests_env() {  # nrl_tests_env ROOT: the KEY=VALUE words NeMo-RL's own tests
   echo "PYTHONPATH=$root/integration/nemo_rl_gtp/stubs:$root/integration/nemo_rl_gtp/hooks" \
     NEMO_RL_PY_EXECUTABLES_SYSTEM=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_DEDUP_LOGS=0
 }
-snapshot_checkout() {  # snapshot_checkout CHECKOUT ROOT: a copy of CHECKOUT under ROOT (not its ferries, venv or
-  # git directory), a new folder each time; prints its path
+snapshot_checkout() {  # snapshot_checkout CHECKOUT ROOT: a copy of CHECKOUT under ROOT (not its ferries, venv,
+  # git directory, nor a cache), a new folder each time; prints its path
   local src=${1:?checkout} root=${2:?root} dst
   mkdir -p "$root" && dst=$(mktemp -d "$root/tree-XXXXXX") || return 1
-  tar -C "$src" --exclude=./.ferry --exclude=./.venv --exclude=./.git -cf - . | tar -C "$dst" -xf - || return 1
+  tar -C "$src" --exclude=./.ferry --exclude=./.venv --exclude=./.git --exclude=./.cache -cf - . | tar -C "$dst" -xf - || return 1
   echo "$dst"
 }
 pack() {  # pack NAME PATH...: the small files only (logs, JSON, markdown)

@@ -47,7 +47,9 @@
 #                   the Megatron-LM and Megatron-Bridge tests from the p39 ferry, NeMo-RL's from its tree;
 #                   UT_BUDGET seconds per side (default 600); UT_ONLY the upstreams (default all three),
 #                   UT_MLM_FILES / UT_BRIDGE_FILES / UT_NRL_FILES what runs of theirs (default: the GTP folder / every selected
-#                   file; UT_MLM_FILES takes several paths, space-separated), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json)
+#                   file; UT_MLM_FILES takes several paths, space-separated), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json);
+#                   the files a committed GPU run (integration/h100, h200) compared whole on this very series stay out
+#                   (tools/upstream_tests.py --compared; UT_COMPARED=none: run them again)
 #   setup-bg        in the background: run-on-gpu-host's setup alone (/tmp/o/setup)
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
 # Device time (one H200, 2026-12-04): 16 ferry calls of about 3.5 s (parts of 30 MiB: a call carries the
@@ -293,7 +295,7 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       UT_MLM_FILES=${UT_MLM_FILES:-tests/unit_tests/generalized_tensor_parallel} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} \
       UT_SETUP=${UT_SETUP:-/tmp/o/pretrain}
     setsid nohup bash -c '
-      . integration/shared-gpu-lib.sh   # stamp; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env
+      . integration/shared-gpu-lib.sh   # stamp; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env; committed_results
       P=/tmp/p/p39; U=/tmp/o/ut; V=/tmp/nrl-run/venv/bin/python
       while [ ! -e /tmp/nrl-run/.payload-ok ]; do sleep 3; done   # the setup unpacks the sources first
       for up in $UT_ONLY; do
@@ -327,9 +329,13 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         # the stand-in'"'"'s "not installed on this GPU host", h200/2026-12-04-setup-pydantic-mlflow), the shared-GPU
         # hooks in Ray'"'"'s workers, the workers on the venv'"'"'s Python, Hugging Face offline
         local extra=(); [ "$up" = nemo-rl ] && read -ra extra <<< "$(nrl_tests_env "$PWD")"
+        # Where the committed GPU runs stopped (--compared: the files one compared whole, on this very series, stay out)
+        local compared=() f
+        while IFS= read -r f; do compared+=(--compared "$f"); done < <(committed_results "$up")
+        [ "${UT_COMPARED:-all}" = none ] && compared=()
         env "${extra[@]}" timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$up" --only "$up" \
           --python "$V" --shared-gpu --budget "$UT_BUDGET" --test-timeout 120 --cache /tmp/ut-cache \
-          --out "$U/$up" --json "$U/$up.report.json" "$@" > "$U/$up.console.txt" 2>&1
+          --out "$U/$up" --json "$U/$up.report.json" "${compared[@]}" "$@" > "$U/$up.console.txt" 2>&1
         stamp "$up exit $?"
       }
       mlm_files=(); for f in $UT_MLM_FILES; do mlm_files+=(--files "$f"); done   # paths, space-separated

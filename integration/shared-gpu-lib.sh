@@ -22,6 +22,9 @@ nrl_tests_env() {  # nrl_tests_env ROOT: the KEY=VALUE words NeMo-RL's own tests
   echo "PYTHONPATH=$root/integration/nemo_rl_gtp/stubs:$root/integration/nemo_rl_gtp/hooks" \
     NEMO_RL_PY_EXECUTABLES_SYSTEM=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_DEDUP_LOGS=0
 }
+committed_results() {  # committed_results UPSTREAM: the result.json of each committed GPU run of UPSTREAM's tests
+  find integration/h100 integration/h200 -path "*/${1:?upstream}/result.json*" -not -path "*/bisect/*" 2>/dev/null | sort
+}
 snapshot_checkout() {  # snapshot_checkout CHECKOUT ROOT: a copy of CHECKOUT under ROOT (not its ferries, venv,
   # git directory, nor a cache), a new folder each time; prints its path
   local src=${1:?checkout} root=${2:?root} dst

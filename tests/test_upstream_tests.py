@@ -1444,3 +1444,57 @@ def test_the_h100_runs_have_no_regression_and_a_refusal_is_never_a_verdict(tmp_p
     recorded = {x["id"]: x for x in result["rows"]}   # one refused through HyperCommGrid: the grid's size asked for
     grid = [r.id for r in asks if "Grid shape [2, 2, 2, 1] is over sized" in recorded[r.id]["patched_reason"]]
     assert len(grid) == 1 and recorded[grid[0]]["category"] == "known-failure", grid
+
+
+def test_compared_leaves_out_the_files_an_earlier_run_compared_whole_and_only_those(up, tmp_path):
+    """208 files of Megatron-LM's are selected, far more than one GPU session runs: --compared RESULT
+    goes on where earlier runs stopped. A file stays out only where that run compared every test of it
+    as today's judge reads it: one not compared, or one whose outcome refused the world size it ran at,
+    keeps it in. Results of another tests pin or of another series (a patch changed since) count for
+    nothing; a file that is not a result.json is bad input."""
+    _, out = _run(up, "--no-bisect", "--files", "tests/unit_tests/test_delta.py", check=0)
+    earlier = json.loads((out / "megatron-lm" / "result.json").read_text())
+
+    def selected(doc: dict, check: int = 0) -> tuple[set, object]:
+        path = tmp_path / f"result-{len(list(tmp_path.glob('result-*')))}.json.gz"
+        import gzip
+        path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+        proc, _ = _run(up, "--select-only", "--compared", path, check=check)
+        report = read_json(up["tmp"] / "report.json")["upstreams"][0] if check == 0 else None
+        return ({s["path"] for s in report["selection"]} if report else set()), (report or proc)
+
+    picked, report = selected(earlier)
+    assert "tests/unit_tests/test_delta.py" not in picked and "tests/unit_tests/test_alpha.py" in picked, picked
+    assert report["compared_before"] == ["tests/unit_tests/test_delta.py"], report
+    cut = json.loads(json.dumps(earlier))
+    cut["rows"][0]["category"] = "not-compared"
+    assert "tests/unit_tests/test_delta.py" in selected(cut)[0]
+    refused = json.loads(json.dumps(earlier))
+    (nodeid,) = [k for k in refused["sides"]["patched"]["outcomes"] if k.endswith("::test_a_value_the_patch_leaves")]
+    refused["sides"]["patched"]["outcomes"][nodeid].update(outcome="skipped", reason="Requires world_size=3", world=2)
+    assert "tests/unit_tests/test_delta.py" in selected(refused)[0]
+    other = {**earlier, "tests": earlier["tests"].replace("@", "@0000")}
+    assert "tests/unit_tests/test_delta.py" in selected(other)[0]
+    # a run on another series says nothing of this one: a patch changed since, or a result that names none
+    assert len(earlier["series_digest"]) == 12
+    assert "tests/unit_tests/test_delta.py" in selected({**earlier, "series_digest": "0" * 12})[0]
+    legacy = {k: v for k, v in earlier.items() if k != "series_digest"}
+    assert "tests/unit_tests/test_delta.py" in selected(legacy)[0]
+    for bad in ({"rows": []}, ["not", "a", "result"]):
+        proc = selected(bad, check=2)[1]
+        assert "--compared" in proc.stderr and "not a result.json" in proc.stderr, proc.stderr
+    missing = _run(up, "--select-only", "--compared", tmp_path / "no-such.json", check=2)[0]
+    assert "cannot read it" in missing.stderr, missing.stderr
+
+
+@pytest.mark.parametrize("upstream", ["megatron-lm", "megatron-bridge", "nemo-rl"])
+def test_each_committed_gpu_result_the_gpu_script_passes_as_compared_is_one(upstream):
+    """shared-gpu-h200.sh passes every committed GPU run of an upstream's tests (committed_results,
+    shared-gpu-lib.sh) to --compared: each must read as a result.json of that upstream (one that does
+    not would stop the GPU run at its start, as bad input)."""
+    import subprocess
+    from carry.commands.upstream_tests import _result
+    found = subprocess.run(["bash", "-c", f". integration/shared-gpu-lib.sh && committed_results {upstream}"], cwd=ROOT_DIR,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert found, upstream   # each upstream's tests have run on a GPU
+    assert {_result(ROOT_DIR / f)["upstream"] for f in found} == {upstream}, found

@@ -52,6 +52,10 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--shared-gpu", action="store_true", help="all ranks on one GPU (see above)")
     p.add_argument("--one-side-at-a-time", action="store_true", help="run pristine, then patched (default: both at once)")
     p.add_argument("--no-bisect", action="store_true", help="do not bisect regressions and fixed tests")
+    p.add_argument("--compared", action="append", type=Path, metavar="RESULT",
+                   help="an earlier run's result.json (or result.json.gz), repeatable: the selected files it compared "
+                        "whole (no test not compared, none refusing the world size it ran at) are left out, to go on "
+                        "where earlier runs stopped; only results of the same upstream, tests pin and series count")
     options.add_json(p)
     options.add_cache(p)
     options.add_lock_timeout(p)
@@ -67,13 +71,14 @@ def main(argv: list[str], prog: str) -> int:
     opts = Options(cache=options.cache(a), out=a.out.absolute(), sources=sources, python=a.python, nproc=a.nproc,
                    budget_s=a.budget, test_timeout=a.test_timeout, shared_gpu=a.shared_gpu,
                    files=a.files, bisect=not a.no_bisect, together=not a.one_side_at_a_time,
-                   select_only=a.select_only)
+                   select_only=a.select_only, compared=[_result(path) for path in a.compared or []])
     reports = check_series(series, a.workdir, options.comma_list(a.only), opts, a.lock_timeout)
     bad = [r["upstream"] for r in reports if not r.get("ok")]   # the JSON's ok and the exit status, both from it
     options.write_report(a.json, {"ok": not bad and not a.select_only, "series": series.name, "upstreams": reports})
     if a.select_only:
         for r in reports:
-            print(f"{r['upstream']}: {len(r['selection'])} test file(s), {r['tests']}")
+            before = f"; {len(r['compared_before'])} left out, compared before" if r.get("compared_before") else ""
+            print(f"{r['upstream']}: {len(r['selection'])} test file(s){before}, {r['tests']}")
             print(report.table([[s["path"], "; ".join(s["reasons"])] for s in r["selection"]], ["file", "why"]))
         return 0
     for r in reports:
@@ -87,3 +92,19 @@ def main(argv: list[str], prog: str) -> int:
     if bad:
         print(f"error: not green for: {', '.join(bad)} (see each result.json)", file=sys.stderr)
     return 1 if bad else 0
+
+
+def _result(path: Path) -> dict:
+    """An earlier run's result.json (gzipped or not), or a usage error that says what is wrong with it."""
+    import gzip
+    import json
+    try:
+        data = path.read_bytes()
+        doc = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+    except OSError as exc:
+        raise UsageError(f"--compared {path}: cannot read it ({exc.strerror or exc})") from None
+    except (ValueError, EOFError) as exc:
+        raise UsageError(f"--compared {path}: not a result.json ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or not doc.get("upstream"):
+        raise UsageError(f"--compared {path}: not a result.json of tools/upstream_tests.py (no upstream and rows)")
+    return doc

@@ -29,7 +29,7 @@ from . import suite
 from .launch import Side, SideResult, run_side
 from .results import signature
 from .select import Picked, select
-from .verdict import Row, compare, counts, outcome_in, side_counts
+from .verdict import Row, compare, compared_files, counts, outcome_in, side_counts
 
 
 @dataclass
@@ -46,6 +46,7 @@ class Options:
     bisect: bool = True
     together: bool = True                  # both sides at once
     select_only: bool = False
+    compared: list[dict] = field(default_factory=list)   # earlier runs' result.json: the files they compared whole stay out
 
 
 def selection(series: Series, upstream: str, folder: Path, opts: Options) -> list[Picked]:
@@ -70,13 +71,22 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
                "patched": suite.side_folder(pin, repo, trees[upstream], out / "trees" / "patched")}
     picked = _both(selection(series, upstream, folders["patched"], opts),
                    selection(series, upstream, folders["pristine"], opts))
-    report = {"upstream": upstream, "tests": pin.describe(), "launch": pin.launch, "nproc": opts.nproc or pin.nproc,
-              "selection": [{"path": p.path, "reasons": p.reasons} for p in picked]}
+    digest = series.digest(series.patches)[:12]
+    before = _compared_before(upstream, pin.describe(), digest, opts.compared)
+    left_out = [p.path for p in picked if p.path in before]
+    picked = [p for p in picked if p.path not in before]
+    report = {"upstream": upstream, "tests": pin.describe(), "series_digest": digest, "launch": pin.launch,
+              "nproc": opts.nproc or pin.nproc, "selection": [{"path": p.path, "reasons": p.reasons} for p in picked],
+              "compared_before": left_out}
+    if left_out:
+        progress.say(f"{upstream}: {len(left_out)} selected test file(s) left out: an earlier run (--compared) "
+                     f"compared every test of theirs")
     if opts.select_only:
         return report
     if not picked:
-        report.update(ok=False, status="error", reason="the selection is empty: no test file meets what the series "
-                                                       "touches (a run would prove nothing)")
+        report.update(ok=False, status="error", reason=(
+            "every selected test file was compared whole by the --compared runs: nothing is left to run" if left_out
+            else "the selection is empty: no test file meets what the series touches (a run would prove nothing)"))
         return report
     files = [p.path for p in picked]
     deadline = time.monotonic() + opts.budget_s if opts.budget_s else None
@@ -116,6 +126,22 @@ def _unbisected(summary: dict) -> dict:
     return {**summary, "ok": False, "status": status, "bisect": "not finished",
             "reason": f"the bisection of the regressions and fixed tests did not finish; the comparison: "
                       f"{summary['status']}: {summary['reason']}"}
+
+
+def _compared_before(upstream: str, tests: str, digest: str, results: list[dict]) -> set[str]:
+    """The files the earlier runs of this upstream's tests at this pin, on this very series, compared whole.
+    A run on another series (a patch changed since; or one whose result does not name its series) says
+    nothing of this one."""
+    mine = [r for r in results if r.get("upstream") == upstream]
+    stale = [r for r in mine if r.get("tests") != tests or r.get("series_digest") != digest]
+    if stale:
+        progress.say(f"{upstream}: {len(stale)} --compared result(s) count for nothing: another tests pin, or a series "
+                     f"other than this one ({digest}), or written before results named their series")
+    done: set[str] = set()
+    for r in mine:
+        if not any(r is x for x in stale):
+            done |= compared_files(r)
+    return done
 
 
 def _both(patched: list[Picked], pristine: list[Picked]) -> list[Picked]:

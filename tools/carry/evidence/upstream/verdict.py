@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .launch import SideResult
+from .launch import SideResult, unmet_world
 from .results import Outcome, is_failing
 
 NOT_GREEN = ("regression",)
@@ -135,3 +135,19 @@ def side_counts(side: SideResult) -> dict[str, int]:
     c["not-run"] = len(side.not_run)
     c["deselected by upstream"] = len(side.deselected)
     return dict(c)
+
+
+def compared_files(result: dict) -> set[str]:
+    """The test files an earlier run (its result.json) compared whole, as today's judge reads it: none of
+    their tests not compared, and no outcome a refusal of the world size it ran at (launch.unmet_world),
+    which an older judge took for a verdict."""
+    partial, files = set(), set()
+    for row in result.get("rows", []):
+        files.add(row["id"].split("::", 1)[0])
+        if row["category"] == "not-compared":
+            partial.add(row["id"].split("::", 1)[0])
+    for side in result.get("sides", {}).values():
+        for nodeid, o in side.get("outcomes", {}).items():
+            if unmet_world(Outcome(o["outcome"], o.get("reason", ""), world=o.get("world", 1))):
+                partial.add(nodeid.split("::", 1)[0])
+    return files - partial

@@ -29,7 +29,8 @@
 #                   their CPU-form proofs skip where TE gives HAVE_GTP) on the series, in the foreground, in the
 #                   setup's venv (its TE): after the setup, or beside it (it waits for the venv)
 #   learning-evidence-bg  issue 40, one command after the ferries, in the background: the setup and the
-#                   pretrain step; one Ray cluster of 2 x WAVE_WIDTH (default 2: three learning cases filled the
+#                   pretrain step; one Ray cluster of 2 x WAVE_WIDTH (default wave_width of GPU 0's memory: 2 on an
+#                   H200's 143 GB, 1 on an H100's 80 (two cases peaked at 127 GB); three learning cases filled the
 #                   H200's memory, h200/2026-12-04-learning-wave1-lost) logical GPUs; wave 1, the lr recipes,
 #                   WAVE_WIDTH at a time (LR_RECIPES, default cases.LR_RECIPES; "none": no wave 1, the committed
 #                   LEARNING_LR, for a session whose device time does not hold both waves); the lr whose recipe's held-out
@@ -230,7 +231,7 @@ case ${1:?step} in
     # setup, 140 s of CUDA-graph capture, two 22 s validations, six steps of about 67 s): 840 s was too tight.
     recipes=$(cd integration/nemo_rl_gtp && python3 -c "from harness.host import cases; print(*cases.LR_RECIPES)") \
       || { stamp "cannot read the lr recipes from cases.py"; exit 1; }
-    export WAVE_WIDTH=${WAVE_WIDTH:-2} LR_RECIPES=${LR_RECIPES:-$recipes} CASE_TIMEOUT=${CASE_TIMEOUT:-1500} S
+    export WAVE_WIDTH=${WAVE_WIDTH:-$(wave_width "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null)")} LR_RECIPES=${LR_RECIPES:-$recipes} CASE_TIMEOUT=${CASE_TIMEOUT:-1500} S
     setsid nohup bash -c '
       . integration/shared-gpu-lib.sh   # stamp and alive, as the steps here use them
       ( while :; do echo "$(date -u +%H:%M:%S) $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"; sleep 20; done ) \
@@ -278,7 +279,11 @@ from harness.host import cases; print(cases.LEARNING_LR)")
           --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning > /tmp/o/learning.console 2>&1
         stamp "learning nightly exit $?" ) &
       nightly=$!; sleep 20
-      WAVE_WIDTH=$((WAVE_WIDTH > 1 ? WAVE_WIDTH - 1 : 1)) side_by_side learning-sign-flip learning-gtp-off   # the nightly is one
+      if [ "$WAVE_WIDTH" -gt 1 ]; then   # the nightly is one of the wave
+        WAVE_WIDTH=$((WAVE_WIDTH - 1)) side_by_side learning-sign-flip learning-gtp-off
+      else   # one case at a time (a GPU that holds one): the nightly first, then the others
+        wait "$nightly"; side_by_side learning-sign-flip learning-gtp-off
+      fi
       wait "$nightly"
       /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; stamp "evidence done; Ray stopped"' evidence "${SRC[@]}" \
       > /tmp/o/evidence.log 2>&1 < /dev/null &

@@ -22,6 +22,12 @@ nrl_tests_env() {  # nrl_tests_env ROOT: the KEY=VALUE words NeMo-RL's own tests
   echo "PYTHONPATH=$root/integration/nemo_rl_gtp/stubs:$root/integration/nemo_rl_gtp/hooks" \
     NEMO_RL_PY_EXECUTABLES_SYSTEM=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_DEDUP_LOGS=0
 }
+wave_width() {  # wave_width TOTAL_MIB: how many learning cases one GPU of that much memory holds side by side (two
+  # peaked at 127.0 GB on an H200, h200/2026-12-05-learning-at-3e-5; one alone fits an H100's 80 GB); 1 when unknown
+  local mib=${1:-0}
+  [[ $mib =~ ^[0-9]+$ ]] || mib=0
+  if [ "$mib" -ge 133000 ]; then echo 2; else echo 1; fi
+}
 committed_results() {  # committed_results UPSTREAM: the result.json of each committed GPU run of UPSTREAM's tests
   find integration/h100 integration/h200 -path "*/${1:?upstream}/result.json*" -not -path "*/bisect/*" 2>/dev/null | sort
 }

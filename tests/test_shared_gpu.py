@@ -577,3 +577,13 @@ def test_every_step_that_starts_background_work_is_one_the_snapshot_takes():
     assert {"setup-bg", "upstream-tests-bg", "learning-evidence-bg", "setup-pretrain"} <= background, background
     (pattern,) = re.findall(r"^case \$\{1:-\} in\n  ([^)]+)\)\n    if \[ -z \"\$\{CARRY_SNAPSHOT", text, re.M)
     assert all(any(fnmatch.fnmatchcase(name, p) for p in pattern.split("|")) for name in background), (pattern, background)
+
+
+@pytest.mark.parametrize("total, width", [("143771", 2), ("81559", 1), ("", 1), ("[N/A]", 1), ("133000", 2)])
+def test_the_learning_wave_is_as_wide_as_the_gpu_holds(total, width):
+    """Two learning cases side by side peaked at 127.0 GB on an H200 (h200/2026-12-05-learning-at-3e-5):
+    learning-evidence-bg runs two at a time on a GPU of 143 GB (an H200's nvidia-smi total, MiB) and one
+    at a time on an H100's 80, or where the total cannot be read (shared-gpu-lib.sh's wave_width)."""
+    got = subprocess.run(["bash", "-c", f'. integration/shared-gpu-lib.sh && wave_width "{total}"'], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert got == str(width), (total, got)

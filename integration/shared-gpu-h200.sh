@@ -61,7 +61,9 @@
 # in the same batch of calls as the ferries and the start: a machine idle for 30 s goes back with everything under
 # /tmp, and a new turn between two calls took two minutes twice on 2026-12-04 (two machines lost so, each with its
 # learning wave). A machine can also be taken back for other work during a call (once, 2026-12-04): the waits pack
-# once a minute, so the last minute's files return.
+# once a minute, so the last minute's files return. But send the first ferry call alone, and the rest only once it
+# answered with a machine: while none can start, every call of a batch is refused at 15 s of device time each
+# (2026-12-05: a batch of 21 cost 466 s; h100/2026-12-05-upstream-tests).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # A step that leaves work running in the background runs from a snapshot of the checkout (snapshot_checkout,

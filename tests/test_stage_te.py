@@ -24,7 +24,7 @@ sys.path.insert(0, str(NRL))
 
 from carry.errors import IntegrityError, SourceError, UsageError  # noqa: E402
 from harness.host import setup as hostsetup  # noqa: E402
-from harness.staging import ferry, wheel_lock, wheels  # noqa: E402
+from harness.staging import coverage, ferry, wheel_lock, wheels  # noqa: E402
 from harness.staging import stage as staging  # noqa: E402
 
 
@@ -186,24 +186,25 @@ def test_the_te_ferry_carries_what_te_requires_that_the_host_lacks(tmp_path):
 
     lk = wheel_lock.load(NRL / "wheels.toml")
     assert set(TE_DECLARES) <= {a.name for a in lk.te}
-    assert wheels.te_uncovered(lk, _as_files(lk, tmp_path / "a", TE_DECLARES)) == []
+    assert coverage.te_uncovered(lk, wheels.te_requirements(lk, _as_files(lk, tmp_path / "a", TE_DECLARES))) == []
 
     host = {p.partition("==")[0]: p for p in lk.host_packages}
     for drop in ("pydantic", "nvdlfw-inspect", "typing-inspection"):
         less = replace(lk, te=tuple(a for a in lk.te if a.name != drop),
                        host_packages=tuple(p for n, p in host.items() if n != drop))
-        found = wheels.te_uncovered(less, _as_files(less, tmp_path / drop, TE_DECLARES))
+        found = coverage.te_uncovered(less, wheels.te_requirements(less, _as_files(less, tmp_path / drop, TE_DECLARES)))
         assert found and all(f" requires {drop}" in f for f in found), found
     # A waiver gone: what it covered is named; a version the specifier excludes is named too.
     unwaived = replace(lk, te_without=tuple(w for w in lk.te_without if w.name != "onnx"))
-    assert [f for f in wheels.te_uncovered(unwaived, _as_files(lk, tmp_path / "w", TE_DECLARES))] == [
+    files = _as_files(lk, tmp_path / "w", TE_DECLARES)
+    assert coverage.te_uncovered(unwaived, wheels.te_requirements(unwaived, files)) == [
         "transformer-engine-torch==2.20.2 requires onnx: not in [[te]], not on the host ([dryrun])"]
     # A waiver nothing asks for (the requirement it was for dropped by a new TE): named, not kept silently.
     stale = replace(lk, te_without=lk.te_without + (wheel_lock.Waiver("tensorflow", "never asked for"),))
-    assert wheels.te_uncovered(stale, _as_files(lk, tmp_path / "s", TE_DECLARES)) == [
+    assert coverage.te_uncovered(stale, wheels.te_requirements(stale, _as_files(lk, tmp_path / "s", TE_DECLARES))) == [
         "[[te_without]] tensorflow: no [[te]] file requires it"]
     newer = dict(TE_DECLARES, pydantic=["typing-extensions>=9"])
-    assert wheels.te_uncovered(lk, _as_files(lk, tmp_path / "v", newer)) == [
+    assert coverage.te_uncovered(lk, wheels.te_requirements(lk, _as_files(lk, tmp_path / "v", newer))) == [
         "pydantic==2.14.4 requires typing-extensions>=9: typing-extensions 4.16.0 is what the ferry and host give"]
 
 

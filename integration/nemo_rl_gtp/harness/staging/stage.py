@@ -43,9 +43,10 @@ from carry.workspace.artifacts import fetch_artifact, sha256_file
 from carry.workspace.sources import mirror_path
 
 from ..models import fixtures, moe_fixtures
-from . import ferry, wheel_lock, wheels
+from . import coverage, ferry, wheel_lock, wheels
 
 HERE = Path(__file__).resolve().parents[2]           # integration/nemo_rl_gtp
+HOST_PACKAGES = HERE.parent / "proofs" / "h200-host-packages.txt"   # every distribution on the GPU host, measured
 REPO = HERE.parents[1]
 LOCK = HERE / "wheels.toml"
 FERRY_NAME = "nrl"
@@ -220,6 +221,8 @@ def stage(o: Options) -> dict:
                           "sha256": sha256_file(o.lock_path)}}
     doc["wheels"] = wheels.stage_wheels(lk, o.cache, payload / "wheels")
     doc["series_trees"] = stage_series(o, payload)
+    # what NeMo-RL declares at the pin (its tree, applied above), against the stage and the measured host
+    coverage.check_nrl_covered(lk, o.workdir / "nemo-rl" / "pyproject.toml", HOST_PACKAGES)
     doc["sources"] = stage_sources(o, payload / "sources")
     prompt = o.workdir / "nemo-rl" / "examples" / "prompts" / "cot.txt"
     doc["fixtures"] = stage_fixtures(o, payload / "fixtures", prompt)
@@ -253,11 +256,11 @@ def _part_bytes(o: Options) -> int:
 
 def stage_te(o: Options, lk: wheel_lock.Lock) -> dict:
     """The "te" ferry: TransformerEngine's pinned wheels, the torch extension's source and what TE requires
-    that the host lacks, hash-checked and checked to cover TE's requirements (wheels.check_te_covered),
+    that the host lacks, hash-checked and checked to cover TE's requirements (coverage.check_te_covered),
     as te/wheels/ (the folder run-on-gpu-host --te reads; images/gtp-te219 step 20 installs from it
     offline and builds the extension there). Not xz-compressed: the wheels are compressed already."""
     files = wheels.fetch_te(lk, o.cache / "te")
-    wheels.check_te_covered(lk, files)
+    coverage.check_te_covered(lk, wheels.te_requirements(lk, files))
     manifest = {"schema": 1, "ferry": TE_FERRY, "te": [{"name": a.name, "version": a.version, "file": a.file,
                                                         "sha256": a.sha256} for a in lk.te]}
     parts = ferry.pack_files(o.ferry_root, TE_FERRY, {f"wheels/{f.name}": f for f in files}, manifest, _part_bytes(o))

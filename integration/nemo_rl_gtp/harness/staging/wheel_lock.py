@@ -1,6 +1,6 @@
 """wheels.toml: every artifact the GPU host lacks, pinned by file name and sha256.
 
-Five tables:
+Six tables:
 - ``[[wheel]]``: a wheel taken from the package index as it is, or with
   ``drop`` globs removed (ray's Java jars: the run has no Java workers);
 - ``[[sdist]]``: a source distribution (antlr4 4.9.3 has no wheel), built
@@ -12,7 +12,10 @@ Five tables:
   torch and CUDA;
 - ``[[te_without]]``: a requirement of a ``[[te]]`` file that the ferry does
   not carry although the host list lacks it, each with why (the stage refuses
-  any other: :func:`harness.staging.wheels.te_uncovered`);
+  any other: :func:`harness.staging.coverage.te_uncovered`);
+- ``[[nrl_without]]``: a dependency NeMo-RL declares that neither the stage nor
+  the host has, each with why the run does without it (the stage refuses any
+  other: :func:`harness.staging.coverage.nrl_uncovered`);
 - ``[dryrun]``: what the GPU host already has (its image's package list and
   the versions read there), for the CPU dry-run's stand-in of that host.
 
@@ -51,7 +54,7 @@ class Artifact:
 
 @dataclass(frozen=True)
 class Waiver:
-    """A requirement of a [[te]] file the ferry does not carry, and why that is right."""
+    """A requirement (of a [[te]] file, or one NeMo-RL declares) the stage does not carry, and why that is right."""
     name: str
     why: str
 
@@ -68,6 +71,7 @@ class Lock:
     host_torch: str = ""
     host_packages: tuple[str, ...] = field(default_factory=tuple)
     te_without: tuple[Waiver, ...] = ()
+    nrl_without: tuple[Waiver, ...] = ()
 
     @property
     def artifacts(self) -> tuple[Artifact, ...]:
@@ -108,7 +112,7 @@ def load(path: Path) -> Lock:
         raise ConfigError(f"no wheel lock at {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    _keys(raw, ["target", "wheel", "sdist", "te", "te_without", "dryrun"], "<top>", path)
+    _keys(raw, ["target", "wheel", "sdist", "te", "te_without", "nrl_without", "dryrun"], "<top>", path)
     target = raw.get("target", {})
     _keys(target, ["python", "platforms"], "target", path)
     dry = raw.get("dryrun", {})
@@ -116,19 +120,24 @@ def load(path: Path) -> Lock:
     wheels = tuple(_artifact(w, f"wheel {i}", path) for i, w in enumerate(raw.get("wheel", [])))
     sdists = tuple(_artifact(s, f"sdist {i}", path) for i, s in enumerate(raw.get("sdist", [])))
     te = tuple(_artifact(t, f"te {i}", path) for i, t in enumerate(raw.get("te", [])))
-    waivers = []
-    for i, w in enumerate(raw.get("te_without", [])):
-        _keys(w, ["name", "why"], f"te_without {i}", path)
-        if not w.get("name") or not w.get("why"):
-            raise ConfigError(f"{path}: te_without {i} needs a name and why the ferry does not carry it")
-        waivers.append(Waiver(str(w["name"]), str(w["why"])))
+    waivers = {table: _waivers(raw, table, path) for table in ("te_without", "nrl_without")}
     names = [a.name.lower() for a in wheels + sdists + te]   # one venv gets them all: one version each
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"{path}: pinned more than once: {', '.join(dup)}")
     return Lock(path, str(target.get("python", "3.12")), tuple(target.get("platforms", ())), wheels, sdists, te,
                 str(dry.get("python", "3.12")), str(dry.get("torch", "")), tuple(dry.get("packages", ())),
-                tuple(waivers))
+                waivers["te_without"], waivers["nrl_without"])
+
+
+def _waivers(raw: dict, table: str, path: Path) -> tuple[Waiver, ...]:
+    out = []
+    for i, w in enumerate(raw.get(table, [])):
+        _keys(w, ["name", "why"], f"{table} {i}", path)
+        if not w.get("name") or not w.get("why"):
+            raise ConfigError(f"{path}: {table} {i} needs a name and why the GPU host does without it")
+        out.append(Waiver(str(w["name"]), str(w["why"])))
+    return tuple(out)
 
 
 def check_file(path: Path, a: Artifact) -> None:
@@ -159,8 +168,9 @@ def render(lock: Lock) -> str:
             if a.drop:
                 out.append("drop = [" + ", ".join(_q(d) for d in a.drop) + "]")
             out.append("")
-    for w in lock.te_without:
-        out += ["[[te_without]]", f"name = {_q(w.name)}", f"why = {_q(w.why)}", ""]
+    for table, waivers in (("te_without", lock.te_without), ("nrl_without", lock.nrl_without)):
+        for w in waivers:
+            out += [f"[[{table}]]", f"name = {_q(w.name)}", f"why = {_q(w.why)}", ""]
     out += ["[dryrun]", f"python = {_q(lock.host_python)}", f"torch = {_q(lock.host_torch)}", "packages = ["]
     out += [f"  {_q(p)}," for p in lock.host_packages]
     out += ["]", ""]

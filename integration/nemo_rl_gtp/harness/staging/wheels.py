@@ -27,7 +27,7 @@ import zipfile
 from pathlib import Path
 
 from carry import progress
-from carry.errors import ConfigError, IntegrityError, OperationError, SourceError
+from carry.errors import IntegrityError, OperationError, SourceError
 from carry.runner import run
 from carry.workspace.artifacts import sha256_file
 from carry.workspace.wheels import metadata_text
@@ -162,52 +162,10 @@ def requirements_of(path: Path) -> list[str]:
     return email.parser.Parser().parsestr(text, headersonly=True).get_all("Requires-Dist") or []
 
 
-def te_uncovered(lock: Lock, files: list[Path]) -> list[str]:
-    """Each runtime requirement of a [[te]] file (its own metadata; extras and other platforms' markers
-    left out) that neither [[te]] nor the host ([dryrun], its torch) meets, and no [[te_without]] waives.
-    Step 20 installs the te ferry with --no-deps: a requirement missing here is missing on the host. A waiver
-    that no file asks for is named too: it waives nothing today and would hide a requirement added later."""
-    from packaging.requirements import InvalidRequirement, Requirement
-    from packaging.utils import canonicalize_name as canon
-
-    have = {canon(a.name): a.version for a in lock.te}
-    have.update({canon(n): v for n, _, v in (p.partition("==") for p in lock.host_packages) if canon(n) not in have})
-    if lock.host_torch:
-        have.setdefault("torch", lock.host_torch)
-    waived = {canon(w.name) for w in lock.te_without}
-    env = {"python_version": lock.python, "python_full_version": f"{lock.python}.0", "sys_platform": "linux",
-           "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
-           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
-    out, asked = [], set()
-    for a, path in zip(lock.te, files):
-        for line in requirements_of(path):
-            try:
-                req = Requirement(line)
-            except InvalidRequirement as exc:
-                raise IntegrityError(f"{a.pin}: a requirement its metadata states cannot be read: {line!r} ({exc})")
-            if req.marker is not None and not req.marker.evaluate(env):
-                continue
-            name = canon(req.name)
-            asked.add(name)
-            if name in waived:
-                continue
-            version = have.get(name)
-            if version is None:
-                out.append(f"{a.pin} requires {req}: not in [[te]], not on the host ([dryrun])")
-            elif req.specifier and not req.specifier.contains(version, prereleases=True):
-                out.append(f"{a.pin} requires {req}: {name} {version} is what the ferry and host give")
-    out += [f"[[te_without]] {w.name}: no [[te]] file requires it" for w in lock.te_without
-            if canon(w.name) not in asked]
-    return out
-
-
-def check_te_covered(lock: Lock, files: list[Path]) -> None:
-    problems = te_uncovered(lock, files)
-    if problems:
-        raise ConfigError(f"{lock.path}: the te ferry would leave TransformerEngine without what it requires "
-                          f"(step 20 installs it with --no-deps):\n  " + "\n  ".join(problems),
-                          hint="pin each in [[te]] (stage --relock writes its file and sha256), or name it in "
-                               "[[te_without]] with why the GPU host does without it")
+def te_requirements(lock: Lock, files: list[Path]) -> list[tuple[str, list[str]]]:
+    """Each [[te]] pin with the Requires-Dist lines of its file (FILES, in the lock's order): what
+    coverage.te_uncovered checks."""
+    return [(a.pin, requirements_of(path)) for a, path in zip(lock.te, files)]
 
 
 def _pip_cert() -> str | None:

@@ -133,15 +133,11 @@ def _compared_before(upstream: str, tests: str, digest: str, results: list[dict]
     A run on another series (a patch changed since; or one whose result does not name its series) says
     nothing of this one."""
     mine = [r for r in results if r.get("upstream") == upstream]
-    stale = [r for r in mine if r.get("tests") != tests or r.get("series_digest") != digest]
-    if stale:
-        progress.say(f"{upstream}: {len(stale)} --compared result(s) count for nothing: another tests pin, or a series "
-                     f"other than this one ({digest}), or written before results named their series")
-    done: set[str] = set()
-    for r in mine:
-        if not any(r is x for x in stale):
-            done |= compared_files(r)
-    return done
+    fit = [r for r in mine if r.get("tests") == tests and r.get("series_digest") == digest]
+    if len(fit) < len(mine):
+        progress.say(f"{upstream}: {len(mine) - len(fit)} --compared result(s) count for nothing: another tests pin, "
+                     f"or a series other than this one ({digest}), or written before results named their series")
+    return set().union(*(compared_files(r) for r in fit))
 
 
 def _both(patched: list[Picked], pristine: list[Picked]) -> list[Picked]:

@@ -40,11 +40,16 @@ class Row:
 
     @property
     def file(self) -> str:
-        return self.id.split("::", 1)[0]
+        return file_of(self.id)
 
     def to_dict(self) -> dict:
         return {"id": self.id, "pristine": self.pristine, "patched": self.patched, "category": self.category,
                 "pristine_reason": self.pristine_reason, "patched_reason": self.patched_reason, "note": self.note}
+
+
+def file_of(nodeid: str) -> str:
+    """The test file of a test id (``FILE::name``), or the id itself when it is a file's (a module's row)."""
+    return nodeid.split("::", 1)[0]
 
 
 def outcomes_of(side: SideResult) -> dict[str, Outcome]:
@@ -83,7 +88,7 @@ def outcome_in(side: SideResult, nodeid: str) -> str:
     its module failed to collect there, else ``not-run``."""
     if nodeid in side.outcomes:
         return side.outcomes[nodeid].outcome
-    if nodeid in side.collect_errors or nodeid.split("::", 1)[0] in side.collect_errors:
+    if nodeid in side.collect_errors or file_of(nodeid) in side.collect_errors:
         return "error"
     return "not-run"
 
@@ -138,16 +143,14 @@ def side_counts(side: SideResult) -> dict[str, int]:
 
 
 def compared_files(result: dict) -> set[str]:
-    """The test files an earlier run (its result.json) compared whole, as today's judge reads it: none of
-    their tests not compared, and no outcome a refusal of the world size it ran at (launch.unmet_world),
+    """The test files an earlier run (its result.json) compared whole and found nothing to look at again, as
+    today's judge reads it: none of their tests not compared, regressed or flaky (a file left out so would
+    hide what that run found), and no outcome a refusal of the world size it ran at (launch.unmet_world),
     which an older judge took for a verdict."""
-    partial, files = set(), set()
-    for row in result.get("rows", []):
-        files.add(row["id"].split("::", 1)[0])
-        if row["category"] == "not-compared":
-            partial.add(row["id"].split("::", 1)[0])
+    rows = [Row(**row) for row in result.get("rows", [])]
+    again = {r.file for r in rows if r.category in ("not-compared", "regression", "flaky")}
     for side in result.get("sides", {}).values():
         for nodeid, o in side.get("outcomes", {}).items():
             if unmet_world(Outcome(o["outcome"], o.get("reason", ""), world=o.get("world", 1))):
-                partial.add(nodeid.split("::", 1)[0])
-    return files - partial
+                again.add(file_of(nodeid))
+    return {r.file for r in rows} - again

@@ -179,19 +179,26 @@ def validation_by_sign(log: str) -> dict | None:
         m = _ANSWER.search(line.rstrip("\r"))
         if not m:
             continue
-        try:
-            row = loads_object(m.group(1))
-            index, reward, truth = int(row["validation"]), row["reward"], fixtures.answer_of(str(row["problem"]))
-        except (ValueError, KeyError, TypeError):
-            row = None
-        if row is None or truth is None or not _within(reward, 0.0, 1.0):
+        answer = _answer(m.group(1))
+        if answer is None:
             unreadable += 1
             continue
-        kind = validations.setdefault(str(index), {"negative": [0, 0], "rest": [0, 0]})[
+        index, reward, truth = answer
+        kind = validations.setdefault(index, {"negative": [0, 0], "rest": [0, 0]})[
             "negative" if truth.startswith("-") else "rest"]
         kind[0] += reward == 1.0
         kind[1] += 1
     return {"validations": validations, "unreadable": unreadable} if validations or unreadable else None
+
+
+def _answer(text: str) -> tuple[str, float, str] | None:
+    """(validation index, reward, the problem's true answer) of one [validation-answer] JSON, else None."""
+    try:
+        row = loads_object(text)
+        index, reward, truth = int(row["validation"]), row["reward"], fixtures.answer_of(str(row["problem"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (str(index), reward, truth) if truth is not None and _within(reward, 0.0, 1.0) else None
 
 
 def _within(v, low: float, high: float) -> bool:

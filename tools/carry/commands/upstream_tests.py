@@ -54,7 +54,8 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--no-bisect", action="store_true", help="do not bisect regressions and fixed tests")
     p.add_argument("--compared", action="append", type=Path, metavar="RESULT",
                    help="an earlier run's result.json (or result.json.gz), repeatable: the selected files it compared "
-                        "whole (no test not compared, none refusing the world size it ran at) are left out, to go on "
+                        "whole (none of its tests not compared, regressed, flaky or refusing the world size it ran at) are "
+                        "left out, to go on "
                         "where earlier runs stopped; only results of the same upstream, tests pin and series count")
     options.add_json(p)
     options.add_cache(p)

@@ -37,7 +37,8 @@
 #                   gain is highest becomes LEARNING_LR in this copy's harness/host/cases.py (the value to
 #                   commit); wave 2, side by side on the same cluster: the nightly's learning cell
 #                   (tools/nightly.py --tests grpo-megatron-generation-gtp-learning, CARRY_NRL_RAY_RUNNING=1),
-#                   learning-sign-flip and learning-gtp-off. /tmp/o/evidence.log says what started and ended
+#                   then WAVE2's cases in order (default "learning-sign-flip learning-gtp-off"; the first of them beside
+#                   the nightly on an H200). /tmp/o/evidence.log says what started and ended
 #                   when, /tmp/o/gpu-mem.log the GPU's memory every 20 s. Beside upstream-tests-bg: after the pretrain
 #                   it waits for those tests at most UT_GRACE s (default 240) and stops their Ray cluster. CASE_TIMEOUT
 #                   (default 1500) bounds each learning case
@@ -233,7 +234,7 @@ case ${1:?step} in
     # setup, 140 s of CUDA-graph capture, two 22 s validations, six steps of about 67 s): 840 s was too tight.
     recipes=$(cd integration/nemo_rl_gtp && python3 -c "from harness.host import cases; print(*cases.LR_RECIPES)") \
       || { stamp "cannot read the lr recipes from cases.py"; exit 1; }
-    export WAVE_WIDTH=${WAVE_WIDTH:-$(wave_width "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null)")} LR_RECIPES=${LR_RECIPES:-$recipes} CASE_TIMEOUT=${CASE_TIMEOUT:-1500} S
+    export WAVE_WIDTH=${WAVE_WIDTH:-$(wave_width "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null)")} LR_RECIPES=${LR_RECIPES:-$recipes} CASE_TIMEOUT=${CASE_TIMEOUT:-1500} WAVE2=${WAVE2:-learning-sign-flip learning-gtp-off} S
     setsid nohup bash -c '
       . integration/shared-gpu-lib.sh   # stamp and alive, as the steps here use them
       ( while :; do echo "$(date -u +%H:%M:%S) $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"; sleep 20; done ) \
@@ -275,16 +276,16 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       sed -i "s/^LEARNING_LR = .*/LEARNING_LR = \"$lr\"   # measured: the highest held-out gain of wave 1/" \
         integration/nemo_rl_gtp/harness/host/cases.py
       fi
-      stamp "wave 2 at lr $lr: the nightly learning cell, learning-sign-flip, learning-gtp-off"
+      stamp "wave 2 at lr $lr: the nightly learning cell, then $WAVE2"
       ( CARRY_NRL_RAY_RUNNING=1 CARRY_NRL_CASE_TIMEOUT=$CASE_TIMEOUT python3 tools/nightly.py --images gpu-host --shared-gpu \
           --no-bisect --timeout $((CASE_TIMEOUT + 60)) --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl="$S"/nemo-rl.git \
           --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning > /tmp/o/learning.console 2>&1
         stamp "learning nightly exit $?" ) &
       nightly=$!; sleep 20
       if [ "$WAVE_WIDTH" -gt 1 ]; then   # the nightly is one of the wave
-        WAVE_WIDTH=$((WAVE_WIDTH - 1)) side_by_side learning-sign-flip learning-gtp-off
+        WAVE_WIDTH=$((WAVE_WIDTH - 1)) side_by_side $WAVE2
       else   # one case at a time (a GPU that holds one): the nightly first, then the others
-        wait "$nightly"; side_by_side learning-sign-flip learning-gtp-off
+        wait "$nightly"; side_by_side $WAVE2
       fi
       wait "$nightly"
       /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; stamp "evidence done; Ray stopped"' evidence "${SRC[@]}" \

@@ -157,13 +157,15 @@ def test_learning_cases_add_only_their_own_overrides():
 # -- recorded runs -------------------------------------------------------------------------------
 def _run(root, name, *, equal=lambda step, rank: 170, drift=2e-3, mixed=(25.0,) * 6, rc=0, steps=6, ranks=2,
          moved=lambda step, rank: True, changed=lambda rel, rank: f"{rel * 100:.6e}", accuracy=(0.40, 0.52),
-         total=170, refit=True, case=None):
+         total=170, refit=True, case=None, swaps=None):
+    """A learning run's files: STEPS GRPO steps, and SWAPS refit lines per rank (default STEPS + 2, as NeMo-RL
+    swaps: before the start validation, each step's generation and the end validation)."""
     d = root / name
     d.mkdir(parents=True)
     lines = [RAY.format(r=r, pid=10 + r) + MARK_GTP for r in range(ranks)]
     lines += ["========================= Step 1/5 ========================="]
     lines += [RAY.format(r=r, pid=10 + r) + MARK_RESHARD for r in range(ranks)]
-    for step in range(1, steps + 1):
+    for step in range(1, (steps + 2 if swaps is None else swaps) + 1):
         for r in range(ranks):
             if not refit:
                 continue
@@ -207,7 +209,7 @@ def test_case_verdicts_of_the_learning_cases_name_their_reasons(tmp_path):
     got = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "green"), 0)
     assert got["observed"] == "green" and got["as_expected"] and got["reasons"] == [], got["reasons"]
     assert got["per_step"][learning.UNVERIFIED] == {str(k): 0.0 for k in range(1, 7)}
-    assert got["per_step"][learning.DRIFT]["6"] == pytest.approx(2e-3)
+    assert got["per_step"][learning.DRIFT]["6"] == pytest.approx(2e-3 * 7 / 5)   # the 8th swap's: the end validation's
     assert got["token_mult_prob_error_per_step"] == {str(k): 1.01 for k in range(1, 7)}
     assert got["validation"] == {"accuracy_start": 0.40, "accuracy_end": 0.52, "accuracy_gain": pytest.approx(0.12)}
     stale = caserun.summarize(casing.CASES["learning-stale-refit"], _run(tmp_path, "stale", equal=_stale), 0)
@@ -669,6 +671,34 @@ def test_a_recorded_run_cut_short_is_red_by_its_configured_step_count(tmp_path):
     cut = caserun.summarize(case, _run(tmp_path, "five", steps=5, accuracy=None), 0)
     assert cut["observed"] == "red", cut
     assert any(r.startswith("gated steps: ") and "configured for 6 steps" in r for r in cut["reasons"]), cut["reasons"]
+
+
+def test_the_swaps_after_the_last_step_are_judged_too(tmp_path):
+    """NeMo-RL swaps the weights into the inference model before the start validation, before each step's
+    generation and before the end validation: 8 swaps for 6 steps (h100/2026-12-05-learning-passed). The 7th
+    (step 6's generation) and the 8th (the end validation's) are checked like the others: a tensor unequal
+    there, a rank silent there, or either swap missing, and the case is red by the refit gate alone; a run
+    whose every swap was exact is green."""
+    from harness.host import caserun
+    gate = f'max(data["{learning.UNVERIFIED}"]) == 0'
+    for name, kw in (("end-validation-unequal", {"equal": lambda s, r: 160 if s == 8 and r == 1 else 170}),
+                     ("last-generation-unequal", {"equal": lambda s, r: 169 if s == 7 else 170}),
+                     ("rank-silent-at-the-end", {"moved": lambda s, r: True, "ranks": 2, "swaps": 8,
+                                                 "equal": lambda s, r: 170}),
+                     ("end-swap-missing", {"swaps": 7})):
+        if name == "rank-silent-at-the-end":
+            d = _run(tmp_path, name)
+            log = (d / "run.log").read_text().splitlines()
+            (d / "run.log").write_text("\n".join(ln for ln in log if "step 8: 170 of 170 tensors equal on rank 1" not in ln) + "\n")
+            learning.merge_metrics(d, 2, tensors=170, last_step=6)
+        else:
+            d = _run(tmp_path, name, **kw)
+        got = caserun.summarize(casing.CASES["learning"], d, 0)
+        assert got["observed"] == "red" and got["reasons"] == [f"gate {gate}: {got['gates'][gate]['detail']}"], \
+            (name, got["reasons"])
+        assert got["per_step"][learning.UNVERIFIED]["5"] == 0.0 and got["per_step"][learning.UNVERIFIED]["6"] > 0, name
+    got = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "every-swap-exact"), 0)
+    assert got["observed"] == "green", got["reasons"]
 
 
 def test_a_silent_rank_leaves_every_tensor_unverified_by_the_gate_itself(tmp_path):

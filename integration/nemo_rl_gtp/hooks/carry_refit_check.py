@@ -19,9 +19,9 @@ tensor of the same name. The rank prints::
 
     [refit-check] step 2: 170 of 170 tensors equal on rank 0
 
-(the k-th refit is GRPO step k's: NeMo-RL refits before each step's generation; with validation at the
-start, the first refit is before it and serves step 1 too, and with validation at the end one more refit
-carries the last step's update, checked as step N + 1, which no gate reads), and the relative
+("step k" is the k-th swap, not GRPO step k: NeMo-RL swaps each time it prepares generation, before the
+start validation, before each step's generation and before the end validation, 8 swaps for 6 steps,
+h100/2026-12-05-learning-passed; learning.harness_metrics judges every one), and the relative
 L2 change of the training weights since the first refit::
 
     [weight-change] step 2: rel_l2 3.1e-04, changed 2.5e-01 of 494032768 elements on rank 0

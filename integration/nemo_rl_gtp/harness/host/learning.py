@@ -96,9 +96,16 @@ _CHECK = re.compile(casing.REFIT_CHECK_LINE)
 _DRIFT = re.compile(casing.WEIGHT_CHANGE_LINE)
 
 
-def harness_metrics(log: str, steps: list[str], ranks: int, tensors: int | None = None) -> dict[str, dict[str, float]]:
+def harness_metrics(log: str, steps: list[str], ranks: int, tensors: int | None = None,
+                    swaps: int | None = None) -> dict[str, dict[str, float]]:
     """Per step: tensors not shown equal on the worst rank (missing lines count all), the weights' drift.
 
+    The hook numbers its lines by swap, 1, 2, ... in the order made, and NeMo-RL swaps each time it prepares
+    generation: before the start validation, before each step's generation and before the end validation
+    (8 swaps for 6 steps, h100/2026-12-05-learning-passed). Every swap counts: those numbered past the last
+    step (the last step's own and the end validation's) are judged in the last step's value, where the
+    gated series end (their steps are the run's 1..N); its drift is the latest swap's. SWAPS: how many the run
+    made (merge_metrics: one per step and one per validation); one with no line is unverified, all of it.
     TENSORS is how many the model has (model_tensors): a line that checked fewer ("10 of 10") leaves
     the rest unverified. Without it (an unknown model) the most any line counted stands in."""
     seen: dict[str, dict[int, tuple[int, int]]] = {}
@@ -114,25 +121,42 @@ def harness_metrics(log: str, steps: list[str], ranks: int, tensors: int | None 
         d = _DRIFT.fullmatch(line)
         if d:
             drift.setdefault(d["step"], {})[int(d["rank"])] = (float(d["rel"]), float(d["frac"]))
-    out: dict[str, dict[str, float]] = {UNVERIFIED: {}, EQUAL: {}, DRIFT: {}, CHANGED: {}}
     total = tensors or max((n for per in seen.values() for _, n in per.values()), default=1)
+    last = max((int(s) for s in steps if s.isdigit()), default=None)
+    later = sorted({int(k) for k in (*seen, *drift) if last is not None and int(k) > last}
+                   | set(range(last + 1, (swaps or 0) + 1) if last is not None else ()))
+    out: dict[str, dict[str, float]] = {UNVERIFIED: {}, EQUAL: {}, DRIFT: {}, CHANGED: {}}
     for step in steps:
-        per = seen.get(step, {})
-        if set(per) >= set(range(ranks)):
-            out[UNVERIFIED][step] = float(max(max(n, total) - eq for eq, n in per.values()))
-            out[EQUAL][step] = float(min(eq for eq, _ in per.values()))
-        else:
-            out[UNVERIFIED][step] = float(max(total, 1))   # a rank said nothing: nothing was shown
-        moved = drift.get(step, {})
-        if set(moved) >= set(range(ranks)):
-            # The least any rank shows; a NaN stays NaN (min() would drop it by its place in the list),
-            # and the gate reading it then fails.
+        labels = [step] + ([str(k) for k in later] if step.isdigit() and int(step) == last else [])
+        unverified, equal = [], []
+        for label in labels:
+            per = seen.get(label, {})
+            if set(per) >= set(range(ranks)):
+                unverified.append(float(max(max(n, total) - eq for eq, n in per.values())))
+                equal.append(float(min(eq for eq, _ in per.values())))
+            else:
+                unverified.append(float(max(total, 1)))   # a rank said nothing: nothing was shown
+        out[UNVERIFIED][step] = max(unverified)
+        if len(equal) == len(labels):
+            out[EQUAL][step] = min(equal)
+        moves = [m for m in (_moved(drift.get(label, {}), ranks) for label in labels) if m is not None]
+        if moves:   # the latest swap's drift; a NaN at any of them stays NaN, and the gate reading it fails
             for key, i in ((DRIFT, 0), (CHANGED, 1)):
-                vals = [v[i] for v in moved.values()]
-                out[key][step] = math.nan if any(math.isnan(v) for v in vals) else min(vals)
-        elif moved:
-            out[DRIFT][step] = out[CHANGED][step] = 0.0   # a rank said nothing: no movement was shown
+                vals = [mv[i] for mv in moves]
+                out[key][step] = math.nan if any(math.isnan(v) for v in vals) else vals[-1]
     return {k: v for k, v in out.items() if v}
+
+
+def _moved(per_rank: dict[int, tuple[float, float]], ranks: int) -> tuple[float, float] | None:
+    """One swap's drift, (relative L2, changed fraction): the least any rank shows (a NaN stays NaN: min()
+    would drop it by its place in the list); (0, 0) when a rank said nothing (no movement was shown); None
+    when no rank did."""
+    if not per_rank:
+        return None
+    if not set(per_rank) >= set(range(ranks)):
+        return (0.0, 0.0)
+    return tuple(math.nan if any(math.isnan(v[i]) for v in per_rank.values()) else min(v[i] for v in per_rank.values())
+                 for i in (0, 1))
 
 
 def model_tensors(case: casing.Case, config: dict | None = None) -> int:
@@ -268,7 +292,9 @@ def merge_metrics(out: Path, ranks: int, *, refit: bool = True, tensors: int | N
         return {}
     log = (out / "run.log").read_text(errors="replace") if (out / "run.log").exists() else ""
     steps = sorted((metrics.get(STEPS_FROM) or {}), key=lambda s: int(s) if str(s).isdigit() else 0)
-    extra = harness_metrics(log, [str(s) for s in steps], ranks, tensors) if refit else {}
+    validations = metrics.get(VALIDATION) if isinstance(metrics.get(VALIDATION), dict) else {}
+    swaps = len(steps) + len(validations)   # NeMo-RL swaps each time it prepares generation
+    extra = harness_metrics(log, [str(s) for s in steps], ranks, tensors, swaps) if refit else {}
     extra.update(validation_metrics(metrics, last_step))
     if source is path:
         shutil.copy2(path, raw)

@@ -38,7 +38,7 @@
 #                   commit); wave 2, side by side on the same cluster: the nightly's learning cell
 #                   (tools/nightly.py --tests grpo-megatron-generation-gtp-learning, CARRY_NRL_RAY_RUNNING=1),
 #                   then WAVE2's cases in order (default "learning-sign-flip learning-gtp-off"; the first of them beside
-#                   the nightly on an H200). /tmp/o/evidence.log says what started and ended
+#                   the nightly on an H200; WAVE2= empty: the nightly's cell alone). /tmp/o/evidence.log says what started and ended
 #                   when, /tmp/o/gpu-mem.log the GPU's memory every 20 s. Beside upstream-tests-bg: after the pretrain
 #                   it waits for those tests at most UT_GRACE s (default 240) and stops their Ray cluster. CASE_TIMEOUT
 #                   (default 1500) bounds each learning case
@@ -234,7 +234,7 @@ case ${1:?step} in
     # setup, 140 s of CUDA-graph capture, two 22 s validations, six steps of about 67 s): 840 s was too tight.
     recipes=$(cd integration/nemo_rl_gtp && python3 -c "from harness.host import cases; print(*cases.LR_RECIPES)") \
       || { stamp "cannot read the lr recipes from cases.py"; exit 1; }
-    export WAVE_WIDTH=${WAVE_WIDTH:-$(wave_width "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null)")} LR_RECIPES=${LR_RECIPES:-$recipes} CASE_TIMEOUT=${CASE_TIMEOUT:-1500} WAVE2=${WAVE2:-learning-sign-flip learning-gtp-off} S
+    export WAVE_WIDTH=${WAVE_WIDTH:-$(wave_width "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null)")} LR_RECIPES=${LR_RECIPES:-$recipes} CASE_TIMEOUT=${CASE_TIMEOUT:-1500} WAVE2=${WAVE2-learning-sign-flip learning-gtp-off} S
     setsid nohup bash -c '
       . integration/shared-gpu-lib.sh   # stamp and alive, as the steps here use them
       ( while :; do echo "$(date -u +%H:%M:%S) $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"; sleep 20; done ) \

@@ -238,6 +238,13 @@ def test_case_verdicts_of_the_learning_cases_name_their_reasons(tmp_path):
     nan = caserun.summarize(casing.CASES["learning"], _run(tmp_path, "nan-drift",
                                                            changed=lambda rel, r: "nan" if r == 1 else f"{rel * 100:.6e}"), 0)
     assert nan["observed"] == "red" and any("changed_fraction is NaN" in r for r in nan["reasons"]), nan["reasons"]
+    # A drift its own definition rules out (a fraction above 1 or infinite, a negative relative L2) is no drift.
+    for name, changed in (("fraction-above-1", lambda rel, r: "5.000000e+00"), ("fraction-inf", lambda rel, r: "inf")):
+        bad = caserun.summarize(casing.CASES["learning"], _run(tmp_path, name, changed=changed), 0)
+        assert bad["observed"] == "red" and any("changed_fraction is NaN" in r for r in bad["reasons"]), (name, bad["reasons"])
+    log = "".join(f"[weight-change] step 1: rel_l2 {rel}, changed 5e-01 of 9 elements on rank {r}\n"
+                  for r, rel in ((0, "-1e-03"), (1, "1e-03")))
+    assert math.isnan(learning.harness_metrics(log, ["1"], 2, 170)[learning.DRIFT]["1"])
     # frozen-weights: every refit exact, nothing changed: red by the drift gate alone, as it must be.
     frozen = caserun.summarize(casing.CASES["learning-frozen-weights"], _run(tmp_path, "frozen", drift=0.0), 0)
     assert frozen["observed"] == "red" and frozen["as_expected"] and frozen["red_by_missing"] == []
@@ -683,16 +690,13 @@ def test_the_swaps_after_the_last_step_are_judged_too(tmp_path):
     gate = f'max(data["{learning.UNVERIFIED}"]) == 0'
     for name, kw in (("end-validation-unequal", {"equal": lambda s, r: 160 if s == 8 and r == 1 else 170}),
                      ("last-generation-unequal", {"equal": lambda s, r: 169 if s == 7 else 170}),
-                     ("rank-silent-at-the-end", {"moved": lambda s, r: True, "ranks": 2, "swaps": 8,
-                                                 "equal": lambda s, r: 170}),
+                     ("rank-silent-at-the-end", {}),
                      ("end-swap-missing", {"swaps": 7})):
-        if name == "rank-silent-at-the-end":
-            d = _run(tmp_path, name)
+        d = _run(tmp_path, name, **kw)
+        if name == "rank-silent-at-the-end":   # rank 1's check line of the 8th swap gone
             log = (d / "run.log").read_text().splitlines()
             (d / "run.log").write_text("\n".join(ln for ln in log if "step 8: 170 of 170 tensors equal on rank 1" not in ln) + "\n")
             learning.merge_metrics(d, 2, tensors=170, last_step=6)
-        else:
-            d = _run(tmp_path, name, **kw)
         got = caserun.summarize(casing.CASES["learning"], d, 0)
         assert got["observed"] == "red" and got["reasons"] == [f"gate {gate}: {got['gates'][gate]['detail']}"], \
             (name, got["reasons"])

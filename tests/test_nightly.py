@@ -667,6 +667,18 @@ def _remove_deep(top: Path) -> None:
 NRL_CASE_LOGS = sorted(p for card in ("h100", "h200") for p in (ROOT / "integration" / card).glob("*/runs.json"))
 
 
+def _harness_but_last_drift(metrics: dict) -> dict:
+    """The harness series of METRICS, the drift's last step left out: it is the latest swap's (the end
+    validation's) since 2026-12-05, and the devices merged the last step's own swap before; every other value
+    of a device's merge must be what today's harness computes."""
+    from harness.host import learning
+    out = {k: v for k, v in metrics.items() if k.startswith("harness/")}
+    for key in (learning.DRIFT, learning.CHANGED):
+        if isinstance(out.get(key), dict) and out[key]:
+            out[key] = dict(sorted(out[key].items(), key=lambda kv: int(kv[0]))[:-1])
+    return out
+
+
 def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness(tmp_path):
     """NeMo-RL's GRPO cases from the H200 (integration/h200/<day>/runs.json), judged again from their
     files by today's harness: each as its entry expects, a red one red for its own reason (the
@@ -699,15 +711,7 @@ def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness(tmp_path):
                 shutil.copy2(raw, d / "metrics.json")
             merged = json.loads((rec / "metrics.json").read_text())
             again = json.loads((d / "metrics.json").read_text())
-            # The drift's last step is the latest swap's (the end validation's) since 2026-12-05; the devices
-            # merged the last step's own swap then: every other value must agree.
-            def same_but_last_drift(doc):
-                out = {k: v for k, v in doc.items() if k.startswith("harness/")}
-                for key in (learning.DRIFT, learning.CHANGED):
-                    if isinstance(out.get(key), dict) and out[key]:
-                        out[key] = dict(sorted(out[key].items(), key=lambda kv: int(kv[0]))[:-1])
-                return out
-            assert same_but_last_drift(merged) == same_but_last_drift(again), (run["dir"], "the device's merge differs")
+            assert _harness_but_last_drift(merged) == _harness_but_last_drift(again), (run["dir"], "the device's merge differs")
             got = caserun.summarize(case, d, rc)
             # A run that went against its case's expectation is recorded so (as_expected false), with the one
             # reason it is red: the replay must find that reason and no other.

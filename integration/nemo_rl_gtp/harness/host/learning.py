@@ -120,11 +120,14 @@ def harness_metrics(log: str, steps: list[str], ranks: int, tensors: int | None 
             seen.setdefault(m["step"], {})[int(m["rank"])] = (int(m["equal"]), int(m["n"]))
         d = _DRIFT.fullmatch(line)
         if d:
-            drift.setdefault(d["step"], {})[int(d["rank"])] = (float(d["rel"]), float(d["frac"]))
+            rel, frac = float(d["rel"]), float(d["frac"])
+            if not (math.isfinite(rel) and rel >= 0 and _within(frac, 0.0, 1.0)):   # what no drift can be: NaN, so
+                rel = frac = math.nan                                                # the gate reading it fails
+            drift.setdefault(d["step"], {})[int(d["rank"])] = (rel, frac)
     total = tensors or max((n for per in seen.values() for _, n in per.values()), default=1)
     last = max((int(s) for s in steps if s.isdigit()), default=None)
-    later = sorted({int(k) for k in (*seen, *drift) if last is not None and int(k) > last}
-                   | set(range(last + 1, (swaps or 0) + 1) if last is not None else ()))
+    later = [] if last is None else sorted({int(k) for k in (*seen, *drift) if int(k) > last}
+                                           | set(range(last + 1, (swaps or 0) + 1)))
     out: dict[str, dict[str, float]] = {UNVERIFIED: {}, EQUAL: {}, DRIFT: {}, CHANGED: {}}
     for step in steps:
         labels = [step] + ([str(k) for k in later] if step.isdigit() and int(step) == last else [])

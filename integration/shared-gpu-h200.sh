@@ -38,7 +38,8 @@
 #                   commit); wave 2, side by side on the same cluster: the nightly's learning cell
 #                   (tools/nightly.py --tests grpo-megatron-generation-gtp-learning, CARRY_NRL_RAY_RUNNING=1),
 #                   then WAVE2's cases in order (default "learning-sign-flip learning-gtp-off"; the first of them beside
-#                   the nightly on an H200; WAVE2= empty: the nightly's cell alone). /tmp/o/evidence.log says what started and ended
+#                   the nightly on an H200; WAVE2= empty: the nightly's cell alone; NIGHTLY_CELL=0: WAVE2's cases alone,
+#                   WAVE_WIDTH at a time, for a session that records the other halves). /tmp/o/evidence.log says what started and ended
 #                   when, /tmp/o/gpu-mem.log the GPU's memory every 20 s. Beside upstream-tests-bg: after the pretrain
 #                   it waits for those tests at most UT_GRACE s (default 240) and stops their Ray cluster. CASE_TIMEOUT
 #                   (default 1500) bounds each learning case
@@ -234,7 +235,9 @@ case ${1:?step} in
     # setup, 140 s of CUDA-graph capture, two 22 s validations, six steps of about 67 s): 840 s was too tight.
     recipes=$(cd integration/nemo_rl_gtp && python3 -c "from harness.host import cases; print(*cases.LR_RECIPES)") \
       || { stamp "cannot read the lr recipes from cases.py"; exit 1; }
-    export WAVE_WIDTH=${WAVE_WIDTH:-$(wave_width "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null)")} LR_RECIPES=${LR_RECIPES:-$recipes} CASE_TIMEOUT=${CASE_TIMEOUT:-1500} WAVE2=${WAVE2-learning-sign-flip learning-gtp-off} S
+    export WAVE_WIDTH=${WAVE_WIDTH:-$(wave_width "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null)")} LR_RECIPES=${LR_RECIPES:-$recipes} CASE_TIMEOUT=${CASE_TIMEOUT:-1500} WAVE2=${WAVE2-learning-sign-flip learning-gtp-off} NIGHTLY_CELL=${NIGHTLY_CELL:-1} S
+    case $NIGHTLY_CELL in 0|1) ;; *) stamp "refused: NIGHTLY_CELL is 0 or 1, not '$NIGHTLY_CELL'"; exit 2 ;; esac
+    if [ "$NIGHTLY_CELL" = 0 ] && [ -z "$WAVE2" ]; then stamp "refused: NIGHTLY_CELL=0 with an empty WAVE2 runs nothing"; exit 2; fi
     setsid nohup bash -c '
       . integration/shared-gpu-lib.sh   # stamp and alive, as the steps here use them
       ( while :; do echo "$(date -u +%H:%M:%S) $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"; sleep 20; done ) \
@@ -275,6 +278,11 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       [ -n "$lr" ] || { stamp "no recipe measured a gain: no wave 2"; /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; exit 1; }
       sed -i "s/^LEARNING_LR = .*/LEARNING_LR = \"$lr\"   # measured: the highest held-out gain of wave 1/" \
         integration/nemo_rl_gtp/harness/host/cases.py
+      fi
+      if [ "$NIGHTLY_CELL" = 0 ]; then   # the other halves alone: every slot of the wave is theirs
+        stamp "wave 2 at lr $lr: $WAVE2 (NIGHTLY_CELL=0: no nightly learning cell)"
+        side_by_side $WAVE2
+        /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; stamp "evidence done; Ray stopped"; exit 0
       fi
       stamp "wave 2 at lr $lr: the nightly learning cell, then $WAVE2"
       ( CARRY_NRL_RAY_RUNNING=1 CARRY_NRL_CASE_TIMEOUT=$CASE_TIMEOUT python3 tools/nightly.py --images gpu-host --shared-gpu \

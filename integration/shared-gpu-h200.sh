@@ -59,7 +59,7 @@
 # checkout too, 64 MiB in all), 376 to 473 s of setup and pretrain (535 s beside Megatron-LM's tests, the GPU at
 # 88 GB then: h200/2026-12-04-beyond-gtp-folder), about 1,020 s for a wave of two learning cases at NeMo-RL's
 # recipe's shape (h200/2026-12-05-learning-at-3e-5: 462 s of setup and pretrain, steps of 92 to 121 s, 127 GB at
-# the peak); one session's 1,800 s holds one wave and no more: learning-gtp-off needs a session of its own. Send the waits
+# the peak); one session's 1,800 s holds one wave and no more (NIGHTLY_CELL=0 put learning-gtp-off and learning-sign-flip in one: 352 s, then 688 s for the two, h200/2026-12-05-learning-other-halves). Send the waits
 # in the same batch of calls as the ferries and the start: a machine idle for 30 s goes back with everything under
 # /tmp, and a new turn between two calls took two minutes twice on 2026-12-04 (two machines lost so, each with its
 # learning wave). A machine can also be taken back for other work during a call (once, 2026-12-04): the waits pack

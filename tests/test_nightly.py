@@ -690,7 +690,7 @@ def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness(tmp_path):
     from harness.host import learning
 
     assert NRL_CASE_LOGS, "integration/h200/*/runs.json: the committed NeMo-RL case logs are gone"
-    seen = set()
+    seen, by_gain = set(), {}
     for index in NRL_CASE_LOGS:
         for run in json.loads(index.read_text())["runs"]:
             rec = index.parent / run["dir"]
@@ -724,6 +724,17 @@ def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness(tmp_path):
             if run["expect"] == "green" and casing.CASES[run["case"]].refit_check:
                 assert got["step_markers"]["missing"] == [] and len(got["steps_run"]) >= 4, got
             seen.add((run["case"], run["expect"]))
+            # What the learning gate itself showed, and from which pretrain (SIGN_DROP: the gap only reward closes)
+            gain = [g for g in got["gates"] if f'data["{casing.GAIN}"]' in g]
+            if gain and (rec / "pretrain.json").exists():
+                drop = json.loads((rec / "pretrain.json").read_text())["inputs"].get("sign_drop")
+                if drop:
+                    by_gain[(run["case"], got["gates"][gain[0]]["ok"])] = got["reasons"]
+    # Issue 40: the correct run learns with GTP2 and with GTP off, and the sign-flipped loss is red by the
+    # learning gate alone, each judged again here from the same (SIGN_DROP) pretrain's runs.
+    assert ("learning", True) in by_gain and ("learning-gtp-off", True) in by_gain, sorted(by_gain)
+    flip = by_gain.get(("learning-sign-flip", False))
+    assert flip is not None and len(flip) == 1 and casing.GAIN in flip[0], (sorted(by_gain), flip)
     assert {("learning", "green"), ("learning-frozen-weights", "red"), ("learning-stale-refit", "red"),
             ("learning-corrupt-tensor", "red"), ("learning-gtp-off", "green"), ("learning-no-cuda-graphs", "green"),
             ("learning-gtp-off-no-cuda-graphs", "green"), ("moe", "green")} <= seen

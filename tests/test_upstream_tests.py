@@ -161,6 +161,22 @@ TESTS = {
         def test_runs_once_its_module_imports():
             assert alpha.value_1 == 1
     """,
+    "tests/unit_tests/test_holds_no_test.py": """
+        import megatron.core.alpha
+
+        \'\'\'
+        def test_written_out_of_pytests_reach():   # inside a string, as upstream files sometimes keep them
+            assert False
+        \'\'\'
+    """,
+    "tests/unit_tests/test_deselected_whole.py": """
+        import pytest
+        import megatron.core.alpha
+
+        @pytest.mark.flaky_in_dev
+        def test_only_upstreams_markers_deselect():
+            assert megatron.core.alpha.value_1 == 1
+    """,
     "tests/unit_tests/test_skipped_module.py": """
         import pytest
         import megatron.core.alpha
@@ -218,7 +234,8 @@ def test_select_only_derives_the_files_from_what_the_series_touches(up):
     picked = {s["path"]: s["reasons"] for s in report["selection"]}
     assert set(picked) == {"tests/unit_tests/test_alpha.py", "tests/unit_tests/sub/test_beta.py",
                            "tests/unit_tests/test_collect.py", "tests/unit_tests/test_skipped_module.py",
-                           "tests/unit_tests/test_delta.py", "tests/unit_tests/test_needs_the_fix_to_import.py"}, picked
+                           "tests/unit_tests/test_delta.py", "tests/unit_tests/test_needs_the_fix_to_import.py",
+                           "tests/unit_tests/test_holds_no_test.py", "tests/unit_tests/test_deselected_whole.py"}, picked
     assert picked["tests/unit_tests/test_alpha.py"] == ["imports megatron.core.alpha (fix)",
                                                          "mirror of megatron/core/alpha.py (fix)"]
     assert picked["tests/unit_tests/sub/test_beta.py"] == ["imports megatron.core.beta (break)"]
@@ -283,7 +300,8 @@ def test_regressions_and_fixes_are_found_bisected_and_every_launch_end_is_surviv
     assert "tests/unit_tests/test_needs_the_fix_to_import.py" not in rows
     # upstream's own -m deselected its flaky test on both sides (counted, never run)
     assert "test_upstream_deselects" not in rows
-    assert report["sides"]["patched"]["deselected by upstream"] == 1
+    assert report["sides"]["patched"]["deselected by upstream"] == 2   # and test_deselected_whole.py's one
+    assert report["no_tests"] == ["tests/unit_tests/test_holds_no_test.py"], report["no_tests"]
     # bisected: the regression to the patch that breaks it, the fix to the patch that fixes it
     found = {b["id"].split("::")[-1]: b for b in report["bisect"]}
     assert found["test_broken_by_the_series"]["first_patch"] == "break", found
@@ -1444,6 +1462,28 @@ def test_the_h100_runs_have_no_regression_and_a_refusal_is_never_a_verdict(tmp_p
     recorded = {x["id"]: x for x in result["rows"]}   # one refused through HyperCommGrid: the grid's size asked for
     grid = [r.id for r in asks if "Grid shape [2, 2, 2, 1] is over sized" in recorded[r.id]["patched_reason"]]
     assert len(grid) == 1 and recorded[grid[0]]["category"] == "known-failure", grid
+
+
+def test_a_selected_file_that_holds_no_test_is_named_never_dropped_silently(up, tmp_path):
+    """A selected file pytest collects no test from (upstream keeps its tests in a string there: Megatron-LM's
+    transformer/test_core_attention.py on one H100, 2026-12-05) gives no row; the result names it, its reason
+    says so, and a later --compared run leaves it out as compared whole (nothing in it runs)."""
+    proc, out = _run(up, "--no-bisect", "--files", "tests/unit_tests/test_delta.py",
+                     "--files", "tests/unit_tests/test_holds_no_test.py", check=0)
+    report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+    assert report["no_tests"] == ["tests/unit_tests/test_holds_no_test.py"], report
+    assert report["status"] == "passed" and report["counts"]["*"] == {"passed": 1}, report
+    assert "1 selected file(s) hold no test pytest collects: tests/unit_tests/test_holds_no_test.py" in proc.stdout, proc.stdout
+    result = out / "megatron-lm" / "result.json"
+    assert read_json(result)["no_tests"] == report["no_tests"]
+    again, _ = _run(up, "--select-only", "--compared", result, check=0)
+    left_out = read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"]
+    assert sorted(left_out) == ["tests/unit_tests/test_delta.py", "tests/unit_tests/test_holds_no_test.py"], left_out
+    # a file whose module failed to collect, or one that skips itself whole, has its row: never "no test";
+    # nor is one whose every test upstream's markers deselect (its side counts say so)
+    _run(up, "--no-bisect", "--files", "tests/unit_tests/test_collect.py", "--files", "tests/unit_tests/test_delta.py",
+         "--files", "tests/unit_tests/test_skipped_module.py", "--files", "tests/unit_tests/test_deselected_whole.py")
+    assert read_json(up["tmp"] / "report.json")["upstreams"][0]["no_tests"] == []
 
 
 def test_compared_leaves_out_the_files_an_earlier_run_compared_whole_and_only_those(up, tmp_path):

@@ -76,7 +76,7 @@ def judge_report(name: str, fin: Finished, out: Path, timeout: float) -> tuple[V
     status = {"passed": "passed", "failed": "failed"}.get(report.get("status", ""), "error")
     info = {"upstream_tests": {k: report.get(k) for k in ("tests", "launch", "nproc", "counts", "sides", "seconds",
                                                           "seconds_per_world", "regressions", "fixed", "flaky",
-                                                          "not_compared")},
+                                                          "not_compared", "no_tests")},
             "log": str(out / name / "result.json"), "console": str(out / "console.log")}
     info["upstream_tests"]["known_failures"] = len(report.get("known_failures") or [])
     info["upstream_tests"]["selected_files"] = len(report.get("selection") or [])

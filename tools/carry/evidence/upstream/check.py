@@ -29,7 +29,7 @@ from . import suite
 from .launch import Side, SideResult, run_side
 from .results import signature
 from .select import Picked, select
-from .verdict import Row, compare, compared_files, counts, outcome_in, side_counts
+from .verdict import Row, compare, compared_files, counts, files_without_rows, outcome_in, side_counts
 
 
 @dataclass
@@ -100,6 +100,9 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
         futures = {name: pool.submit(_timed, run_side, side, t0, name) for name, side in sides.items()}
         results = {name: f.result() for name, f in futures.items()}
     rows = compare(results["pristine"], results["patched"])
+    # A selected file that gave no row on either side held no test pytest collects there (its tests written
+    # out of pytest's reach, say): named, so that it never silently drops out of what the counts cover.
+    report["no_tests"] = files_without_rows(files, rows, results.values())
     found = None
     if opts.bisect and any(r.category in ("regression", "fixed") for r in rows):
         # The comparison is written before the bisection, which runs tests again and can take as long
@@ -109,6 +112,9 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
         progress.checkpoint("upstream-bisecting")
         found = _bisect_rows(series, upstream, prefix, repo, rows, files, out / "bisect", opts)
     report.update(_summary(rows, results, pin.root, t0))
+    if report["no_tests"]:
+        report["reason"] += (f"; {len(report['no_tests'])} selected file(s) hold no test pytest collects: "
+                             f"{', '.join(report['no_tests'][:5])}")
     if found is not None:
         report["bisect"] = found
     _write(out, report, rows, results)

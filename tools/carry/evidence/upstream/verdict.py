@@ -146,11 +146,19 @@ def compared_files(result: dict) -> set[str]:
     """The test files an earlier run (its result.json) compared whole and found nothing to look at again, as
     today's judge reads it: none of their tests not compared, regressed or flaky (a file left out so would
     hide what that run found), and no outcome a refusal of the world size it ran at (launch.unmet_world),
-    which an older judge took for a verdict."""
+    which an older judge took for a verdict; and the files it found holding no test (nothing to run again)."""
     rows = [Row(**row) for row in result.get("rows", [])]
     again = {r.file for r in rows if r.category in ("not-compared", "regression", "flaky")}
     for side in result.get("sides", {}).values():
         for nodeid, o in side.get("outcomes", {}).items():
             if unmet_world(Outcome(o["outcome"], o.get("reason", ""), world=o.get("world", 1))):
                 again.add(file_of(nodeid))
-    return {r.file for r in rows} - again
+    return ({r.file for r in rows} - again) | set(result.get("no_tests", []))
+
+
+def files_without_rows(files: list[str], rows: list[Row], sides) -> list[str]:
+    """The selected FILES that no row stands for and whose tests upstream's markers did not deselect: pytest
+    collected no test from them on either side (a file it could not collect, or did not reach, has a row)."""
+    seen = {r.file for r in rows}
+    seen |= {file_of(nodeid) for side in sides for nodeid in side.deselected}
+    return [f for f in files if f not in seen]

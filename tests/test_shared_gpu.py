@@ -587,3 +587,23 @@ def test_the_learning_wave_is_as_wide_as_the_gpu_holds(total, width):
     got = subprocess.run(["bash", "-c", f'. integration/shared-gpu-lib.sh && wave_width "{total}"'], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout.strip()
     assert got == str(width), (total, got)
+
+
+@pytest.mark.parametrize("env, why", [({"NIGHTLY_CELL": "2"}, "NIGHTLY_CELL is 0 or 1, not '2'"),
+                                      ({"NIGHTLY_CELL": "yes"}, "NIGHTLY_CELL is 0 or 1, not 'yes'"),
+                                      ({"NIGHTLY_CELL": "0", "WAVE2": ""}, "NIGHTLY_CELL=0 with an empty WAVE2 runs nothing")])
+def test_the_learning_evidence_refuses_a_night_without_a_case_to_run(tmp_path, env, why):
+    """NIGHTLY_CELL=0 (the session of 2026-12-05 that recorded learning-gtp-off and learning-sign-flip after
+    the cell had passed: h200/2026-12-05-learning-other-halves) runs WAVE2's cases alone; a value other than
+    0 or 1, or 0 with nothing in WAVE2, is bad input: exit 2 before anything starts (no setup, no Ray).
+    Where it is 0, the wave ends before the nightly's cell is ever launched."""
+    out = tmp_path / "o"
+    proc = subprocess.run(["bash", "integration/shared-gpu-h200.sh", "learning-evidence-bg"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CARRY_TREES": str(tmp_path / "trees"), "OUT": str(out), **env})
+    assert proc.returncode == 2 and f"refused: {why}" in proc.stdout, (proc.stdout, proc.stderr)
+    assert "learning evidence started" not in proc.stdout, proc.stdout
+    text = (ROOT / "integration" / "shared-gpu-h200.sh").read_text()
+    inner = text[text.index("  learning-evidence-bg)"):text.index("  wait-learning-evidence)")]
+    alone = inner[inner.index('if [ "$NIGHTLY_CELL" = 0 ]'):]
+    assert alone.index("side_by_side $WAVE2") < alone.index("exit 0") < alone.index("tools/nightly.py"), alone[:400]

@@ -282,20 +282,20 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       if [ "$NIGHTLY_CELL" = 0 ]; then   # the other halves alone: every slot of the wave is theirs
         stamp "wave 2 at lr $lr: $WAVE2 (NIGHTLY_CELL=0: no nightly learning cell)"
         side_by_side $WAVE2
-        /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; stamp "evidence done; Ray stopped"; exit 0
+      else   # the nightly learning cell, and WAVE2 beside it or after it
+        stamp "wave 2 at lr $lr: the nightly learning cell, then $WAVE2"
+        ( CARRY_NRL_RAY_RUNNING=1 CARRY_NRL_CASE_TIMEOUT=$CASE_TIMEOUT python3 tools/nightly.py --images gpu-host --shared-gpu \
+            --no-bisect --timeout $((CASE_TIMEOUT + 60)) --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl="$S"/nemo-rl.git \
+            --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning > /tmp/o/learning.console 2>&1
+          stamp "learning nightly exit $?" ) &
+        nightly=$!; sleep 20
+        if [ "$WAVE_WIDTH" -gt 1 ]; then   # the nightly is one of the wave
+          WAVE_WIDTH=$((WAVE_WIDTH - 1)) side_by_side $WAVE2
+        else   # one case at a time (a GPU that holds one): the nightly first, then the others
+          wait "$nightly"; side_by_side $WAVE2
+        fi
+        wait "$nightly"
       fi
-      stamp "wave 2 at lr $lr: the nightly learning cell, then $WAVE2"
-      ( CARRY_NRL_RAY_RUNNING=1 CARRY_NRL_CASE_TIMEOUT=$CASE_TIMEOUT python3 tools/nightly.py --images gpu-host --shared-gpu \
-          --no-bisect --timeout $((CASE_TIMEOUT + 60)) --tests grpo-megatron-generation-gtp-learning "$@" --source nemo-rl="$S"/nemo-rl.git \
-          --cache /tmp/nrl-run/carry-cache --out /tmp/nightly-learning > /tmp/o/learning.console 2>&1
-        stamp "learning nightly exit $?" ) &
-      nightly=$!; sleep 20
-      if [ "$WAVE_WIDTH" -gt 1 ]; then   # the nightly is one of the wave
-        WAVE_WIDTH=$((WAVE_WIDTH - 1)) side_by_side $WAVE2
-      else   # one case at a time (a GPU that holds one): the nightly first, then the others
-        wait "$nightly"; side_by_side $WAVE2
-      fi
-      wait "$nightly"
       /tmp/nrl-run/venv/bin/ray stop --force > /dev/null 2>&1; stamp "evidence done; Ray stopped"' evidence "${SRC[@]}" \
       > /tmp/o/evidence.log 2>&1 < /dev/null &
     echo $! > /tmp/o/evidence.pid; stamp "learning evidence started (pid $!)" ;;

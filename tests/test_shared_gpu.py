@@ -596,7 +596,7 @@ def test_the_learning_evidence_refuses_a_night_without_a_case_to_run(tmp_path, e
     """NIGHTLY_CELL=0 (the session of 2026-12-05 that recorded learning-gtp-off and learning-sign-flip after
     the cell had passed: h200/2026-12-05-learning-other-halves) runs WAVE2's cases alone; a value other than
     0 or 1, or 0 with nothing in WAVE2, is bad input: exit 2 before anything starts (no setup, no Ray).
-    Where it is 0, the wave ends before the nightly's cell is ever launched."""
+    Where it is 0, WAVE2's cases are the wave and the nightly's cell is launched only in the other branch."""
     out = tmp_path / "o"
     proc = subprocess.run(["bash", "integration/shared-gpu-h200.sh", "learning-evidence-bg"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
@@ -605,5 +605,7 @@ def test_the_learning_evidence_refuses_a_night_without_a_case_to_run(tmp_path, e
     assert "learning evidence started" not in proc.stdout, proc.stdout
     text = (ROOT / "integration" / "shared-gpu-h200.sh").read_text()
     inner = text[text.index("  learning-evidence-bg)"):text.index("  wait-learning-evidence)")]
-    alone = inner[inner.index('if [ "$NIGHTLY_CELL" = 0 ]'):]
-    assert alone.index("side_by_side $WAVE2") < alone.index("exit 0") < alone.index("tools/nightly.py"), alone[:400]
+    branch = inner[inner.index('if [ "$NIGHTLY_CELL" = 0 ]; then   # the other halves'):]
+    alone, other = branch.split("\n      else", 1)
+    assert "side_by_side $WAVE2" in alone and "tools/nightly.py" not in alone, alone
+    assert "tools/nightly.py" in other.split("\n      fi\n      /tmp/nrl-run/venv/bin/ray stop")[0], other[:600]

@@ -102,19 +102,16 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     rows = compare(results["pristine"], results["patched"])
     # A selected file that gave no row on either side held no test pytest collects there (its tests written
     # out of pytest's reach, say): named, so that it never silently drops out of what the counts cover.
-    report["no_tests"] = files_without_rows(files, rows, results.values())
+    empty = files_without_rows(files, rows, results.values())
     found = None
     if opts.bisect and any(r.category in ("regression", "fixed") for r in rows):
         # The comparison is written before the bisection, which runs tests again and can take as long
         # as the sides did: a run cut during it (interrupted, its machine taken back) keeps its verdict,
         # never a green one (the bisection may still find a regression flaky, never a pass a failure).
-        _write(out, {**report, **_unbisected(_summary(rows, results, pin.root, t0))}, rows, results)
+        _write(out, {**report, **_unbisected(_summary(rows, results, pin.root, t0, empty))}, rows, results)
         progress.checkpoint("upstream-bisecting")
         found = _bisect_rows(series, upstream, prefix, repo, rows, files, out / "bisect", opts)
-    report.update(_summary(rows, results, pin.root, t0))
-    if report["no_tests"]:
-        report["reason"] += (f"; {len(report['no_tests'])} selected file(s) hold no test pytest collects: "
-                             f"{', '.join(report['no_tests'][:5])}")
+    report.update(_summary(rows, results, pin.root, t0, empty))
     if found is not None:
         report["bisect"] = found
     _write(out, report, rows, results)
@@ -177,7 +174,8 @@ def _side(name: str, series: Series, upstream: str, folder: Path, files: list[st
                 test_timeout=opts.test_timeout, shared_gpu=opts.shared_gpu, only=only, **kwargs)
 
 
-def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds: dict) -> dict:
+def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds: dict,
+             no_tests: list[str] = ()) -> dict:
     per = counts(rows, root)
     regressions = [r.to_dict() for r in rows if r.category == "regression"]
     compared = sum(n for c, n in per["*"].items() if c not in ("not-compared",))
@@ -195,12 +193,14 @@ def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds
         status, reason = "error", "no test passed on both sides: the run proves nothing about regressions"
     else:
         status, reason = "passed", f"no regression among {compared} test(s) compared"
+    if no_tests:
+        reason += f"; {len(no_tests)} selected file(s) hold no test pytest collects: {', '.join(no_tests[:5])}"
     walls: dict[str, dict[str, float]] = {}
     for name, res in results.items():
         for launch in res.launches:
             w = walls.setdefault(name, {})
             w[str(launch["world"])] = round(w.get(str(launch["world"]), 0.0) + launch["seconds"], 1)
-    return {"ok": ok, "status": status, "reason": reason, "counts": per,
+    return {"ok": ok, "status": status, "reason": reason, "no_tests": list(no_tests), "counts": per,
             "sides": {k: side_counts(v) for k, v in results.items()}, "seconds": seconds,
             "seconds_per_world": walls, "regressions": regressions,
             "fixed": [r.to_dict() for r in rows if r.category == "fixed"],

@@ -667,16 +667,26 @@ def _remove_deep(top: Path) -> None:
 NRL_CASE_LOGS = sorted(p for card in ("h100", "h200") for p in (ROOT / "integration" / card).glob("*/runs.json"))
 
 
-def _harness_but_last_drift(metrics: dict) -> dict:
-    """The harness series of METRICS, the drift's last step left out: it is the latest swap's (the end
-    validation's) since 2026-12-05, and the devices merged the last step's own swap before; every other value
-    of a device's merge must be what today's harness computes."""
+def _device_merge_as_today(merged: dict, again: dict, log: str) -> dict:
+    """The harness series of AGAIN (today's merge) as the device that wrote MERGED computed them. Merges written
+    before the swaps past the last step were judged (1aa4d22, 2026-12-05) took the last step's drift from that
+    step's own swap, today's from the latest swap: where MERGED's last drift is not today's, it must be the
+    last step's own swap's, recomputed here from the log with the later swaps' drift lines left out."""
+    import re
+    from carry.nightly.runlog import log_lines
+    from harness.host import cases as casing
     from harness.host import learning
-    out = {k: v for k, v in metrics.items() if k.startswith("harness/")}
+    mine = {k: v for k, v in again.items() if k.startswith("harness/")}
+    steps = sorted(mine.get(learning.CHANGED) or {}, key=int)
+    if not steps or merged.get(learning.CHANGED, {}).get(steps[-1]) == mine[learning.CHANGED][steps[-1]]:
+        return mine
+    drift = re.compile(casing.WEIGHT_CHANGE_LINE)
+    own = "\n".join(ln for ln in log_lines(log)
+                     if not ((d := drift.fullmatch(ln)) and int(d["step"]) > int(steps[-1])))
+    old = learning.harness_metrics(own, steps, 2)
     for key in (learning.DRIFT, learning.CHANGED):
-        if isinstance(out.get(key), dict) and out[key]:
-            out[key] = dict(sorted(out[key].items(), key=lambda kv: int(kv[0]))[:-1])
-    return out
+        mine[key] = {**mine[key], steps[-1]: old[key][steps[-1]]}
+    return mine
 
 
 def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness(tmp_path):
@@ -711,7 +721,9 @@ def test_judge_on_committed_gpu_cases_of_the_nemo_rl_harness(tmp_path):
                 shutil.copy2(raw, d / "metrics.json")
             merged = json.loads((rec / "metrics.json").read_text())
             again = json.loads((d / "metrics.json").read_text())
-            assert _harness_but_last_drift(merged) == _harness_but_last_drift(again), (run["dir"], "the device's merge differs")
+            device = {k: v for k, v in merged.items() if k.startswith("harness/")}
+            assert device == _device_merge_as_today(merged, again, read_recorded(rec / "run.log")), \
+                (run["dir"], "the device's merge differs")
             got = caserun.summarize(case, d, rc)
             # A run that went against its case's expectation is recorded so (as_expected false), with the one
             # reason it is red: the replay must find that reason and no other.

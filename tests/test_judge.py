@@ -343,9 +343,8 @@ def test_the_matrix_refuses_markers_and_gates_that_cannot_fail(tmp_path, body, m
 
 # Cells whose recorded runs are another cell's: the same command (gtp-refit-mini-nccl is nccl-bf16's, in the image).
 RECORDED_AS = {"gtp-refit-mini-nccl": "gtp-refit-mini-nccl-bf16"}
-# Gates no recorded run has passed yet, each with why: the learning gate reads the held-out validation; the H200
-# recorded it red twice (h200/2026-12-04-learning-at-5e-6: the sign-flipped run, and the learning cell at lr 5e-6,
-# which does not learn) and never green yet (issue 40).
+# Gates no recorded run has passed yet, each (cell, gate text) with why beside it. None now: the last one, the
+# learning gate, passed in h100/2026-12-05-learning-passed and h200/2026-12-05-learning-other-halves.
 NOT_YET_RECORDED: set = set()
 
 

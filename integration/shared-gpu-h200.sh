@@ -49,8 +49,10 @@
 #                   in the setup's venv as it is (pytest, TE and the rest come with NeMo-RL's stack),
 #                   the Megatron-LM and Megatron-Bridge tests from the p39 ferry, NeMo-RL's from its tree;
 #                   UT_BUDGET seconds per side (default 600); UT_ONLY the upstreams (default all three),
-#                   UT_MLM_FILES / UT_BRIDGE_FILES / UT_NRL_FILES what runs of theirs (default: the GTP folder / every selected
-#                   file; UT_MLM_FILES takes several paths, space-separated), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json);
+#                   UT_MLM_FILES / UT_BRIDGE_FILES / UT_NRL_FILES what runs of theirs (default: every selected file;
+#                   UT_MLM_FILES takes several paths, space-separated), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json);
+#                   UT_MLM_SHARDS=K (default 1): Megatron-LM's files in K parts run side by side (--shard I/K, each its own
+#                   workspace and out folder ut/megatron-lm, ut/megatron-lm-2, ...: one part leaves most of the host's cores idle);
 #                   the files a committed GPU run (integration/h100, h200) compared whole on this very series stay out
 #                   (tools/upstream_tests.py --compared; UT_COMPARED=none: run them again)
 #   setup-bg        in the background: run-on-gpu-host's setup alone (/tmp/o/setup)
@@ -306,23 +308,25 @@ from harness.host import cases; print(cases.LEARNING_LR)")
     cat /tmp/o/evidence.log; tail -3 /tmp/o/gpu-mem.log
     if [ "$done" = 0 ]; then stamp "the evidence still runs: wait-learning-evidence again"; exit 3; fi ;;
   upstream-tests-bg)
-    mkdir -p /tmp/o/ut
     export S UT_BUDGET=${UT_BUDGET:-600} UT_ONLY=${UT_ONLY:-"megatron-lm megatron-bridge nemo-rl"} \
-      UT_MLM_FILES=${UT_MLM_FILES:-tests/unit_tests/generalized_tensor_parallel} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} \
+      UT_MLM_FILES=${UT_MLM_FILES:-} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} UT_MLM_SHARDS=${UT_MLM_SHARDS:-1} \
       UT_SETUP=${UT_SETUP:-/tmp/o/pretrain}
+    case $UT_MLM_SHARDS in [1-9]) ;; *) stamp "refused: UT_MLM_SHARDS is 1 to 9, not '$UT_MLM_SHARDS'"; exit 2 ;; esac
+    mkdir -p /tmp/o/ut
     setsid nohup bash -c '
       . integration/shared-gpu-lib.sh   # stamp; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env; committed_results
       P=/tmp/p/p39; U=/tmp/o/ut; V=/tmp/nrl-run/venv/bin/python
       while [ ! -e /tmp/nrl-run/.payload-ok ]; do sleep 3; done   # the setup unpacks the sources first
-      for up in $UT_ONLY; do
-        python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "$up" "$@" \
+      shards=(); case " $UT_ONLY " in *" megatron-lm "*) for i in $(seq 2 "$UT_MLM_SHARDS"); do shards+=("megatron-lm-$i"); done ;; esac
+      for up in $UT_ONLY "${shards[@]}"; do   # a workspace each: a run locks its own
+        python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "${up%-[0-9]}" "$@" \
           --source nemo-rl="$S"/nemo-rl.git --cache /tmp/ut-cache > "$U/apply-$up.txt" 2>&1 || stamp "apply $up failed"
       done
       stamp "workspaces applied; waiting for the setup venv"
       until venv_ok; do sleep 3; done
       "$V" -m pip freeze > "$U/environment.txt" 2>&1   # the venv as it is: pytest and the tests'"'"' imports come with the stack
-      run() {  # run UPSTREAM ARGS...
-        local up=$1; shift
+      run() {  # run UPSTREAM NAME ARGS...: NAME the workspace and out folder (a shard'"'"'s: UPSTREAM-I)
+        local up=$1 name=$2; shift 2
         case " $UT_ONLY " in *" $up "*) ;; *) return 0 ;; esac
         # NeMo-RL'"'"'s tests import ray and the rest of its stack: the whole setup first (its model.json). Its own
         # launcher (tests/run_unit.sh) first connects to a running Ray cluster, and its init_ray reuses one
@@ -349,15 +353,19 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         local compared=() f
         while IFS= read -r f; do compared+=(--compared "$f"); done < <(committed_results "$up")
         [ "${UT_COMPARED:-all}" = none ] && compared=()
-        env "${extra[@]}" timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$up" --only "$up" \
+        env "${extra[@]}" timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$name" --only "$up" \
           --python "$V" --shared-gpu --budget "$UT_BUDGET" --test-timeout 120 --cache /tmp/ut-cache \
-          --out "$U/$up" --json "$U/$up.report.json" "${compared[@]}" "$@" > "$U/$up.console.txt" 2>&1
-        stamp "$up exit $?"
+          --out "$U/$name" --json "$U/$name.report.json" "${compared[@]}" "$@" > "$U/$name.console.txt" 2>&1
+        stamp "$name exit $?"
       }
       mlm_files=(); for f in $UT_MLM_FILES; do mlm_files+=(--files "$f"); done   # paths, space-separated
-      run megatron-lm --tests-source megatron-lm="$P/tests-mlm" --nproc 4 "${mlm_files[@]}" &
-      run megatron-bridge --tests-source megatron-bridge="$P/tests-bridge" ${UT_BRIDGE_FILES:+--files "$UT_BRIDGE_FILES"} &
-      run nemo-rl ${UT_NRL_FILES:+--files "$UT_NRL_FILES"} &
+      for i in $(seq 1 "$UT_MLM_SHARDS"); do
+        name=megatron-lm; [ "$i" = 1 ] || name=megatron-lm-$i
+        sh=(); [ "$UT_MLM_SHARDS" = 1 ] || sh=(--shard "$i/$UT_MLM_SHARDS")
+        run megatron-lm "$name" --tests-source megatron-lm="$P/tests-mlm" --nproc 4 "${mlm_files[@]}" "${sh[@]}" &
+      done
+      run megatron-bridge megatron-bridge --tests-source megatron-bridge="$P/tests-bridge" ${UT_BRIDGE_FILES:+--files "$UT_BRIDGE_FILES"} &
+      run nemo-rl nemo-rl ${UT_NRL_FILES:+--files "$UT_NRL_FILES"} &
       wait; stamp "upstream tests done (a Ray cluster is left running: ray stop would take every cluster here)"' ut "${SRC[@]}" > /tmp/o/ut.log 2>&1 < /dev/null &
     echo $! > /tmp/o/ut.pid; stamp "upstream tests started (pid $!)" ;;
   wait-upstream-tests)

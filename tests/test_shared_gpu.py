@@ -609,3 +609,22 @@ def test_the_learning_evidence_refuses_a_night_without_a_case_to_run(tmp_path, e
     alone, other = branch.split("\n      else", 1)
     assert "side_by_side $WAVE2" in alone and "tools/nightly.py" not in alone, alone
     assert "tools/nightly.py" in other.split("\n      fi\n      /tmp/nrl-run/venv/bin/ray stop")[0], other[:600]
+
+
+@pytest.mark.parametrize("shards", ["0", "10", "two", "-1"])
+def test_the_upstream_tests_refuse_a_shard_count_they_cannot_run(tmp_path, shards):
+    """UT_MLM_SHARDS=K runs Megatron-LM's files in K parts side by side (tools/upstream_tests.py --shard I/K),
+    each part in a workspace and an out folder of its own (a run locks its workspace; one part's results would
+    overwrite another's); a count that is not 1 to 9 exits 2 before anything starts."""
+    proc = subprocess.run(["bash", "integration/shared-gpu-h200.sh", "upstream-tests-bg"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CARRY_TREES": str(tmp_path / "trees"), "OUT": str(tmp_path / "o"),
+                               "UT_MLM_SHARDS": shards})
+    assert proc.returncode == 2 and f"refused: UT_MLM_SHARDS is 1 to 9, not '{shards}'" in proc.stdout, (proc.stdout, proc.stderr)
+    assert "upstream tests started" not in proc.stdout, proc.stdout
+    step = (ROOT / "integration" / "shared-gpu-h200.sh").read_text().split("  upstream-tests-bg)", 1)[1]
+    step = step.split("\n  wait-upstream-tests)", 1)[0]
+    # each part: its own workspace (applied for it), its own out folder and JSON, its own --shard
+    assert '--workdir "/tmp/ut-work/$name" --only "$up"' in step and '--out "$U/$name" --json "$U/$name.report.json"' in step
+    assert 'for up in $UT_ONLY "${shards[@]}"; do' in step and 'shards+=("megatron-lm-$i")' in step
+    assert 'sh=(--shard "$i/$UT_MLM_SHARDS")' in step and 'name=megatron-lm-$i' in step

@@ -1566,3 +1566,35 @@ def test_each_committed_gpu_result_the_gpu_script_passes_as_compared_is_one(upst
                            capture_output=True, text=True, check=True).stdout.split()
     assert found, upstream   # each upstream's tests have run on a GPU
     assert {_result(ROOT_DIR / f)["upstream"] for f in found} == {upstream}, found
+
+
+def test_shards_share_out_what_is_left_after_compared_and_an_empty_one_is_no_green(up, tmp_path):
+    """--shard I/K: K runs side by side (their own workspaces) share out the files left to run after
+    --compared: every K-th from the I-th, in the selection's order, disjoint and together all of it, so
+    each part's result.json is a --compared for the next night. A shard with no file is an error, never a
+    green run that compared nothing; a shard that is not I/K with 1 <= I <= K is bad usage."""
+    _, out = _run(up, "--no-bisect", "--files", "tests/unit_tests/test_delta.py", check=0)
+    result = tmp_path / "delta-result.json"
+    result.write_bytes((out / "megatron-lm" / "result.json").read_bytes())
+
+    def selected(*extra: str) -> list[str]:
+        _run(up, "--select-only", "--compared", result, *extra, check=0)
+        report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+        return [s["path"] for s in report["selection"]], report
+
+    left, _ = selected()
+    assert "tests/unit_tests/test_delta.py" not in left and len(left) >= 5, left
+    for k in (2, 3):
+        parts = [selected("--shard", f"{i}/{k}") for i in range(1, k + 1)]
+        assert [p for p, _ in parts] == [left[i::k] for i in range(k)], (k, parts)
+        assert all(r["shard"] == f"{i}/{k}" and r["compared_before"] == ["tests/unit_tests/test_delta.py"]
+                   for i, (_, r) in enumerate(parts, 1)), parts
+    shutil.rmtree(up["tmp"] / "out")
+    proc, _ = _run(up, "--no-bisect", "--files", "tests/unit_tests/test_alpha.py", "--shard", "2/2", check=1)
+    report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+    assert report["status"] == "error" and not report["ok"], report
+    assert report["reason"] == "shard 2/2 is empty: 1 file(s) are left to run, fewer than the shards", report
+    assert not (up["tmp"] / "out" / "megatron-lm" / "pristine").exists()   # nothing launched
+    for bad in ("0/2", "3/2", "2", "a/b", "1/0"):
+        proc, _ = _run(up, "--select-only", "--shard", bad, check=2)
+        assert "--shard" in proc.stderr and "is not I/K" in proc.stderr, (bad, proc.stderr)

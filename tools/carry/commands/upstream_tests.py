@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -43,6 +45,10 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--select-only", action="store_true", help="print the derived selection and run nothing")
     p.add_argument("--files", action="append", metavar="PATH",
                    help="run only the selected files under PATH (repeatable), e.g. tests/unit_tests/generalized_tensor_parallel")
+    p.add_argument("--shard", type=_shard, metavar="I/K",
+                   help="run the I-th of K parts of what is left to run (after --files and --compared): every K-th "
+                        "file, from the I-th; K runs with their own --workdir and --out share one host or several "
+                        "(e.g. --shard 1/2 and --shard 2/2), and each one's result.json serves as --compared later")
     p.add_argument("--nproc", type=int, metavar="N", help="ranks per launch (default: the pin's, upstream CI's)")
     p.add_argument("--budget", type=options.seconds, metavar="SECONDS",
                    help="stop each side after this long; what it did not reach is reported as not compared")
@@ -72,14 +78,15 @@ def main(argv: list[str], prog: str) -> int:
     opts = Options(cache=options.cache(a), out=a.out.absolute(), sources=sources, python=a.python, nproc=a.nproc,
                    budget_s=a.budget, test_timeout=a.test_timeout, shared_gpu=a.shared_gpu,
                    files=a.files, bisect=not a.no_bisect, together=not a.one_side_at_a_time,
-                   select_only=a.select_only, compared=[_result(path) for path in a.compared or []])
+                   select_only=a.select_only, shard=a.shard, compared=[_result(path) for path in a.compared or []])
     reports = check_series(series, a.workdir, options.comma_list(a.only), opts, a.lock_timeout)
     bad = [r["upstream"] for r in reports if not r.get("ok")]   # the JSON's ok and the exit status, both from it
     options.write_report(a.json, {"ok": not bad and not a.select_only, "series": series.name, "upstreams": reports})
     if a.select_only:
         for r in reports:
             before = f"; {len(r['compared_before'])} left out, compared before" if r.get("compared_before") else ""
-            print(f"{r['upstream']}: {len(r['selection'])} test file(s){before}, {r['tests']}")
+            shard = f" (shard {r['shard']})" if r.get("shard") else ""
+            print(f"{r['upstream']}: {len(r['selection'])} test file(s){shard}{before}, {r['tests']}")
             print(report.table([[s["path"], "; ".join(s["reasons"])] for s in r["selection"]], ["file", "why"]))
         return 0
     for r in reports:
@@ -93,6 +100,14 @@ def main(argv: list[str], prog: str) -> int:
     if bad:
         print(f"error: not green for: {', '.join(bad)} (see each result.json)", file=sys.stderr)
     return 1 if bad else 0
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """--shard I/K: 1 <= I <= K."""
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not I/K with 1 <= I <= K (e.g. 1/2)")
+    return int(m.group(1)), int(m.group(2))
 
 
 def _result(path: Path) -> dict:

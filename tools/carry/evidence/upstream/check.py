@@ -46,6 +46,7 @@ class Options:
     bisect: bool = True
     together: bool = True                  # both sides at once
     select_only: bool = False
+    shard: tuple[int, int] | None = None   # (I, K): every K-th file of what is left to run, from the I-th
     compared: list[dict] = field(default_factory=list)   # earlier runs' result.json: the files they compared whole stay out
 
 
@@ -74,10 +75,13 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     digest = series.digest(series.patches)[:12]
     before = _compared_before(upstream, pin.describe(), digest, opts.compared)
     left_out = [p.path for p in picked if p.path in before]
-    picked = [p for p in picked if p.path not in before]
+    picked = remaining = [p for p in picked if p.path not in before]
+    if opts.shard:   # after --compared: the K parts of what is left share it out evenly, whatever ran before
+        i, k = opts.shard
+        picked = picked[i - 1::k]
     report = {"upstream": upstream, "tests": pin.describe(), "series_digest": digest, "launch": pin.launch,
               "nproc": opts.nproc or pin.nproc, "selection": [{"path": p.path, "reasons": p.reasons} for p in picked],
-              "compared_before": left_out}
+              "compared_before": left_out, **({"shard": "%d/%d" % opts.shard} if opts.shard else {})}
     if left_out:
         progress.say(f"{upstream}: {len(left_out)} selected test file(s) left out: an earlier run (--compared) "
                      f"compared every test of theirs")
@@ -85,6 +89,8 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
         return report
     if not picked:
         report.update(ok=False, status="error", reason=(
+            f"shard {report['shard']} is empty: {len(remaining)} file(s) are left to run, fewer than the shards"
+            if remaining else
             "every selected test file was compared whole by the --compared runs: nothing is left to run" if left_out
             else "the selection is empty: no test file meets what the series touches (a run would prove nothing)"))
         return report

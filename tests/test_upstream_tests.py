@@ -1598,3 +1598,42 @@ def test_shards_share_out_what_is_left_after_compared_and_an_empty_one_is_no_gre
     for bad in ("0/2", "3/2", "2", "a/b", "1/0"):
         proc, _ = _run(up, "--select-only", "--shard", bad, check=2)
         assert "--shard" in proc.stderr and "is not I/K" in proc.stderr, (bad, proc.stderr)
+
+
+def test_a_pin_that_lacks_a_module_its_tests_import_from_the_repository_is_refused(up):
+    """Megatron-LM's tests import its root's tools/, examples/, pretrain_gpt.py, ...: a pin without them
+    left those files failing to collect on both sides of the 2026-12-05 run (No module named 'tools'), a
+    loss that no verdict shows. From a repository, a pinned file that imports a module of the repository
+    outside the pinned paths stops the run (exit 2) naming each path to add, a file that imports it and, in
+    the hint, its hash; the files under `replace` (the code under test) and imports of what the repository
+    does not hold (the standard library, installed packages, relative imports) are not the pin's. Once the
+    hint's lines are pinned, the run goes on."""
+    repo = Git(up["tests_repo"])
+    write(up["tests_repo"], "helpers/__init__.py", "")
+    write(up["tests_repo"], "helpers/build.py", "def build():\n    return 1\n")
+    write(up["tests_repo"], "builder.py", "VALUE = 1\n")
+    write(up["tests_repo"], "only_core_uses.py", "VALUE = 2\n")
+    write(up["tests_repo"], "tests/unit_tests/test_uses_the_root.py",
+          "import os, json\nfrom . import conftest_free\nfrom helpers.build import build\n"
+          "import builder, pytest\n\n\ndef test_root():\n    assert build() == builder.VALUE\n")
+    write(up["tests_repo"], "megatron/core/gamma.py", "import only_core_uses\n")
+    commit = repo.commit_all("tests that import the repository's root")
+    series = up["series"] / "series.toml"
+    text = series.read_text().replace(up["commit"], commit)
+    for path in ("pyproject.toml", "tests", "megatron"):
+        text = re.sub(rf'"{re.escape(path)}" = "[0-9a-f]{{40}}"',
+                      f'"{path}" = "{repo("rev-parse", f"{commit}:{path}").stdout.strip()}"', text)
+    series.write_text(text)
+    src = ("--tests-source", f"megatron-lm={up['tests_repo']}")
+    proc, _ = _run(up, "--select-only", *src, check=2)
+    assert ("megatron-lm's tests pin lacks what its files import from the repository: "
+            "builder.py (tests/unit_tests/test_uses_the_root.py imports builder); "
+            "helpers (tests/unit_tests/test_uses_the_root.py imports helpers.build)") in proc.stderr, proc.stderr
+    assert "only_core_uses" not in proc.stderr and "json" not in proc.stderr, proc.stderr
+    fetched, _ = _run(up, "--select-only", check=2)   # the commit fetched into the cache: the same check
+    assert fetched.stderr == proc.stderr, fetched.stderr
+    lines = re.search(r"paths in series\.toml: (.*)", proc.stderr).group(1)
+    assert lines == (f'"builder.py" = "{repo("rev-parse", f"{commit}:builder.py").stdout.strip()}", '
+                     f'"helpers" = "{repo("rev-parse", f"{commit}:helpers").stdout.strip()}"'), lines
+    series.write_text(re.sub(r'("megatron" = "[0-9a-f]{40}")', r"\1, " + lines.replace("\\", "\\\\"), series.read_text()))
+    _run(up, "--select-only", *src, check=0)

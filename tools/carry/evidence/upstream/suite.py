@@ -3,7 +3,10 @@
 A git pin's paths come from ``--tests-source NAME=PATH``: a clone that has the commit, or a folder
 holding those paths unpacked (``git archive COMMIT PATHS``, for a host that reaches no git server);
 else the commit is fetched once into the cache (``CACHE/upstream-tests/NAME.git``, that commit alone).
-Either way every path's git hash must be the pinned one. A side's folder is those paths with
+Either way every path's git hash must be the pinned one; from a repository, the pin must also hold every
+module of the repository the pinned files import (Megatron-LM's tests import its root's ``tools`` and
+``examples``: a pin without them left those test files failing to collect on both sides, a loss no
+verdict shows). A side's folder is those paths with
 ``replace`` swapped for the side's tree (the pristine base, or the patched workspace): upstream's
 tests, conftest and pytest configuration, run against the code under test. A ``source = "tree"`` pin
 copies the side's tree whole: its own tests. Side folders are scratch copies, so what the tests write
@@ -13,6 +16,7 @@ copies the side's tree whole: its own tests. Side folders are scratch copies, so
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import tarfile
 import tempfile
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import progress
-from ...errors import CommandError, IntegrityError, SourceError, UsageError
+from ...errors import CommandError, ConfigError, IntegrityError, SourceError, UsageError
 from ...git import Git
 from ...shell import code
 from ...series.testspin import TestsPin
@@ -55,6 +59,7 @@ def checkout(pin: TestsPin, cache: Path, source: Path | None) -> Checkout:
     if source is None:
         repo = _fetched(pin, cache)
         _check(pin, repo, pin.commit, f"the cached clone {repo.path}")
+        _check_imports(pin, repo, pin.commit)
         return Checkout(pin, repo=repo)
     if not source.is_dir():
         raise UsageError(f"--tests-source {pin.upstream}={source}: no such folder",
@@ -67,6 +72,7 @@ def checkout(pin: TestsPin, cache: Path, source: Path | None) -> Checkout:
                              f"({pin.ref or 'the pinned commit'})",
                              hint=f"{code('git', '-C', source, 'fetch', pin.url, pin.commit)}, then run this again")
         _check(pin, repo, pin.commit, f"the clone {source}")
+        _check_imports(pin, repo, pin.commit)
         return Checkout(pin, repo=repo)
     missing = [p for p in pin.path_names if not (source / p).exists()]
     if missing:
@@ -92,6 +98,56 @@ def _check(pin: TestsPin, repo: Git, rev: str, where: str) -> None:
                                  f"the pin says {want}",
                                  hint=f"use the pinned commit's {path} ({pin.url} at {pin.commit}), or fix the "
                                       f"pin in series.toml")
+
+
+# An absolute import at the start of a line: "from a.b import c" or "import a.b, d" (relative ones name no root).
+_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([A-Za-z_][\w.]*)[ \t]+import\b|import[ \t]+([A-Za-z_][\w.]*(?:[ \t]*,[ \t]*[A-Za-z_][\w.]*)*))")
+
+
+def _check_imports(pin: TestsPin, repo: Git, rev: str) -> None:
+    """Every module of the repository that a pinned file imports (the files under ``replace`` are the code
+    under test, not read) lies in a pinned path; else a ConfigError naming the paths to add, with their
+    hashes, and a file that imports each."""
+    files = set(repo("ls-tree", "-r", "--name-only", rev, env=NO_REPLACE).stdout.splitlines())
+    dirs = {f.rsplit("/", i)[0] for f in files for i in range(1, f.count("/") + 1)}
+    pinned = pin.path_names
+
+    def inside(path: str, roots) -> bool:
+        return any(path == p or path.startswith(p + "/") for p in roots)
+
+    def module(dotted: str) -> str | None:   # the deepest file or folder of the repository the name reaches
+        parts = dotted.split(".")
+        for k in range(len(parts), 0, -1):
+            base = "/".join(parts[:k])
+            for cand in (f"{base}.py", f"{base}/__init__.py", base):
+                if cand in files or cand in dirs:
+                    return cand
+        return None
+
+    scanned = [p for p in pinned if not (pin.replace and inside(p, [pin.replace]))]
+    found = repo("grep", "-I", "--full-name", "-E", "-e", r"^[[:space:]]*(from|import)[[:space:]]+[A-Za-z_]", rev,
+                 "--", *scanned, f":(exclude){pin.replace}" if pin.replace else ":(exclude).git",
+                 env=NO_REPLACE, check=False).stdout
+    lacking: dict[str, str] = {}   # a path to pin -> a file that imports from it
+    for line in found.splitlines():
+        _, path, text = line.split(":", 2)
+        m = _IMPORT.match(text)
+        if not path.endswith(".py") or not m:
+            continue
+        for dotted in (m.group(1),) if m.group(1) else [n.strip() for n in m.group(2).split(",")]:
+            target = module(dotted)
+            if target is None or inside(target, pinned):
+                continue
+            parts = target.split("/")   # the shortest folder of it that holds no pinned path
+            add = next(("/".join(parts[:k]) for k in range(1, len(parts) + 1)
+                        if not any(p.startswith("/".join(parts[:k]) + "/") for p in pinned)), target)
+            lacking.setdefault(add, f"{path} imports {dotted}")
+    if lacking:
+        lines = ", ".join(f'"{a}" = "{repo("rev-parse", f"{rev}:{a}", env=NO_REPLACE).stdout.strip()}"'
+                          for a in sorted(lacking))
+        raise ConfigError(f"{pin.upstream}'s tests pin lacks what its files import from the repository: "
+                          + "; ".join(f"{a} ({why})" for a, why in sorted(lacking.items())),
+                          hint=f"add to [upstreams.{pin.upstream}.tests] paths in series.toml: {lines}")
 
 
 def _fetched(pin: TestsPin, cache: Path) -> Git:

@@ -1488,7 +1488,9 @@ def test_the_h100_core_files_run_has_no_regression_and_says_what_it_could_not_ru
     (gpt,) = [f for f in result["known_failures"] if f["id"].endswith("models/test_gpt_model.py")]
     assert "No package metadata was found for flash-attn" in gpt["pristine"] and gpt["pristine"] == gpt["patched"], gpt
     assert "tests/unit_tests/transformer/test_submodule_callables.py" not in whole
-    assert "tests/unit_tests/test_parallel_state.py" in whole and len(whole) == 15, sorted(whole)
+    # the two files that did not collect (flash-attn's metadata, no wandb) ran no test: a later run tries them again
+    assert not {"tests/unit_tests/models/test_gpt_model.py", "tests/unit_tests/models/test_gpt_model_batch_invariant.py"} & whole
+    assert "tests/unit_tests/test_parallel_state.py" in whole and len(whole) == 13, sorted(whole)
 
 
 def test_a_selected_file_that_holds_no_test_is_named_never_dropped_silently(up, tmp_path):
@@ -1537,6 +1539,10 @@ def test_compared_leaves_out_the_files_an_earlier_run_compared_whole_and_only_th
         cut = json.loads(json.dumps(earlier))
         cut["rows"][0]["category"] = again
         assert "tests/unit_tests/test_delta.py" in selected(cut)[0], again
+    for name in ("pristine", "patched"):   # a module that did not collect on either side ran no test there
+        uncollected = json.loads(json.dumps(earlier))
+        uncollected["sides"][name]["collect_errors"] = {"tests/unit_tests/test_delta.py": "ModuleNotFoundError: tools"}
+        assert "tests/unit_tests/test_delta.py" in selected(uncollected)[0], name
     refused = json.loads(json.dumps(earlier))
     (nodeid,) = [k for k in refused["sides"]["patched"]["outcomes"] if k.endswith("::test_a_value_the_patch_leaves")]
     refused["sides"]["patched"]["outcomes"][nodeid].update(outcome="skipped", reason="Requires world_size=3", world=2)

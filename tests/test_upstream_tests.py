@@ -1532,13 +1532,17 @@ def test_compared_leaves_out_the_files_an_earlier_run_compared_whole_and_only_th
         report = read_json(up["tmp"] / "report.json")["upstreams"][0] if check == 0 else None
         return ({s["path"] for s in report["selection"]} if report else set()), (report or proc)
 
+    _run(up, "--select-only", check=0)
+    left = [s["path"] for s in read_json(up["tmp"] / "report.json")["upstreams"][0]["selection"]]
+    assert left.index("tests/unit_tests/test_delta.py") < len(left) - 1, left   # not last without --compared
     picked, report = selected(earlier)
     assert "tests/unit_tests/test_delta.py" not in picked and "tests/unit_tests/test_alpha.py" in picked, picked
     assert report["compared_before"] == ["tests/unit_tests/test_delta.py"], report
-    for again in ("not-compared", "regression", "flaky"):   # what that run found to look at again stays in
-        cut = json.loads(json.dumps(earlier))
+    for again in ("not-compared", "regression", "flaky"):   # what that run found to look at again stays in,
+        cut = json.loads(json.dumps(earlier))                # after every file no run began
         cut["rows"][0]["category"] = again
-        assert "tests/unit_tests/test_delta.py" in selected(cut)[0], again
+        order = [s["path"] for s in selected(cut)[1]["selection"]]
+        assert order[-1] == "tests/unit_tests/test_delta.py" and order[:-1] == [p for p in left if p != order[-1]], order
     for name in ("pristine", "patched"):   # a module that did not collect on either side ran no test there
         uncollected = json.loads(json.dumps(earlier))
         uncollected["sides"][name]["collect_errors"] = {"tests/unit_tests/test_delta.py": "ModuleNotFoundError: tools"}

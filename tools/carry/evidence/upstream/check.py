@@ -73,9 +73,12 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     picked = _both(selection(series, upstream, folders["patched"], opts),
                    selection(series, upstream, folders["pristine"], opts))
     digest = series.digest(series.patches)[:12]
-    before = _compared_before(upstream, pin.describe(), digest, opts.compared)
+    before, begun = _compared_before(upstream, pin.describe(), digest, opts.compared)
     left_out = [p.path for p in picked if p.path in before]
-    picked = remaining = [p for p in picked if p.path not in before]
+    # New ground first: a file an earlier run began and did not finish (its tests cut by the budget, timed
+    # out, flaky) goes after every file no run has reached, so that it cannot take a night's budget again
+    # before them (resharding/test_model_swap.py took two runs' whole budgets, 2026-12-04 and 2026-12-05).
+    picked = remaining = sorted((p for p in picked if p.path not in before), key=lambda p: p.path in begun)
     if opts.shard:   # after --compared: the K parts of what is left share it out evenly, whatever ran before
         i, k = opts.shard
         picked = picked[i - 1::k]
@@ -137,16 +140,17 @@ def _unbisected(summary: dict) -> dict:
                       f"{summary['status']}: {summary['reason']}"}
 
 
-def _compared_before(upstream: str, tests: str, digest: str, results: list[dict]) -> set[str]:
-    """The files the earlier runs of this upstream's tests at this pin, on this very series, compared whole.
-    A run on another series (a patch changed since; or one whose result does not name its series) says
-    nothing of this one."""
+def _compared_before(upstream: str, tests: str, digest: str, results: list[dict]) -> tuple[set[str], set[str]]:
+    """The files the earlier runs of this upstream's tests at this pin, on this very series, compared whole,
+    and those they began (a row of theirs). A run on another series (a patch changed since; or one whose
+    result does not name its series) says nothing of this one."""
     mine = [r for r in results if r.get("upstream") == upstream]
     fit = [r for r in mine if r.get("tests") == tests and r.get("series_digest") == digest]
     if len(fit) < len(mine):
         progress.say(f"{upstream}: {len(mine) - len(fit)} --compared result(s) count for nothing: another tests pin, "
                      f"or a series other than this one ({digest}), or written before results named their series")
-    return set().union(*(compared_files(r) for r in fit))
+    return (set().union(*(compared_files(r) for r in fit)),
+            {Row(**row).file for r in fit for row in r.get("rows", [])})
 
 
 def _both(patched: list[Picked], pristine: list[Picked]) -> list[Picked]:

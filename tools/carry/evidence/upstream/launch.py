@@ -100,6 +100,17 @@ def run_side(side: Side) -> SideResult:
         _launches(side, res, world, side.only)
     finally:
         side.deadline = full
+    _at_their_size(side, res)
+    if reserve:
+        _resume(side, res, world)
+        # a test the resumed launches reached first may refuse that size too (2026-12-05, H100: test_mamba.py's
+        # "world_size (4) is not divisible by 8" stood as a failure): its outcome is no verdict either
+        _at_their_size(side, res)
+    return res
+
+
+def _at_their_size(side: Side, res: SideResult) -> None:
+    """The tests whose outcome refuses the world size they ran at, launched again at the size they ask for."""
     again: dict[int, list[str]] = {}
     for nodeid, o in res.outcomes.items():
         n = unmet_world(o)
@@ -117,9 +128,6 @@ def run_side(side: Side) -> SideResult:
                 res.not_run[i] = (f"it asks for {n} ranks ({o.reason.splitlines()[0][:200] if o.reason else o.outcome} "
                                   f"at {o.world}); no launch at {n} ranks gave it an outcome: "
                                   f"{res.not_run.get(i, 'none reached it')}")
-    if reserve:
-        _resume(side, res, world)
-    return res
 
 
 def unmet_world(outcome: Outcome) -> int | None:

@@ -1549,11 +1549,14 @@ def test_compared_leaves_out_the_files_an_earlier_run_compared_whole_and_only_th
     picked, report = selected(earlier)
     assert "tests/unit_tests/test_delta.py" not in picked and "tests/unit_tests/test_alpha.py" in picked, picked
     assert report["compared_before"] == ["tests/unit_tests/test_delta.py"], report
-    for again in ("not-compared", "regression", "flaky"):   # what that run found to look at again stays in,
-        cut = json.loads(json.dumps(earlier))                # after every file no run began
-        cut["rows"][0]["category"] = again
+    for again in ("not-compared", "regression", "flaky"):   # what that run found to look at again stays in:
+        cut = json.loads(json.dumps(earlier))                # a file it began (a test compared) after every
+        cut["rows"][0]["category"] = again                   # file no run began, one it only collected in place
         order = [s["path"] for s in selected(cut)[1]["selection"]]
-        assert order[-1] == "tests/unit_tests/test_delta.py" and order[:-1] == [p for p in left if p != order[-1]], order
+        if again == "not-compared":
+            assert order == left, order
+        else:
+            assert order[-1] == "tests/unit_tests/test_delta.py" and order[:-1] == [p for p in left if p != order[-1]], order
     for name in ("pristine", "patched"):   # a module that did not collect on either side ran no test there
         uncollected = json.loads(json.dumps(earlier))
         uncollected["sides"][name]["collect_errors"] = {"tests/unit_tests/test_delta.py": "ModuleNotFoundError: tools"}

@@ -75,8 +75,8 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     digest = series.digest(series.patches)[:12]
     before, begun = _compared_before(upstream, pin.describe(), digest, opts.compared)
     left_out = [p.path for p in picked if p.path in before]
-    # New ground first: a file an earlier run began and did not finish (its tests cut by the budget, timed
-    # out, flaky) goes after every file no run has reached, so that it cannot take a night's budget again
+    # New ground first: a file an earlier run began and did not finish (some of its tests compared, others cut
+    # by the budget, flaky, regressed) goes after every file no run has reached, so that it cannot take a night's budget again
     # before them (resharding/test_model_swap.py took two runs' whole budgets, 2026-12-04 and 2026-12-05).
     picked = remaining = sorted((p for p in picked if p.path not in before), key=lambda p: p.path in begun)
     if opts.shard:   # after --compared: the K parts of what is left share it out evenly, whatever ran before
@@ -142,7 +142,7 @@ def _unbisected(summary: dict) -> dict:
 
 def _compared_before(upstream: str, tests: str, digest: str, results: list[dict]) -> tuple[set[str], set[str]]:
     """The files the earlier runs of this upstream's tests at this pin, on this very series, compared whole,
-    and those they began (a row of theirs). A run on another series (a patch changed since; or one whose
+    and those they began (a test of theirs compared, not only collected). A run on another series (a patch changed since; or one whose
     result does not name its series) says nothing of this one."""
     mine = [r for r in results if r.get("upstream") == upstream]
     fit = [r for r in mine if r.get("tests") == tests and r.get("series_digest") == digest]
@@ -150,7 +150,7 @@ def _compared_before(upstream: str, tests: str, digest: str, results: list[dict]
         progress.say(f"{upstream}: {len(mine) - len(fit)} --compared result(s) count for nothing: another tests pin, "
                      f"or a series other than this one ({digest}), or written before results named their series")
     return (set().union(*(compared_files(r) for r in fit)),
-            {Row(**row).file for r in fit for row in r.get("rows", [])})
+            {Row(**row).file for r in fit for row in r.get("rows", []) if row["category"] != "not-compared"})
 
 
 def _both(patched: list[Picked], pristine: list[Picked]) -> list[Picked]:

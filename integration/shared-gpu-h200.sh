@@ -47,7 +47,8 @@
 #   upstream-tests-bg  issue 39, in the background once the setup's venv is there: each upstream's own
 #                   tests (tools/upstream_tests.py) pristine against patched, the three upstreams side by side,
 #                   in the setup's venv as it is (pytest, TE and the rest come with NeMo-RL's stack),
-#                   the Megatron-LM and Megatron-Bridge tests from the p39 ferry, NeMo-RL's from its tree;
+#                   the Megatron-LM and Megatron-Bridge tests from the tests ferry (stage --tests-source; bash .ferry/recv.sh
+#                   tests /tmp/ut-src), NeMo-RL's from its tree;
 #                   UT_BUDGET seconds per side (default 600); UT_ONLY the upstreams (default all three),
 #                   UT_MLM_FILES / UT_BRIDGE_FILES / UT_NRL_FILES what runs of theirs (default: every selected file;
 #                   UT_MLM_FILES takes several paths, space-separated), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json);
@@ -314,8 +315,9 @@ from harness.host import cases; print(cases.LEARNING_LR)")
     case $UT_MLM_SHARDS in [1-9]) ;; *) stamp "refused: UT_MLM_SHARDS is 1 to 9, not '$UT_MLM_SHARDS'"; exit 2 ;; esac
     mkdir -p /tmp/o/ut
     setsid nohup bash -c '
-      . integration/shared-gpu-lib.sh   # stamp; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env; committed_results
-      P=/tmp/p/p39; U=/tmp/o/ut; V=/tmp/nrl-run/venv/bin/python
+      . integration/shared-gpu-lib.sh   # stamp; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env; committed_results; unpack_tests_ferry
+      P=/tmp/ut-src; U=/tmp/o/ut; V=/tmp/nrl-run/venv/bin/python
+      case " $UT_ONLY " in *" megatron-lm "*|*" megatron-bridge "*) unpack_tests_ferry "$P" || stamp "no tests ferry unpacked in $P" ;; esac
       while [ ! -e /tmp/nrl-run/.payload-ok ]; do sleep 3; done   # the setup unpacks the sources first
       shards=(); case " $UT_ONLY " in *" megatron-lm "*) for i in $(seq 2 "$UT_MLM_SHARDS"); do shards+=("megatron-lm-$i"); done ;; esac
       for up in $UT_ONLY "${shards[@]}"; do   # a workspace each: a run locks its own
@@ -362,9 +364,9 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       for i in $(seq 1 "$UT_MLM_SHARDS"); do
         name=megatron-lm; [ "$i" = 1 ] || name=megatron-lm-$i
         sh=(); [ "$UT_MLM_SHARDS" = 1 ] || sh=(--shard "$i/$UT_MLM_SHARDS")
-        run megatron-lm "$name" --tests-source megatron-lm="$P/tests-mlm" --nproc 4 "${mlm_files[@]}" "${sh[@]}" &
+        run megatron-lm "$name" --tests-source megatron-lm="$P/megatron-lm" --nproc 4 "${mlm_files[@]}" "${sh[@]}" &
       done
-      run megatron-bridge megatron-bridge --tests-source megatron-bridge="$P/tests-bridge" ${UT_BRIDGE_FILES:+--files "$UT_BRIDGE_FILES"} &
+      run megatron-bridge megatron-bridge --tests-source megatron-bridge="$P/megatron-bridge" ${UT_BRIDGE_FILES:+--files "$UT_BRIDGE_FILES"} &
       run nemo-rl nemo-rl ${UT_NRL_FILES:+--files "$UT_NRL_FILES"} &
       wait; stamp "upstream tests done (a Ray cluster is left running: ray stop would take every cluster here)"' ut "${SRC[@]}" > /tmp/o/ut.log 2>&1 < /dev/null &
     echo $! > /tmp/o/ut.pid; stamp "upstream tests started (pid $!)" ;;

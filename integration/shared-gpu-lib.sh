@@ -38,6 +38,18 @@ snapshot_checkout() {  # snapshot_checkout CHECKOUT ROOT: a copy of CHECKOUT und
   tar -C "$src" --exclude=./.ferry --exclude=./.venv --exclude=./.git --exclude=./.cache -cf - . | tar -C "$dst" -xf - || return 1
   echo "$dst"
 }
+unpack_tests_ferry() {  # unpack_tests_ferry DIR: each DIR/tests/NAME.tar.xz of the "tests" ferry (recv.sh tests DIR) into
+  # DIR/NAME, the folder of NAME's pinned test paths that tools/upstream_tests.py --tests-source NAME=DIR/NAME reads
+  # (it checks their hashes); one already there is kept
+  local dir=${1:?dir} xz name
+  for xz in "$dir"/tests/*.tar.xz; do
+    [ -e "$xz" ] || { echo "no tests ferry in $dir/tests" >&2; return 1; }
+    name=$(basename "$xz" .tar.xz)
+    [ -d "$dir/$name" ] && continue
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2] + ".part", filter="data")' \
+      "$xz" "$dir/$name" && mv "$dir/$name.part" "$dir/$name" || return 1
+  done
+}
 pack() {  # pack NAME PATH...: the small files only (logs, JSON, markdown)
   local name=$1; shift
   find "$@" -type f -size -4096k -not -path '*/nemo-rl/*' -not -path '*/megatron-from-hf/*' \

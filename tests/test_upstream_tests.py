@@ -1708,3 +1708,51 @@ def test_the_h100_shards_run_is_judged_again_and_its_unbisected_shard_is_no_verd
     assert len(uncollected) == 16 and not uncollected & whole, sorted(uncollected & whole)
     assert len(whole) == 20 and "tests/unit_tests/resharding/test_planner.py" in whole, sorted(whole)
     assert "tests/unit_tests/transformer/test_attention.py" not in whole   # its six flaky cases run again
+
+
+def test_the_tests_ferry_carries_each_pin_to_an_offline_host_where_the_tool_checks_it_again(up, tmp_path):
+    """stage --tests-source NAME=CLONE writes the "tests" ferry (harness/staging/tests_ferry.py): NAME's pinned
+    paths, read through the tool's own checkout (hashes and the pin's imports checked), as tests/NAME.tar.xz.
+    On the host, the ferry's recv.sh and shared-gpu-lib.sh's unpack_tests_ferry (what upstream-tests-bg runs)
+    give a folder that tools/upstream_tests.py takes as --tests-source, its hashes checked again. A stale or
+    missing archive is refused there; an upstream whose tests are not a pinned commit is bad input here."""
+    import subprocess
+    sys.path.insert(0, str(ROOT_DIR / "integration" / "nemo_rl_gtp"))
+    from harness.staging.tests_ferry import stage_tests
+    from carry.errors import UsageError
+    from carry.series.repo import load_series
+    series = load_series(str(up["series"]))
+    root = tmp_path / "checkout"
+    Git(root).init()
+    # the clone has moved on past the pin: the ferry carries the pinned commit's files, not its working tree's
+    later = up["tests_repo"] / "tests" / "unit_tests" / "sub" / "test_beta.py"
+    later.write_text(later.read_text() + "# a later commit's line\n")
+    Git(up["tests_repo"]).commit_all("upstream moves on")
+    got = stage_tests(series, {"megatron-lm": up["tests_repo"]}, tmp_path / "stage", up["cache"], root, 16 * 2**20, 1)
+    assert got["tests_upstreams"] == ["megatron-lm"] and len(got["tests_parts"]) == 1, got
+    host = tmp_path / "host"
+
+    def unpack() -> subprocess.CompletedProcess:
+        subprocess.run(["bash", str(root / ".ferry" / "recv.sh"), "tests", str(host)], check=True, capture_output=True)
+        return subprocess.run(["bash", "-c", f'. integration/shared-gpu-lib.sh && unpack_tests_ferry "{host}"'],
+                              cwd=ROOT_DIR, capture_output=True, text=True)
+
+    assert unpack().returncode == 0 and (host / "megatron-lm" / "tests" / "unit_tests").is_dir()
+    manifest = json.loads((host / "tests" / "manifest.json").read_text())
+    assert manifest["upstreams"]["megatron-lm"]["paths"] == dict(series.upstream("megatron-lm").tests.paths)
+    _run(up, "--select-only", "--tests-source", f"megatron-lm={host / 'megatron-lm'}", check=0)
+    # a test file changed in the unpacked folder: the tool refuses it on the host
+    beta = host / "megatron-lm" / "tests" / "unit_tests" / "sub" / "test_beta.py"
+    beta.write_text(beta.read_text() + "\n")
+    proc, _ = _run(up, "--select-only", "--tests-source", f"megatron-lm={host / 'megatron-lm'}", check=1)
+    assert "the pin says" in proc.stderr, proc.stderr
+    empty = tmp_path / "nothing"
+    (empty / "tests").mkdir(parents=True)
+    proc = subprocess.run(["bash", "-c", f'. integration/shared-gpu-lib.sh && unpack_tests_ferry "{empty}"'], cwd=ROOT_DIR,
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "no tests ferry in" in proc.stderr, proc.stderr
+    for where, bad, why in ((series, {}, "no --tests-source given"),
+                            (series, {"megatron-bridge": up["tests_repo"]}, "unknown upstream 'megatron-bridge'"),
+                            (load_series("gtp"), {"nemo-rl": up["tests_repo"]}, "its tests are its own tree")):
+        with pytest.raises(UsageError, match=why):
+            stage_tests(where, bad, tmp_path / "stage", up["cache"], root, 16 * 2**20, 1)

@@ -87,6 +87,10 @@ def stage_main(argv: list[str]) -> int:
                         "tree that travels with it, less 2 MiB, at most 56)")
     p.add_argument("--no-te", action="store_true",
                    help="write no 'te' ferry (the GPU host has TransformerEngine >= 2.19 already)")
+    p.add_argument("--tests-source", action="append", metavar="NAME=CLONE",
+                   help="also write the 'tests' ferry: NAME's own unit tests at the commit series.toml pins "
+                        "([upstreams.NAME.tests]), from CLONE (a clone that has the commit, or a folder of the pinned "
+                        "paths), for tools/upstream_tests.py on the GPU host; repeatable (megatron-lm, megatron-bridge)")
     p.add_argument("--relock", action="store_true",
                    help="re-download the pins of wheels.toml and rewrite their file names and sha256; then stop")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
@@ -100,7 +104,8 @@ def stage_main(argv: list[str]) -> int:
     series = load_series(a.series)
     opts = staging.Options(out=cache / "stage", cache=cache, workdir=(a.workdir or cache / "work").absolute(),
                            series=series, sources=name_paths(a.source, "--source"), seed=a.seed, pack=not a.no_pack,
-                           xz_level=a.xz_level, part_mib=a.part_mib, te=not a.no_te)
+                           xz_level=a.xz_level, part_mib=a.part_mib, te=not a.no_te,
+                           tests_sources=name_paths(a.tests_source, "--tests-source"))
     res = staging.stage(opts)
     if a.json:
         write_json(a.json, res)
@@ -124,6 +129,10 @@ def stage_next(res: dict) -> list[str]:
               "the host needs nvcc), ")
     else:
         te = "TransformerEngine >= 2.19 installed there (--no-te), "
+    if res.get("tests_parts"):
+        lines.append(f"ferry tests: {', '.join(res['tests_upstreams'])}'s own unit tests, {res['tests_mb']} MB in "
+                     f"{len(res['tests_parts'])} part(s) under .ferry/; on the GPU host `bash .ferry/recv.sh tests DIR`, "
+                     f"then each DIR/tests/NAME.tar.xz unpacked is tools/upstream_tests.py's --tests-source NAME=FOLDER")
     lines.append("next, on the GPU host: copy this repository there with its .ferry/ folder; there, "
                  "`bash .ferry/recv.sh nrl /tmp/nrl` joins the parts, checks their sha256 and unpacks them, " + te +
                  "then `integration/nemo_rl_gtp/run-on-gpu-host` runs the cases (docs/guide/offline-gpu-host.md)")

@@ -18,7 +18,8 @@ Layout of the payload (``payload.tar.xz`` inside the ``nrl`` ferry):
                          fixtures.COT_PROMPT)
   stage.json             what is inside and where it came from
 
-TransformerEngine travels separately (shared/gpu/stage-te.sh, the "te" ferry).
+TransformerEngine travels separately (the "te" ferry), and so do the upstreams' own tests (the "tests"
+ferry, tests_ferry.py, with --tests-source).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from carry.workspace.artifacts import fetch_artifact, sha256_file
 from carry.workspace.sources import mirror_path
 
 from ..models import fixtures, moe_fixtures
-from . import coverage, ferry, wheel_lock, wheels
+from . import coverage, ferry, tests_ferry, wheel_lock, wheels
 
 HERE = Path(__file__).resolve().parents[2]           # integration/nemo_rl_gtp
 HOST_PACKAGES = HERE.parent / "proofs" / "h200-host-packages.txt"   # every distribution on the GPU host, measured
@@ -66,6 +67,7 @@ class Options:
     xz_level: int = 9              # xz preset: 9 the smallest payload, 1 much faster to pack
     te: bool = True                # also the "te" ferry: TransformerEngine's pinned files ([[te]] of the lock)
     part_mib: int = 0              # ferry part size; 0: what fits a call beside the working tree
+    tests_sources: dict[str, Path] = field(default_factory=dict)   # also the "tests" ferry (tests_ferry.py)
     ferry_root: Path = REPO
     lock_path: Path = LOCK
 
@@ -242,6 +244,9 @@ def stage(o: Options) -> dict:
                       payload_mb=round(xz.stat().st_size / 1e6, 1))
     if o.pack and o.te:
         result.update(stage_te(o, lk))
+    if o.pack and o.tests_sources:
+        result.update(tests_ferry.stage_tests(o.series, o.tests_sources, o.out / "tests", o.cache, o.ferry_root,
+                                              _part_bytes(o), o.xz_level))
     result["seconds"] = round(time.monotonic() - t0, 1)
     return result
 

@@ -10,6 +10,7 @@ size (launched again at that size), a module that fails to collect, one that ski
 
 from __future__ import annotations
 
+import os
 import shutil
 import json
 import sys
@@ -1756,3 +1757,19 @@ def test_the_tests_ferry_carries_each_pin_to_an_offline_host_where_the_tool_chec
                             (load_series("gtp"), {"nemo-rl": up["tests_repo"]}, "its tests are its own tree")):
         with pytest.raises(UsageError, match=why):
             stage_tests(where, bad, tmp_path / "stage", up["cache"], root, 16 * 2**20, 1)
+
+
+@pytest.mark.parametrize("upstream, env", [("megatron-lm", "GTP_CARRY_TEST_MEGATRON_LM"),
+                                           ("megatron-bridge", "GTP_CARRY_TEST_MEGATRON_BRIDGE")])
+def test_the_committed_tests_pins_hold_every_module_their_files_import(upstream, env):
+    """The series' tests pins, checked against a real clone of each upstream (named by ENV; skipped without
+    one): every path's hash, and every module of the repository the pinned files import (the check that
+    found Megatron-LM's tools/, examples/, pretrain_*.py and Bridge's examples/, scripts/ missing)."""
+    clone = os.environ.get(env)
+    if not clone:
+        pytest.skip(f"no {upstream} clone: {env} is unset (a clone that has the commit series.toml pins)")
+    from carry.evidence.upstream import suite
+    from carry.series.repo import load_series
+    pin = load_series("gtp").upstream(upstream).tests
+    checked = suite.checkout(pin, ROOT_DIR / ".cache" / "unused", Path(clone))
+    assert checked.repo is not None and len(pin.paths) >= 7, pin.paths

@@ -628,3 +628,6 @@ def test_the_upstream_tests_refuse_a_shard_count_they_cannot_run(tmp_path, shard
     assert '--workdir "/tmp/ut-work/$name" --only "$up"' in step and '--out "$U/$name" --json "$U/$name.report.json"' in step
     assert 'for up in $UT_ONLY "${shards[@]}"; do' in step and 'shards+=("megatron-lm-$i")' in step
     assert 'sh=(--shard "$i/$UT_MLM_SHARDS")' in step and 'name=megatron-lm-$i' in step
+    # the tests come from the tests ferry (stage --tests-source), unpacked by shared-gpu-lib.sh's unpack_tests_ferry
+    assert 'P=/tmp/ut-src;' in step and 'unpack_tests_ferry "$P"' in step, step[:800]
+    assert '--tests-source megatron-lm="$P/megatron-lm"' in step and '--tests-source megatron-bridge="$P/megatron-bridge"' in step

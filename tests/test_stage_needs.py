@@ -44,3 +44,13 @@ def test_stage_speaks_of_the_users_gpu_host_only():
     assert "copy this repository there with its .ferry/ folder" in lines[1]
     assert "TransformerEngine >= 2.19" in lines[1] and "`bash .ferry/recv.sh nrl /tmp/nrl`" in lines[1]
     assert "TransformerEngine >= 2.19" in res.stdout
+    # with --tests-source: the tests ferry's line, what to run there, before the closing line
+    tests = stage_next({"parts": parts, "part_mb": [52, 52, 27], "payload_mb": 131.3,
+                        "tests_parts": [str(ROOT / ".ferry" / "tests.part00")], "tests_mb": 9.5,
+                        "tests_upstreams": ["megatron-bridge", "megatron-lm"]})
+    for text in tests:
+        for words in FORBIDDEN:
+            assert words not in text, (words, text)
+    assert tests[1].startswith("ferry tests: megatron-bridge, megatron-lm's own unit tests, 9.5 MB in 1 part(s)"), tests
+    assert "`bash .ferry/recv.sh tests DIR`" in tests[1] and "--tests-source NAME=FOLDER" in tests[1], tests
+    assert tests[2] == lines[1] and "--tests-source" in res.stdout

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import json
 import sys
 import re
@@ -1640,7 +1641,8 @@ def test_a_pin_that_lacks_a_module_its_tests_import_from_the_repository_is_refus
     write(up["tests_repo"], "only_core_uses.py", "VALUE = 2\n")
     write(up["tests_repo"], "tests/unit_tests/test_uses_the_root.py",
           "import os, json\nfrom . import conftest_free\nfrom helpers.build import build\n"
-          "import builder, pytest\n\n\ndef test_root():\n    assert build() == builder.VALUE\n")
+          "import pytest as pt, builder as b  # both names, each before its 'as'\n\n\n"
+          "def test_root():\n    assert build() == b.VALUE\n")
     write(up["tests_repo"], "megatron/core/gamma.py", "import only_core_uses\n")
     commit = repo.commit_all("tests that import the repository's root")
     series = up["series"] / "series.toml"
@@ -1657,6 +1659,13 @@ def test_a_pin_that_lacks_a_module_its_tests_import_from_the_repository_is_refus
     assert "only_core_uses" not in proc.stderr and "json" not in proc.stderr, proc.stderr
     fetched, _ = _run(up, "--select-only", check=2)   # the commit fetched into the cache: the same check
     assert fetched.stderr == proc.stderr, fetched.stderr
+    # a clone that cannot give the pinned files' text (a blob missing, as in a partial clone) is no pass
+    broken = up["tmp"] / "broken-clone"
+    subprocess.run(["git", "clone", "-q", "--bare", str(up["tests_repo"]), str(broken)], check=True)
+    blob = repo("rev-parse", f"{commit}:tests/unit_tests/test_uses_the_root.py").stdout.strip()
+    (broken / "objects" / blob[:2] / blob[2:]).unlink()
+    proc_b, _ = _run(up, "--select-only", "--tests-source", f"megatron-lm={broken}", check=1)
+    assert "cannot read the pinned files' imports" in proc_b.stderr, proc_b.stderr
     lines = re.search(r"paths in series\.toml: (.*)", proc.stderr).group(1)
     assert lines == (f'"builder.py" = "{repo("rev-parse", f"{commit}:builder.py").stdout.strip()}", '
                      f'"helpers" = "{repo("rev-parse", f"{commit}:helpers").stdout.strip()}"'), lines
@@ -1761,7 +1770,7 @@ def test_the_tests_ferry_carries_each_pin_to_an_offline_host_where_the_tool_chec
 
 @pytest.mark.parametrize("upstream, env", [("megatron-lm", "GTP_CARRY_TEST_MEGATRON_LM"),
                                            ("megatron-bridge", "GTP_CARRY_TEST_MEGATRON_BRIDGE")])
-def test_the_committed_tests_pins_hold_every_module_their_files_import(upstream, env):
+def test_the_committed_tests_pins_hold_every_module_their_files_import(upstream, env, tmp_path):
     """The series' tests pins, checked against a real clone of each upstream (named by ENV; skipped without
     one): every path's hash, and every module of the repository the pinned files import (the check that
     found Megatron-LM's tools/, examples/, pretrain_*.py and Bridge's examples/, scripts/ missing)."""
@@ -1771,5 +1780,5 @@ def test_the_committed_tests_pins_hold_every_module_their_files_import(upstream,
     from carry.evidence.upstream import suite
     from carry.series.repo import load_series
     pin = load_series("gtp").upstream(upstream).tests
-    checked = suite.checkout(pin, ROOT_DIR / ".cache" / "unused", Path(clone))
-    assert checked.repo is not None and len(pin.paths) >= 7, pin.paths
+    checked = suite.checkout(pin, tmp_path / "cache", Path(clone))   # raises where a hash or an import is off
+    assert checked.repo is not None and not (tmp_path / "cache").exists(), "read from the clone, nothing fetched"

@@ -40,14 +40,17 @@ snapshot_checkout() {  # snapshot_checkout CHECKOUT ROOT: a copy of CHECKOUT und
 }
 unpack_tests_ferry() {  # unpack_tests_ferry DIR: each DIR/tests/NAME.tar.xz of the "tests" ferry (recv.sh tests DIR) into
   # DIR/NAME, the folder of NAME's pinned test paths that tools/upstream_tests.py --tests-source NAME=DIR/NAME reads
-  # (it checks their hashes); one already there is kept
-  local dir=${1:?dir} xz name
+  # (it checks their hashes); a folder unpacked from this very archive (its sha256 in DIR/NAME/.from-ferry) is
+  # kept, one from another (an earlier ferry's) replaced
+  local dir=${1:?dir} xz name sum
   for xz in "$dir"/tests/*.tar.xz; do
     [ -e "$xz" ] || { echo "no tests ferry in $dir/tests" >&2; return 1; }
-    name=$(basename "$xz" .tar.xz)
-    [ -d "$dir/$name" ] && continue
-    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2] + ".part", filter="data")' \
-      "$xz" "$dir/$name" && mv "$dir/$name.part" "$dir/$name" || return 1
+    name=$(basename "$xz" .tar.xz); sum=$(sha256sum "$xz" | cut -d' ' -f1)
+    [ "$(cat "$dir/$name/.from-ferry" 2>/dev/null)" = "$sum" ] && continue
+    rm -rf "$dir/$name" "$dir/$name.part"
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+      "$xz" "$dir/$name.part" && echo "$sum" > "$dir/$name.part/.from-ferry" && mv "$dir/$name.part" "$dir/$name" \
+      || return 1
   done
 }
 pack() {  # pack NAME PATH...: the small files only (logs, JSON, markdown)

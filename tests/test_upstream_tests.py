@@ -1756,6 +1756,13 @@ def test_the_tests_ferry_carries_each_pin_to_an_offline_host_where_the_tool_chec
     beta.write_text(beta.read_text() + "\n")
     proc, _ = _run(up, "--select-only", "--tests-source", f"megatron-lm={host / 'megatron-lm'}", check=1)
     assert "the pin says" in proc.stderr, proc.stderr
+    # a folder unpacked from another archive (an earlier ferry's) is replaced by this one's; this one's is kept
+    (host / "megatron-lm" / ".from-ferry").write_text("0" * 64 + "\n")
+    assert unpack().returncode == 0
+    _run(up, "--select-only", "--tests-source", f"megatron-lm={host / 'megatron-lm'}", check=0)
+    mark = host / "megatron-lm" / "kept"
+    mark.write_text("")
+    assert unpack().returncode == 0 and mark.exists()
     empty = tmp_path / "nothing"
     (empty / "tests").mkdir(parents=True)
     proc = subprocess.run(["bash", "-c", f'. integration/shared-gpu-lib.sh && unpack_tests_ferry "{empty}"'], cwd=ROOT_DIR,

@@ -76,8 +76,9 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     before, begun = _compared_before(upstream, pin.describe(), digest, opts.compared)
     left_out = [p.path for p in picked if p.path in before]
     # New ground first: a file an earlier run began and did not finish (some of its tests compared, others cut
-    # by the budget, flaky, regressed) goes after every file no run has reached, so that it cannot take a night's budget again
-    # before them (resharding/test_model_swap.py took two runs' whole budgets, 2026-12-04 and 2026-12-05).
+    # by the budget, flaky, regressed) goes after every file no run has reached, so that it cannot take a
+    # night's budget again before them (resharding/test_model_swap.py took two runs' whole budgets,
+    # 2026-12-04 and 2026-12-05).
     picked = remaining = sorted((p for p in picked if p.path not in before), key=lambda p: p.path in begun)
     if opts.shard:   # after --compared: the K parts of what is left share it out evenly, whatever ran before
         i, k = opts.shard
@@ -142,8 +143,8 @@ def _unbisected(summary: dict) -> dict:
 
 def _compared_before(upstream: str, tests: str, digest: str, results: list[dict]) -> tuple[set[str], set[str]]:
     """The files the earlier runs of this upstream's tests at this pin, on this very series, compared whole,
-    and those they began (a test of theirs compared, not only collected). A run on another series (a patch changed since; or one whose
-    result does not name its series) says nothing of this one."""
+    and those they began (a test of theirs compared, not only collected). A run on another series (a patch
+    changed since; or one whose result does not name its series) says nothing of this one."""
     mine = [r for r in results if r.get("upstream") == upstream]
     fit = [r for r in mine if r.get("tests") == tests and r.get("series_digest") == digest]
     if len(fit) < len(mine):

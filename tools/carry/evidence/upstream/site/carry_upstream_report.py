@@ -8,7 +8,8 @@ that a rank killed by a crash or a hang has told which test it was in:
 ``terminated`` and ``finish``. A test running past ``$CARRY_UT_TEST_TIMEOUT`` seconds has its
 threads' stacks dumped to stderr, a ``timeout`` line written, and the rank ends (exit 3): a hung
 collective must not hold the whole run. A rank sent SIGTERM writes ``terminated`` with the test it
-was in, then dies of the signal as it would have: torchrun stops every other rank so when one dies,
+was in, then dies of the signal as it would have, also where it waits in C code (a watcher thread
+reads the signal from Python's wake-up fd): torchrun stops every other rank so when one dies,
 and the rank it stopped was cut short in its test, not failed by it (carry.evidence.upstream.results
 tells the two apart). A rank in C code that holds the GIL past the timeout cannot write: faulthandler
 dumps its stacks (first line ``Timeout (H:MM:SS)!``) and ends it ``$CARRY_UT_GIL_GRACE`` seconds
@@ -158,22 +159,96 @@ def pytest_collectreport(report):
 
 
 _current: str = ""   # the test this rank is in, for the SIGTERM record
+_PID = os.getpid()   # this rank: a process a test forks inherits the handler, and is not the rank
+_said = False        # the SIGTERM record is written once (the handler and the watcher may both get there)
 
 
 def _terminated(signum, frame) -> None:
-    # The lock may be held by this very thread (the signal came inside _emit): wait a moment, no more,
-    # and write nothing then (the rank is taken for one that died of itself, as before the record).
-    if _lock.acquire(timeout=2):
-        try:
-            _write({"ev": "terminated", "id": _current, "signal": int(signum)})
-        finally:
-            _lock.release()
+    if os.getpid() == _PID:
+        _say_terminated(signum)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
 
+def _say_terminated(signum: int) -> None:
+    global _said
+    # The lock may be held by this very thread (the signal came inside _emit): wait a moment, no more,
+    # and write nothing then (the rank is taken for one that died of itself, as before the record).
+    if _lock.acquire(timeout=2):
+        try:
+            if not _said:
+                _said = True
+                _write({"ev": "terminated", "id": _current, "signal": int(signum)})
+        finally:
+            _lock.release()
+
+
+# A Python handler runs only when the main thread comes back to Python: a rank that waits in C for a
+# peer that died (an NCCL collective, a CUDA synchronisation) never does, so torchrun's SIGTERM did
+# nothing and its SIGKILL came 30 s later, with no record (2026-12-05, H100: 12 launches of 28 ended
+# so). Python's C-level handler also writes the signal's number to the wake-up fd at once, from any
+# thread: a watcher thread reads it, writes the record and ends the rank of SIGTERM itself.
+_wake_r = _wake_w = -1
+
+
+def _watch() -> None:
+    while True:
+        try:
+            got = os.read(_wake_r, 64)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        if not got:
+            return
+        if signal.SIGTERM in got:
+            _say_terminated(signal.SIGTERM)
+            _die_of(signal.SIGTERM)
+
+
+def _die_of(signum: int) -> None:
+    """End this process of SIGNUM's default action, from any thread (signal.signal is the main
+    thread's only): the C library's own signal(), then the signal; os._exit(128 + SIGNUM) if it fails."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+        if libc.signal(int(signum), None) != ctypes.c_void_p(-1).value:   # SIG_DFL is 0
+            os.kill(os.getpid(), signum)
+            time.sleep(5)
+    finally:
+        os._exit(128 + int(signum))
+
+
+def _keep_waking() -> None:
+    """The wake-up fd is the process's one: a test's asyncio loop takes it for its own signal handlers
+    and sets none back when it closes. Taken again before each test, unless another holds it now."""
+    if _wake_w < 0:
+        return
+    try:
+        old = signal.set_wakeup_fd(_wake_w, warn_on_full_buffer=False)
+        if old not in (-1, _wake_w):
+            signal.set_wakeup_fd(old)
+    except ValueError:   # not the main thread
+        pass
+
+
+def _forked() -> None:   # a process a test forks keeps no wake-up fd of the rank's
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:
+        pass
+
+
 if _OUT and threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGTERM, _terminated)
+    _wake_r, _wake_w = os.pipe()   # not inherited by a program a test runs (close-on-exec)
+    os.set_blocking(_wake_w, False)
+    _keep_waking()
+    os.register_at_fork(after_in_child=_forked)
+    threading.Thread(target=_watch, name="carry-sigterm", daemon=True).start()
 
 
 def _expire(nodeid: str) -> None:
@@ -189,6 +264,7 @@ def pytest_runtest_logstart(nodeid, location):
     global _timer, _current
     _state[nodeid] = {"t0": time.monotonic(), "outcome": "passed", "phase": "call", "reason": ""}
     _current = nodeid
+    _keep_waking()
     _emit(ev="start", id=nodeid)
     if _TIMEOUT > 0:
         _timer = threading.Timer(_TIMEOUT, _expire, (nodeid,))

@@ -1,0 +1,131 @@
+"""The upstream tests' reporter (tools/carry/evidence/upstream/site/carry_upstream_report.py) when its
+rank is sent SIGTERM, run for real: pytest with the plugin in a real interpreter, a real signal.
+
+torchrun sends SIGTERM to every other rank when one dies. A rank that waits in C code for the dead
+peer (an NCCL collective, a CUDA synchronisation) never comes back to Python, so a Python handler
+alone never ran: torchrun's SIGKILL came 30 s later and the rank left no record (2026-12-05, one
+H100: 12 launches of 28 ended so, h100/2026-12-05-shards). Here a test waits in
+``pthread_mutex_lock`` on a mutex it holds, a C call that no signal ends, with the GIL released as
+ctypes does, as torch does around a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from carry.evidence.upstream.launch import SITE
+
+WAITS_IN_C = textwrap.dedent("""
+    import asyncio
+    import ctypes
+    import os
+    import signal
+    import time
+
+    def _wait_in_c():
+        libc = ctypes.CDLL(None)
+        mutex = ctypes.create_string_buffer(64)   # zeroed: PTHREAD_MUTEX_INITIALIZER, a normal mutex
+        libc.pthread_mutex_lock(mutex)
+        libc.pthread_mutex_lock(mutex)   # never returns, whatever signal comes
+
+    def test_an_asyncio_loop_with_a_signal_handler():
+        # the loop takes the process's wake-up fd for its handler and sets none back when it closes
+        loop = asyncio.new_event_loop()
+        loop.add_signal_handler(signal.SIGUSR1, lambda: None)
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.remove_signal_handler(signal.SIGUSR1)
+        loop.close()
+
+    def test_forks_a_child_and_stops_it():
+        pid = os.fork()
+        if pid == 0:   # the child: Python code, so the inherited handler runs in it
+            time.sleep(60)
+            os._exit(0)
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+        time.sleep(0.5)   # the rank's watcher would have read a byte the child wrote by now
+
+    def test_waits_in_c():
+        _wait_in_c()
+""")
+
+
+def _rank(tmp_path: Path, tests: list[str]) -> tuple[subprocess.Popen, Path]:
+    (tmp_path / "test_waits.py").write_text(WAITS_IN_C)
+    out = tmp_path / "out"
+    env = dict(os.environ, CARRY_UT_OUT=str(out), PYTHONPATH=str(SITE), RANK="0")
+    env.pop("CARRY_UT_TEST_TIMEOUT", None)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "carry_upstream_report", "-q", "-p", "no:cacheprovider",
+                             *[f"test_waits.py::{t}" for t in tests]],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return proc, out / "rank-0.jsonl"
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _when_in(path: Path, test: str, proc: subprocess.Popen, limit: float = 60) -> None:
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if any(r["ev"] == "start" and r["id"].endswith(test) for r in _records(path)):
+            time.sleep(1.0)   # inside the C call by now
+            return
+        assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
+        time.sleep(0.1)
+    raise AssertionError(f"{test} never began: {_records(path)}")
+
+
+def _stopped(tmp_path: Path, tests: list[str]) -> tuple[int | None, float, list[dict], str]:
+    proc, path = _rank(tmp_path, tests)
+    try:
+        _when_in(path, tests[-1], proc)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pass
+        took = time.monotonic() - t0
+        rc = proc.poll()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        console = proc.communicate()[0].decode(errors="replace")
+    return rc, took, _records(path), console
+
+
+def test_a_rank_waiting_in_c_writes_that_it_was_stopped_and_dies_of_the_signal_at_once(tmp_path):
+    rc, took, records, console = _stopped(tmp_path, ["test_waits_in_c"])
+    assert rc == -signal.SIGTERM, (rc, took, console[-2000:])
+    assert took < 10, took
+    said = [r for r in records if r["ev"] == "terminated"]
+    assert [(r["id"].split("::")[-1], r["signal"]) for r in said] == [("test_waits_in_c", 15)], records
+
+
+def test_an_asyncio_loop_that_took_the_wake_up_fd_does_not_keep_it(tmp_path):
+    rc, took, records, console = _stopped(tmp_path, ["test_an_asyncio_loop_with_a_signal_handler", "test_waits_in_c"])
+    assert rc == -signal.SIGTERM and took < 10, (rc, took, console[-2000:])
+    ends = {r["id"].split("::")[-1]: r["outcome"] for r in records if r["ev"] == "end"}
+    assert ends == {"test_an_asyncio_loop_with_a_signal_handler": "passed"}, records
+    assert [r["id"].split("::")[-1] for r in records if r["ev"] == "terminated"] == ["test_waits_in_c"], records
+
+
+def test_a_process_a_test_forks_is_not_the_rank_when_it_is_stopped(tmp_path):
+    """The fork inherits the handler and the wake-up fd: its SIGTERM neither writes the rank's record
+    nor reaches the rank's watcher (which would end the rank)."""
+    proc, path = _rank(tmp_path, ["test_forks_a_child_and_stops_it"])
+    console = proc.communicate(timeout=60)[0].decode(errors="replace")
+    assert proc.returncode == 0, console[-3000:]
+    records = _records(path)
+    assert [r["ev"] for r in records if r["ev"] in ("terminated", "end", "finish")] == ["end", "finish"], records
+    assert [r["outcome"] for r in records if r["ev"] == "end"] == ["passed"], records

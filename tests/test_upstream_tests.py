@@ -1438,6 +1438,25 @@ def test_a_hung_test_is_a_timeout_with_its_stacks_in_the_console_even_holding_th
     assert "Timeout (0:00:03)!" in second and "in test_holds_the_gil" in second, second[-2000:]
 
 
+def test_a_launch_that_ends_between_tests_after_its_last_test_is_not_launched_again(tmp_path):
+    """Every test had its outcome, and the session died before it said so (here a conftest ends it in
+    pytest_sessionfinish; on a host, torchrun stopping a rank once another ended its session): launching
+    again would run nothing and cost a launch's start (about 37 s a launch, one H100, 2026-12-05)."""
+    import time
+
+    from carry.evidence.upstream.launch import Side, run_side
+    from carry.series.testspin import TestsPin
+    write(tmp_path / "side", "tests/conftest.py", "import os\n\n\ndef pytest_sessionfinish(session):\n    os._exit(1)\n")
+    write(tmp_path / "side", "tests/test_two.py", "def test_one():\n    pass\n\n\ndef test_two():\n    pass\n")
+    pin = TestsPin(upstream="demo", root="tests", launch="pytest", source="tree")
+    side = Side(name="patched", pin=pin, folder=tmp_path / "side", files=["tests/test_two.py"], pythonpath=[],
+                out=tmp_path / "out", deadline=time.monotonic() + 120, test_timeout=60)
+    res = run_side(side)
+    assert {k.split("::")[-1]: o.outcome for k, o in res.outcomes.items()} == {"test_one": "passed", "test_two": "passed"}
+    assert [x["launch"] for x in res.launches] == ["launch-01-n1"], res.launches
+    assert not res.not_run, res.not_run
+
+
 H100_UT = EVIDENCE / "h100" / "2026-12-05-upstream-tests"
 
 

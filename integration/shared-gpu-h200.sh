@@ -61,7 +61,8 @@
 #   setup-bg        in the background: run-on-gpu-host's setup alone (/tmp/o/setup)
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
 # Device time (one H200, 2026-12-04): 16 ferry calls of about 3.5 s (parts of 30 MiB: a call carries the
-# checkout too, 64 MiB in all), 376 to 473 s of setup and pretrain (535 s beside Megatron-LM's tests, the GPU at
+# checkout too, 64 MiB in all; stage without --part-mib sizes the parts to the tree as it is: on 2026-12-05 the tree
+# had grown to 38 MiB, each call with a 30 MiB part was refused, and the waits after them spent the session), 376 to 473 s of setup and pretrain (535 s beside Megatron-LM's tests, the GPU at
 # 88 GB then: h200/2026-12-04-beyond-gtp-folder), about 1,020 s for a wave of two learning cases at NeMo-RL's
 # recipe's shape (h200/2026-12-05-learning-at-3e-5: 462 s of setup and pretrain, steps of 92 to 121 s, 127 GB at
 # the peak); one session's 1,800 s holds one wave and no more (NIGHTLY_CELL=0 put learning-gtp-off and learning-sign-flip in one: 352 s, then 688 s for the two, h200/2026-12-05-learning-other-halves). Send the waits
@@ -320,14 +321,15 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       . integration/shared-gpu-lib.sh   # stamp; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env; committed_results; unpack_tests_ferry
       P=/tmp/ut-src; U=/tmp/o/ut; V=/tmp/nrl-run/venv/bin/python
       case " $UT_ONLY " in *" megatron-lm "*|*" megatron-bridge "*) unpack_tests_ferry "$P" || stamp "no tests ferry unpacked in $P" ;; esac
-      while [ ! -e /tmp/nrl-run/.payload-ok ]; do sleep 3; done   # the setup unpacks the sources first
+      # the setup unpacks the sources first, then builds the venv; none running, or one that ended without them, ends this
+      while_setup test -e /tmp/nrl-run/.payload-ok || { stamp "no payload in /tmp/nrl-run and no setup running (setup-bg first; /tmp/o/setup.console)"; exit 1; }
       shards=(); case " $UT_ONLY " in *" megatron-lm "*) for i in $(seq 2 "$UT_MLM_SHARDS"); do shards+=("megatron-lm-$i"); done ;; esac
       for up in $UT_ONLY "${shards[@]}"; do   # a workspace each: a run locks its own
         python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "${up%-[0-9]}" "$@" \
           --source nemo-rl="$S"/nemo-rl.git --cache /tmp/ut-cache > "$U/apply-$up.txt" 2>&1 || stamp "apply $up failed"
       done
       stamp "workspaces applied; waiting for the setup venv"
-      until venv_ok; do sleep 3; done
+      while_setup venv_ok || { stamp "no setup venv that verified ok and no setup running (/tmp/o/setup.console)"; exit 1; }
       "$V" -m pip freeze > "$U/environment.txt" 2>&1   # the venv as it is: pytest and the tests'"'"' imports come with the stack
       run() {  # run UPSTREAM NAME ARGS...: NAME the workspace and out folder (a shard'"'"'s: UPSTREAM-I)
         local up=$1 name=$2; shift 2
@@ -337,7 +339,7 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         # started outside it; else it starts one with the dashboard, which the staged Ray lacks the extras for
         # (nemo_rl/distributed/virtual_cluster.py:375 "Cannot include dashboard with missing packages").
         if [ "$up" = nemo-rl ]; then
-          while [ ! -e "$UT_SETUP/model.json" ]; do sleep 3; done
+          while_setup test -e "$UT_SETUP/model.json" || { stamp "no $UT_SETUP/model.json and no setup running: NeMo-RL'"'"'s tests not run"; return 1; }
           # As run_unit.sh: a cluster that runs here already (the learning evidence'"'"'s) is used as it is. Another
           # port with RAY_ADDRESS does not do: Ray asks for its auth token there (seen with Ray 2.60 on a CPU host).
           if /tmp/nrl-run/venv/bin/ray status > /dev/null 2>&1; then

@@ -7,6 +7,17 @@ wait_for() {  # wait_for SECONDS TEST...: until the test holds or the time is up
 }
 alive() { [ -e "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 gone() { ! alive "$1"; }
+while_setup() {  # while_setup TEST...: wait until TEST holds, as long as a setup runs here (setup-bg's, setup-pretrain's,
+  # pretrain-bg's: SETUP_PIDS); its status once none runs. A wait that outlived its setup (a ferry part that never came,
+  # so no payload) held the upstream tests' step, and the waits on it, until the device time ran out (2026-12-05)
+  local p running
+  until "$@"; do
+    running=0
+    for p in ${SETUP_PIDS:-/tmp/o/setup.pid /tmp/o/pretrain.pid}; do alive "$p" && running=1; done
+    [ "$running" = 1 ] || { "$@"; return; }
+    sleep 3
+  done
+}
 venv_ok() {  # venv_ok [VERIFY_JSON]: the setup's venv is there and its verify.json says ok (a failed setup leaves one too)
   python3 -c "import json, sys; sys.exit(json.load(open(sys.argv[1])).get('ok') is not True)" \
     "${1:-/tmp/nrl-run/verify.json}" 2> /dev/null

@@ -432,6 +432,48 @@ def test_the_waits_pack_while_they_wait_and_each_pack_is_whole(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["packs", "pid", "whole.tgz"]
 
 
+def test_a_wait_on_the_setup_ends_when_no_setup_runs(tmp_path):
+    """while_setup (integration/shared-gpu-lib.sh): what the upstream tests' step waits for (the payload,
+    the venv, the model) comes from a setup running beside it. Once none runs and it is not there, the
+    wait ends, false (2026-12-05: the nrl ferry's parts never arrived, the setup ended at once without a
+    payload, and the step waited for one until the H200's whole 1,800 s were spent). It ends true when
+    the setup made it."""
+    import time
+    marker = tmp_path / "made"
+    script = """
+        set -uo pipefail
+        . integration/shared-gpu-lib.sh
+        ( sleep "$LIVES"; [ "$MAKES" = 1 ] && touch "$MARKER" ) > /dev/null 2>&1 & echo $! > "$PIDS"
+        [ "$LIVES" = none ] && kill "$(cat "$PIDS")" 2> /dev/null && rm -f "$PIDS"
+        while_setup test -e "$MARKER"; echo "rc=$?"
+    """
+
+    def waits(lives: str, makes: int) -> tuple[str, float]:
+        marker.unlink(missing_ok=True)
+        t0 = time.monotonic()
+        res = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "LIVES": lives, "MAKES": str(makes), "MARKER": str(marker),
+                                  "PIDS": str(tmp_path / "setup.pid"), "SETUP_PIDS": str(tmp_path / "setup.pid")})
+        return next(ln for ln in res.stdout.splitlines() if ln.startswith("rc=")), time.monotonic() - t0
+
+    rc, took = waits("none", 0)   # no setup at all: at once
+    assert rc == "rc=1" and took < 5, (rc, took)
+    rc, took = waits("4", 0)      # a setup that ends without it: once it ended
+    assert rc == "rc=1" and 3 < took < 15, (rc, took)
+    rc, took = waits("4", 1)      # one that makes it: true
+    assert rc == "rc=0" and 3 < took < 15, (rc, took)
+
+
+def test_no_background_step_waits_for_the_setup_beyond_it():
+    """The class: a wait of shared-gpu-h200.sh's steps for what the setup makes (a file, the venv) is
+    bounded (wait_for SECONDS) or lasts as long as the setup (while_setup), never a bare loop."""
+    text = (ROOT / "integration" / "shared-gpu-h200.sh").read_text()
+    bare = [ln.strip() for ln in text.splitlines()
+            if re.search(r"\b(while|until)\s+(!\s*)?(\[\s*!?\s*-[ef]\b|test\s|venv_ok)", ln)]
+    assert not bare, bare
+    assert text.count("while_setup ") == 3, text.count("while_setup ")
+
+
 def test_the_setup_venv_counts_only_when_its_verify_json_says_ok(tmp_path):
     """What shared-gpu-h200.sh's proofs and upstream tests wait for (integration/shared-gpu-lib.sh's
     venv_ok): a verify.json whose "ok" is true. A failed setup leaves one too ("ok": false); a file

@@ -129,3 +129,48 @@ def test_a_process_a_test_forks_is_not_the_rank_when_it_is_stopped(tmp_path):
     records = _records(path)
     assert [r["ev"] for r in records if r["ev"] in ("terminated", "end", "finish")] == ["end", "finish"], records
     assert [r["outcome"] for r in records if r["ev"] == "end"] == ["passed"], records
+
+
+GLOO = textwrap.dedent("""
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+
+    def test_one_rank_dies_while_the_other_waits_in_a_collective():
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 1:
+            time.sleep(2)
+            os._exit(9)
+        # rank 0 waits in C++ for a key no rank sets, as a rank waits in NCCL for a peer that is gone (gloo's
+        # own collectives see the peer's socket close and raise)
+        dist.distributed_c10d._get_default_store().wait(["never-set"])
+
+
+    def test_after():
+        pass
+""")
+
+
+def test_torchrun_stops_a_rank_waiting_in_a_collective_at_once_and_its_test_is_run_again(tmp_path):
+    """The case for real: torchrun, two ranks, rank 1 dies, rank 0 waits in the store's C++. The
+    launch ends in seconds, not after torchrun's 30 s before its SIGKILL, and the death is charged to
+    rank 1 alone: rank 0 wrote that torchrun stopped it."""
+    from carry.evidence.upstream.launch import Side, run_side
+    from carry.series.testspin import TestsPin
+    (tmp_path / "side" / "tests").mkdir(parents=True)
+    (tmp_path / "side" / "tests" / "test_gloo.py").write_text(GLOO)
+    pin = TestsPin(upstream="demo", root="tests", launch="torchrun", source="tree", nproc=2)
+    side = Side(name="patched", pin=pin, folder=tmp_path / "side", files=["tests/test_gloo.py"], pythonpath=[],
+                out=tmp_path / "out", deadline=time.monotonic() + 240, test_timeout=200)
+    res = run_side(side)
+    first = res.launches[0]
+    assert first["seconds"] < 25, res.launches
+    died = res.outcomes["tests/test_gloo.py::test_one_rank_dies_while_the_other_waits_in_a_collective"]
+    assert (died.outcome, died.ranks) == ("crashed", {"1": "died"}), died
+    assert res.outcomes["tests/test_gloo.py::test_after"].outcome == "passed", res.outcomes
+    said = _records(side.out / "launch-01-n2" / "rank-0.jsonl")
+    assert [r["id"].split("::")[-1] for r in said if r["ev"] == "terminated"] == [
+        "test_one_rank_dies_while_the_other_waits_in_a_collective"], said

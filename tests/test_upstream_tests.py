@@ -1457,6 +1457,31 @@ def test_a_launch_that_ends_between_tests_after_its_last_test_is_not_launched_ag
     assert not res.not_run, res.not_run
 
 
+@pytest.mark.parametrize("cwd", [".", "tests"])   # NeMo-RL's tests start in tests/: their ids lack the folder
+def test_a_file_whose_test_a_launch_died_in_runs_its_other_tests_after_every_other_file(tmp_path, cwd):
+    """A file whose tests end a launch one after another (resharding/test_model_swap.py timed out case by
+    case and spent a whole shard's budget, h100/2026-12-05-shards) goes last in the next launch: the other
+    files' tests run first, then its own, each still run and compared."""
+    import time
+
+    from carry.evidence.upstream.launch import Side, run_side
+    from carry.evidence.upstream.results import read_launch
+    from carry.series.testspin import TestsPin
+    write(tmp_path / "side", "tests/test_a.py", "import os\n\n\ndef test_dies():\n    os._exit(9)\n\n\n"
+                                                 "def test_dies_too():\n    os._exit(9)\n\n\ndef test_fine():\n    pass\n")
+    write(tmp_path / "side", "tests/test_b.py", "".join(f"def test_b{i}():\n    pass\n\n\n" for i in range(3)))
+    pin = TestsPin(upstream="demo", root="tests", launch="pytest", source="tree", cwd=cwd)
+    side = Side(name="patched", pin=pin, folder=tmp_path / "side", files=["tests/test_a.py", "tests/test_b.py"],
+                pythonpath=[], out=tmp_path / "out", deadline=time.monotonic() + 120, test_timeout=60)
+    res = run_side(side)
+    assert {k.split("::")[-1]: o.outcome for k, o in res.outcomes.items()} == {
+        "test_dies": "crashed", "test_dies_too": "crashed", "test_fine": "passed",
+        "test_b0": "passed", "test_b1": "passed", "test_b2": "passed"}, res.outcomes
+    began = [[t.split("::")[-1] for t in read_launch(side.out / x["launch"], 1).started.get("0", [])]
+             for x in res.launches]
+    assert began == [["test_dies"], ["test_b0", "test_b1", "test_b2", "test_dies_too"], ["test_fine"]], began
+
+
 H100_UT = EVIDENCE / "h100" / "2026-12-05-upstream-tests"
 
 

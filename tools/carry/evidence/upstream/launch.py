@@ -36,7 +36,7 @@ from ... import progress
 from ...errors import CommandError
 from ...runner import spawn
 from ...series.testspin import TestsPin
-from .results import Outcome, merge, read_launch, wants_world
+from .results import Outcome, console_tail, console_why, gil_held_past_timeout, merge, read_launch, wants_world
 
 SITE = Path(__file__).resolve().parent / "site"
 MAX_LAUNCHES = 200  # a side whose every launch dies in a new test still ends
@@ -199,18 +199,18 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
             _not_reached(res, side, wanted, done, f"the session ended (exit {rc}) without running it")
             return
         if not died:
-            entry["error"] = _tail(folder / "console.log")
-            last = _why(folder / "console.log")
+            entry["error"] = console_tail(folder / "console.log")
+            last = console_why(folder / "console.log")
             if not got.tests:
                 _not_reached(res, side, wanted, done, f"the launch ended (exit {rc}) before any test ended: {last}")
                 return
             progress.say(f"{side.pin.upstream} {side.name}: the launch ended between tests (exit {rc}): {last}; "
                          f"going on after the {len(got.tests)} that ended{again}")
             continue
-        held = _gil_held_past_timeout(folder / "console.log")
+        held = gil_held_past_timeout(folder / "console.log")
         for nodeid in sorted(set(died.values())):
             timeout = nodeid in got.timeouts.values()
-            tail = _tail(folder / "console.log")
+            tail = console_tail(folder / "console.log")
             why = (f"ran past the per-test timeout: {tail[-1] if tail else ''}" if timeout else
                    "ran past the per-test timeout holding the GIL: faulthandler ended the rank "
                    "(its stacks are in the launch's console.log)" if held else
@@ -219,8 +219,18 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
                                            {r: "died" for r, x in died.items() if x == nodeid}, world)
             done.add(nodeid)
         progress.say(f"{side.pin.upstream} {side.name}: the launch died in {', '.join(sorted(set(died.values())))}; "
-                     f"going on after it{again}")
+                     f"going on after it{again}, its file's other tests after every other file's")
+        _last(side, {nodeid.split("::", 1)[0] for nodeid in died.values()})
     _not_reached(res, side, wanted, done, f"more than {MAX_LAUNCHES} launches died")
+
+
+def _last(side: Side, heads: set[str]) -> None:
+    """The files whose tests a launch died in go after every other (pytest runs its files in the order
+    given): one whose tests time out one by one no longer spends a side's budget before the rest
+    (resharding/test_model_swap.py spent a whole shard's, h100/2026-12-05-shards)."""
+    cut = "" if side.pin.cwd == "." else side.pin.cwd.rstrip("/") + "/"
+    hit = [f for f in side.files if f in heads or f.removeprefix(cut) in heads]
+    side.files = [f for f in side.files if f not in hit] + hit
 
 
 def _not_reached(res: SideResult, side: Side, wanted: set[str] | None, done: set[str], why: str) -> None:
@@ -286,7 +296,7 @@ def _launch(side: Side, folder: Path, world: int, skip: list[str], only: list[st
             if timed_out or started or rc == 0 or attempt == LAUNCH_TRIES or _pytest_refused(side, rc, folder) or \
                     (limit is not None and time.monotonic() - t0 + pause >= limit):
                 return rc, timed_out, seconds
-            last = _why(folder / "console.log")
+            last = console_why(folder / "console.log")
             (folder / "console.log").rename(folder / f"console.try-{attempt}.log")
             progress.say(f"{side.pin.upstream} {side.name}: the launcher failed before any test began "
                          f"(exit {rc}): {last}; launching again in {pause:.0f} s")
@@ -360,38 +370,3 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _why(log: Path) -> str:
-    """The line that says why a launch ended before a test did: pytest's own error line (``E   ...``)
-    where it printed one (torchrun's summary of the failed ranks comes after it), else the last line."""
-    lines = _tail(log, n=200)
-    errors = [line.strip() for line in lines if line.startswith("E   ")]
-    return errors[-1] if errors else lines[-1] if lines else "no output"
-
-
-# The first line faulthandler.dump_traceback_later writes (the reporter's fallback when the GIL never
-# comes back to its timer): "Timeout (0:03:00)!".
-# pytest may have left its line open (the test file's name, its dots): the line need not start there.
-FAULTHANDLER_TIMEOUT = re.compile(r"(?:^|\s)Timeout \(\d+:\d\d:\d\d(?:\.\d+)?\)!$", re.M)
-
-
-def _gil_held_past_timeout(log: Path) -> bool:
-    """Whether a rank of the launch was ended by the reporter's faulthandler fallback: its test held the
-    GIL past the per-test timeout, so the reporter's timer could write no ``timeout`` record."""
-    try:
-        with log.open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - (1 << 20)))
-            text = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return False
-    return bool(FAULTHANDLER_TIMEOUT.search(text))
-
-
-def _tail(log: Path, n: int = 12) -> list[str]:
-    try:
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return []
-    keep = [line for line in lines if line.strip() and not line.startswith("[carry] shared GPU")]
-    return keep[-n:]

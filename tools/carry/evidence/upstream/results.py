@@ -4,13 +4,15 @@ A test's outcome over the ranks: ``failed`` if any rank failed it, else ``error`
 (a fixture, a teardown), else ``passed`` if any rank passed it (a rank may skip its share),
 else the outcome all ranks agree on (``skipped`` with the first rank's reason). A test a rank began
 and never ended is ``crashed`` (the launch died in it: a segfault, a rank killed) or ``timeout``
-(the reporter's watchdog ended it), with what the console said last.
+(the reporter's watchdog ended it), with what the console said last (read here too: the line that says
+why a launch ended, and whether faulthandler ended a rank that held the GIL).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,3 +155,39 @@ def is_failing(outcome: str) -> bool:
 def signature(outcome: str) -> str:
     """What a bisection compares: ``failing``, ``passing``, or the outcome itself (skipped, not-run)."""
     return "failing" if is_failing(outcome) else "passing" if outcome in ("passed", "xpassed") else outcome
+
+
+# -- what a launch's console says --------------------------------------------------------------------
+def console_why(log: Path) -> str:
+    """The line that says why a launch ended before a test did: pytest's own error line (``E   ...``)
+    where it printed one (torchrun's summary of the failed ranks comes after it), else the last line."""
+    lines = console_tail(log, n=200)
+    errors = [line.strip() for line in lines if line.startswith("E   ")]
+    return errors[-1] if errors else lines[-1] if lines else "no output"
+
+
+# The first line faulthandler.dump_traceback_later writes (the reporter's fallback when the GIL never
+# comes back to its timer): "Timeout (0:03:00)!".
+# pytest may have left its line open (the test file's name, its dots): the line need not start there.
+FAULTHANDLER_TIMEOUT = re.compile(r"(?:^|\s)Timeout \(\d+:\d\d:\d\d(?:\.\d+)?\)!$", re.M)
+
+
+def gil_held_past_timeout(log: Path) -> bool:
+    """Whether a rank of the launch was ended by the reporter's faulthandler fallback: its test held the
+    GIL past the per-test timeout, so the reporter's timer could write no ``timeout`` record."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - (1 << 20)))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    return bool(FAULTHANDLER_TIMEOUT.search(text))
+
+
+def console_tail(log: Path, n: int = 12) -> list[str]:
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    keep = [line for line in lines if line.strip() and not line.startswith("[carry] shared GPU")]
+    return keep[-n:]

@@ -331,6 +331,7 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       stamp "workspaces applied; waiting for the setup venv"
       while_setup venv_ok || { stamp "no setup venv that verified ok and no setup running (/tmp/o/setup.console)"; exit 1; }
       "$V" -m pip freeze > "$U/environment.txt" 2>&1   # the venv as it is: pytest and the tests'"'"' imports come with the stack
+      [ -d "$P/site" ] && "$V" -m pip freeze --path "$P/site" > "$U/tests-site.txt" 2>&1   # and what the tests ferry added
       run() {  # run UPSTREAM NAME ARGS...: NAME the workspace and out folder (a shard'"'"'s: UPSTREAM-I)
         local up=$1 name=$2; shift 2
         case " $UT_ONLY " in *" $up "*) ;; *) return 0 ;; esac
@@ -355,6 +356,9 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         # the stand-in'"'"'s "not installed on this GPU host", h200/2026-12-04-setup-pydantic-mlflow), the shared-GPU
         # hooks in Ray'"'"'s workers, the workers on the venv'"'"'s Python, Hugging Face offline
         local extra=(); [ "$up" = nemo-rl ] && read -ra extra <<< "$(nrl_tests_env "$PWD")"
+        # Megatron-LM'"'"'s and Bridge'"'"'s get the tests ferry'"'"'s site (wandb, flash-linear-attention: what they import
+        # that the stack lacks, unpack_tests_ferry), after the trees and TE on their path; the run'"'"'s venv is unchanged
+        [ "$up" != nemo-rl ] && [ -d "$P/site" ] && extra=("PYTHONPATH=$P/site")
         # Where the committed GPU runs stopped (--compared: the files one compared whole, on this very series, stay out)
         local compared=() f
         while IFS= read -r f; do compared+=(--compared "$f"); done < <(committed_results "$up")

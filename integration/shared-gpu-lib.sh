@@ -52,8 +52,10 @@ snapshot_checkout() {  # snapshot_checkout CHECKOUT ROOT: a copy of CHECKOUT und
 unpack_tests_ferry() {  # unpack_tests_ferry DIR: each DIR/tests/NAME.tar.xz of the "tests" ferry (recv.sh tests DIR) into
   # DIR/NAME, the folder of NAME's pinned test paths that tools/upstream_tests.py --tests-source NAME=DIR/NAME reads
   # (it checks their hashes); a folder unpacked from this very archive (its sha256 in DIR/NAME/.from-ferry) is
-  # kept, one from another (an earlier ferry's) replaced
-  local dir=${1:?dir} xz name sum
+  # kept, one from another (an earlier ferry's) replaced. Its wheels (DIR/tests/wheels: the lock's [[tests]], what
+  # those tests import that the stack lacks) installed into DIR/site (pip --target, offline, no dependency resolved:
+  # the lock names each), for those tests' path alone; kept the same way
+  local dir=${1:?dir} xz name sum whl
   for xz in "$dir"/tests/*.tar.xz; do
     [ -e "$xz" ] || { echo "no tests ferry in $dir/tests" >&2; return 1; }
     name=$(basename "$xz" .tar.xz); sum=$(sha256sum "$xz" | cut -d' ' -f1)
@@ -63,6 +65,13 @@ unpack_tests_ferry() {  # unpack_tests_ferry DIR: each DIR/tests/NAME.tar.xz of 
       "$xz" "$dir/$name.part" && echo "$sum" > "$dir/$name.part/.from-ferry" && mv "$dir/$name.part" "$dir/$name" \
       || return 1
   done
+  whl=("$dir"/tests/wheels/*.whl)
+  [ -e "${whl[0]}" ] || return 0
+  sum=$(cat "${whl[@]}" | sha256sum | cut -d' ' -f1)
+  [ "$(cat "$dir/site/.from-ferry" 2>/dev/null)" = "$sum" ] && return 0
+  rm -rf "$dir/site" "$dir/site.part"
+  "${UT_PIP_PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
+    --target "$dir/site.part" "${whl[@]}" && echo "$sum" > "$dir/site.part/.from-ferry" && mv "$dir/site.part" "$dir/site"
 }
 pack() {  # pack NAME PATH...: the small files only (logs, JSON, markdown)
   local name=$1; shift

@@ -673,3 +673,5 @@ def test_the_upstream_tests_refuse_a_shard_count_they_cannot_run(tmp_path, shard
     # the tests come from the tests ferry (stage --tests-source), unpacked by shared-gpu-lib.sh's unpack_tests_ferry
     assert 'P=/tmp/ut-src;' in step and 'unpack_tests_ferry "$P"' in step, step[:800]
     assert '--tests-source megatron-lm="$P/megatron-lm"' in step and '--tests-source megatron-bridge="$P/megatron-bridge"' in step
+    # the ferry's site (its [[tests]] wheels) on Megatron-LM's and Bridge's test path, never NeMo-RL's (its stand-ins)
+    assert '[ "$up" != nemo-rl ] && [ -d "$P/site" ] && extra=("PYTHONPATH=$P/site")' in step, step[:800]

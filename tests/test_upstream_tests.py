@@ -24,6 +24,7 @@ import pytest
 from carry.evidence.upstream.results import Outcome, merge, wants_world
 from carry.evidence.upstream.verdict import classify
 from carry.git import Git
+from carry.workspace.artifacts import sha256_file
 from fakeup import make_patch, make_upstream, patch_entry, series_toml, write
 from helpers import kill_at, read_json, tool
 
@@ -1817,6 +1818,49 @@ def test_the_tests_ferry_carries_each_pin_to_an_offline_host_where_the_tool_chec
                             (load_series("gtp"), {"nemo-rl": up["tests_repo"]}, "its tests are its own tree")):
         with pytest.raises(UsageError, match=why):
             stage_tests(where, bad, tmp_path / "stage", up["cache"], root, 16 * 2**20, 1)
+
+
+def test_the_tests_ferry_carries_the_wheels_its_tests_import_into_a_site_of_their_own(up, tmp_path):
+    """The lock's [[tests]] wheels (what the upstreams' own tests import that the stack lacks: wandb,
+    flash-linear-attention) travel in the tests ferry; on the host unpack_tests_ferry installs them into
+    DIR/site (pip --target, offline), the folder upstream-tests-bg puts on Megatron-LM's and Bridge's test
+    path alone. A site from this very ferry's wheels is kept, one from others replaced."""
+    import subprocess
+    import zipfile
+    sys.path.insert(0, str(ROOT_DIR / "integration" / "nemo_rl_gtp"))
+    from harness.staging.tests_ferry import stage_tests
+    from carry.series.repo import load_series
+    whl = tmp_path / "wheels" / "tinyneed-1.0-py3-none-any.whl"
+    whl.parent.mkdir()
+    info = "tinyneed-1.0.dist-info"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("tinyneed/__init__.py", "WHAT = 'the tests ferry'\n")
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: tinyneed\nVersion: 1.0\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    root = tmp_path / "checkout"
+    Git(root).init()
+    got = stage_tests(load_series(str(up["series"])), {"megatron-lm": up["tests_repo"]}, tmp_path / "stage", up["cache"],
+                      root, 16 * 2**20, 1, [whl])
+    assert got["tests_wheels"] == [whl.name], got
+    host = tmp_path / "host"
+    subprocess.run(["bash", str(root / ".ferry" / "recv.sh"), "tests", str(host)], check=True, capture_output=True)
+
+    def unpack() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", f'. integration/shared-gpu-lib.sh && unpack_tests_ferry "{host}"'], cwd=ROOT_DIR,
+                              capture_output=True, text=True, env={**os.environ, "UT_PIP_PYTHON": sys.executable})
+
+    proc = unpack()
+    assert proc.returncode == 0, proc.stderr
+    said = subprocess.run([sys.executable, "-c", "import tinyneed; print(tinyneed.WHAT)"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(host / "site")})
+    assert said.stdout.strip() == "the tests ferry", said.stderr
+    assert json.loads((host / "tests" / "manifest.json").read_text())["wheels"] == {whl.name: sha256_file(whl)}
+    mark = host / "site" / "kept"
+    mark.write_text("")
+    assert unpack().returncode == 0 and mark.exists()
+    (host / "site" / ".from-ferry").write_text("0" * 64 + "\n")   # another ferry's wheels: replaced
+    assert unpack().returncode == 0 and not mark.exists() and (host / "site" / "tinyneed" / "__init__.py").exists()
 
 
 @pytest.mark.parametrize("upstream, env", [("megatron-lm", "GTP_CARRY_TEST_MEGATRON_LM"),

@@ -246,7 +246,7 @@ def stage(o: Options) -> dict:
         result.update(stage_te(o, lk))
     if o.pack and o.tests_sources:
         result.update(tests_ferry.stage_tests(o.series, o.tests_sources, o.out / "tests", o.cache, o.ferry_root,
-                                              _part_bytes(o), o.xz_level))
+                                              _part_bytes(o), o.xz_level, wheels.fetch_tests(lk, o.cache / "tests-wheels")))
     result["seconds"] = round(time.monotonic() - t0, 1)
     return result
 

@@ -7,7 +7,9 @@ checked, and the pin checked to hold every module of the repository its files im
 ``tests/NAME.tar.xz`` beside ``tests/manifest.json``. On the host, ``bash .ferry/recv.sh tests DIR``
 joins and unpacks the parts; ``unpack_tests_ferry DIR`` (integration/shared-gpu-lib.sh) unpacks each
 archive into ``DIR/NAME``, which is ``--tests-source NAME=DIR/NAME`` there (a folder of the pinned
-paths, whose hashes the tool checks again).
+paths, whose hashes the tool checks again). With them, ``wheels/``: the lock's ``[[tests]]`` wheels (what
+those tests import that the host's stack lacks), which ``unpack_tests_ferry`` installs into ``DIR/site``,
+put on those tests' path alone.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ TESTS_FERRY = "tests"
 
 
 def stage_tests(series: Series, sources: dict[str, Path], out: Path, cache: Path, ferry_root: Path,
-                part_bytes: int, xz_level: int = 9) -> dict:
-    """Write the "tests" ferry for SOURCES ({upstream: clone or folder of its pinned paths}); its report."""
+                part_bytes: int, xz_level: int = 9, wheels: list[Path] = ()) -> dict:
+    """Write the "tests" ferry for SOURCES ({upstream: clone or folder of its pinned paths}) and WHEELS
+    (hash-checked already); its report."""
     if not sources:
         raise UsageError("no --tests-source given: the tests ferry would hold nothing")
     if out.exists():
@@ -57,6 +60,10 @@ def stage_tests(series: Series, sources: dict[str, Path], out: Path, cache: Path
         files[xz.name] = xz
         manifest["upstreams"][name] = {"tests": pin.describe(), "paths": dict(pin.paths), "sha256": sha256_file(xz),
                                        "bytes": xz.stat().st_size}
+    for whl in wheels:   # compressed already: as they are
+        files[f"wheels/{whl.name}"] = whl
+    manifest["wheels"] = {whl.name: sha256_file(whl) for whl in wheels}
     parts = ferry.pack_files(ferry_root, TESTS_FERRY, files, manifest, part_bytes)
     return {"tests_parts": [str(p) for p in parts], "tests_part_mb": ferry.sizes_mb(parts),
+            "tests_wheels": [whl.name for whl in wheels],
             "tests_upstreams": sorted(sources), "tests_mb": round(sum(f.stat().st_size for f in files.values()) / 1e6, 1)}

@@ -1,6 +1,6 @@
 """wheels.toml: every artifact the GPU host lacks, pinned by file name and sha256.
 
-Six tables:
+Seven tables:
 - ``[[wheel]]``: a wheel taken from the package index as it is, or with
   ``drop`` globs removed (ray's Java jars: the run has no Java workers);
 - ``[[sdist]]``: a source distribution (antlr4 4.9.3 has no wheel), built
@@ -10,6 +10,9 @@ Six tables:
   the cuDNN frontend, pybind11 (to build with), and the torch extension's source
   distribution (``.tar.gz``), which only the host can build, against its own
   torch and CUDA;
+- ``[[tests]]``: what the upstreams' own unit tests import that the host's stack lacks (upstream
+  CI installs it: Megatron-LM's own lock's version), carried in the tests ferry and installed for those
+  tests alone, on their path, never into the run's venv (tools/upstream_tests.py, issue 39);
 - ``[[te_without]]``: a requirement of a ``[[te]]`` file that the ferry does
   not carry although the host list lacks it, each with why (the stage refuses
   any other: :func:`harness.staging.coverage.te_uncovered`);
@@ -72,6 +75,7 @@ class Lock:
     host_packages: tuple[str, ...] = field(default_factory=tuple)
     te_without: tuple[Waiver, ...] = ()
     nrl_without: tuple[Waiver, ...] = ()
+    tests: tuple[Artifact, ...] = ()
 
     @property
     def artifacts(self) -> tuple[Artifact, ...]:
@@ -112,7 +116,7 @@ def load(path: Path) -> Lock:
         raise ConfigError(f"no wheel lock at {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    _keys(raw, ["target", "wheel", "sdist", "te", "te_without", "nrl_without", "dryrun"], "<top>", path)
+    _keys(raw, ["target", "wheel", "sdist", "te", "tests", "te_without", "nrl_without", "dryrun"], "<top>", path)
     target = raw.get("target", {})
     _keys(target, ["python", "platforms"], "target", path)
     dry = raw.get("dryrun", {})
@@ -120,14 +124,15 @@ def load(path: Path) -> Lock:
     wheels = tuple(_artifact(w, f"wheel {i}", path) for i, w in enumerate(raw.get("wheel", [])))
     sdists = tuple(_artifact(s, f"sdist {i}", path) for i, s in enumerate(raw.get("sdist", [])))
     te = tuple(_artifact(t, f"te {i}", path) for i, t in enumerate(raw.get("te", [])))
+    tests = tuple(_artifact(t, f"tests {i}", path) for i, t in enumerate(raw.get("tests", [])))
     waivers = {table: _waivers(raw, table, path) for table in ("te_without", "nrl_without")}
-    names = [a.name.lower() for a in wheels + sdists + te]   # one venv gets them all: one version each
+    names = [a.name.lower() for a in wheels + sdists + te + tests]   # one path gets them all: one version each
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"{path}: pinned more than once: {', '.join(dup)}")
     return Lock(path, str(target.get("python", "3.12")), tuple(target.get("platforms", ())), wheels, sdists, te,
                 str(dry.get("python", "3.12")), str(dry.get("torch", "")), tuple(dry.get("packages", ())),
-                waivers["te_without"], waivers["nrl_without"])
+                waivers["te_without"], waivers["nrl_without"], tests)
 
 
 def _waivers(raw: dict, table: str, path: Path) -> tuple[Waiver, ...]:
@@ -159,7 +164,7 @@ def render(lock: Lock) -> str:
            "# Written by integration/nemo_rl_gtp/stage --relock; hand edits: names, versions, why, drop.",
            "", "[target]", f"python = {_q(lock.python)}",
            "platforms = [" + ", ".join(_q(p) for p in lock.platforms) + "]", ""]
-    for kind, items in (("wheel", lock.wheels), ("sdist", lock.sdists), ("te", lock.te)):
+    for kind, items in (("wheel", lock.wheels), ("sdist", lock.sdists), ("te", lock.te), ("tests", lock.tests)):
         for a in items:
             out += [f"[[{kind}]]", f"name = {_q(a.name)}", f"version = {_q(a.version)}", f"file = {_q(a.file)}",
                     f"sha256 = {_q(a.sha256)}"]
@@ -180,4 +185,4 @@ def render(lock: Lock) -> str:
 def with_artifact(lock: Lock, new: Artifact) -> Lock:
     """The lock with one artifact's file and hash replaced (relocking)."""
     swap = lambda items: tuple(new if a.name == new.name else a for a in items)  # noqa: E731
-    return replace(lock, wheels=swap(lock.wheels), sdists=swap(lock.sdists), te=swap(lock.te))
+    return replace(lock, wheels=swap(lock.wheels), sdists=swap(lock.sdists), te=swap(lock.te), tests=swap(lock.tests))

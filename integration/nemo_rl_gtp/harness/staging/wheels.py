@@ -128,13 +128,23 @@ def _checked(cache: Path, a: Artifact) -> Path:
 
 def fetch_te(lock: Lock, cache: Path) -> list[Path]:
     """The [[te]] files in CACHE, downloaded once, always hash-checked, in the lock's order."""
-    missing = [a for a in lock.te if not (cache / a.file).exists()]
+    return _fetch(lock, lock.te, cache, "TransformerEngine for the GPU host")
+
+
+def fetch_tests(lock: Lock, cache: Path) -> list[Path]:
+    """The [[tests]] wheels (what the upstreams' own tests import that the host's stack lacks) in CACHE,
+    as fetch_te."""
+    return _fetch(lock, lock.tests, cache, "what the upstreams' own tests import")
+
+
+def _fetch(lock: Lock, items: tuple, cache: Path, what: str) -> list[Path]:
+    missing = [a for a in items if not (cache / a.file).exists()]
     binary = tuple(a for a in missing if not is_sdist(a))
     source = tuple(a for a in missing if is_sdist(a))
     if missing:
-        progress.say(f"downloading TransformerEngine for the GPU host: {len(missing)} file(s)")
+        progress.say(f"downloading {what}: {len(missing)} file(s)")
     if binary:
-        _pip_download(lock.pip_requirements(binary), cache, _platform_args(lock), "TransformerEngine wheels")
+        _pip_download(lock.pip_requirements(binary), cache, _platform_args(lock), what)
     for a in source:   # by its link (_sdist_by_link); a file that is not the pin is removed, not kept in the cache
         got = _sdist_by_link(a, cache)
         try:
@@ -142,7 +152,7 @@ def fetch_te(lock: Lock, cache: Path) -> list[Path]:
         except IntegrityError:
             got.unlink()
             raise
-    return [_checked(cache, a) for a in lock.te]
+    return [_checked(cache, a) for a in items]
 
 
 def requirements_of(path: Path) -> list[str]:
@@ -329,7 +339,7 @@ def relock(path: Path, cache: Path) -> list[str]:
     lk = load(path)
     changed = []
     tmp = cache / "relock"
-    for a in lk.artifacts + lk.te:
+    for a in lk.artifacts + lk.te + lk.tests:
         d = tmp / a.name
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)

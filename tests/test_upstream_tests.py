@@ -984,8 +984,7 @@ def test_a_flaky_verdict_stands_only_on_its_bisection_records(tmp_path):
     """h200/2026-12-04-beyond-gtp-folder's flaky tests are judged from the bisection's own records: a
     test that passed on pristine and failed patched is flaky only because the pristine base failed it
     too when bisected. Write that probe's records as passes and it is a regression again."""
-    run = tmp_path / "beyond"
-    shutil.copytree(BEYOND, run)
+    run = _unzipped(BEYOND, tmp_path)   # the evidence gzips its larger files
     nodeid = "tests/unit_tests/resharding/test_model_swap.py::test_swap_gpt_parametrized[1-2-1-2-1-1-None-None-nccl]"
     for rank in (run / "resharding" / "megatron-lm" / "bisect" / "k000").glob("launch-*/rank-*.jsonl"):
         lines = [json.loads(ln) for ln in rank.read_text().splitlines()]
@@ -1003,8 +1002,7 @@ def test_a_probe_reads_a_test_of_a_module_that_did_not_collect_as_that_error(tmp
     """The replay reads a bisection's probes as check.py does (outcome_in): in the NeMo-RL GPU run, make
     the regression's module fail to collect on the pristine base's probe (k=0) and the pristine base
     fails it too: no patch moved it, flaky. Read as not run, it would stay a regression."""
-    run = tmp_path / "nemo-rl-gpu"
-    shutil.copytree(NEMO_RL_GPU, run)
+    run = _unzipped(NEMO_RL_GPU, tmp_path)
     module = FROZEN_ROUTER.split("::")[0]
     (rank,) = (run / "run" / "nemo-rl" / "bisect" / "k000").glob("launch-*/rank-0.jsonl")
     lines = [json.loads(ln) for ln in rank.read_text().splitlines()]
@@ -1020,8 +1018,7 @@ def test_a_death_is_judged_again_rank_by_rank(tmp_path):
     """A test the launch died in is judged from the ranks that began it and never ended it: in
     h200/2026-12-04-beyond-gtp-folder's core run three ranks died in one pristine test. Write an end
     for one of them and the launcher's record (three ranks died) no longer matches what the ranks say."""
-    run = tmp_path / "beyond"
-    shutil.copytree(BEYOND, run)
+    run = _unzipped(BEYOND, tmp_path)
     nodeid = "tests/unit_tests/transformer/test_attention.py::test_parallel_attention_correctness[True-False-2-False-2-True-True]"
     _judged_again(run, "megatron-lm", 60, "core")   # as committed: the three deaths are what the ranks say
     (rank,) = [r for r in (run / "core" / "megatron-lm" / "pristine").glob("launch-*/rank-2.jsonl")
@@ -1035,8 +1032,7 @@ def test_a_death_is_judged_again_rank_by_rank(tmp_path):
 def test_a_rank_failure_written_into_the_committed_records_is_a_regression(tmp_path):
     """The check above catches a broken record: one patched rank's pass turned into a failure is a
     regression when judged again (and the recorded outcome no longer matches)."""
-    run = tmp_path / "run-copy"
-    shutil.copytree(H200_RUN, run)
+    run = _unzipped(H200_RUN, tmp_path)
     rank = run / "run" / "megatron-lm" / "patched" / "launch-01-n4" / "rank-2.jsonl"
     lines = rank.read_text().splitlines()
     i = next(i for i, ln in enumerate(lines) if '"ev": "end"' in ln and '"outcome": "passed"' in ln)
@@ -1063,7 +1059,7 @@ H200_FOUND = {"megatron-lm": ("mlm-te-bias-sizing", 1), "megatron-bridge": ("bri
 
 
 def _unzipped(run: Path, tmp_path: Path) -> Path:
-    """A copy of RUN with every gzipped file written back out (the evidence gzips files over 200 KB)."""
+    """A copy of RUN with every gzipped file written back out (the evidence gzips files over 20 KB)."""
     import gzip
     copy = tmp_path / run.name
     shutil.copytree(run, copy)
@@ -1378,8 +1374,7 @@ def test_the_second_nemo_rl_gpu_run_has_no_regression_and_the_shim_fix_holds(tmp
     got = {k.replace(" ", "-"): int(v) for k, v in re.findall(r"^\| ([a-z -]+) \| (\d+) \|", table, re.M)}
     assert got == {**total, "regression": 0, "not-compared": 137}, got
     # the mutation: the fixed test failed again on the patched side
-    broken = tmp_path / "nemo-rl"
-    shutil.copytree(run, broken)
+    broken = _unzipped(run, tmp_path)
     rank = broken / "patched" / "launch-01-n1" / "rank-0.jsonl"
     lines = [json.loads(ln) for ln in rank.read_text().splitlines()]
     for ev in lines:

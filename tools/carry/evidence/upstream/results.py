@@ -10,6 +10,7 @@ why a launch ended, and whether faulthandler ended a rank that held the GIL).
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -84,12 +85,15 @@ class Launch:
         cut = {nodeid for rank, nodeid in died.items() if rank not in own} - set(own.values())
         return own, {t for t in cut if not (t in self.tests and is_failing(merge(self.tests[t], self.world).outcome))}
 
+
 def read_launch(folder: Path, world: int) -> Launch:
+    """A launch's records, its ranks' files as the reporter wrote them or gzipped (an archived run's)."""
     launch = Launch(world)
-    for path in sorted(folder.glob("rank-*.jsonl")):
-        rank = path.stem.split("-", 1)[1]
+    for path in sorted([*folder.glob("rank-*.jsonl"), *folder.glob("rank-*.jsonl.gz")]):
+        rank = path.name.split(".", 1)[0].split("-", 1)[1]
         launch.ranks.add(rank)
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+        for line in raw.decode("utf-8", errors="replace").splitlines():
             try:
                 ev = json.loads(line)
             except ValueError:

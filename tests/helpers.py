@@ -36,7 +36,7 @@ def read_json(path: Path) -> dict:
 
 
 def read_recorded(path: Path) -> str:
-    """A committed evidence file's text, from PATH or, where the evidence keeps it gzipped (files over 200 KB
+    """A committed evidence file's text, from PATH or, where the evidence keeps it gzipped (files over 20 KB
     are), from PATH.gz."""
     import gzip
     if path.exists():

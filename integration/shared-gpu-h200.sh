@@ -62,7 +62,8 @@
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
 # Device time (one H200, 2026-12-04): 16 ferry calls of about 3.5 s (parts of 30 MiB: a call carries the
 # checkout too, 64 MiB in all; stage without --part-mib sizes the parts to the tree as it is: on 2026-12-05 the tree
-# had grown to 38 MiB, each call with a 30 MiB part was refused, and the waits after them spent the session), 376 to 473 s of setup and pretrain (535 s beside Megatron-LM's tests, the GPU at
+# had grown to 38 MiB, each call with a 30 MiB part was refused, and the waits after them spent the session; with the
+# evidence's files over 20 KB gzipped the tree is 16.9 MB: parts of 45 MiB, 12 calls for the tests, te and nrl ferries), 376 to 473 s of setup and pretrain (535 s beside Megatron-LM's tests, the GPU at
 # 88 GB then: h200/2026-12-04-beyond-gtp-folder), about 1,020 s for a wave of two learning cases at NeMo-RL's
 # recipe's shape (h200/2026-12-05-learning-at-3e-5: 462 s of setup and pretrain, steps of 92 to 121 s, 127 GB at
 # the peak); one session's 1,800 s holds one wave and no more (NIGHTLY_CELL=0 put learning-gtp-off and learning-sign-flip in one: 352 s, then 688 s for the two, h200/2026-12-05-learning-other-halves). Send the waits

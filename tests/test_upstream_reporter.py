@@ -56,6 +56,16 @@ WAITS_IN_C = textwrap.dedent("""
 
     def test_waits_in_c():
         _wait_in_c()
+
+    def test_handles_its_own_sigterm():
+        got = []
+        old = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1.0)   # the rank's watcher has read the byte by now
+        finally:
+            signal.signal(signal.SIGTERM, old)
+        assert got == [signal.SIGTERM]
 """)
 
 
@@ -118,6 +128,17 @@ def test_an_asyncio_loop_that_took_the_wake_up_fd_does_not_keep_it(tmp_path):
     ends = {r["id"].split("::")[-1]: r["outcome"] for r in records if r["ev"] == "end"}
     assert ends == {"test_an_asyncio_loop_with_a_signal_handler": "passed"}, records
     assert [r["id"].split("::")[-1] for r in records if r["ev"] == "terminated"] == ["test_waits_in_c"], records
+
+
+def test_a_test_that_handles_sigterm_itself_gets_it_and_the_rank_lives_on(tmp_path):
+    """A test's own SIGTERM handler (a training loop's, say) gets the signal as it would without the
+    reporter: the watcher acts only while the reporter's handler is the one installed."""
+    proc, path = _rank(tmp_path, ["test_handles_its_own_sigterm"])
+    console = proc.communicate(timeout=60)[0].decode(errors="replace")
+    assert proc.returncode == 0, console[-3000:]
+    records = _records(path)
+    assert [(r["ev"], r.get("outcome")) for r in records if r["ev"] in ("terminated", "end", "finish")] == [
+        ("end", "passed"), ("finish", None)], records
 
 
 def test_a_process_a_test_forks_is_not_the_rank_when_it_is_stopped(tmp_path):

@@ -228,8 +228,7 @@ def _last(side: Side, heads: set[str]) -> None:
     """The files whose tests a launch died in go after every other (pytest runs its files in the order
     given): one whose tests time out one by one no longer spends a side's budget before the rest
     (resharding/test_model_swap.py spent a whole shard's, h100/2026-12-05-shards)."""
-    cut = "" if side.pin.cwd == "." else side.pin.cwd.rstrip("/") + "/"
-    hit = [f for f in side.files if f in heads or f.removeprefix(cut) in heads]
+    hit = [f for f in side.files if f in heads or _from_cwd(side, f) in heads]
     side.files = [f for f in side.files if f not in hit] + hit
 
 
@@ -242,14 +241,19 @@ def _not_reached(res: SideResult, side: Side, wanted: set[str] | None, done: set
         res.not_run.setdefault(nodeid, why)
 
 
+def _from_cwd(side: Side, path: str) -> str:
+    """A selected file's path as pytest, started in the pin's cwd, names it (NeMo-RL's: without tests/)."""
+    cwd = side.pin.cwd.rstrip("/")
+    return path if cwd == "." else path.removeprefix(cwd + "/")
+
+
 def command(side: Side, world: int) -> list[str]:
     pin = side.pin
     pytest = ["-m", "pytest", "-p", "carry_upstream_report", "--maxfail=1000000", "--continue-on-collection-errors"]
     if pin.markers:
         pytest += ["-m", pin.markers]
     pytest += list(pin.args)
-    cwd_prefix = "" if pin.cwd == "." else pin.cwd.rstrip("/") + "/"
-    pytest += [f[len(cwd_prefix):] if f.startswith(cwd_prefix) else f for f in side.files]
+    pytest += [_from_cwd(side, f) for f in side.files]
     if pin.launch == "torchrun":
         return [side.python, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
                 "--master-port", str(_free_port()), *pytest]

@@ -194,9 +194,7 @@ _wake_r = _wake_w = -1
 def _watch() -> None:
     while True:
         try:
-            got = os.read(_wake_r, 64)
-        except InterruptedError:
-            continue
+            got = os.read(_wake_r, 64)   # retried by Python itself when a signal interrupts it (PEP 475)
         except OSError:
             return
         if not got:

@@ -11,7 +11,9 @@
   one way, as MAY_IMPORT says, and no two modules import each other, even round a circle or
   from inside a function;
 - no module over 400 lines and no function over 120, in carry and in integration/*/ (the
-  harness, the mini test, the hooks); the lock timeout is written once.
+  harness, the mini test, the hooks); the lock timeout is written once;
+- the committed evidence keeps its files over 20 KB gzipped (integration/README.md), so that the
+  checkout stays small.
 """
 
 from __future__ import annotations
@@ -320,3 +322,17 @@ def test_every_error_class_is_raised():
                 used.add(exc.id if isinstance(exc, ast.Name) else getattr(exc, "attr", ""))
     never = sorted(f"{where}: {name}" for name, where in defined.items() if name not in used)
     assert not never, "error classes never raised:\n" + "\n".join(never)
+
+
+EVIDENCE_PLAIN_BYTES = 20 * 1024
+
+
+def test_the_committed_evidence_keeps_its_larger_files_gzipped():
+    """Each run under integration/h100, h200 and cpu-runs: a file over 20 KB is gzipped (markdown, images
+    and scripts apart). A checkout of 38 MiB of plain logs once left no room beside a device call's 64 MiB."""
+    from helpers import git
+    tracked = git(ROOT, "ls-files", "integration/h100", "integration/h200", "integration/cpu-runs").splitlines()
+    assert len(tracked) > 100, len(tracked)   # the evidence is there to check
+    plain = [f for f in tracked if not f.endswith((".gz", ".md", ".png", ".py", ".sh"))
+             and (ROOT / f).stat().st_size > EVIDENCE_PLAIN_BYTES]
+    assert not plain, f"gzip these (gzip -n, as the others): {plain[:10]}"

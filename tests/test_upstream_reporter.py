@@ -195,3 +195,65 @@ def test_torchrun_stops_a_rank_waiting_in_a_collective_at_once_and_its_test_is_r
     said = _records(side.out / "launch-01-n2" / "rank-0.jsonl")
     assert [r["id"].split("::")[-1] for r in said if r["ev"] == "terminated"] == [
         "test_one_rank_dies_while_the_other_waits_in_a_collective"], said
+
+
+OUT_OF_STEP = textwrap.dedent("""
+    import datetime
+
+    import torch.distributed as dist
+
+
+    def _group():
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+
+
+    def test_fails_on_one_rank_before_the_collective():
+        _group()
+        if dist.get_rank() == 1:
+            raise AssertionError("rank 1 fails before the collective")
+        # rank 0 waits in C++ for its peer, as a rank waits in NCCL for one that left the test
+        dist.distributed_c10d._get_default_store().wait(["never-set"])
+
+
+    def test_needs_every_rank():
+        # each rank says it is here and waits 2 s for the other: it fails where a rank is missing, as a
+        # communicator's set-up does
+        _group()
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"here-{dist.get_rank()}", "1")
+        store.wait([f"here-{1 - dist.get_rank()}"], datetime.timedelta(seconds=2))
+
+
+    def test_then_waits_for_every_rank():
+        _group()
+        dist.barrier()
+""")
+
+
+def test_a_rank_left_behind_stops_the_launch_and_what_ranks_ran_out_of_step_is_run_again(tmp_path):
+    """Upstream's way for real (resharding/test_model_swap.py on the H100): torchrun, two ranks; rank 1
+    fails a test and goes on, rank 0 stays in the test's collective. Rank 1's next test fails only because
+    rank 0 is not there, and its one after waits for rank 0 too. The launcher sees rank 0 left behind and
+    stops the launch at once, not at the per-test timeout (100 s here, 120 s on the device); the failed
+    test keeps its failure; the two tests rank 1 ran out of step run again in step, and pass."""
+    from carry.evidence.upstream.launch import Side, run_side
+    from carry.series.testspin import TestsPin
+    (tmp_path / "side" / "tests").mkdir(parents=True)
+    (tmp_path / "side" / "tests" / "test_step.py").write_text(OUT_OF_STEP)
+    pin = TestsPin(upstream="demo", root="tests", launch="torchrun", source="tree", nproc=2)
+    side = Side(name="patched", pin=pin, folder=tmp_path / "side", files=["tests/test_step.py"], pythonpath=[],
+                out=tmp_path / "out", deadline=time.monotonic() + 400, test_timeout=100, step_grace=3)
+    res = run_side(side)
+    first = res.launches[0]
+    assert first["seconds"] < 40 and first["stopped"]["rank"] == "0" and first["stopped"]["peer"] == "1", res.launches
+    assert first["stopped"]["test"] == "tests/test_step.py::test_fails_on_one_rank_before_the_collective"
+    got = {k.split("::")[1]: (o.outcome, o.ranks) for k, o in res.outcomes.items()}
+    assert got == {"test_fails_on_one_rank_before_the_collective": ("failed", {"1": "failed"}),
+                   "test_needs_every_rank": ("passed", {"0": "passed", "1": "passed"}),
+                   "test_then_waits_for_every_rank": ("passed", {"0": "passed", "1": "passed"})}, (got, res.launches)
+    assert len(res.launches) == 2 and not res.not_run, res.launches
+    # rank 1's first try of test_needs_every_rank failed for want of rank 0: its record is there, and no verdict
+    said = _records(side.out / "launch-01-n2" / "rank-1.jsonl")
+    assert [(r["id"].split("::")[1], r["outcome"]) for r in said if r["ev"] == "end"] == [
+        ("test_fails_on_one_rank_before_the_collective", "failed"), ("test_needs_every_rank", "failed")], said

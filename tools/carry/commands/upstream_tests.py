@@ -11,6 +11,7 @@ from .. import report
 from ..errors import UsageError
 from ..evidence import tesite
 from ..evidence.upstream.check import Options, check_series
+from ..evidence.upstream.results import out_of_step_beside
 from . import options
 
 DESCRIPTION = """\
@@ -123,4 +124,6 @@ def _result(path: Path) -> dict:
         raise UsageError(f"--compared {path}: not a result.json ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or not doc.get("upstream"):
         raise UsageError(f"--compared {path}: not a result.json of tools/upstream_tests.py (no upstream and rows)")
+    # the rank records beside it, judged again: a result of ranks out of step was no verdict
+    doc["out_of_step"] = sorted(out_of_step_beside(path.parent))
     return doc

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import step
 from ... import progress
 from ...errors import CommandError
 from ...runner import spawn
@@ -60,6 +61,7 @@ class Side:
     test_timeout: float = 900.0
     shared_gpu: bool = False
     only: list[str] | None = None   # run just these test ids (a probe)
+    step_grace: float = step.GRACE  # a rank still in a test this long after a peer failed it and left is behind
 
 
 @dataclass
@@ -159,6 +161,7 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
     RESUME, the tests that have an outcome already)."""
     done: set[str] = set(resume)
     wanted = set(only) if only is not None else None
+    astray: dict[str, str] = {}   # tests whose records of a launch did not count: why, if none ever does
     for i in range(MAX_LAUNCHES):
         if wanted is not None and not wanted - done:   # a launch that ended between tests after its last one
             return
@@ -172,6 +175,7 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
         for nodeid, records in got.tests.items():
             res.outcomes[nodeid] = merge(records, world)
             done.add(nodeid)
+        astray.update((k, why) for k, why in got.astray.items() if k not in done)   # run again
         res.collect_errors.update(got.collect_errors)
         for node, why in got.collect_skips.items():
             res.outcomes.setdefault(node, Outcome("skipped", why, "collect", 0.0, {}, world))
@@ -195,14 +199,20 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
                 res.not_run[nodeid] = BUDGET_WHILE
             _not_reached(res, side, wanted, done, BUDGET_BEFORE)
             return
+        if got.stopped:   # a rank left behind in a test a peer failed: that test keeps its failure
+            entry["stopped"] = got.stopped
+            progress.say(f"{side.pin.upstream} {side.name}: rank {got.stopped['rank']} was left behind in "
+                         f"{got.stopped['test']}: launch stopped; going on after it{again}")
+            _last(side, {got.stopped["test"].split("::", 1)[0]})
+            continue
         if len(got.finished) >= len(got.ranks) and got.ranks and not died:
-            _not_reached(res, side, wanted, done, f"the session ended (exit {rc}) without running it")
+            _not_reached(res, side, wanted, done, f"the session ended (exit {rc}) without running it", astray)
             return
         if not died:
             entry["error"] = console_tail(folder / "console.log")
             last = console_why(folder / "console.log")
             if not got.tests:
-                _not_reached(res, side, wanted, done, f"the launch ended (exit {rc}) before any test ended: {last}")
+                _not_reached(res, side, wanted, done, f"the launch ended (exit {rc}) before any test ended: {last}", astray)
                 return
             progress.say(f"{side.pin.upstream} {side.name}: the launch ended between tests (exit {rc}): {last}; "
                          f"going on after the {len(got.tests)} that ended{again}")
@@ -221,7 +231,7 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
         progress.say(f"{side.pin.upstream} {side.name}: the launch died in {', '.join(sorted(set(died.values())))}; "
                      f"going on after it{again}, its file's other tests after every other file's")
         _last(side, {nodeid.split("::", 1)[0] for nodeid in died.values()})
-    _not_reached(res, side, wanted, done, f"more than {MAX_LAUNCHES} launches died")
+    _not_reached(res, side, wanted, done, f"more than {MAX_LAUNCHES} launches died", astray)
 
 
 def _last(side: Side, heads: set[str]) -> None:
@@ -232,13 +242,14 @@ def _last(side: Side, heads: set[str]) -> None:
     side.files = [f for f in side.files if f not in hit] + hit
 
 
-def _not_reached(res: SideResult, side: Side, wanted: set[str] | None, done: set[str], why: str) -> None:
+def _not_reached(res: SideResult, side: Side, wanted: set[str] | None, done: set[str], why: str,
+                 astray: dict[str, str] | None = None) -> None:
     if wanted is None:  # nothing was ever collected: name the files
         for f in side.files:
             res.not_run.setdefault(f, why)
         return
     for nodeid in sorted(wanted - done - res.outcomes.keys()):
-        res.not_run.setdefault(nodeid, why)
+        res.not_run.setdefault(nodeid, (astray or {}).get(nodeid, why))
 
 
 def _from_cwd(side: Side, path: str) -> str:
@@ -325,7 +336,8 @@ def _spawn_and_wait(side: Side, folder: Path, world: int, argv: list[str], cwd: 
         try:
             with progress.ticking(f"{side.pin.upstream} {side.name} ({world} rank(s))",
                                   lambda: f"{_ended(folder)} test(s) ended", every=60.0):
-                rc = proc.wait(timeout=limit)
+                rc = step.Watch(folder, side.step_grace).wait(proc, limit, log, _kill) if world > 1 else \
+                    proc.wait(timeout=limit)
             return rc, False, time.monotonic() - t0
         except subprocess.TimeoutExpired:
             _kill(proc)

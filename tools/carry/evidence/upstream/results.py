@@ -6,6 +6,12 @@ else the outcome all ranks agree on (``skipped`` with the first rank's reason). 
 and never ended is ``crashed`` (the launch died in it: a segfault, a rank killed) or ``timeout``
 (the reporter's watchdog ended it), with what the console said last (read here too: the line that says
 why a launch ended, and whether faulthandler ended a rank that held the GIL).
+
+Only the records of ranks in step count: a test that some rank of the launch never began (it was still
+in an earlier test, or died there) ran without that rank, so what the others said of it is no verdict
+(``Launch.astray``) and it runs again. Upstream's tests fail on one rank and leave the others waiting in
+a collective: the ranks that went on reported the next tests' NCCL set-up timing out, as failures
+(h100/2026-12-05-shards: 50 such records, 29 of them "passed" on two ranks of four).
 """
 
 from __future__ import annotations
@@ -58,13 +64,16 @@ class Launch:
     finished: set[str] = field(default_factory=set)                     # ranks that ended their session
     collected: list[str] = field(default_factory=list)                  # what the launch meant to run
     ranks: set[str] = field(default_factory=set)
+    astray: dict[str, str] = field(default_factory=dict)                # id -> why its records do not count
+    astray_records: dict[str, dict[str, dict]] = field(default_factory=dict)   # id -> rank -> end record
+    stopped: dict = field(default_factory=dict)                         # the launcher's STOPPED record
 
     def unfinished(self) -> dict[str, str]:
         """Per rank, the test it began and never ended (where it died), if any."""
         out = {}
         for rank, ids in self.started.items():
             for nodeid in reversed(ids):
-                if rank not in self.tests.get(nodeid, {}):
+                if rank not in self.tests.get(nodeid, {}) and rank not in self.astray_records.get(nodeid, {}):
                     out[rank] = nodeid
                     break
         return out
@@ -77,18 +86,30 @@ class Launch:
         that died of itself (no ``terminated``) is blamed on its test. A cut test that a rank which
         ended it already failed keeps that failure. If no rank died of itself and none ended its
         session (every rank stopped from outside: the launcher's timeout, a test that signals its
-        own launch), each rank's death is blamed on its test, as when no rank said anything."""
+        own launch), each rank's death is blamed on its test, as when no rank said anything. Unless
+        the launcher wrote why it stopped them (STOPPED: a rank left behind in a test a peer had failed
+        and left): then every test a rank was in runs again, but the one a peer failed keeps that failure."""
         died = self.unfinished()
         own = {rank: nodeid for rank, nodeid in died.items() if rank not in self.terminated}
-        if not own and not self.finished:
+        if self.stopped:   # the launcher stopped every rank (a rank left behind): nobody died of itself
+            own = {}
+        elif not own and not self.finished:
             return died, set()
         cut = {nodeid for rank, nodeid in died.items() if rank not in own} - set(own.values())
         return own, {t for t in cut if not (t in self.tests and is_failing(merge(self.tests[t], self.world).outcome))}
 
 
+# What the launcher writes in a launch's folder when it stops the launch itself (step.Watch): which rank
+# was left behind in which test, and the peer that failed it and went on.
+STOPPED = "stopped.json"
+
+
 def read_launch(folder: Path, world: int) -> Launch:
-    """A launch's records, its ranks' files as the reporter wrote them or gzipped (an archived run's)."""
+    """A launch's records, its ranks' files as the reporter wrote them or gzipped (an archived run's);
+    the tests some rank never began are set apart (``astray``), not merged."""
     launch = Launch(world)
+    if (folder / STOPPED).is_file():
+        launch.stopped = json.loads((folder / STOPPED).read_text())
     for path in sorted([*folder.glob("rank-*.jsonl"), *folder.glob("rank-*.jsonl.gz")]):
         rank = path.name.split(".", 1)[0].split("-", 1)[1]
         launch.ranks.add(rank)
@@ -117,7 +138,40 @@ def read_launch(folder: Path, world: int) -> Launch:
                 launch.collected = list(ev.get("ids", []))
             elif kind == "finish":
                 launch.finished.add(rank)
+    _set_astray(launch)
     return launch
+
+
+def _set_astray(launch: Launch) -> None:
+    """The tests whose records do not count because a rank of the launch never began them, moved from
+    ``tests`` to ``astray`` with why. Every rank runs every test in the same order; one that never began
+    a test was still in an earlier one (waiting in a collective a peer had left) or had died there."""
+    began: dict[str, set[str]] = {}
+    for rank, ids in launch.started.items():
+        for nodeid in ids:
+            began.setdefault(nodeid, set()).add(rank)
+    behind = launch.unfinished()
+    for nodeid in list(launch.tests):
+        missing = sorted(launch.ranks - began.get(nodeid, set()), key=lambda r: (len(r), r))
+        if missing:
+            where = behind.get(missing[0])
+            launch.astray[nodeid] = (f"its ranks were out of step: rank {missing[0]} never began it"
+                                     + (f" (still in {where})" if where else "") + ", and no launch ran it in step")
+            launch.astray_records[nodeid] = launch.tests.pop(nodeid)
+
+
+def out_of_step_beside(folder: Path) -> set[str]:
+    """The tests of a run's sides (FOLDER/pristine, FOLDER/patched, beside its result.json) whose only results
+    came from ranks out of step: a judge older than ``Launch.astray`` took them for verdicts."""
+    out: set[str] = set()
+    for side in (folder / "pristine", folder / "patched"):
+        astray, counted = set(), set()
+        for launch in sorted(side.glob("launch-*-n*")):
+            got = read_launch(launch, int(launch.name.rsplit("-n", 1)[1]))
+            astray |= got.astray.keys()
+            counted |= got.tests.keys()
+        out |= astray - counted
+    return out
 
 
 def merge(records: dict[str, dict], world: int) -> Outcome:

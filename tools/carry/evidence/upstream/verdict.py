@@ -146,11 +146,14 @@ def compared_files(result: dict) -> set[str]:
     """The test files an earlier run (its result.json) compared whole and found nothing to look at again, as
     today's judge reads it: none of their tests not compared, regressed or flaky (a file left out so would
     hide what that run found), and no outcome a refusal of the world size it ran at (launch.unmet_world),
-    which an older judge took for a verdict, and no module that failed to collect on either side (it ran no
-    test there: what kept it from importing, a module the tests pin lacked or a package the host lacked, may
-    be there now); and the files it found holding no test (nothing to run again)."""
+    which an older judge took for a verdict, nor any test whose result came from ranks out of step
+    (``out_of_step``: results.out_of_step_beside, read by whoever loads the result), and no module that failed
+    to collect on either side (it ran no test there: what kept it from importing, a module the tests pin lacked
+    or a package the host lacked, may be there now); and the files it found holding no test (nothing to run
+    again)."""
     rows = [Row(**row) for row in result.get("rows", [])]
     again = {r.file for r in rows if r.category in ("not-compared", "regression", "flaky")}
+    again |= {file_of(nodeid) for nodeid in result.get("out_of_step", [])}
     for side in result.get("sides", {}).values():
         again |= {file_of(module) for module in side.get("collect_errors", {})}
         for nodeid, o in side.get("outcomes", {}).items():

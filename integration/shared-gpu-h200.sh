@@ -56,8 +56,10 @@
 #                   workspace and out folder ut/megatron-lm, ut/megatron-lm-2, ...: one part leaves most of the host's cores idle);
 #                   the files a committed GPU run (integration/h100, h200) compared whole on this very series stay out
 #                   (tools/upstream_tests.py --compared; UT_COMPARED=none: run them again)
-#                   Pace (one H100, 2026-12-05, h100/2026-12-05-shards): one of two shards compared 392 tests in 1,250 s per
-#                   side; a file whose tests time out (resharding/test_model_swap.py) ends a launch each time, about 200 s
+#                   Pace (one H100, 2026-12-05, h100/2026-12-05-shards): one of two shards compared 391 tests in 1,250 s per
+#                   side; a file whose tests time out (resharding/test_model_swap.py) ends a launch each time, about 200 s;
+#                   15 of those launches waited out the 120 s per-test timeout for ranks a peer had left behind, which the
+#                   launcher now stops 30 s after the peer's failure (step.Watch)
 #   setup-bg        in the background: run-on-gpu-host's setup alone (/tmp/o/setup)
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
 # Device time (one H200, 2026-12-04): 16 ferry calls of about 3.5 s (parts of 30 MiB: a call carries the

@@ -7,11 +7,12 @@ and never ended is ``crashed`` (the launch died in it: a segfault, a rank killed
 (the reporter's watchdog ended it), with what the console said last (read here too: the line that says
 why a launch ended, and whether faulthandler ended a rank that held the GIL).
 
-Only the records of ranks in step count: a test that some rank of the launch never began (it was still
-in an earlier test, or died there) ran without that rank, so what the others said of it is no verdict
-(``Launch.astray``) and it runs again. Upstream's tests fail on one rank and leave the others waiting in
-a collective: the ranks that went on reported the next tests' NCCL set-up timing out, as failures
-(h100/2026-12-05-shards: 50 such records, 29 of them "passed" on two ranks of four).
+Only the records of ranks in step count: a test that some rank of the launch never began because it was
+left behind (still in an earlier test another rank had failed and left) ran without that rank, so what
+the others said of it is no verdict (``Launch.astray``) and it runs again. Upstream's tests fail on one
+rank and leave the others waiting in a collective: the ranks that went on reported the next tests' NCCL
+set-up timing out, as failures (h100/2026-12-05-shards: 48 such records, 29 of them "passed" on two ranks
+of four).
 """
 
 from __future__ import annotations
@@ -143,20 +144,23 @@ def read_launch(folder: Path, world: int) -> Launch:
 
 
 def _set_astray(launch: Launch) -> None:
-    """The tests whose records do not count because a rank of the launch never began them, moved from
-    ``tests`` to ``astray`` with why. Every rank runs every test in the same order; one that never began
-    a test was still in an earlier one (waiting in a collective a peer had left) or had died there."""
+    """The tests whose records do not count, moved from ``tests`` to ``astray`` with why: those a rank of
+    the launch never began because it was left behind, still in an earlier test that another rank had
+    failed and left (waiting in the collective the failing rank never reached). A rank that is merely slow,
+    or died in a test of its own, leaves the others' records as they are: a test of theirs that needed it
+    waited for it (and was cut short when the launch ended), one that ended did not need it."""
     began: dict[str, set[str]] = {}
     for rank, ids in launch.started.items():
         for nodeid in ids:
             began.setdefault(nodeid, set()).add(rank)
-    behind = launch.unfinished()
+    left = {rank: where for rank, where in launch.unfinished().items()
+            if any(is_failing(rec.get("outcome", "error")) for peer, rec in launch.tests.get(where, {}).items()
+                   if peer != rank)}
     for nodeid in list(launch.tests):
-        missing = sorted(launch.ranks - began.get(nodeid, set()), key=lambda r: (len(r), r))
-        if missing:
-            where = behind.get(missing[0])
-            launch.astray[nodeid] = (f"its ranks were out of step: rank {missing[0]} never began it"
-                                     + (f" (still in {where})" if where else "") + ", and no launch ran it in step")
+        behind = sorted((r for r in left if r not in began.get(nodeid, set())), key=lambda r: (len(r), r))
+        if behind:
+            launch.astray[nodeid] = (f"its ranks were out of step: rank {behind[0]} never began it, still in "
+                                     f"{left[behind[0]]}, which a peer had failed and left; no launch ran it in step")
             launch.astray_records[nodeid] = launch.tests.pop(nodeid)
 
 

@@ -248,6 +248,10 @@ def test_a_rank_left_behind_stops_the_launch_and_what_ranks_ran_out_of_step_is_r
     first = res.launches[0]
     assert first["seconds"] < 40 and first["stopped"]["rank"] == "0" and first["stopped"]["peer"] == "1", res.launches
     assert first["stopped"]["test"] == "tests/test_step.py::test_fails_on_one_rank_before_the_collective"
+    # what the launch cost besides its tests: before the first test began, after the last record; the tests
+    # themselves took at least the grace the launcher waited
+    assert 0 < first["startup_s"] and -1 < first["wind_down_s"], first
+    assert first["startup_s"] + first["wind_down_s"] <= first["seconds"] - 3, first
     got = {k.split("::")[1]: (o.outcome, o.ranks) for k, o in res.outcomes.items()}
     assert got == {"test_fails_on_one_rank_before_the_collective": ("failed", {"1": "failed"}),
                    "test_needs_every_rank": ("passed", {"0": "passed", "1": "passed"}),

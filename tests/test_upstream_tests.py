@@ -297,6 +297,12 @@ def test_regressions_and_fixes_are_found_bisected_and_every_launch_end_is_surviv
     assert cat[indivisible] == "passed", rows[indivisible]
     assert {sides[s]["outcomes"][f"tests/unit_tests/test_alpha.py::{indivisible}"]["world"] for s in sides} == {3}
     assert "3" in report["seconds_per_world"]["patched"] and "2" in report["seconds_per_world"]["patched"]
+    # what the launches cost besides their tests, per side: the sum of each launch's own figures
+    for name, side in sides.items():
+        spent = report["seconds_outside_tests"][name]
+        assert spent["launches"] == len(side["launches"]) > 1, (name, spent)
+        for k in ("startup", "wind_down"):
+            assert spent[k] == round(sum(x[f"{k}_s"] or 0 for x in side["launches"]), 1) and spent[k] > 0, (name, spent)
     # a module that cannot be collected is one row; one that skips itself whole is a skip
     assert cat["tests/unit_tests/test_collect.py"] == "known-failure"
     assert "a_module_nobody_has" in rows["tests/unit_tests/test_collect.py"]["patched_reason"]

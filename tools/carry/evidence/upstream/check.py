@@ -207,13 +207,18 @@ def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds
     if no_tests:
         reason += f"; {len(no_tests)} selected file(s) hold no test pytest collects: {', '.join(no_tests[:5])}"
     walls: dict[str, dict[str, float]] = {}
+    outside: dict[str, dict[str, float]] = {}   # per side: the launches' seconds besides their tests
     for name, res in results.items():
         for launch in res.launches:
             w = walls.setdefault(name, {})
             w[str(launch["world"])] = round(w.get(str(launch["world"]), 0.0) + launch["seconds"], 1)
+            o = outside.setdefault(name, {"launches": 0, "startup": 0.0, "wind_down": 0.0})
+            o["launches"] += 1
+            for k in ("startup", "wind_down"):
+                o[k] = round(o[k] + (launch.get(f"{k}_s") or 0.0), 1)
     return {"ok": ok, "status": status, "reason": reason, "no_tests": list(no_tests), "counts": per,
             "sides": {k: side_counts(v) for k, v in results.items()}, "seconds": seconds,
-            "seconds_per_world": walls, "regressions": regressions,
+            "seconds_per_world": walls, "seconds_outside_tests": outside, "regressions": regressions,
             "fixed": [r.to_dict() for r in rows if r.category == "fixed"],
             "flaky": [r.to_dict() for r in rows if r.category == "flaky"],
             "known_failures": [{"id": r.id, "pristine": r.pristine_reason, "patched": r.patched_reason}

@@ -170,6 +170,7 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
         if left is not None and left <= 0:
             _not_reached(res, side, wanted, done, BUDGET_SPENT)
             return
+        began = time.time()
         rc, timed_out, seconds = _launch(side, folder, world, sorted(done), only, left)
         got = read_launch(folder, world)
         for nodeid, records in got.tests.items():
@@ -189,7 +190,7 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
         again = f"; {', '.join(sorted(cut))}: cut short when the launcher stopped the other ranks, run again" if cut else ""
         entry = {"launch": folder.name, "world": world, "returncode": rc, "seconds": round(seconds, 1),
                  "ended": len(got.tests), "timed_out": timed_out,
-                 "launcher_failures": len(list(folder.glob("console.try-*.log")))}
+                 "launcher_failures": len(list(folder.glob("console.try-*.log"))), **got.timing(began, seconds)}
         res.launches.append(entry)
         if wanted is None and got.collected:
             wanted = set(got.collected)

@@ -68,6 +68,15 @@ class Launch:
     astray: dict[str, str] = field(default_factory=dict)                # id -> why its records do not count
     astray_records: dict[str, dict[str, dict]] = field(default_factory=dict)   # id -> rank -> end record
     stopped: dict = field(default_factory=dict)                         # the launcher's STOPPED record
+    first_start: float | None = None                                    # wall clock: the first test a rank began
+    last_record: float | None = None                                    # wall clock: the last line any rank wrote
+
+    def timing(self, began: float, seconds: float) -> dict:
+        """Of a launch that began at BEGAN (wall clock) and took SECONDS: the seconds before any rank began a
+        test (the interpreter, imports, collection, session fixtures) and after the last record (the ranks'
+        and the launcher's ends): what each launch costs besides its tests."""
+        return {"startup_s": None if self.first_start is None else round(self.first_start - began, 1),
+                "wind_down_s": None if self.last_record is None else round(began + seconds - self.last_record, 1)}
 
     def unfinished(self) -> dict[str, str]:
         """Per rank, the test it began and never ended (where it died), if any."""
@@ -120,9 +129,13 @@ def read_launch(folder: Path, world: int) -> Launch:
                 ev = json.loads(line)
             except ValueError:
                 continue  # a line cut by the kill
-            kind, nodeid = ev.get("ev"), ev.get("id", "")
+            kind, nodeid, t = ev.get("ev"), ev.get("id", ""), ev.get("t")
+            if isinstance(t, (int, float)):
+                launch.last_record = max(launch.last_record or t, t)
             if kind == "start":
                 launch.started.setdefault(rank, []).append(nodeid)
+                if isinstance(t, (int, float)):
+                    launch.first_start = min(launch.first_start or t, t)
             elif kind == "end":
                 launch.tests.setdefault(nodeid, {})[rank] = ev
             elif kind == "timeout":

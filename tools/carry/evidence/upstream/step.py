@@ -6,9 +6,10 @@ and the ranks that went on meet them nowhere: their next tests' NCCL set-up time
 reported as a failure. In h100/2026-12-05-shards, 15 launches ended so, each after about 120 s.
 
 The ranks' records say it at once: a test a rank ended failing, while another rank is still in it. Over
-the 1,519 tests of the committed runs that every rank of a launch ended, the ranks' end times lay at
-most 2.6 s apart (1.5 s for the 167 failing ones): a rank still in the test ``GRACE`` seconds after a
-peer failed it and went on is left behind. The launcher then writes ``results.STOPPED`` and stops the
+the 2,794 tests of the committed runs that every rank of a launch ended, the ranks' end times lay at
+most 3.1 s apart, but for one failing test: rank 0 failed it (an NCCL error) and went on, and the other
+three waited 60 s for its NCCL set-up and failed then (h200/2026-12-04-beyond-gtp-folder), the very case
+this is for. A rank still in a test ``GRACE`` seconds after a peer failed it and went on is left behind. The launcher then writes ``results.STOPPED`` and stops the
 launch. The failed test keeps its failure, the peer's record, and what any rank began after it runs again
 (results.Launch: the records of ranks out of step never count), so stopping early changes no verdict.
 """
@@ -24,7 +25,7 @@ from typing import IO
 
 from .results import STOPPED, is_failing
 
-GRACE = 30.0   # seconds: over ten times the widest spread of the ranks' end times seen (2.6 s)
+GRACE = 30.0   # seconds: near ten times the widest spread of the ranks' end times of ranks in step (3.1 s)
 POLL = 5.0     # seconds between looks at the records
 
 

@@ -248,6 +248,10 @@ def test_a_rank_left_behind_stops_the_launch_and_what_ranks_ran_out_of_step_is_r
     first = res.launches[0]
     assert first["seconds"] < 40 and first["stopped"]["rank"] == "0" and first["stopped"]["peer"] == "1", res.launches
     assert first["stopped"]["test"] == "tests/test_step.py::test_fails_on_one_rank_before_the_collective"
+    # the launch says which result it did not count: rank 1's failure of the test rank 0 never began
+    assert list(first["out_of_step"]) == ["tests/test_step.py::test_needs_every_rank"], first
+    assert "rank 0 never began it" in first["out_of_step"]["tests/test_step.py::test_needs_every_rank"]
+    assert "out_of_step" not in res.launches[1], res.launches
     # what the launch cost besides its tests: before the first test began, after the last record; the tests
     # themselves took at least the grace the launcher waited
     assert 0 < first["startup_s"] and -1 < first["wind_down_s"], first

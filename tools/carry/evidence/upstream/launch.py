@@ -161,7 +161,6 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
     RESUME, the tests that have an outcome already)."""
     done: set[str] = set(resume)
     wanted = set(only) if only is not None else None
-    astray: dict[str, str] = {}   # tests whose records of a launch did not count: why, if none ever does
     for i in range(MAX_LAUNCHES):
         if wanted is not None and not wanted - done:   # a launch that ended between tests after its last one
             return
@@ -176,7 +175,6 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
         for nodeid, records in got.tests.items():
             res.outcomes[nodeid] = merge(records, world)
             done.add(nodeid)
-        astray.update((k, why) for k, why in got.astray.items() if k not in done)   # run again
         res.collect_errors.update(got.collect_errors)
         for node, why in got.collect_skips.items():
             res.outcomes.setdefault(node, Outcome("skipped", why, "collect", 0.0, {}, world))
@@ -191,6 +189,8 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
         entry = {"launch": folder.name, "world": world, "returncode": rc, "seconds": round(seconds, 1),
                  "ended": len(got.tests), "timed_out": timed_out,
                  "launcher_failures": len(list(folder.glob("console.try-*.log"))), **got.timing(began, seconds)}
+        if got.astray:   # what ranks out of step said: no verdict, run again (results.Launch.astray)
+            entry["out_of_step"] = got.astray
         res.launches.append(entry)
         if wanted is None and got.collected:
             wanted = set(got.collected)
@@ -207,13 +207,13 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
             _last(side, {got.stopped["test"].split("::", 1)[0]})
             continue
         if len(got.finished) >= len(got.ranks) and got.ranks and not died:
-            _not_reached(res, side, wanted, done, f"the session ended (exit {rc}) without running it", astray)
+            _not_reached(res, side, wanted, done, f"the session ended (exit {rc}) without running it")
             return
         if not died:
             entry["error"] = console_tail(folder / "console.log")
             last = console_why(folder / "console.log")
             if not got.tests:
-                _not_reached(res, side, wanted, done, f"the launch ended (exit {rc}) before any test ended: {last}", astray)
+                _not_reached(res, side, wanted, done, f"the launch ended (exit {rc}) before any test ended: {last}")
                 return
             progress.say(f"{side.pin.upstream} {side.name}: the launch ended between tests (exit {rc}): {last}; "
                          f"going on after the {len(got.tests)} that ended{again}")
@@ -232,7 +232,7 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
         progress.say(f"{side.pin.upstream} {side.name}: the launch died in {', '.join(sorted(set(died.values())))}; "
                      f"going on after it{again}, its file's other tests after every other file's")
         _last(side, {nodeid.split("::", 1)[0] for nodeid in died.values()})
-    _not_reached(res, side, wanted, done, f"more than {MAX_LAUNCHES} launches died", astray)
+    _not_reached(res, side, wanted, done, f"more than {MAX_LAUNCHES} launches died")
 
 
 def _last(side: Side, heads: set[str]) -> None:
@@ -243,14 +243,13 @@ def _last(side: Side, heads: set[str]) -> None:
     side.files = [f for f in side.files if f not in hit] + hit
 
 
-def _not_reached(res: SideResult, side: Side, wanted: set[str] | None, done: set[str], why: str,
-                 astray: dict[str, str] | None = None) -> None:
+def _not_reached(res: SideResult, side: Side, wanted: set[str] | None, done: set[str], why: str) -> None:
     if wanted is None:  # nothing was ever collected: name the files
         for f in side.files:
             res.not_run.setdefault(f, why)
         return
     for nodeid in sorted(wanted - done - res.outcomes.keys()):
-        res.not_run.setdefault(nodeid, (astray or {}).get(nodeid, why))
+        res.not_run.setdefault(nodeid, why)
 
 
 def _from_cwd(side: Side, path: str) -> str:

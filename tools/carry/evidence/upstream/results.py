@@ -109,6 +109,11 @@ class Launch:
         return own, {t for t in cut if not (t in self.tests and is_failing(merge(self.tests[t], self.world).outcome))}
 
 
+def rank_of(path: Path) -> str:
+    """The rank whose records a file holds: rank-<RANK>.jsonl, gzipped or not."""
+    return path.name.split(".", 1)[0].split("-", 1)[1]
+
+
 # What the launcher writes in a launch's folder when it stops the launch itself (step.Watch): which rank
 # was left behind in which test, and the peer that failed it and went on.
 STOPPED = "stopped.json"
@@ -121,7 +126,7 @@ def read_launch(folder: Path, world: int) -> Launch:
     if (folder / STOPPED).is_file():
         launch.stopped = json.loads((folder / STOPPED).read_text())
     for path in sorted([*folder.glob("rank-*.jsonl"), *folder.glob("rank-*.jsonl.gz")]):
-        rank = path.name.split(".", 1)[0].split("-", 1)[1]
+        rank = rank_of(path)
         launch.ranks.add(rank)
         raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
         for line in raw.decode("utf-8", errors="replace").splitlines():

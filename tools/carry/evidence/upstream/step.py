@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from .results import STOPPED, is_failing
+from .results import STOPPED, is_failing, rank_of
 
 GRACE = 30.0   # seconds: near ten times the widest spread of the ranks' end times of ranks in step (3.1 s)
 POLL = 5.0     # seconds between looks at the records
@@ -70,7 +70,7 @@ class Watch:
                 return proc.returncode
 
     def _read(self, path: Path) -> None:
-        rank = path.name.split(".", 1)[0].split("-", 1)[1]
+        rank = rank_of(path)
         try:
             with path.open("rb") as f:
                 f.seek(self._read_to.get(path, 0))

@@ -34,8 +34,7 @@ class Watch:
 
     def __init__(self, folder: Path, grace: float = GRACE):
         self.folder, self.grace = folder, grace
-        self._read_to: dict[Path, int] = {}
-        self._partial: dict[Path, bytes] = {}
+        self._read_to: dict[Path, int] = {}                # the end of the last whole line read, per file
         self._in: dict[str, str] = {}                      # rank -> the test it is in
         self._failed: dict[str, dict[str, float]] = {}     # test -> rank -> when it ended it failing
 
@@ -71,17 +70,16 @@ class Watch:
 
     def _read(self, path: Path) -> None:
         rank = rank_of(path)
+        at = self._read_to.get(path, 0)
         try:
             with path.open("rb") as f:
-                f.seek(self._read_to.get(path, 0))
+                f.seek(at)
                 data = f.read()
         except OSError:
             return
-        self._read_to[path] = self._read_to.get(path, 0) + len(data)
-        lines = (self._partial.pop(path, b"") + data).split(b"\n")
-        if lines[-1]:   # a line the rank is still writing
-            self._partial[path] = lines[-1]
-        for line in lines[:-1]:
+        whole = data[:data.rfind(b"\n") + 1]   # a line the rank is still writing is read again next time
+        self._read_to[path] = at + len(whole)
+        for line in whole.splitlines():
             try:
                 ev = json.loads(line)
             except ValueError:

@@ -68,5 +68,5 @@ def checkpoint(name: str) -> None:
     """
     if os.environ.get("GTP_CARRY_STOP_AT") == name:
         print(f"[carry] stopped at {name} (pid {os.getpid()})", file=sys.stderr, flush=True)
-        while True:
-            time.sleep(60)
+        while True:   # short sleeps: a signal the main thread did not wake for is still handled at once
+            time.sleep(0.1)

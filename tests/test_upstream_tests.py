@@ -1655,6 +1655,44 @@ def test_the_h100_core_files_run_has_no_regression_and_says_what_it_could_not_ru
     assert "tests/unit_tests/test_parallel_state.py" in whole and len(whole) == 13, sorted(whole)
 
 
+BRIDGE_H100 = EVIDENCE / "h100" / "2026-12-06-bridge-tests"
+HF_SERIALIZATION = "tests/unit_tests/training/utils/test_hf_config_serialization.py"
+
+
+def test_the_bridge_run_compares_its_whole_selection_on_this_series(tmp_path):
+    """integration/h100/2026-12-06-bridge-tests, judged again from the ranks' records: Bridge's 64 selected
+    files on series 55a9fda873e9, 1,913 compared, none regressed, none left; the README's table is these
+    counts. Every file is compared whole but the one that did not collect on either side (no diffusers),
+    so a later --compared run selects it alone. Write a failure into a passed test's patched record: a
+    regression."""
+    from carry.evidence.upstream.verdict import compare, compared_files
+    run = _unzipped(BRIDGE_H100, tmp_path / "good")
+    result, rows, total = _judged_again(run, "megatron-bridge", 1900, "run/megatron-bridge")
+    (table,) = _readme_tables((BRIDGE_H100 / "README.md").read_text())
+    assert [r.to_dict() for r in rows] == result["rows"] and total == result["counts"]["*"] == table, total
+    assert total == {"passed": 1898, "known-failure": 15}, total
+    assert result["status"] == "passed" and result["not_compared"] == 0 and result["series_digest"] == "55a9fda873e9"
+    assert result["compared_before"] == [], result["compared_before"]
+    selection = {s["path"] for s in result["selection"]}
+    assert len(selection) == 64 and compared_files(result) == selection - {HF_SERIALIZATION}, len(compared_files(result))
+    for name in ("pristine", "patched"):
+        assert "No module named 'diffusers'" in result["sides"][name]["collect_errors"][HF_SERIALIZATION], name
+    # the mutation: one passed test fails on the patched side
+    victim = next(r.id for r in rows if r.category == "passed")
+    broken = _unzipped(BRIDGE_H100, tmp_path / "broken")
+    rank = broken / "run" / "megatron-bridge" / "megatron-bridge" / "patched" / "launch-01-n1" / "rank-0.jsonl"
+    events = [json.loads(ln) for ln in rank.read_text().splitlines()]
+    hit = [ev for ev in events if ev.get("ev") == "end" and ev.get("id") == victim]
+    assert hit, victim
+    for ev in hit:
+        ev["outcome"], ev["reason"] = "failed", "AssertionError: a regression written in"
+    rank.write_text("".join(json.dumps(ev) + "\n" for ev in events))
+    with pytest.raises(AssertionError):   # the records no longer say what result.json says
+        _judged_again(broken, "megatron-bridge", 1900, "run/megatron-bridge")
+    sides, _ = _sides_from_records(broken / "run" / "megatron-bridge" / "megatron-bridge")
+    assert [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"] == [victim]
+
+
 def test_a_selected_file_that_holds_no_test_is_named_never_dropped_silently(up, tmp_path):
     """A selected file pytest collects no test from (upstream keeps its tests in a string there: Megatron-LM's
     transformer/test_core_attention.py on one H100, 2026-12-05) gives no row; the result names it, its reason

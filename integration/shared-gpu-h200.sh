@@ -51,7 +51,7 @@
 #                   tests /tmp/ut-src), NeMo-RL's from its tree;
 #                   UT_BUDGET seconds per side (default 600); UT_ONLY the upstreams (default all three),
 #                   UT_MLM_FILES / UT_BRIDGE_FILES / UT_NRL_FILES what runs of theirs (default: every selected file;
-#                   UT_MLM_FILES takes several paths, space-separated), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json);
+#                   UT_MLM_FILES takes several paths, space-separated), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json; default setup-bg's or the pretrain's, whichever writes one);
 #                   UT_MLM_SHARDS=K (default 1): Megatron-LM's files in K parts run side by side (--shard I/K, each its own
 #                   workspace and out folder ut/megatron-lm, ut/megatron-lm-2, ...: one part leaves most of the host's cores idle);
 #                   the files a committed GPU run (integration/h100, h200) compared whole on this very series stay out
@@ -317,11 +317,11 @@ from harness.host import cases; print(cases.LEARNING_LR)")
   upstream-tests-bg)
     export S UT_BUDGET=${UT_BUDGET:-600} UT_ONLY=${UT_ONLY:-"megatron-lm megatron-bridge nemo-rl"} \
       UT_MLM_FILES=${UT_MLM_FILES:-} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} UT_MLM_SHARDS=${UT_MLM_SHARDS:-1} \
-      UT_SETUP=${UT_SETUP:-/tmp/o/pretrain}
+      UT_SETUP=${UT_SETUP:-}
     case $UT_MLM_SHARDS in [1-9]) ;; *) stamp "refused: UT_MLM_SHARDS is 1 to 9, not '$UT_MLM_SHARDS'"; exit 2 ;; esac
     mkdir -p /tmp/o/ut
     setsid nohup bash -c '
-      . integration/shared-gpu-lib.sh   # stamp; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env; committed_results; unpack_tests_ferry
+      . integration/shared-gpu-lib.sh   # stamp; setup_model; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env; committed_results; unpack_tests_ferry
       P=/tmp/ut-src; U=/tmp/o/ut; V=/tmp/nrl-run/venv/bin/python
       case " $UT_ONLY " in *" megatron-lm "*|*" megatron-bridge "*) unpack_tests_ferry "$P" || stamp "the tests ferry did not unpack whole in $P (its archives or its wheels: the lines above)" ;; esac
       # the setup unpacks the sources first, then builds the venv; none running, or one that ended without them, ends this
@@ -343,7 +343,7 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         # started outside it; else it starts one with the dashboard, which the staged Ray lacks the extras for
         # (nemo_rl/distributed/virtual_cluster.py:375 "Cannot include dashboard with missing packages").
         if [ "$up" = nemo-rl ]; then
-          while_setup test -e "$UT_SETUP/model.json" || { stamp "no $UT_SETUP/model.json and no setup running: NeMo-RL'"'"'s tests not run"; return 1; }
+          while_setup setup_model || { stamp "no model.json in ${UT_SETUP:-/tmp/o/setup nor /tmp/o/pretrain} and no setup running: NeMo-RL'"'"'s tests not run"; return 1; }
           # As run_unit.sh: a cluster that runs here already (the learning evidence'"'"'s) is used as it is. Another
           # port with RAY_ADDRESS does not do: Ray asks for its auth token there (seen with Ray 2.60 on a CPU host).
           if /tmp/nrl-run/venv/bin/ray status > /dev/null 2>&1; then

@@ -18,6 +18,13 @@ while_setup() {  # while_setup TEST...: wait until TEST holds, as long as a setu
     sleep 3
   done
 }
+setup_model() {  # setup_model: true once a setup here wrote its model.json, where NeMo-RL's tests read the model's
+  # facts: UT_SETUP's, else setup-bg's (TOP/setup) or setup-pretrain's and pretrain-bg's (TOP/pretrain). The default had
+  # been TOP/pretrain alone: after setup-bg (the documented order) NeMo-RL's tests waited for a model.json no step wrote
+  local top=${UT_TOP:-/tmp/o} d
+  for d in ${UT_SETUP:-$top/setup $top/pretrain}; do [ -e "$d/model.json" ] && return 0; done
+  return 1
+}
 venv_ok() {  # venv_ok [VERIFY_JSON]: the setup's venv is there and its verify.json says ok (a failed setup leaves one too)
   python3 -c "import json, sys; sys.exit(json.load(open(sys.argv[1])).get('ok') is not True)" \
     "${1:-/tmp/nrl-run/verify.json}" 2> /dev/null

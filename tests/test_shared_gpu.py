@@ -464,6 +464,33 @@ def test_a_wait_on_the_setup_ends_when_no_setup_runs(tmp_path):
     assert rc == "rc=0" and 3 < took < 15, (rc, took)
 
 
+def test_nemo_rl_tests_find_the_model_of_the_setup_that_ran(tmp_path):
+    """setup_model (integration/shared-gpu-lib.sh), what upstream-tests-bg waits for before NeMo-RL's tests:
+    the model.json of setup-bg (TOP/setup) or of the pretrain (TOP/pretrain), whichever was written, or
+    UT_SETUP's alone where it is set. The step had waited for TOP/pretrain only: after setup-bg, the
+    documented order, NeMo-RL's tests would have been left out. Mutation, red: the default TOP/pretrain alone."""
+    def ready(*made: str, setup: str | None = None) -> bool:
+        top = tmp_path / "o"
+        shutil.rmtree(top, ignore_errors=True)
+        for d in made:
+            (top / d).mkdir(parents=True)
+            (top / d / "model.json").write_text("{}\n")
+        env = {**os.environ, "UT_TOP": str(top)}
+        env.pop("UT_SETUP", None)
+        if setup is not None:
+            env["UT_SETUP"] = str(top / setup)
+        res = subprocess.run(["bash", "-c", ". integration/shared-gpu-lib.sh; setup_model"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode in (0, 1), res.stderr
+        return res.returncode == 0
+
+    assert ready("setup") and ready("pretrain") and ready("setup", "pretrain")
+    assert not ready() and not ready("elsewhere")
+    assert ready("mine", setup="mine") and not ready("setup", "pretrain", setup="mine")
+    step = (ROOT / "integration" / "shared-gpu-h200.sh").read_text().split("  upstream-tests-bg)", 1)[1]
+    assert "while_setup setup_model ||" in step.split("\n  wait-upstream-tests)", 1)[0]
+
+
 def test_no_background_step_waits_for_the_setup_beyond_it():
     """The class: a wait of shared-gpu-h200.sh's steps for what the setup makes (a file, the venv) is
     bounded (wait_for SECONDS) or lasts as long as the setup (while_setup), never a bare loop."""

@@ -187,8 +187,8 @@ def test_torchrun_stops_a_rank_waiting_in_a_collective_at_once_and_its_test_is_r
     side = Side(name="patched", pin=pin, folder=tmp_path / "side", files=["tests/test_gloo.py"], pythonpath=[],
                 out=tmp_path / "out", deadline=time.monotonic() + 240, test_timeout=200)
     res = run_side(side)
-    first = res.launches[0]
-    assert first["seconds"] < 25, res.launches
+    first = res.launches[0]   # from its first test on: the interpreters' start is the host's load (startup_s)
+    assert first["seconds"] - first["startup_s"] < 25, res.launches
     died = res.outcomes["tests/test_gloo.py::test_one_rank_dies_while_the_other_waits_in_a_collective"]
     assert (died.outcome, died.ranks) == ("crashed", {"1": "died"}), died
     assert res.outcomes["tests/test_gloo.py::test_after"].outcome == "passed", res.outcomes
@@ -246,7 +246,7 @@ def test_a_rank_left_behind_stops_the_launch_and_what_ranks_ran_out_of_step_is_r
                 out=tmp_path / "out", deadline=time.monotonic() + 400, test_timeout=100, step_grace=3)
     res = run_side(side)
     first = res.launches[0]
-    assert first["seconds"] < 40 and first["stopped"]["rank"] == "0" and first["stopped"]["peer"] == "1", res.launches
+    assert first["seconds"] - first["startup_s"] < 40 and first["stopped"]["rank"] == "0" and first["stopped"]["peer"] == "1", res.launches
     assert first["stopped"]["test"] == "tests/test_step.py::test_fails_on_one_rank_before_the_collective"
     # the launch says which result it did not count: rank 1's failure of the test rank 0 never began
     assert list(first["out_of_step"]) == ["tests/test_step.py::test_needs_every_rank"], first

@@ -71,8 +71,11 @@
 # the peak); one session's 1,800 s holds one wave and no more (NIGHTLY_CELL=0 put learning-gtp-off and learning-sign-flip in one: 352 s, then 688 s for the two, h200/2026-12-05-learning-other-halves). Send the waits
 # in the same batch of calls as the ferries and the start: a machine idle for 30 s goes back with everything under
 # /tmp, and a new turn between two calls took two minutes twice on 2026-12-04 (two machines lost so, each with its
-# learning wave). A machine can also be taken back for other work during a call (once, 2026-12-04): the waits pack
-# once a minute, so the last minute's files return. But send the first ferry call alone, and the rest only once it
+# learning wave). A machine can also be taken back for other work during a call: on 2026-12-04 the files the wait
+# had packed (once a minute) came back; on 2026-12-05 nothing did, and a 540 s wait lost 253 s of device time with
+# the run. So wait in calls of at most about 240 s: each returns what ended so far (the ranks' records judge a run
+# cut short: h200/2026-12-05-nemo-rl-tests). Bridge's whole selection took 3 minutes from setup-bg, both sides at
+# once (h100/2026-12-06-bridge-tests). But send the first ferry call alone, and the rest only once it
 # answered with a machine: while none can start, every call of a batch is refused at 15 s of device time each
 # (2026-12-05: a batch of 21 cost 466 s; h100/2026-12-05-upstream-tests).
 set -uo pipefail

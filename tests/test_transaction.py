@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -96,10 +97,15 @@ def test_sigint_when_the_journal_appears_ends_old_or_new(demo, stop):
     proc = _spawn(_demo_args(demo), {"GTP_CARRY_STOP_AT": stop})
     _wait_for(journal, proc)
     said = []   # SIGINT lands in the checkpoint's wait (once, under load, one sent earlier went unheeded for 60 s)
-    for line in proc.stderr:
-        said.append(line)
-        if f"stopped at {stop}" in line:
-            break
+    watchdog = threading.Timer(120, proc.kill)   # a run that neither says it nor ends: the read ends, red
+    watchdog.start()
+    try:
+        for line in proc.stderr:
+            said.append(line)
+            if f"stopped at {stop}" in line:
+                break
+    finally:
+        watchdog.cancel()
     assert said and f"stopped at {stop}" in said[-1], said
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)

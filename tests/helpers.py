@@ -10,7 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,19 +133,31 @@ def need_python(major: int, minor: int, why: str) -> str:
     return python
 
 
+def stopped_at(proc: subprocess.Popen, checkpoint: str, timeout: float = 300) -> list[str]:
+    """Read PROC's stderr (a pipe, text) until it says it waits at ``checkpoint`` (GTP_CARRY_STOP_AT); the
+    lines read. Bounded: a run that neither says it nor ends within TIMEOUT is killed, so the read ends and
+    the assertion names what it said (a silent hang would have held the whole suite)."""
+    seen: list[str] = []
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if f"stopped at {checkpoint}" in line:
+                break
+    finally:
+        watchdog.cancel()
+    assert seen and f"stopped at {checkpoint}" in seen[-1], f"the run did not stop at {checkpoint}: {''.join(seen)}"
+    return seen
+
+
 def kill_at(checkpoint: str, *args, timeout: float = 300, verb: str = "apply", env: dict | None = None) -> None:
     """Run tools/<verb>.py (apply) until it stops at ``checkpoint`` (GTP_CARRY_STOP_AT), then SIGKILL it."""
     env = dict(os.environ, **(env or {}), GTP_CARRY_STOP_AT=checkpoint)
     proc = subprocess.Popen([sys.executable, str(TOOLS / f"{verb}.py"), *map(str, args)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + timeout
-    seen = []
     try:
-        for line in proc.stderr:
-            seen.append(line)
-            if f"stopped at {checkpoint}" in line or time.monotonic() > deadline:
-                break
-        assert seen and f"stopped at {checkpoint}" in seen[-1], f"{verb} did not stop at {checkpoint}: {''.join(seen)}"
+        stopped_at(proc, checkpoint, timeout)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

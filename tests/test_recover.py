@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from fakeup import NO_PROOF, patch_entry, series_toml
 from carry.git import Git
-from helpers import TOOLS, git, kill_at, read_json, tool
+from helpers import TOOLS, git, kill_at, read_json, stopped_at, tool
 
 ML, BR = "megatron-lm", "megatron-bridge"
 
@@ -67,9 +67,7 @@ def _sigint_at(d: dict, stop: str) -> None:
     proc = subprocess.Popen([sys.executable, str(TOOLS / "apply.py"), *map(str, _args(d))], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    for line in proc.stderr:
-        if f"stopped at {stop}" in line:
-            break
+    stopped_at(proc, stop)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

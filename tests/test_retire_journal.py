@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import TOOLS, kill_at, tool
+from helpers import TOOLS, kill_at, stopped_at, tool
 from test_retire import history, retire  # noqa: F401  (the fixture, and the command as its tests run it)
 
 
@@ -20,15 +20,12 @@ def _kill_at(h, stop: str) -> None:
                              f"megatron-lm={h['v2']}", "--source", f"megatron-lm={h['up']}", "--cache",
                              str(h["cache"]), "--write"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if f"stopped at {stop}" in line:
-            break
-    proc.kill()
-    proc.wait()
-    proc.stderr.close()
-    assert f"stopped at {stop}" in "".join(seen), "".join(seen)
+    try:
+        stopped_at(proc, stop)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
 
 
 def _files(h) -> dict:

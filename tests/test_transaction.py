@@ -15,14 +15,13 @@ import signal
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from carry.lock import DirLock
 from carry.git import Git
-from helpers import SERIES, TOOLS, apply_demo, git, kill_at, read_json, tmpfs_mount, tool
+from helpers import SERIES, TOOLS, apply_demo, git, kill_at, read_json, stopped_at, tmpfs_mount, tool
 
 
 def _demo_args(d, work=None):
@@ -96,17 +95,8 @@ def test_sigint_when_the_journal_appears_ends_old_or_new(demo, stop):
     # SIGINT lands exactly then.
     proc = _spawn(_demo_args(demo), {"GTP_CARRY_STOP_AT": stop})
     _wait_for(journal, proc)
-    said = []   # SIGINT lands in the checkpoint's wait (once, under load, one sent earlier went unheeded for 60 s)
-    watchdog = threading.Timer(120, proc.kill)   # a run that neither says it nor ends: the read ends, red
-    watchdog.start()
-    try:
-        for line in proc.stderr:
-            said.append(line)
-            if f"stopped at {stop}" in line:
-                break
-    finally:
-        watchdog.cancel()
-    assert said and f"stopped at {stop}" in said[-1], said
+    # SIGINT lands in the checkpoint's wait (once, under load, one sent earlier went unheeded for 60 s)
+    stopped_at(proc, stop, timeout=120)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -205,9 +195,7 @@ def test_killed_export_between_files_and_record(demo):
     git(ws, "commit", "-q", "-a", "--amend", "--no-edit")
     proc = _spawn(["--series", demo["series"], "--workdir", demo["work"]], {"GTP_CARRY_STOP_AT": "exported-files"},
                   verb="export")
-    for line in proc.stderr:
-        if "stopped at exported-files" in line:
-            break
+    stopped_at(proc, "exported-files")
     proc.kill()
     proc.communicate()
     assert "amended" in (demo["series"] / "megatron-lm/0004-conflict.patch").read_text()  # the files were written
@@ -434,9 +422,7 @@ def test_a_rebase_killed_after_its_clone_starts_again(demo):
     args = ["--series", demo["series"], "--onto", f"megatron-lm={demo['v1']}", "--source",
             f"megatron-lm={demo['up']}", "--cache", demo["cache"], "--workdir", rw]
     proc = _spawn(args, {"GTP_CARRY_STOP_AT": "rebase-cloned"}, verb="rebase")
-    for line in proc.stderr:
-        if "stopped at rebase-cloned" in line:
-            break
+    stopped_at(proc, "rebase-cloned")
     proc.kill()
     proc.communicate()
     assert rw.exists()

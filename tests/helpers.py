@@ -151,6 +151,30 @@ def stopped_at(proc: subprocess.Popen, checkpoint: str, timeout: float = 300) ->
     return seen
 
 
+def sigint_at(checkpoint: str, *args, verb: str = "apply", at_stop=None) -> tuple[int, str]:
+    """Run tools/<verb>.py until it waits at ``checkpoint`` (GTP_CARRY_STOP_AT), call AT_STOP there (what
+    must hold at that point), then send SIGINT as a terminal's Ctrl-C does; its exit code and stderr."""
+    def default_sigint() -> None:
+        # A suite started in the background (`cmd &`, nohup) hands its children SIGINT ignored, and Python
+        # then never raises KeyboardInterrupt: the run would sit at its stop point.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    env = dict(os.environ, GTP_CARRY_STOP_AT=checkpoint)
+    proc = subprocess.Popen([sys.executable, str(TOOLS / f"{verb}.py"), *map(str, args)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+    try:
+        stopped_at(proc, checkpoint)
+        if at_stop is not None:
+            at_stop()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
 def kill_at(checkpoint: str, *args, timeout: float = 300, verb: str = "apply", env: dict | None = None) -> None:
     """Run tools/<verb>.py (apply) until it stops at ``checkpoint`` (GTP_CARRY_STOP_AT), then SIGKILL it."""
     env = dict(os.environ, **(env or {}), GTP_CARRY_STOP_AT=checkpoint)

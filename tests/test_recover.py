@@ -12,15 +12,13 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from fakeup import NO_PROOF, patch_entry, series_toml
 from carry.git import Git
-from helpers import TOOLS, git, kill_at, read_json, stopped_at, tool
+from helpers import git, kill_at, read_json, sigint_at, tool
 
 ML, BR = "megatron-lm", "megatron-bridge"
 
@@ -63,14 +61,8 @@ def _run(d: dict, verb: str, check: int | None = None):
 
 def _sigint_at(d: dict, stop: str) -> None:
     """apply, stopped at ``stop`` and sent SIGINT as a terminal's Ctrl-C sends it."""
-    env = dict(os.environ, GTP_CARRY_STOP_AT=stop)
-    proc = subprocess.Popen([sys.executable, str(TOOLS / "apply.py"), *map(str, _args(d))], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    stopped_at(proc, stop)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    rc, err = sigint_at(stop, *_args(d))
+    assert rc == 130, err
 
 
 def _amend(ws: Path, text: str) -> str:

@@ -4,28 +4,17 @@ command finishes or undoes it."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
-import sys
 
 import pytest
-from helpers import TOOLS, kill_at, stopped_at, tool
+from helpers import TOOLS, kill_at, tool
 from test_retire import history, retire  # noqa: F401  (the fixture, and the command as its tests run it)
 
 
 def _kill_at(h, stop: str) -> None:
-    env = dict(os.environ, GTP_CARRY_STOP_AT=stop)
-    proc = subprocess.Popen([sys.executable, str(TOOLS / "retire.py"), "--series", str(h["series"]), "--against",
-                             f"megatron-lm={h['v2']}", "--source", f"megatron-lm={h['up']}", "--cache",
-                             str(h["cache"]), "--write"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        stopped_at(proc, stop)
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stderr.close()
+    kill_at(stop, "--series", h["series"], "--against", f"megatron-lm={h['v2']}", "--source",
+            f"megatron-lm={h['up']}", "--cache", h["cache"], "--write", verb="retire")
 
 
 def _files(h) -> dict:

@@ -11,9 +11,7 @@ import io
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
@@ -21,7 +19,7 @@ from pathlib import Path
 import pytest
 from carry.lock import DirLock
 from carry.git import Git
-from helpers import SERIES, TOOLS, apply_demo, git, kill_at, read_json, stopped_at, tmpfs_mount, tool
+from helpers import SERIES, apply_demo, git, kill_at, read_json, sigint_at, tmpfs_mount, tool
 
 
 def _demo_args(d, work=None):
@@ -64,27 +62,6 @@ def test_source_checkout_on_another_file_system_cold_cache(demo, tmpfs):
 
 
 # -- 4: interrupted or failing after the swap journal was written ---------------------------
-def _default_sigint() -> None:
-    # A test suite started in the background (`cmd &` in a script, nohup) hands its children
-    # SIGINT ignored, and Python then never raises KeyboardInterrupt: the run would sit at its
-    # stop point. The child gets SIGINT as a terminal's Ctrl-C delivers it.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _spawn(args, env_extra=None, verb="apply"):
-    env = dict(os.environ, **(env_extra or {}))
-    return subprocess.Popen([sys.executable, str(TOOLS / f"{verb}.py"), *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
-
-
-def _wait_for(path: Path, proc, timeout=120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"the run ended before {path.name} appeared: {proc.communicate()}"
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.005)
-
-
 @pytest.mark.parametrize("stop", ["journalled", "swapping"])
 def test_sigint_when_the_journal_appears_ends_old_or_new(demo, stop):
     apply_demo(demo, check=0)
@@ -92,14 +69,12 @@ def test_sigint_when_the_journal_appears_ends_old_or_new(demo, stop):
     demo["write_series"](demo["v0"], ids=("clean", "threeway"))
     journal = demo["work"] / ".carry" / "journal.json"
     # The run waits right after writing the journal, or after the first rename (GTP_CARRY_STOP_AT):
-    # SIGINT lands exactly then.
-    proc = _spawn(_demo_args(demo), {"GTP_CARRY_STOP_AT": stop})
-    _wait_for(journal, proc)
-    # SIGINT lands in the checkpoint's wait (once, under load, one sent earlier went unheeded for 60 s)
-    stopped_at(proc, stop, timeout=120)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    # SIGINT lands exactly then, in the checkpoint's wait, with the journal there.
+    def journal_there() -> None:
+        assert journal.is_file(), stop
+
+    rc, err = sigint_at(stop, *_demo_args(demo), at_stop=journal_there)
+    assert rc == 130, err
     assert "interrupted" in err
     res = apply_demo(demo, "--json", demo["tmp"] / "r.json", check=None)
     assert res.returncode == 0, res.stderr
@@ -193,11 +168,7 @@ def test_killed_export_between_files_and_record(demo):
     f = ws / "megatron/core/delta.py"
     f.write_text(f.read_text().replace("value_15 = 'ours'", "value_15 = 'ours, amended'"))
     git(ws, "commit", "-q", "-a", "--amend", "--no-edit")
-    proc = _spawn(["--series", demo["series"], "--workdir", demo["work"]], {"GTP_CARRY_STOP_AT": "exported-files"},
-                  verb="export")
-    stopped_at(proc, "exported-files")
-    proc.kill()
-    proc.communicate()
+    kill_at("exported-files", "--series", demo["series"], "--workdir", demo["work"], verb="export")
     assert "amended" in (demo["series"] / "megatron-lm/0004-conflict.patch").read_text()  # the files were written
     res = tool("export", "--series", demo["series"], "--workdir", demo["work"], check=0)
     res = apply_demo(demo, check=None)
@@ -421,10 +392,7 @@ def test_a_rebase_killed_after_its_clone_starts_again(demo):
     rw = demo["tmp"] / "rw"
     args = ["--series", demo["series"], "--onto", f"megatron-lm={demo['v1']}", "--source",
             f"megatron-lm={demo['up']}", "--cache", demo["cache"], "--workdir", rw]
-    proc = _spawn(args, {"GTP_CARRY_STOP_AT": "rebase-cloned"}, verb="rebase")
-    stopped_at(proc, "rebase-cloned")
-    proc.kill()
-    proc.communicate()
+    kill_at("rebase-cloned", *args, verb="rebase")
     assert rw.exists()
     res = tool("rebase", *args)
     assert res.returncode == 0, res.stderr

@@ -302,7 +302,7 @@ def test_regressions_and_fixes_are_found_bisected_and_every_launch_end_is_surviv
         spent = report["seconds_outside_tests"][name]
         assert spent["launches"] == len(side["launches"]) > 1, (name, spent)
         for k in ("startup", "wind_down"):
-            assert spent[k] == round(sum(x[f"{k}_s"] or 0 for x in side["launches"]), 1) and spent[k] > 0, (name, spent)
+            assert spent[k] == round(sum(x[f"{k}_s"] for x in side["launches"]), 1) and spent[k] > 0, (name, spent)
     # a module that cannot be collected is one row; one that skips itself whole is a skip
     assert cat["tests/unit_tests/test_collect.py"] == "known-failure"
     assert "a_module_nobody_has" in rows["tests/unit_tests/test_collect.py"]["patched_reason"]
@@ -475,6 +475,27 @@ def test_a_death_is_charged_to_the_rank_that_died_of_itself_not_to_those_torchru
     assert read_launch(failed, 2).died_in() == ({}, set())
     none = launch("none", {"0": [start("a"), end("a")], "1": [start("a"), end("a")]})
     assert read_launch(none, 2).died_in() == ({}, set())
+
+
+def test_a_launch_says_what_it_spent_besides_its_tests(tmp_path):
+    """Launch.timing: before the first test a rank began, and after the last line any rank wrote; a launch in
+    which no rank began a test (its modules did not collect) spent all of its seconds so, never 0 or None
+    (the side's sum, result.json's seconds_outside_tests, would have left it out)."""
+    from carry.evidence.upstream.results import read_launch
+    folder = tmp_path / "launch-01-n2"
+    folder.mkdir()
+    lines = {"0": [{"ev": "start", "id": "a", "t": 95.0}, {"ev": "end", "id": "a", "outcome": "passed", "t": 96.0}],
+             "1": [{"ev": "start", "id": "a", "t": 95.5}, {"ev": "end", "id": "a", "outcome": "passed", "t": 97.0}]}
+    for rank, events in lines.items():
+        (folder / f"rank-{rank}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert read_launch(folder, 2).timing(90.0, 12.0) == {"startup_s": 5.0, "wind_down_s": 5.0}
+    for rank in lines:
+        (folder / f"rank-{rank}.jsonl").write_text(json.dumps({"ev": "collect-error", "id": "tests/t.py",
+                                                               "reason": "E   ImportError", "t": 99.0}) + "\n")
+    assert read_launch(folder, 2).timing(90.0, 12.0) == {"startup_s": 12.0, "wind_down_s": 0.0}
+    for rank in lines:
+        (folder / f"rank-{rank}.jsonl").unlink()
+    assert read_launch(folder, 2).timing(90.0, 12.0) == {"startup_s": 12.0, "wind_down_s": 0.0}
 
 
 def test_what_ranks_out_of_step_said_is_no_verdict_and_a_launch_the_launcher_stopped_blames_no_rank(tmp_path):

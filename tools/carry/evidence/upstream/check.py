@@ -215,7 +215,7 @@ def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds
             o = outside.setdefault(name, {"launches": 0, "startup": 0.0, "wind_down": 0.0})
             o["launches"] += 1
             for k in ("startup", "wind_down"):
-                o[k] = round(o[k] + (launch.get(f"{k}_s") or 0.0), 1)
+                o[k] = round(o[k] + launch[f"{k}_s"], 1)
     return {"ok": ok, "status": status, "reason": reason, "no_tests": list(no_tests), "counts": per,
             "sides": {k: side_counts(v) for k, v in results.items()}, "seconds": seconds,
             "seconds_per_world": walls, "seconds_outside_tests": outside, "regressions": regressions,

@@ -74,9 +74,12 @@ class Launch:
     def timing(self, began: float, seconds: float) -> dict:
         """Of a launch that began at BEGAN (wall clock) and took SECONDS: the seconds before any rank began a
         test (the interpreter, imports, collection, session fixtures) and after the last record (the ranks'
-        and the launcher's ends): what each launch costs besides its tests."""
-        return {"startup_s": None if self.first_start is None else round(self.first_start - began, 1),
-                "wind_down_s": None if self.last_record is None else round(began + seconds - self.last_record, 1)}
+        and the launcher's ends): what each launch costs besides its tests. One in which no rank began a test
+        (a collection that failed, a launcher that did not start) spent all of it so: its start-up."""
+        if self.first_start is None or self.last_record is None:
+            return {"startup_s": round(seconds, 1), "wind_down_s": 0.0}
+        return {"startup_s": round(self.first_start - began, 1),
+                "wind_down_s": round(began + seconds - self.last_record, 1)}
 
     def unfinished(self) -> dict[str, str]:
         """Per rank, the test it began and never ended (where it died), if any."""

@@ -1708,7 +1708,7 @@ def test_the_bridge_run_compares_its_whole_selection_on_this_series(tmp_path):
     for ev in hit:
         ev["outcome"], ev["reason"] = "failed", "AssertionError: a regression written in"
     rank.write_text("".join(json.dumps(ev) + "\n" for ev in events))
-    with pytest.raises(AssertionError):   # the records no longer say what result.json says
+    with pytest.raises(AssertionError, match=re.escape("('failed', {'0': 'failed'}) == ('passed', {'0': 'passed'})")):   # not what result.json says
         _judged_again(broken, "megatron-bridge", 1900, "run/megatron-bridge")
     sides, _ = _sides_from_records(broken / "run" / "megatron-bridge" / "megatron-bridge")
     assert [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"] == [victim]

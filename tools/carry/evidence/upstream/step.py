@@ -9,9 +9,10 @@ The ranks' records say it at once: a test a rank ended failing, while another ra
 the 2,794 tests of the committed runs that every rank of a launch ended, the ranks' end times lay at
 most 3.1 s apart, but for one failing test: rank 0 failed it (an NCCL error) and went on, and the other
 three waited 60 s for its NCCL set-up and failed then (h200/2026-12-04-beyond-gtp-folder), the very case
-this is for. A rank still in a test ``GRACE`` seconds after a peer failed it and went on is left behind. The launcher then writes ``results.STOPPED`` and stops the
-launch. The failed test keeps its failure, the peer's record, and what any rank began after it runs again
-(results.Launch: the records of ranks out of step never count), so stopping early changes no verdict.
+this is for. A rank still in a test ``GRACE`` seconds after a peer failed it and went on is left behind.
+The launcher then writes ``results.STOPPED`` and stops the launch. The failed test keeps its failure, the
+peer's record, and what any rank began after it runs again (results.Launch: the records of ranks out of
+step never count), so stopping early changes no verdict.
 """
 
 from __future__ import annotations

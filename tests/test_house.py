@@ -336,3 +336,15 @@ def test_the_committed_evidence_keeps_its_larger_files_gzipped():
     plain = [f for f in tracked if not f.endswith((".gz", ".md", ".png", ".py", ".sh"))
              and (ROOT / f).stat().st_size > EVIDENCE_PLAIN_BYTES]
     assert not plain, f"gzip these (gzip -n, as the others): {plain[:10]}"
+
+
+def test_the_committed_evidence_quotes_no_upstream_source():
+    """A launch's console (console.log, console.tail.txt of tools/upstream_tests.py) holds pytest's failure
+    reports, which print upstream's test functions whole: the GPU host packs its tail to read there, but it
+    is no evidence to commit (the ranks' records hold each outcome and its first error line). 68 such
+    logs and tails had been committed with six runs; their READMEs say they are left out."""
+    from helpers import git
+    tracked = git(ROOT, "ls-files", "integration/h100", "integration/h200", "integration/cpu-runs").splitlines()
+    assert len(tracked) > 100, len(tracked)   # the evidence is there to check
+    consoles = [f for f in tracked if re.search(r"/launch-[^/]+/console(\.tail)?\.(log|txt)(\.gz)?$", f)]
+    assert not consoles, f"leave out the launches' consoles: {consoles[:10]}"

@@ -1608,6 +1608,35 @@ def test_a_file_whose_test_a_launch_died_in_runs_its_other_tests_after_every_oth
     assert began == [["test_dies"], ["test_b0", "test_b1", "test_b2", "test_dies_too"], ["test_fine"]], began
 
 
+@pytest.mark.parametrize("cwd", [".", "tests"])
+def test_a_launch_after_the_first_collects_only_the_files_with_tests_left(tmp_path, cwd):
+    """Collecting is a launch's start: every test module imported again, on every rank (an 8-rank launch
+    for 15 tests collected all 96 files of its shard, h100/2026-12-05-shards). A launch after the first
+    collects only the files that still hold a test it may run; each test still gets its outcome."""
+    import time
+
+    from carry.evidence.upstream.launch import Side, run_side
+    from carry.series.testspin import TestsPin
+    count = ("import pathlib\nwith open(pathlib.Path(__file__).with_name('imports.txt'), 'a') as f:\n"
+             "    f.write(__name__ + '\\n')\n\n\n")
+    write(tmp_path / "side", "tests/test_a.py", count + "def test_a0():\n    pass\n")
+    write(tmp_path / "side", "tests/test_b.py", count + "import os\n\n\ndef test_dies():\n    os._exit(9)\n\n\n"
+                                                         "def test_after():\n    pass\n")
+    write(tmp_path / "side", "tests/test_c.py", count + "def test_c0():\n    pass\n")
+    pin = TestsPin(upstream="demo", root="tests", launch="pytest", source="tree", cwd=cwd)
+    side = Side(name="patched", pin=pin, folder=tmp_path / "side",
+                files=["tests/test_a.py", "tests/test_c.py", "tests/test_b.py"],
+                pythonpath=[], out=tmp_path / "out", deadline=time.monotonic() + 120, test_timeout=60)
+    res = run_side(side)
+    assert {k.split("::")[-1]: o.outcome for k, o in res.outcomes.items()} == {
+        "test_a0": "passed", "test_dies": "crashed", "test_after": "passed", "test_c0": "passed"}, res.outcomes
+    assert len(res.launches) == 2, res.launches
+    imported = (tmp_path / "side" / "tests" / "imports.txt").read_text().split()
+    assert sorted(m.rsplit(".", 1)[-1] for m in imported) == ["test_a", "test_b", "test_b", "test_c"], imported
+    second = (side.out / res.launches[1]["launch"] / "console.log").read_text().splitlines()[0]
+    assert second.endswith(" test_b.py" if cwd == "tests" else " tests/test_b.py"), second
+
+
 H100_UT = EVIDENCE / "h100" / "2026-12-05-upstream-tests"
 
 

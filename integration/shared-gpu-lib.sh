@@ -25,9 +25,12 @@ setup_model() {  # setup_model: true once a setup here wrote its model.json, whe
   for d in ${UT_SETUP:-$top/setup $top/pretrain}; do [ -e "$d/model.json" ] && return 0; done
   return 1
 }
-venv_ok() {  # venv_ok [VERIFY_JSON]: the setup's venv is there and its verify.json says ok (a failed setup leaves one too)
-  python3 -c "import json, sys; sys.exit(json.load(open(sys.argv[1])).get('ok') is not True)" \
-    "${1:-/tmp/nrl-run/verify.json}" 2> /dev/null
+venv_ok() {  # venv_ok [VERIFY_JSON]: the setup's venv is there whole: its verify.json says ok (a failed setup leaves one
+  # too), and the venv-ready.json beside it says the setup installed NeMo-RL's dependency wheels after it (verify.json
+  # alone came first: Megatron-LM's tests started while omegaconf was still being installed, 2026-12-06)
+  local v=${1:-/tmp/nrl-run/verify.json}
+  [ -e "$(dirname "$v")/venv-ready.json" ] &&
+    python3 -c "import json, sys; sys.exit(json.load(open(sys.argv[1])).get('ok') is not True)" "$v" 2> /dev/null
 }
 nrl_tests_env() {  # nrl_tests_env ROOT: the KEY=VALUE words NeMo-RL's own tests run with on this host, as its GRPO
   # cases do (harness/host/caserun.py case_env), ROOT the checkout: the stand-ins for mlflow, wandb and swanlab (its

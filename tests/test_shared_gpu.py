@@ -501,10 +501,12 @@ def test_no_background_step_waits_for_the_setup_beyond_it():
     assert text.count("while_setup ") == 3, text.count("while_setup ")
 
 
-def test_the_setup_venv_counts_only_when_its_verify_json_says_ok(tmp_path):
+def test_the_setup_venv_counts_only_when_its_verify_json_says_ok_and_its_wheels_are_in(tmp_path):
     """What shared-gpu-h200.sh's proofs and upstream tests wait for (integration/shared-gpu-lib.sh's
     venv_ok): a verify.json whose "ok" is true. A failed setup leaves one too ("ok": false); a file
-    half written, or none yet, is not ok either."""
+    half written, or none yet, is not ok either. And the setup's venv-ready.json beside it: verify.json
+    is written before NeMo-RL's dependency wheels go in, and Megatron-LM's tests that started then died
+    of a missing omegaconf (h100/2026-12-06-mlm-three-shards)."""
     verify = tmp_path / "verify.json"
 
     def ok() -> bool:
@@ -512,10 +514,42 @@ def test_the_setup_venv_counts_only_when_its_verify_json_says_ok(tmp_path):
                               check=False).returncode == 0
 
     assert not ok()   # none yet
+    verify.write_text('{"ok": true, "steps": []}')
+    assert not ok()   # the wheels not in yet
+    (tmp_path / "venv-ready.json").write_text('{"verify_ok": true, "deps": []}\n')
     for text, want in (('{"ok": true, "steps": []}', True), ('{"ok": false}', False), ('{"ok": "yes"}', False),
                        ('{"ok": tr', False), ("{}", False)):
         verify.write_text(text)
         assert ok() is want, text
+
+
+def test_the_setup_says_its_venv_is_ready_only_once_its_wheels_are_in(tmp_path, monkeypatch):
+    """The setup's steps in order: venv-ready.json goes away when a setup begins (one run again installs
+    again) and comes back only after NeMo-RL's dependency wheels are installed, after verify.json."""
+    _harness()
+    from harness.host import setup as hostsetup
+    lay = hostsetup.Layout(parts=tmp_path / "parts", root=tmp_path / "root", te=tmp_path / "te")
+    lay.root.mkdir()
+    lay.venv_ready.write_text("{}\n")   # an earlier setup's
+    seen = []
+
+    def step(name, value=None):
+        def run(*_a, **_k):
+            seen.append((name, lay.venv_ready.exists()))
+            return value
+        return run
+
+    for name, value in (("require_parts", None), ("check_platform", "glibc"), ("unpack_payload", {}),
+                        ("make_venv", None), ("run_steps", {"ok": True}), ("install_deps", ["omegaconf.whl"]),
+                        ("fa4_status", {}), ("prepare_pristine", None), ("build_model", {}),
+                        ("build_moe_model", None)):
+        monkeypatch.setattr(hostsetup, name, step(name, value))
+    hostsetup.setup(lay, tmp_path / "setup.log")
+    ready = {name: present for name, present in seen}
+    assert [n for n, _ in seen][3:6] == ["make_venv", "run_steps", "install_deps"], seen
+    assert not any(ready[n] for n in ("make_venv", "run_steps", "install_deps")), seen
+    assert ready["fa4_status"], seen
+    assert json.loads(lay.venv_ready.read_text()) == {"verify_ok": True, "deps": ["omegaconf.whl"]}
 
 
 def _background_scripts(text: str) -> list[str]:

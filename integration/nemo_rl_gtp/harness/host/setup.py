@@ -100,6 +100,14 @@ class Layout:
         return self.root / "pristine-site"
 
     @property
+    def venv_ready(self) -> Path:
+        """Written once the venv holds everything it gets (the image steps, then NeMo-RL's dependency wheels):
+        what a step that runs in it waits for. verify.json alone came before the wheels: Megatron-LM's tests
+        started in the venv while omegaconf was still being installed, and a side's only launch died of it
+        (2026-12-06, h100/2026-12-06-mlm-three-shards)."""
+        return self.root / "venv-ready.json"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
@@ -338,9 +346,11 @@ def setup(lay: Layout, log_path: Path) -> dict:
     with open(log_path, "a") as log:
         log.write(f"[run-on-gpu-host] {libc}\n")
         manifest = unpack_payload(lay)
+        lay.venv_ready.unlink(missing_ok=True)   # a setup run again installs again: nothing waits on the old one
         make_venv(lay)
         verify = run_steps(lay, log)
         deps = install_deps(lay, log)
+        lay.venv_ready.write_text(json.dumps({"verify_ok": verify.get("ok"), "deps": deps}, indent=2) + "\n")
         fa4 = fa4_status(lay, log)
         prepare_pristine(lay)
         model = build_model(lay, log)

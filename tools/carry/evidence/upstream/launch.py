@@ -244,10 +244,8 @@ def _last(side: Side, heads: set[str]) -> None:
 
 
 def _files_left(side: Side, wanted: set[str] | None, done: set[str]) -> list[str]:
-    """The selected files that still hold a test this launch may run, in the side's order: a launch after
-    the first collects only those, where it collected every file again to run what one or two of them had
-    left (an 8-rank launch for 15 tests collected all 96 files of its shard, 209 s, h100/2026-12-05-shards).
-    Before any launch said what it collected, every file."""
+    """The selected files that still hold a test this launch may run, in the side's order (an 8-rank launch
+    for 15 tests had collected all 96 files of its shard, h100/2026-12-05-shards); before any said, all."""
     if wanted is None:
         return side.files
     heads = {nodeid.split("::", 1)[0] for nodeid in wanted - done}
@@ -313,18 +311,20 @@ def _launch(side: Side, folder: Path, world: int, skip: list[str], only: list[st
         for attempt in range(1, LAUNCH_TRIES + 1):
             left = None if limit is None else limit - (time.monotonic() - t0)
             rc, timed_out, seconds = _spawn_and_wait(side, folder, world, argv, cwd, env, left, t0)
-            # The launcher failed before any rank began a test (a port found free and then taken by
-            # another run on the host; a rendezvous refused while the host is out of processes or
-            # threads): nothing ran, so launch again, on another port, after a pause that grows.
-            # A launch that fails so every time ends as before: its tests are not run, with its reason.
-            # pytest's own refusal (a conftest that does not import) is not the launcher's: not again.
-            started = any(folder.glob("rank-*.jsonl"))
+            # The launcher failed before any rank began a test (a port found free and then taken by another run
+            # on the host; a rendezvous refused while the host is out of processes or threads): nothing ran, so
+            # launch again, on another port, after a pause that grows; one that fails so every time ends with its
+            # tests not run. pytest's own refusal (a conftest that does not import) is not the launcher's: not again.
+            got = read_launch(folder, world)   # a record of being stopped is no start (a peer's plugin failed, 2026-12-06)
+            started = bool(got.started or got.tests or got.collected or got.collect_errors)
             pause = 2.0 ** attempt
             if timed_out or started or rc == 0 or attempt == LAUNCH_TRIES or _pytest_refused(side, rc, folder) or \
                     (limit is not None and time.monotonic() - t0 + pause >= limit):
                 return rc, timed_out, seconds
             last = console_why(folder / "console.log")
             (folder / "console.log").rename(folder / f"console.try-{attempt}.log")
+            for path in folder.glob("rank-*.jsonl"):   # what the stopped ranks wrote: kept, out of the next try's way
+                path.rename(folder / f"try-{attempt}.{path.name}")
             progress.say(f"{side.pin.upstream} {side.name}: the launcher failed before any test began "
                          f"(exit {rc}): {last}; launching again in {pause:.0f} s")
             time.sleep(pause)

@@ -107,17 +107,26 @@ def _stand_in(mine: dict[str, Outcome], side: SideResult, other: dict[str, Outco
         del mine[module]
 
 
+def _not_run(side: SideResult, nodeid: str) -> str | None:
+    """Why SIDE did not run NODEID, if it did not: named itself, or its file named (a side whose launches
+    ended before any collected names the files it did not reach, h100/2026-12-06-mlm-three-shards)."""
+    return side.not_run.get(nodeid) or side.not_run.get(file_of(nodeid))
+
+
 def compare(pristine: SideResult, patched: SideResult) -> list[Row]:
     a, b = outcomes_of(pristine), outcomes_of(patched)
     _stand_in(a, pristine, b, patched)
     _stand_in(b, patched, a, pristine)
     rows = []
-    for nodeid in sorted(a.keys() | b.keys() | pristine.not_run.keys() | patched.not_run.keys()):
-        p = a[nodeid].outcome if nodeid in a else "not-run" if nodeid in pristine.not_run else "absent"
-        q = b[nodeid].outcome if nodeid in b else "not-run" if nodeid in patched.not_run else "absent"
+    ids = a.keys() | b.keys() | pristine.not_run.keys() | patched.not_run.keys()
+    # a file one side did not reach, whose tests the other side names, is those tests' rows, not one of its own
+    tested = {file_of(i) for i in a.keys() | b.keys() if "::" in i}
+    for nodeid in sorted(i for i in ids if i in a or i in b or i not in tested):
+        p = a[nodeid].outcome if nodeid in a else "not-run" if _not_run(pristine, nodeid) else "absent"
+        q = b[nodeid].outcome if nodeid in b else "not-run" if _not_run(patched, nodeid) else "absent"
         category, note = classify(p, q)
         if category == "not-compared":
-            note = pristine.not_run.get(nodeid) or patched.not_run.get(nodeid) or ""
+            note = _not_run(pristine, nodeid) or _not_run(patched, nodeid) or ""
         rows.append(Row(nodeid, p, q, category, a[nodeid].reason if nodeid in a else "",
                         b[nodeid].reason if nodeid in b else "", note))
     return rows

@@ -59,7 +59,9 @@
 #                   Pace (one H100, 2026-12-05, h100/2026-12-05-shards): one of two shards compared 391 tests in 1,250 s per
 #                   side; a file whose tests time out (resharding/test_model_swap.py) ends a launch each time, about 200 s;
 #                   15 of those launches waited out the 120 s per-test timeout for ranks a peer had left behind, which the
-#                   launcher now stops 30 s after the peer's failure (step.Watch)
+#                   launcher now stops 30 s after the peer's failure (step.Watch). Three shards (one H100, 2026-12-06,
+#                   h100/2026-12-06-mlm-three-shards): 326 and 215 compared in 1,050 s per side, the GPU's 80 GB full at
+#                   times (out-of-memory flakes) and a load of 30 to 40 on 16 cores: two shards suit an H100
 #   setup-bg        in the background: run-on-gpu-host's setup alone (/tmp/o/setup)
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
 # Device time (one H200, 2026-12-04): 16 ferry calls of about 3.5 s (parts of 30 MiB: a call carries the

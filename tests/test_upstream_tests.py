@@ -669,6 +669,40 @@ def test_a_launcher_that_fails_before_any_test_is_launched_again(up, tmp_path):
     assert launches[0]["launcher_failures"] == 2, launches
 
 
+def test_a_launch_whose_ranks_only_were_stopped_is_the_launchers_failure_and_launched_again(up, tmp_path):
+    """One rank dies before pytest begins (a plugin that does not import: the setup's venv was still
+    having its wheels installed, 2026-12-06) and torchrun stops the others, whose reporters write that
+    they were stopped: no rank began anything, so it is launched again, never taken for a side that ran
+    and ended (that side's whole selection was left not run, its other side's failures read as regressions)."""
+    plugins = tmp_path / "plugins"
+    write(plugins, "demo_plugin_not_in_yet.py", textwrap.dedent("""
+        import os, time
+        if os.environ.get("RANK") == "1":
+            raise ImportError("No module named 'omegaconf'")
+        time.sleep(20)   # still starting when torchrun stops it
+    """))
+    count = tmp_path / "count"
+    wrapper = tmp_path / "python-plugin-missing-once"
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ ! -e {count} ]; then
+          touch {count}
+          export PYTEST_PLUGINS=demo_plugin_not_in_yet PYTHONPATH={plugins}:$PYTHONPATH
+        fi
+        exec {sys.executable} "$@"
+        """))
+    wrapper.chmod(0o755)
+    proc, out = _run(up, "--python", wrapper, "--one-side-at-a-time", "--no-bisect",
+                     "--files", "tests/unit_tests/test_delta.py", check=0, env={"GTP_CARRY_VERBOSE": "1"})
+    tries = sorted((out / "megatron-lm" / "pristine").glob("launch-*/console.try-*.log"))
+    assert [p.name for p in tries] == ["console.try-1.log"], tries
+    assert "omegaconf" in tries[0].read_text(), tries[0].read_text()[-2000:]
+    stopped = sorted(p.name for p in tries[0].parent.glob("try-1.rank-*.jsonl"))   # kept aside, not read again
+    assert stopped == ["try-1.rank-0.jsonl"], stopped
+    assert '"terminated"' in (tries[0].parent / stopped[0]).read_text()
+    assert "no regression among 1 test(s) compared" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_a_conftest_that_does_not_import_is_reported_once_not_launched_again(up):
     """pytest refuses the session (its usage error: the conftest imports a module the host lacks, as
     Megatron-Bridge's does with transformer_engine on a host without CUDA): the same on every launch,
@@ -813,6 +847,15 @@ def test_what_a_launch_never_reached_is_not_run_and_its_side_is_incomplete():
     never = SideResult()
     _not_reached(never, side, None, set(), "the launch ended before any test ended")
     assert never.not_run == {"tests/unit_tests/test_m.py": "the launch ended before any test ended"}, never.not_run
+    # Where the other side ran that file, its tests are not compared: never one only it has (a failure of
+    # theirs was a regression, a pass "new": 87 and 182 of them, h100/2026-12-06-mlm-three-shards)
+    ran = SideResult(outcomes={ids[0]: Outcome("failed", "SystemExit: 1"), ids[1]: Outcome("passed")})
+    for rows in (compare(never, ran), compare(ran, never)):
+        assert [(r.id, r.category, r.note) for r in rows] == [
+            (ids[0], "not-compared", "the launch ended before any test ended"),
+            (ids[1], "not-compared", "the launch ended before any test ended")], rows
+    got = _summary(compare(never, ran), {"pristine": never, "patched": ran}, "tests/unit_tests", {})
+    assert (got["ok"], got["status"], got["regressions"]) == (False, "incomplete", []), got
 
 
 def test_a_run_where_no_test_passed_on_both_sides_is_an_error_never_passed():
@@ -1741,6 +1784,68 @@ def test_the_bridge_run_compares_its_whole_selection_on_this_series(tmp_path):
         _judged_again(broken, "megatron-bridge", 1900, "run/megatron-bridge")
     sides, _ = _sides_from_records(broken / "run" / "megatron-bridge" / "megatron-bridge")
     assert [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"] == [victim]
+
+
+THREE_SHARDS = EVIDENCE / "h100" / "2026-12-06-mlm-three-shards"
+
+
+def test_the_three_shards_run_has_no_regression_and_its_pristine_side_that_never_ran_compares_nothing(tmp_path):
+    """integration/h100/2026-12-06-mlm-three-shards, judged again from the ranks' records. NeMo-RL's 40
+    files and Bridge's last file on this series pass (0 regressions, none not compared); Megatron-LM's
+    shards 2 and 3 are incomplete with no regression among 326 and 215, and 27 files compared whole. Shard
+    1's pristine side never began (the venv still being installed): the device read the patched side's
+    failures as regressions, today's judge compares none of its tests. The README's tables are these
+    counts. Write a failure into a passed test's patched record in shard 2: a regression."""
+    from carry.evidence.upstream.launch import SideResult
+    from carry.evidence.upstream.verdict import compare, compared_files, counts
+    run = _unzipped(THREE_SHARDS, tmp_path / "good")
+    tables = _readme_tables((THREE_SHARDS / "README.md").read_text())
+    nrl, rows, total = _judged_again(run, "nemo-rl", 380, "run/nemo-rl")
+    assert nrl["status"] == "passed" and nrl["not_compared"] == 0 and total == nrl["counts"]["*"] == tables[0], total
+    assert total["fixed"] == 103 and nrl["series_digest"] == "55a9fda873e9" and nrl["compared_before"] == []
+    bridge, rows, total = _judged_again(run, "megatron-bridge", 5, "run/megatron-bridge")
+    assert bridge["status"] == "passed" and total == tables[1] == {"passed": 5}, total
+    assert [s["path"] for s in bridge["selection"]] == [HF_SERIALIZATION] and len(bridge["compared_before"]) == 63
+    whole = set()
+    for sub, table, compared in (("run/megatron-lm-2", tables[2], 326), ("run/megatron-lm-3", tables[3], 215)):
+        res, rows, total = _judged_again(run, "megatron-lm", 100, sub)
+        assert total == res["counts"]["*"] == table and "regression" not in total, (sub, total)
+        assert res["status"] == "incomplete" and sum(total.values()) - total["not-compared"] == compared, total
+        # today's judge differs from the device's only in which of a flaky test's two runs it names
+        for r, d in zip(rows, res["rows"], strict=True):
+            if r.to_dict() != _astray_today(res, d):
+                assert r.category == d["category"] == "flaky" and r.note.startswith("flaky: "), (r, d)
+        whole |= compared_files(res)
+    assert len(whole) == 27 and "tests/unit_tests/transformer/test_mlp.py" in whole, sorted(whole)
+    first = _result_json(run / "run" / "megatron-lm" / "megatron-lm")
+    assert first["counts"]["*"] == {"not-compared": 962, "regression": 87, "new": 182}   # the device's judge
+    sides = {}
+    for name in ("pristine", "patched"):
+        rec = first["sides"][name]
+        sides[name] = SideResult(not_run=dict(rec["not_run"]), collect_errors=dict(rec["collect_errors"]),
+                                 outcomes={k: Outcome(o["outcome"], o.get("reason", ""), o.get("phase", "call"), 0.0,
+                                                      o.get("ranks", {}), o.get("world", 1))
+                                           for k, o in rec["outcomes"].items()})
+    assert not sides["pristine"].outcomes and [x["ended"] for x in first["sides"]["pristine"]["launches"]] == [0]
+    today = compare(sides["pristine"], sides["patched"])
+    assert counts(today)["*"] == tables[4] == {"not-compared": 1215}, counts(today)["*"]
+    assert compared_files({**first, "rows": [r.to_dict() for r in today]}) == set()
+    # the mutation: one passed test fails on shard 2's patched side
+    broken = _unzipped(THREE_SHARDS, tmp_path / "broken")
+    res = _result_json(broken / "run" / "megatron-lm-2" / "megatron-lm")
+    victim = next(r["id"] for r in res["rows"] if r["category"] == "passed")
+    hits = 0
+    for rank in (broken / "run" / "megatron-lm-2" / "megatron-lm" / "patched").glob("launch-*/rank-*.jsonl"):
+        events = [json.loads(ln) for ln in rank.read_text().splitlines()]
+        for ev in events:
+            if ev.get("ev") == "end" and ev.get("id") == victim:
+                ev["outcome"], ev["reason"], hits = "failed", "AssertionError: a regression written in", hits + 1
+        rank.write_text("".join(json.dumps(ev) + "\n" for ev in events))
+    assert hits, victim
+    with pytest.raises(AssertionError, match=re.escape("assert ('failed', {'...3': 'failed'}) == ('passed', {'...3': 'passed'})")):
+        _judged_again(broken, "megatron-lm", 100, "run/megatron-lm-2")   # not what result.json says
+    sides, _ = _sides_from_records(broken / "run" / "megatron-lm-2" / "megatron-lm")
+    assert victim in [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"]
 
 
 def test_a_selected_file_that_holds_no_test_is_named_never_dropped_silently(up, tmp_path):

@@ -703,6 +703,22 @@ def test_a_launch_whose_ranks_only_were_stopped_is_the_launchers_failure_and_lau
     assert "no regression among 1 test(s) compared" in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_a_session_that_collected_nothing_began_and_is_not_launched_again(tmp_path):
+    """A rank that wrote anything besides being stopped began its session: one that collected no test
+    (pytest's exit 5) wrote what it collected, an empty list, and is no launcher failure to try again."""
+    import time
+
+    from carry.evidence.upstream.launch import Side, run_side
+    from carry.series.testspin import TestsPin
+    write(tmp_path / "side", "tests/test_nothing.py", "def helper():\n    pass\n")
+    pin = TestsPin(upstream="demo", root="tests", launch="pytest", source="tree")
+    side = Side(name="patched", pin=pin, folder=tmp_path / "side", files=["tests/test_nothing.py"], pythonpath=[],
+                out=tmp_path / "out", deadline=time.monotonic() + 120, test_timeout=60)
+    res = run_side(side)
+    assert [(x["returncode"], x["launcher_failures"]) for x in res.launches] == [(5, 0)], res.launches
+    assert not res.outcomes, res.outcomes
+
+
 def test_a_conftest_that_does_not_import_is_reported_once_not_launched_again(up):
     """pytest refuses the session (its usage error: the conftest imports a module the host lacks, as
     Megatron-Bridge's does with transformer_engine on a host without CUDA): the same on every launch,

@@ -315,8 +315,7 @@ def _launch(side: Side, folder: Path, world: int, skip: list[str], only: list[st
             # on the host; a rendezvous refused while the host is out of processes or threads): nothing ran, so
             # launch again, on another port, after a pause that grows; one that fails so every time ends with its
             # tests not run. pytest's own refusal (a conftest that does not import) is not the launcher's: not again.
-            got = read_launch(folder, world)   # a record of being stopped is no start (a peer's plugin failed, 2026-12-06)
-            started = bool(got.started or got.tests or got.collected or got.collect_errors)
+            started = read_launch(folder, world).began   # being stopped is no start (a peer's plugin failed, 2026-12-06)
             pause = 2.0 ** attempt
             if timed_out or started or rc == 0 or attempt == LAUNCH_TRIES or _pytest_refused(side, rc, folder) or \
                     (limit is not None and time.monotonic() - t0 + pause >= limit):

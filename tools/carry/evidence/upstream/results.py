@@ -68,6 +68,7 @@ class Launch:
     astray: dict[str, str] = field(default_factory=dict)                # id -> why its records do not count
     astray_records: dict[str, dict[str, dict]] = field(default_factory=dict)   # id -> rank -> end record
     stopped: dict = field(default_factory=dict)                         # the launcher's STOPPED record
+    began: bool = False    # a rank wrote anything but that it was stopped: its session began (an empty collection too)
     first_start: float | None = None                                    # wall clock: the first test a rank began
     last_record: float | None = None                                    # wall clock: the last line any rank wrote
 
@@ -138,6 +139,7 @@ def read_launch(folder: Path, world: int) -> Launch:
             except ValueError:
                 continue  # a line cut by the kill
             kind, nodeid, t = ev.get("ev"), ev.get("id", ""), ev.get("t")
+            launch.began |= kind != "terminated"
             if isinstance(t, (int, float)):
                 launch.last_record = max(launch.last_record or t, t)
             if kind == "start":

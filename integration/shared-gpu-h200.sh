@@ -229,7 +229,7 @@ case ${1:?step} in
     # In the setup's venv, where its step 20 installed TransformerEngine (the te ferry holds wheels, no site to
     # point --te-site at): wait for that venv (at most 420 s) when a setup runs beside; the series' bases come
     # from the nrl ferry's sources it unpacked.
-    wait_for 420 venv_ok || { stamp "no setup venv that verified ok (/tmp/nrl-run/verify.json): run the setup"; exit 1; }
+    wait_for 420 venv_ok || { stamp "no setup venv that verified ok with its wheels in (/tmp/nrl-run/verify.json, venv-ready.json): run the setup"; exit 1; }
     V=/tmp/nrl-run/venv/bin/python
     stamp "GPU proofs"
     "$V" tools/apply.py --series gtp --workdir /tmp/prove-work --only megatron-lm "${SRC[@]}" \

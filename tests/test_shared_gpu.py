@@ -547,7 +547,7 @@ def test_the_setup_says_its_venv_is_ready_only_once_its_wheels_are_in(tmp_path, 
     hostsetup.setup(lay, tmp_path / "setup.log")
     ready = {name: present for name, present in seen}
     assert [n for n, _ in seen][3:6] == ["make_venv", "run_steps", "install_deps"], seen
-    assert not any(ready[n] for n in ("make_venv", "run_steps", "install_deps")), seen
+    assert not any(ready[n] for n in ("unpack_payload", "make_venv", "run_steps", "install_deps")), seen
     assert ready["fa4_status"], seen
     assert json.loads(lay.venv_ready.read_text()) == {"verify_ok": True, "deps": ["omegaconf.whl"]}
 

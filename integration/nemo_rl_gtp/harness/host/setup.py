@@ -20,7 +20,8 @@ as new as the staged wheels' manylinux tags need (nvidia-resiliency-ext's: 2.39)
      with the venv's torch on the CPU (fixtures.build_weights); their sha256 goes into the
      setup log and OUT/model.json. Built once: a later setup keeps them while config, seed
      and bytes still match.
-The setup leaves setup.log, verify.json and model.json (the weights' sha256) in OUT.
+The setup leaves setup.log, verify.json and model.json (the weights' sha256) in OUT, and
+ROOT/venv-ready.json once the venv holds NeMo-RL's dependency wheels too (what runs in it waits for that).
 
 This module also holds what both halves share: where everything lives on the host
 (:class:`Layout`) and how the harness runs a child (:func:`stream`: carry.runner.stream, its output
@@ -345,8 +346,8 @@ def setup(lay: Layout, log_path: Path) -> dict:
     t0 = time.monotonic()
     with open(log_path, "a") as log:
         log.write(f"[run-on-gpu-host] {libc}\n")
-        manifest = unpack_payload(lay)
         lay.venv_ready.unlink(missing_ok=True)   # a setup run again installs again: nothing waits on the old one
+        manifest = unpack_payload(lay)
         make_venv(lay)
         verify = run_steps(lay, log)
         deps = install_deps(lay, log)

@@ -675,11 +675,17 @@ def test_a_launch_whose_ranks_only_were_stopped_is_the_launchers_failure_and_lau
     they were stopped: no rank began anything, so it is launched again, never taken for a side that ran
     and ended (that side's whole selection was left not run, its other side's failures read as regressions)."""
     plugins = tmp_path / "plugins"
-    write(plugins, "demo_plugin_not_in_yet.py", textwrap.dedent("""
-        import os, time
+    write(plugins, "demo_plugin_not_in_yet.py", textwrap.dedent(f"""
+        import os, pathlib, time
+        waiting = pathlib.Path({str(tmp_path / "rank-0-waits")!r})
         if os.environ.get("RANK") == "1":
+            for _ in range(600):   # rank 0 is in its session (its reporter loaded) before this one fails
+                if waiting.exists():
+                    break
+                time.sleep(0.1)
             raise ImportError("No module named 'omegaconf'")
-        time.sleep(20)   # still starting when torchrun stops it
+        waiting.touch()
+        time.sleep(60)   # still starting when torchrun stops it
     """))
     count = tmp_path / "count"
     wrapper = tmp_path / "python-plugin-missing-once"

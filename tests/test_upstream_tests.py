@@ -1026,19 +1026,25 @@ def _flaky_again(bisect: Path, rows: list) -> None:
             r.category, r.note = "flaky", f"flaky: {r.pristine} on the pristine base, then {base} on the same base"
 
 
+def _recorded_sides(result: dict) -> dict:
+    """Each side of a result.json as the device recorded it (its outcomes, what it did not run, the modules
+    that did not collect), for today's judge to compare again."""
+    from carry.evidence.upstream.launch import SideResult
+    return {name: SideResult(outcomes={k: Outcome(**o) for k, o in result["sides"][name]["outcomes"].items()},
+                             not_run=dict(result["sides"][name]["not_run"]),
+                             collect_errors=dict(result["sides"][name]["collect_errors"]))
+            for name in ("pristine", "patched")}
+
+
 def test_the_committed_cpu_run_of_megatron_lm_compares_again_to_its_rows_and_its_table():
     """integration/cpu-runs/2026-12-04-upstream-tests-megatron-lm (4694 tests of Megatron-LM's, a CPU host;
     its rank records are too large to keep): the two recorded sides compared again give the rows and the
     counts it holds, no regression, and the README's table."""
     import gzip
-    from carry.evidence.upstream.launch import SideResult
     from carry.evidence.upstream.verdict import compare, counts
     run = EVIDENCE / "cpu-runs" / "2026-12-04-upstream-tests-megatron-lm"
     result = json.loads(gzip.decompress((run / "run" / "megatron-lm" / "result.json.gz").read_bytes()))
-    sides = {name: SideResult(outcomes={k: Outcome(**o) for k, o in result["sides"][name]["outcomes"].items()},
-                              not_run=result["sides"][name]["not_run"],
-                              collect_errors=result["sides"][name]["collect_errors"])
-             for name in ("pristine", "patched")}
+    sides = _recorded_sides(result)
     rows = compare(sides["pristine"], sides["patched"])
     total = counts(rows)["*"]
     assert [r.to_dict() for r in rows] == result["rows"] and total == result["counts"]["*"]
@@ -1818,7 +1824,6 @@ def test_the_three_shards_run_has_no_regression_and_its_pristine_side_that_never
     1's pristine side never began (the venv still being installed): the device read the patched side's
     failures as regressions, today's judge compares none of its tests. The README's tables are these
     counts. Write a failure into a passed test's patched record in shard 2: a regression."""
-    from carry.evidence.upstream.launch import SideResult
     from carry.evidence.upstream.verdict import compare, compared_files, counts
     run = _unzipped(THREE_SHARDS, tmp_path / "good")
     tables = _readme_tables((THREE_SHARDS / "README.md").read_text())
@@ -1841,13 +1846,7 @@ def test_the_three_shards_run_has_no_regression_and_its_pristine_side_that_never
     assert len(whole) == 27 and "tests/unit_tests/transformer/test_mlp.py" in whole, sorted(whole)
     first = _result_json(run / "run" / "megatron-lm" / "megatron-lm")
     assert first["counts"]["*"] == {"not-compared": 962, "regression": 87, "new": 182}   # the device's judge
-    sides = {}
-    for name in ("pristine", "patched"):
-        rec = first["sides"][name]
-        sides[name] = SideResult(not_run=dict(rec["not_run"]), collect_errors=dict(rec["collect_errors"]),
-                                 outcomes={k: Outcome(o["outcome"], o.get("reason", ""), o.get("phase", "call"), 0.0,
-                                                      o.get("ranks", {}), o.get("world", 1))
-                                           for k, o in rec["outcomes"].items()})
+    sides = _recorded_sides(first)
     assert not sides["pristine"].outcomes and [x["ended"] for x in first["sides"]["pristine"]["launches"]] == [0]
     today = compare(sides["pristine"], sides["patched"])
     assert counts(today)["*"] == tables[4] == {"not-compared": 1215}, counts(today)["*"]

@@ -268,13 +268,13 @@ def _from_cwd(side: Side, path: str) -> str:
     return path if cwd == "." else path.removeprefix(cwd + "/")
 
 
-def command(side: Side, world: int, files: list[str] | None = None) -> list[str]:
+def command(side: Side, world: int, files: list[str]) -> list[str]:
     pin = side.pin
     pytest = ["-m", "pytest", "-p", "carry_upstream_report", "--maxfail=1000000", "--continue-on-collection-errors"]
     if pin.markers:
         pytest += ["-m", pin.markers]
     pytest += list(pin.args)
-    pytest += [_from_cwd(side, f) for f in (side.files if files is None else files)]
+    pytest += [_from_cwd(side, f) for f in files]
     if pin.launch == "torchrun":
         return [side.python, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
                 "--master-port", str(_free_port()), *pytest]

@@ -1706,6 +1706,10 @@ def test_a_launch_after_the_first_collects_only_the_files_with_tests_left(tmp_pa
     assert sorted(m.rsplit(".", 1)[-1] for m in imported) == ["test_a", "test_b", "test_b", "test_c"], imported
     second = (side.out / res.launches[1]["launch"] / "console.log").read_text().splitlines()[0]
     assert second.endswith(" test_b.py" if cwd == "tests" else " tests/test_b.py"), second
+    # tests left that no selected file holds (never met so far): every file, never none (pytest given no
+    # file runs every test it finds)
+    from carry.evidence.upstream.launch import _files_left
+    assert _files_left(side, {"tests/test_elsewhere.py::t"}, set()) == side.files
 
 
 H100_UT = EVIDENCE / "h100" / "2026-12-05-upstream-tests"

@@ -1948,6 +1948,54 @@ def test_compared_leaves_out_the_files_an_earlier_run_compared_whole_and_only_th
     assert "cannot read it" in missing.stderr, missing.stderr
 
 
+def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_began(up):
+    """In a file an earlier run began (Megatron-LM's transformer/test_attention.py: 113 tests compared, one flaky),
+    --compared runs only what that run left to look at again: its tests not compared, regressed or flaky. The
+    launches pass over the others (the skip list each side's pytest reads), the new rows are the rest of the
+    file, and the two runs together compare the file whole. A test any run found regressed is never passed
+    over, whatever another run found."""
+    files = ("--files", "tests/unit_tests/test_delta.py")
+    env = {**os.environ, "DEMO_ASKS_FOR_THREE": "1"}   # test_delta.py's second test: at 3 ranks, where it asks
+    _, out = _run(up, "--no-bisect", *files, check=0, env=env)
+    first = read_json(out / "megatron-lm" / "result.json")
+    ids = sorted(r["id"] for r in first["rows"])
+    assert len(ids) == 2 and {r["category"] for r in first["rows"]} == {"passed"}, first["rows"]
+    cut = json.loads(json.dumps(first))   # as a run whose budget ended before the second test
+    for row in cut["rows"]:
+        if row["id"] == ids[1]:
+            row.update(pristine="not-run", patched="not-run", category="not-compared")
+    earlier = up["tmp"] / "earlier.json"
+    earlier.write_text(json.dumps(cut))
+    shutil.rmtree(out)
+    proc, out = _run(up, "--no-bisect", *files, "--compared", earlier, check=0, env={**env, "GTP_CARRY_VERBOSE": "1"})
+    again = read_json(out / "megatron-lm" / "result.json")
+    assert again["tests_compared_before"] == [ids[0]] and again["compared_before"] == [], again["tests_compared_before"]
+    assert [r["id"] for r in again["rows"]] == [ids[1]], again["rows"]   # the other test alone ran, on each side
+    assert "1 test(s) of 1 file(s) an earlier run began left out" in proc.stderr, proc.stderr
+    for side in ("pristine", "patched"):
+        skips = [(f.read_text().split()) for f in sorted((out / "megatron-lm" / side).glob("launch-*/skip.txt"))]
+        assert skips and all(ids[0] in s for s in skips), (side, skips)
+        assert ids[0] not in again["sides"][side]["outcomes"], side
+    # the two runs together: the file compared whole, so a third run leaves it out
+    third, _ = _run(up, "--select-only", "--compared", earlier, "--compared", out / "megatron-lm" / "result.json",
+                    check=0)
+    assert "tests/unit_tests/test_delta.py" in read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"]
+    # the second run alone does not: the test it passed over was compared by the earlier one only
+    _run(up, "--select-only", "--compared", out / "megatron-lm" / "result.json", check=0)
+    assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == []
+    # a test one run found regressed: no run passes over it, nor leaves its file out
+    broke = json.loads(json.dumps(first))
+    broke["rows"][0].update(patched="failed", category="regression")
+    (up["tmp"] / "broke.json").write_text(json.dumps(broke))
+    _run(up, "--select-only", "--compared", up["tmp"] / "earlier.json", "--compared", out / "megatron-lm" / "result.json",
+         "--compared", up["tmp"] / "broke.json", check=0)
+    report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+    assert report["compared_before"] == [] and ids[0] not in report["tests_compared_before"], report
+    (up["tmp"] / "whole.json").write_text(json.dumps(first))   # one run compared it whole, another found it regressed
+    _run(up, "--select-only", "--compared", up["tmp"] / "whole.json", "--compared", up["tmp"] / "broke.json", check=0)
+    assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == []
+
+
 @pytest.mark.parametrize("upstream", ["megatron-lm", "megatron-bridge", "nemo-rl"])
 def test_each_committed_gpu_result_the_gpu_script_passes_as_compared_is_one(upstream):
     """shared-gpu-h200.sh passes every committed GPU run of an upstream's tests (committed_results,

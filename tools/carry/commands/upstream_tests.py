@@ -62,8 +62,9 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--compared", action="append", type=Path, metavar="RESULT",
                    help="an earlier run's result.json (or result.json.gz), repeatable: the selected files it compared "
                         "whole (none of its tests not compared, regressed, flaky or refusing the world size it ran at) are "
-                        "left out, to go on "
-                        "where earlier runs stopped; only results of the same upstream, tests pin and series count")
+                        "left out, and in a file it began the tests it compared are passed over, to go on "
+                        "where earlier runs stopped; a test any of them found regressed runs again; only results of the "
+                        "same upstream, tests pin and series count")
     options.add_json(p)
     options.add_cache(p)
     options.add_lock_timeout(p)

@@ -29,7 +29,8 @@ from . import suite
 from .launch import Side, SideResult, run_side
 from .results import signature
 from .select import Picked, select
-from .verdict import Row, compare, compared_files, counts, files_without_rows, outcome_in, side_counts
+from .verdict import (Row, compare, compared_files, compared_tests, counts, file_of, files_without_rows, outcome_in,
+                      regressed_tests, side_counts)
 
 
 @dataclass
@@ -73,7 +74,7 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     picked = _both(selection(series, upstream, folders["patched"], opts),
                    selection(series, upstream, folders["pristine"], opts))
     digest = series.digest(series.patches)[:12]
-    before, begun = _compared_before(upstream, pin.describe(), digest, opts.compared)
+    before, begun, done = _compared_before(upstream, pin.describe(), digest, opts.compared)
     left_out = [p.path for p in picked if p.path in before]
     # New ground first: a file an earlier run began and did not finish (some of its tests compared, others cut
     # by the budget, flaky, regressed) goes after every file no run has reached, so that it cannot take a
@@ -83,12 +84,19 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     if opts.shard:   # after --compared: the K parts of what is left share it out evenly, whatever ran before
         i, k = opts.shard
         picked = picked[i - 1::k]
+    # In a file begun before, the tests compared then stay out: the launches pass them over as they pass over
+    # the tests an earlier launch of the side ended (the skip list), and this run's rows are the file's others
+    done = {nodeid for nodeid in done if file_of(nodeid) in {p.path for p in picked}}
     report = {"upstream": upstream, "tests": pin.describe(), "series_digest": digest, "launch": pin.launch,
               "nproc": opts.nproc or pin.nproc, "selection": [{"path": p.path, "reasons": p.reasons} for p in picked],
-              "compared_before": left_out, **({"shard": "%d/%d" % opts.shard} if opts.shard else {})}
+              "compared_before": left_out, "tests_compared_before": sorted(done),
+              **({"shard": "%d/%d" % opts.shard} if opts.shard else {})}
     if left_out:
         progress.say(f"{upstream}: {len(left_out)} selected test file(s) left out: an earlier run (--compared) "
                      f"compared every test of theirs")
+    if done:
+        progress.say(f"{upstream}: {len(done)} test(s) of {len({file_of(n) for n in done})} file(s) an earlier run "
+                     f"began left out: it compared them (--compared); the rest of those files runs")
     if opts.select_only:
         return report
     if not picked:
@@ -100,7 +108,8 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
         return report
     files = [p.path for p in picked]
     deadline = time.monotonic() + opts.budget_s if opts.budget_s else None
-    sides = {name: _side(name, series, upstream, folders[name], files, tree_set, out / name, opts, deadline)
+    sides = {name: _side(name, series, upstream, folders[name], files, tree_set, out / name, opts, deadline,
+                         compared=done)
              for name, tree_set in (("pristine", pristine_trees), ("patched", trees))}
     progress.say(f"{upstream}: {len(files)} test file(s) selected; running pristine and patched "
                  f"({pin.launch}, {opts.nproc or pin.nproc} rank(s))")
@@ -141,17 +150,24 @@ def _unbisected(summary: dict) -> dict:
                       f"{summary['status']}: {summary['reason']}"}
 
 
-def _compared_before(upstream: str, tests: str, digest: str, results: list[dict]) -> tuple[set[str], set[str]]:
-    """The files the earlier runs of this upstream's tests at this pin, on this very series, compared whole,
-    and those they began (a test of theirs compared, not only collected). A run on another series (a patch
-    changed since; or one whose result does not name its series) says nothing of this one."""
+def _compared_before(upstream: str, tests: str, digest: str, results: list[dict]) -> tuple[set[str], set[str], set[str]]:
+    """What the earlier runs of this upstream's tests at this pin, on this very series, compared: the files
+    they compared whole, those they began (a test of theirs compared, not only collected), and the tests they compared one by one
+    (the begun files' tests that need not run again). A test one of them found regressed counts as compared
+    in none, nor does its file. A run on another series (a patch changed since; or one whose result does not
+    name its series) says nothing of this one."""
     mine = [r for r in results if r.get("upstream") == upstream]
     fit = [r for r in mine if r.get("tests") == tests and r.get("series_digest") == digest]
     if len(fit) < len(mine):
         progress.say(f"{upstream}: {len(mine) - len(fit)} --compared result(s) count for nothing: another tests pin, "
                      f"or a series other than this one ({digest}), or written before results named their series")
-    return (set().union(*(compared_files(r) for r in fit)),
-            {Row(**row).file for r in fit for row in r.get("rows", []) if row["category"] != "not-compared"})
+    regressed = set().union(*(regressed_tests(r) for r in fit))
+    tests = set().union(*(compared_tests(r) for r in fit)) - regressed
+    # a run that passed over tests an earlier one compared stands for their file only beside that earlier run
+    unbacked = set().union(*(r.get("tests_compared_before", []) for r in fit)) - tests
+    whole = set().union(*(compared_files(r) for r in fit)) - {file_of(nodeid) for nodeid in regressed | unbacked}
+    begun = {file_of(row["id"]) for r in fit for row in r.get("rows", []) if row["category"] != "not-compared"}
+    return whole, begun, tests
 
 
 def _both(patched: list[Picked], pristine: list[Picked]) -> list[Picked]:
@@ -173,7 +189,8 @@ def _timed(fn, side, seconds: dict, name: str):
 
 
 def _side(name: str, series: Series, upstream: str, folder: Path, files: list[str], trees: dict[str, Path],
-          out: Path, opts: Options, deadline: float | None, only: list[str] | None = None) -> Side:
+          out: Path, opts: Options, deadline: float | None, only: list[str] | None = None,
+          compared: set[str] = frozenset()) -> Side:
     u = series.upstream(upstream)
     own = folder if u.python_path in (".", "") else folder / u.python_path
     others = [str(t if series.upstream(n).python_path in (".", "") else t / series.upstream(n).python_path)
@@ -182,7 +199,8 @@ def _side(name: str, series: Series, upstream: str, folder: Path, files: list[st
     te = tesite.site()  # after the trees, as for the proofs: the trees under test come first
     files = [f for f in files if (folder / f).exists()]   # a file only the other side has: none of its tests here
     return Side(name, u.tests, folder, files, [str(own), *others, *([str(te)] if te else [])], out, nproc=opts.nproc, deadline=deadline,
-                test_timeout=opts.test_timeout, shared_gpu=opts.shared_gpu, only=only, **kwargs)
+                test_timeout=opts.test_timeout, shared_gpu=opts.shared_gpu, only=only, compared=frozenset(compared),
+                **kwargs)
 
 
 def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds: dict,

@@ -61,6 +61,7 @@ class Side:
     test_timeout: float = 900.0
     shared_gpu: bool = False
     only: list[str] | None = None   # run just these test ids (a probe)
+    compared: frozenset[str] = frozenset()   # test ids an earlier run compared (--compared): passed over
     step_grace: float = step.GRACE  # a rank still in a test this long after a peer failed it and left is behind
 
 
@@ -159,7 +160,7 @@ def _resume(side: Side, res: SideResult, world: int) -> None:
 def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, resume: Iterable[str] = ()) -> None:
     """Launch at ``world`` ranks until the launch finishes, resuming past tests it died in (and past
     RESUME, the tests that have an outcome already)."""
-    done: set[str] = set(resume)
+    done: set[str] = set(resume) | side.compared
     wanted = set(only) if only is not None else None
     for i in range(MAX_LAUNCHES):
         if wanted is not None and not wanted - done:   # a launch that ended between tests after its last one

@@ -160,15 +160,35 @@ def compared_files(result: dict) -> set[str]:
     to collect on either side (it ran no test there: what kept it from importing, a module the tests pin lacked
     or a package the host lacked, may be there now); and the files it found holding no test (nothing to run
     again)."""
-    rows = [Row(**row) for row in result.get("rows", [])]
-    again = {r.file for r in rows if r.category in ("not-compared", "regression", "flaky")}
-    again |= {file_of(nodeid) for nodeid in result.get("out_of_step", [])}
+    ids, files = _looked_at_again(result)
+    again = files | {file_of(nodeid) for nodeid in ids}
+    return ({file_of(row["id"]) for row in result.get("rows", [])} - again) | set(result.get("no_tests", []))
+
+
+def compared_tests(result: dict) -> set[str]:
+    """The tests an earlier run compared and found nothing to look at again, test by test (compared_files'
+    rules, each for its own test; a module that failed to collect takes its whole file): a later run on the
+    same series need not run them again where it runs the rest of their file."""
+    ids, files = _looked_at_again(result)
+    return {row["id"] for row in result.get("rows", [])
+            if row["id"] not in ids and file_of(row["id"]) not in files}
+
+
+def regressed_tests(result: dict) -> set[str]:
+    """The tests a run found regressed: no other run's comparison of them, or of their file, stands for it."""
+    return {row["id"] for row in result.get("rows", []) if row["category"] == "regression"}
+
+
+def _looked_at_again(result: dict) -> tuple[set[str], set[str]]:
+    """(test ids, files) of an earlier run that a later one runs again: see compared_files."""
+    ids = {row["id"] for row in result.get("rows", []) if row["category"] in ("not-compared", "regression", "flaky")}
+    ids |= set(result.get("out_of_step", []))
+    files: set[str] = set()
     for side in result.get("sides", {}).values():
-        again |= {file_of(module) for module in side.get("collect_errors", {})}
-        for nodeid, o in side.get("outcomes", {}).items():
-            if unmet_world(Outcome(o["outcome"], o.get("reason", ""), world=o.get("world", 1))):
-                again.add(file_of(nodeid))
-    return ({r.file for r in rows} - again) | set(result.get("no_tests", []))
+        files |= {file_of(module) for module in side.get("collect_errors", {})}
+        ids |= {nodeid for nodeid, o in side.get("outcomes", {}).items()
+                if unmet_world(Outcome(o["outcome"], o.get("reason", ""), world=o.get("world", 1)))}
+    return ids, files
 
 
 def files_without_rows(files: list[str], rows: list[Row], sides) -> list[str]:

@@ -83,7 +83,7 @@ def stage_main(argv: list[str]) -> int:
                    help="xz preset of the payload (default 9: the fewest parts; 1 packs in a fraction of the "
                         "time on a small machine, for about one part more)")
     p.add_argument("--part-mib", type=int, default=0, choices=range(16, 57), metavar="16-56",
-                   help="size of a ferry part, for a link that limits each transfer (default: what fits 64 MiB beside the working "
+                   help="size of a ferry part, for a link that limits each transfer (default: what fits 64 MB beside the working "
                         "tree that travels with it, less 2 MiB, at most 56)")
     p.add_argument("--no-te", action="store_true",
                    help="write no 'te' ferry (the GPU host has TransformerEngine >= 2.19 already)")

@@ -238,7 +238,7 @@ def stage(o: Options) -> dict:
                         payload_bytes=xz.stat().st_size, wheels=len(doc["wheels"]))
         part_bytes = _part_bytes(o)
         progress.say(f"parts of at most {part_bytes / 2**20:.0f} MiB"
-                     + ("" if o.part_mib else " (64 MiB a call, less the working tree that travels with each)"))
+                     + ("" if o.part_mib else " (64 MB a call, less the working tree that travels with each)"))
         parts = ferry.pack(o.ferry_root, FERRY_NAME, xz, manifest, part_bytes)
         result.update(parts=[str(p) for p in parts], part_mb=ferry.sizes_mb(parts),
                       payload_mb=round(xz.stat().st_size / 1e6, 1))

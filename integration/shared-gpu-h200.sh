@@ -65,7 +65,7 @@
 #   setup-bg        in the background: run-on-gpu-host's setup alone (/tmp/o/setup)
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
 # Device time (one H200, 2026-12-04): 16 ferry calls of about 3.5 s (parts of 30 MiB: a call carries the
-# checkout too, 64 MiB in all; stage without --part-mib sizes the parts to the tree as it is: on 2026-12-05 the tree
+# checkout too, 64 MB in all (written 64 MiB: 64.7 MB was refused, 2026-12-06); stage without --part-mib sizes the parts to the tree as it is: on 2026-12-05 the tree
 # had grown to 38 MiB, each call with a 30 MiB part was refused, and the waits after them spent the session; with the
 # evidence's files over 20 KB gzipped the tree is 16.9 MB: parts of 45 MiB, 12 calls for the tests, te and nrl ferries), 376 to 473 s of setup and pretrain (535 s beside Megatron-LM's tests, the GPU at
 # 88 GB then: h200/2026-12-04-beyond-gtp-folder), about 1,020 s for a wave of two learning cases at NeMo-RL's

@@ -1873,6 +1873,49 @@ def test_the_three_shards_run_has_no_regression_and_its_pristine_side_that_never
     assert victim in [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"]
 
 
+PASSED_OVER = EVIDENCE / "h100" / "2026-12-06-mlm-passed-over"
+
+
+def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_it(tmp_path):
+    """integration/h100/2026-12-06-mlm-passed-over, judged again from the ranks' records: Megatron-LM's two
+    shards incomplete with no regression among 384 and 184 compared, the tests earlier runs compared passed
+    over (335 and 208, no row here), the README's tables these counts. With every committed run, 80 of the
+    208 files count as compared whole, among them the 7 whose every test was passed over. Write a failure into
+    a passed test's patched record in shard 2: a regression."""
+    import subprocess
+    from carry.evidence.upstream.check import _compared_before
+    from carry.evidence.upstream.verdict import compare
+    run = _unzipped(PASSED_OVER, tmp_path / "good")
+    tables = _readme_tables((PASSED_OVER / "README.md").read_text())
+    for sub, table, compared, over in (("run/megatron-lm", tables[0], 384, 335),
+                                       ("run/megatron-lm-2", tables[1], 184, 208)):
+        res, rows, total = _judged_again(run, "megatron-lm", 50, sub)
+        assert total == res["counts"]["*"] == table and "regression" not in total, (sub, total)
+        assert res["status"] == "incomplete" and sum(total.values()) - total["not-compared"] == compared, total
+        assert len(res["tests_compared_before"]) == over and not {r.id for r in rows} & set(res["tests_compared_before"])
+        assert [r.to_dict() for r in rows] == [_astray_today(res, d) for d in res["rows"]], sub
+    found = subprocess.run(["bash", "-c", ". integration/shared-gpu-lib.sh && committed_results megatron-lm"],
+                           cwd=ROOT_DIR, capture_output=True, text=True, check=True).stdout.split()
+    results = [_result_json((ROOT_DIR / f).parent) for f in found]
+    pin = _result_json(PASSED_OVER / "run" / "megatron-lm" / "megatron-lm")["tests"]
+    whole, _, _ = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
+    assert len(whole) == 80 and "tests/unit_tests/transformer/moe/test_shared_experts.py" in whole, len(whole)
+    # the mutation: one passed test fails on shard 2's patched side
+    broken = _unzipped(PASSED_OVER, tmp_path / "broken")
+    res = _result_json(broken / "run" / "megatron-lm-2" / "megatron-lm")
+    victim = next(r["id"] for r in res["rows"] if r["category"] == "passed")
+    hits = 0
+    for rank in (broken / "run" / "megatron-lm-2" / "megatron-lm" / "patched").glob("launch-*/rank-*.jsonl"):
+        events = [json.loads(ln) for ln in rank.read_text().splitlines()]
+        for ev in events:
+            if ev.get("ev") == "end" and ev.get("id") == victim:
+                ev["outcome"], ev["reason"], hits = "failed", "AssertionError: a regression written in", hits + 1
+        rank.write_text("".join(json.dumps(ev) + "\n" for ev in events))
+    assert hits, victim
+    sides, _ = _sides_from_records(broken / "run" / "megatron-lm-2" / "megatron-lm")
+    assert victim in [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"]
+
+
 def test_a_selected_file_that_holds_no_test_is_named_never_dropped_silently(up, tmp_path):
     """A selected file pytest collects no test from (upstream keeps its tests in a string there: Megatron-LM's
     transformer/test_core_attention.py on one H100, 2026-12-05) gives no row; the result names it, its reason
@@ -1980,6 +2023,18 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
     third, _ = _run(up, "--select-only", "--compared", earlier, "--compared", out / "megatron-lm" / "result.json",
                     check=0)
     assert "tests/unit_tests/test_delta.py" in read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"]
+    # two runs each cut short in the file, the one comparing what the other did not, compare it whole, whatever
+    # a run that never collected it (its one row the file's, not compared) said
+    other = json.loads(json.dumps(first))
+    for row in other["rows"]:
+        if row["id"] == ids[0]:
+            row.update(pristine="not-run", patched="not-run", category="not-compared")
+    other["rows"].append({"id": "tests/unit_tests/test_delta.py", "pristine": "not-run", "patched": "not-run",
+                          "category": "not-compared", "pristine_reason": "", "patched_reason": "",
+                          "note": "the launch ended before any test ended"})
+    (up["tmp"] / "other.json").write_text(json.dumps(other))
+    _run(up, "--select-only", "--compared", earlier, "--compared", up["tmp"] / "other.json", check=0)
+    assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == ["tests/unit_tests/test_delta.py"]
     # the second run alone does not: the test it passed over was compared by the earlier one only
     _run(up, "--select-only", "--compared", out / "megatron-lm" / "result.json", check=0)
     assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == []

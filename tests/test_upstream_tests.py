@@ -1818,6 +1818,21 @@ def test_the_bridge_run_compares_its_whole_selection_on_this_series(tmp_path):
     assert [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"] == [victim]
 
 
+def _failure_written_in(folder: Path) -> str:
+    """The mutation of a committed run: the first passed test of FOLDER's result.json fails in each of its
+    patched side's rank records; its id."""
+    victim = next(r["id"] for r in _result_json(folder)["rows"] if r["category"] == "passed")
+    hits = 0
+    for rank in (folder / "patched").glob("launch-*/rank-*.jsonl"):
+        events = [json.loads(ln) for ln in rank.read_text().splitlines()]
+        for ev in events:
+            if ev.get("ev") == "end" and ev.get("id") == victim:
+                ev["outcome"], ev["reason"], hits = "failed", "AssertionError: a regression written in", hits + 1
+        rank.write_text("".join(json.dumps(ev) + "\n" for ev in events))
+    assert hits, victim
+    return victim
+
+
 THREE_SHARDS = EVIDENCE / "h100" / "2026-12-06-mlm-three-shards"
 
 
@@ -1857,16 +1872,7 @@ def test_the_three_shards_run_has_no_regression_and_its_pristine_side_that_never
     assert compared_files({**first, "rows": [r.to_dict() for r in today]}) == set()
     # the mutation: one passed test fails on shard 2's patched side
     broken = _unzipped(THREE_SHARDS, tmp_path / "broken")
-    res = _result_json(broken / "run" / "megatron-lm-2" / "megatron-lm")
-    victim = next(r["id"] for r in res["rows"] if r["category"] == "passed")
-    hits = 0
-    for rank in (broken / "run" / "megatron-lm-2" / "megatron-lm" / "patched").glob("launch-*/rank-*.jsonl"):
-        events = [json.loads(ln) for ln in rank.read_text().splitlines()]
-        for ev in events:
-            if ev.get("ev") == "end" and ev.get("id") == victim:
-                ev["outcome"], ev["reason"], hits = "failed", "AssertionError: a regression written in", hits + 1
-        rank.write_text("".join(json.dumps(ev) + "\n" for ev in events))
-    assert hits, victim
+    victim = _failure_written_in(broken / "run" / "megatron-lm-2" / "megatron-lm")
     with pytest.raises(AssertionError, match=re.escape("assert ('failed', {'...3': 'failed'}) == ('passed', {'...3': 'passed'})")):
         _judged_again(broken, "megatron-lm", 100, "run/megatron-lm-2")   # not what result.json says
     sides, _ = _sides_from_records(broken / "run" / "megatron-lm-2" / "megatron-lm")
@@ -1902,16 +1908,7 @@ def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_i
     assert len(whole) == 80 and "tests/unit_tests/transformer/moe/test_shared_experts.py" in whole, len(whole)
     # the mutation: one passed test fails on shard 2's patched side
     broken = _unzipped(PASSED_OVER, tmp_path / "broken")
-    res = _result_json(broken / "run" / "megatron-lm-2" / "megatron-lm")
-    victim = next(r["id"] for r in res["rows"] if r["category"] == "passed")
-    hits = 0
-    for rank in (broken / "run" / "megatron-lm-2" / "megatron-lm" / "patched").glob("launch-*/rank-*.jsonl"):
-        events = [json.loads(ln) for ln in rank.read_text().splitlines()]
-        for ev in events:
-            if ev.get("ev") == "end" and ev.get("id") == victim:
-                ev["outcome"], ev["reason"], hits = "failed", "AssertionError: a regression written in", hits + 1
-        rank.write_text("".join(json.dumps(ev) + "\n" for ev in events))
-    assert hits, victim
+    victim = _failure_written_in(broken / "run" / "megatron-lm-2" / "megatron-lm")
     sides, _ = _sides_from_records(broken / "run" / "megatron-lm-2" / "megatron-lm")
     assert victim in [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"]
 

@@ -93,12 +93,11 @@ TESTS = {
             pytest.skip("needs something this host lacks")
 
         def test_flaky_on_the_patched_trees():
-            marker = os.environ.get("FLAKY_MARKER")
-            if marker and alpha.value_5 == "patched":
-                try:
-                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
-                except FileExistsError:
-                    return
+            # fails in the run's own launches on the patched trees, passes when the bisection runs it again
+            # there (a marker file of the first run lost its one failure where a busy host's launcher cut
+            # that run short and ran the test again: passed, never flaky)
+            if os.environ.get("FLAKY_MARKER") and alpha.value_5 == "patched" \
+                    and "bisect" not in os.environ.get("CARRY_UT_OUT", ""):
                 raise AssertionError("the first run on the patched trees fails, no later one")
 
         def test_sees_its_own_temporary_folder():

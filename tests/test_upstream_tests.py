@@ -2015,6 +2015,9 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
         skips = [(f.read_text().split()) for f in sorted((out / "megatron-lm" / side).glob("launch-*/skip.txt"))]
         assert skips and all(ids[0] in s for s in skips), (side, skips)
         assert ids[0] not in again["sides"][side]["outcomes"], side
+    # a run of other files passes over none of them (nor names them: the tests of its own files only)
+    _run(up, "--select-only", "--files", "tests/unit_tests/test_alpha.py", "--compared", earlier, check=0)
+    assert read_json(up["tmp"] / "report.json")["upstreams"][0]["tests_compared_before"] == []
     # the two runs together: the file compared whole, so a third run leaves it out
     third, _ = _run(up, "--select-only", "--compared", earlier, "--compared", out / "megatron-lm" / "result.json",
                     check=0)
@@ -2031,6 +2034,10 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
     (up["tmp"] / "other.json").write_text(json.dumps(other))
     _run(up, "--select-only", "--compared", earlier, "--compared", up["tmp"] / "other.json", check=0)
     assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == ["tests/unit_tests/test_delta.py"]
+    # a run that found the file holding no test says nothing against one that collected a test there
+    (up["tmp"] / "empty.json").write_text(json.dumps({**first, "rows": [], "no_tests": ["tests/unit_tests/test_delta.py"]}))
+    _run(up, "--select-only", "--compared", earlier, "--compared", up["tmp"] / "empty.json", check=0)
+    assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == []
     # the second run alone does not: the test it passed over was compared by the earlier one only
     _run(up, "--select-only", "--compared", out / "megatron-lm" / "result.json", check=0)
     assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == []

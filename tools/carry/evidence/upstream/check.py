@@ -29,8 +29,8 @@ from . import suite
 from .launch import Side, SideResult, run_side
 from .results import signature
 from .select import Picked, select
-from .verdict import (Row, compare, compared_files, compared_tests, counts, file_of, files_without_rows, outcome_in,
-                      regressed_tests, side_counts)
+from .verdict import (Row, compare, compared_by, compared_whole, counts, file_of, files_without_rows, outcome_in,
+                      side_counts)
 
 
 @dataclass
@@ -86,7 +86,8 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
         picked = picked[i - 1::k]
     # In a file begun before, the tests compared then stay out: the launches pass them over as they pass over
     # the tests an earlier launch of the side ended (the skip list), and this run's rows are the file's others
-    done = {nodeid for nodeid in done if file_of(nodeid) in {p.path for p in picked}}
+    paths = {p.path for p in picked}
+    done = {nodeid for nodeid in done if file_of(nodeid) in paths}
     report = {"upstream": upstream, "tests": pin.describe(), "series_digest": digest, "launch": pin.launch,
               "nproc": opts.nproc or pin.nproc, "selection": [{"path": p.path, "reasons": p.reasons} for p in picked],
               "compared_before": left_out, "tests_compared_before": sorted(done),
@@ -152,31 +153,17 @@ def _unbisected(summary: dict) -> dict:
 
 def _compared_before(upstream: str, tests: str, digest: str, results: list[dict]) -> tuple[set[str], set[str], set[str]]:
     """What the earlier runs of this upstream's tests at this pin, on this very series, compared: the files
-    they compared whole, those they began (a test of theirs compared, not only collected), and the tests they compared one by one
-    (the begun files' tests that need not run again). A test one of them found regressed counts as compared
-    in none, nor does its file. A run on another series (a patch changed since; or one whose result does not
-    name its series) says nothing of this one."""
+    they compared whole between them (compared_whole), those they began (a test of theirs compared, not only
+    collected), and the tests they compared one by one (compared_by: the begun files' tests that need not run
+    again). A run on another series (a patch changed since; or one whose result does not name its series) says
+    nothing of this one."""
     mine = [r for r in results if r.get("upstream") == upstream]
     fit = [r for r in mine if r.get("tests") == tests and r.get("series_digest") == digest]
     if len(fit) < len(mine):
         progress.say(f"{upstream}: {len(mine) - len(fit)} --compared result(s) count for nothing: another tests pin, "
                      f"or a series other than this one ({digest}), or written before results named their series")
-    regressed = set().union(*(regressed_tests(r) for r in fit))
-    tests = set().union(*(compared_tests(r) for r in fit)) - regressed
-    # a run that passed over tests an earlier one compared stands for their file only beside that earlier run
-    unbacked = set().union(*(r.get("tests_compared_before", []) for r in fit)) - tests
-    # and a file whose every test some run compared is whole, whatever a run that never collected it (its one row
-    # the file's, not compared) or one cut short in it said: Megatron-LM's test_shared_experts.py ran again,
-    # all 17 of its tests passed over, after a side that died before collecting had left it so
-    known: dict[str, set[str]] = {}
-    for r in fit:
-        for row in r.get("rows", []):
-            if "::" in row["id"]:
-                known.setdefault(file_of(row["id"]), set()).add(row["id"])
-    whole = set().union(*(compared_files(r) for r in fit)) | {f for f, ids in known.items() if ids <= tests}
-    whole -= {file_of(nodeid) for nodeid in regressed | unbacked}
     begun = {file_of(row["id"]) for r in fit for row in r.get("rows", []) if row["category"] != "not-compared"}
-    return whole, begun, tests
+    return compared_whole(fit), begun, compared_by(fit)
 
 
 def _both(patched: list[Picked], pristine: list[Picked]) -> list[Picked]:

@@ -152,35 +152,49 @@ def side_counts(side: SideResult) -> dict[str, int]:
 
 
 def compared_files(result: dict) -> set[str]:
-    """The test files an earlier run (its result.json) compared whole and found nothing to look at again, as
-    today's judge reads it: none of their tests not compared, regressed or flaky (a file left out so would
-    hide what that run found), and no outcome a refusal of the world size it ran at (launch.unmet_world),
-    which an older judge took for a verdict, nor any test whose result came from ranks out of step
-    (``out_of_step``: results.out_of_step_beside, read by whoever loads the result), and no module that failed
-    to collect on either side (it ran no test there: what kept it from importing, a module the tests pin lacked
-    or a package the host lacked, may be there now); and the files it found holding no test (nothing to run
-    again)."""
-    ids, files = _looked_at_again(result)
-    again = files | {file_of(nodeid) for nodeid in ids}
-    return ({file_of(row["id"]) for row in result.get("rows", [])} - again) | set(result.get("no_tests", []))
+    """The test files one earlier run (its result.json) compared whole: compared_whole of it alone."""
+    return compared_whole([result])
+
+
+def compared_whole(results: list[dict]) -> set[str]:
+    """The test files earlier runs (their result.json, of one upstream, tests pin and series) compared whole
+    between them, as today's judge reads them: each test any of them knows there (a row, or a test it passed
+    over as compared before) compared by one of them (compared_by);
+    and the files one found holding no test where none knows a test (nothing to run again). So a file stays
+    in while a test of it was not compared, regressed, was flaky, refused the world size it ran at
+    (launch.unmet_world: an older judge took that for a verdict) or came from ranks out of step
+    (results.out_of_step_beside, read by whoever loads the result); while its module failed to collect on
+    either side in every run that knows it (it ran no test there: what kept it from importing may be there
+    now); and for as long as any run found a test of it regressed. A row that names the file alone (a side
+    that never collected it) says nothing against the runs that compared its tests."""
+    tests = compared_by(results)
+    known: dict[str, set[str]] = {}
+    for r in results:
+        for nodeid in [row["id"] for row in r.get("rows", [])] + list(r.get("tests_compared_before", [])):
+            if "::" in nodeid:
+                known.setdefault(file_of(nodeid), set()).add(nodeid)
+    empty = set().union(*(r.get("no_tests", []) for r in results)) - known.keys()
+    return {f for f, ids in known.items() if ids <= tests} | empty
+
+
+def compared_by(results: list[dict]) -> set[str]:
+    """The tests one of the runs compared with nothing to look at again (compared_tests) and none found regressed:
+    a later run on the same series need not run them again."""
+    regressed = {row["id"] for r in results for row in r.get("rows", []) if row["category"] == "regression"}
+    return set().union(*(compared_tests(r) for r in results)) - regressed
 
 
 def compared_tests(result: dict) -> set[str]:
-    """The tests an earlier run compared and found nothing to look at again, test by test (compared_files'
-    rules, each for its own test; a module that failed to collect takes its whole file): a later run on the
-    same series need not run them again where it runs the rest of their file."""
+    """The tests one run compared and found nothing to look at again: none not compared, regressed or flaky,
+    none refusing the world size it ran at, none from ranks out of step, none of a module that failed to
+    collect on either side."""
     ids, files = _looked_at_again(result)
     return {row["id"] for row in result.get("rows", [])
             if row["id"] not in ids and file_of(row["id"]) not in files}
 
 
-def regressed_tests(result: dict) -> set[str]:
-    """The tests a run found regressed: no other run's comparison of them, or of their file, stands for it."""
-    return {row["id"] for row in result.get("rows", []) if row["category"] == "regression"}
-
-
 def _looked_at_again(result: dict) -> tuple[set[str], set[str]]:
-    """(test ids, files) of an earlier run that a later one runs again: see compared_files."""
+    """(test ids, files) of an earlier run that a later one runs again: see compared_tests."""
     ids = {row["id"] for row in result.get("rows", []) if row["category"] in ("not-compared", "regression", "flaky")}
     ids |= set(result.get("out_of_step", []))
     files: set[str] = set()

@@ -1878,6 +1878,17 @@ def test_the_three_shards_run_has_no_regression_and_its_pristine_side_that_never
     assert victim in [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"]
 
 
+def _committed_results(upstream: str, without: tuple[str, ...] = ()) -> list[dict]:
+    """The committed GPU runs' result.json of UPSTREAM's tests as tools/upstream_tests.py --compared reads each
+    (its _result: the ranks' records beside it judged again), the runs the nightly's cell passes
+    (committed_results, shared-gpu-lib.sh), but for the runs named in WITHOUT (a folder's name)."""
+    from carry.commands.upstream_tests import _result
+    found = subprocess.run(["bash", "-c", f". integration/shared-gpu-lib.sh && committed_results {upstream}"],
+                           cwd=ROOT_DIR, capture_output=True, text=True, check=True).stdout.split()
+    found = [f for f in found if f.split("/")[2] not in without]
+    return [_result(ROOT_DIR / f) for f in found]
+
+
 PASSED_OVER = EVIDENCE / "h100" / "2026-12-06-mlm-passed-over"
 
 
@@ -1885,9 +1896,9 @@ def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_i
     """integration/h100/2026-12-06-mlm-passed-over, judged again from the ranks' records: Megatron-LM's two
     shards incomplete with no regression among 384 and 184 compared, the tests earlier runs compared passed
     over (335 and 208, no row here), the README's tables these counts. With every committed run, 80 of the
-    208 files count as compared whole, among them the 7 whose every test was passed over. Write a failure into
-    a passed test's patched record in shard 2: a regression."""
-    import subprocess
+    208 files counted as compared whole (as the device read them: the ranks' records beside each result included),
+    among them the 7 whose every test was passed over. Write a failure into a passed test's patched record in
+    shard 2: a regression."""
     from carry.evidence.upstream.check import _compared_before
     from carry.evidence.upstream.verdict import compare
     run = _unzipped(PASSED_OVER, tmp_path / "good")
@@ -1899,18 +1910,55 @@ def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_i
         assert res["status"] == "incomplete" and sum(total.values()) - total["not-compared"] == compared, total
         assert len(res["tests_compared_before"]) == over and not {r.id for r in rows} & set(res["tests_compared_before"])
         assert [r.to_dict() for r in rows] == [_astray_today(res, d) for d in res["rows"]], sub
-    found = subprocess.run(["bash", "-c", ". integration/shared-gpu-lib.sh && committed_results megatron-lm"],
-                           cwd=ROOT_DIR, capture_output=True, text=True, check=True).stdout.split()
-    results = [_result_json((ROOT_DIR / f).parent) for f in found]
+    results = _committed_results("megatron-lm", without=("2026-12-06-mlm-whole-budget",))
     pin = _result_json(PASSED_OVER / "run" / "megatron-lm" / "megatron-lm")["tests"]
     whole, _, _ = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
-    assert len(whole) == 80 and "tests/unit_tests/transformer/moe/test_shared_experts.py" in whole, len(whole)
+    assert len(whole) == 79 and "tests/unit_tests/transformer/moe/test_shared_experts.py" in whole, len(whole)
+    assert "tests/unit_tests/data/test_gpt_dataset.py" not in whole   # one of its tests came from ranks out of step
     # the mutation: one passed test fails on shard 2's patched side
     broken = _unzipped(PASSED_OVER, tmp_path / "broken")
     victim = _failure_written_in(broken / "run" / "megatron-lm-2" / "megatron-lm")
     sides, _ = _sides_from_records(broken / "run" / "megatron-lm-2" / "megatron-lm")
     assert victim in [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"]
 
+
+WHOLE_BUDGET = EVIDENCE / "h100" / "2026-12-06-mlm-whole-budget"
+
+
+def test_the_whole_budget_run_has_no_regression_and_leaves_68_files(tmp_path):
+    """integration/h100/2026-12-06-mlm-whole-budget, judged again from the ranks' records: Megatron-LM's two
+    shards incomplete with no regression among 731 and 1,507 compared, the tests earlier runs compared passed
+    over (489 and 304, no row here), the README's tables these counts. With every committed run, read as
+    --compared reads them, 140 of the 208 files are compared whole and 1,958 tests of 54 files are left.
+    Write a failure into a passed test's patched record in shard 1: a regression."""
+    from carry.evidence.upstream.check import _compared_before
+    from carry.evidence.upstream.verdict import compare, file_of
+    run = _unzipped(WHOLE_BUDGET, tmp_path / "good")
+    tables = _readme_tables((WHOLE_BUDGET / "README.md").read_text())
+    for sub, table, compared, over in (("run/megatron-lm", tables[0], 731, 489),
+                                       ("run/megatron-lm-2", tables[1], 1507, 304)):
+        res, rows, total = _judged_again(run, "megatron-lm", 700, sub)
+        assert total == res["counts"]["*"] == table and "regression" not in total, (sub, total)
+        assert res["status"] == "incomplete" and sum(total.values()) - total["not-compared"] == compared, total
+        assert len(res["tests_compared_before"]) == over and not {r.id for r in rows} & set(res["tests_compared_before"])
+        # today's judge differs from the device's only in which of a flaky test's two runs it names
+        for r, d in zip(rows, res["rows"], strict=True):
+            if r.to_dict() != _astray_today(res, d):
+                assert r.category == d["category"] == "flaky" and r.note.startswith("flaky: "), (r, d)
+    results = _committed_results("megatron-lm")
+    mine = [r for r in results if r.get("series_digest") == "55a9fda873e9"]
+    pin = _result_json(WHOLE_BUDGET / "run" / "megatron-lm" / "megatron-lm")["tests"]
+    whole, _, by = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
+    selected = set().union(*({s["path"] for s in r["selection"]} | set(r["compared_before"]) for r in mine
+                             if r.get("tests") == pin))
+    known = {i for r in mine for i in [row["id"] for row in r["rows"]] + r.get("tests_compared_before", []) if "::" in i}
+    left = {i for i in known if file_of(i) in selected - whole and i not in by}
+    assert (len(selected), len(whole), len(left), len({file_of(i) for i in left})) == (208, 140, 1958, 54)
+    # the mutation: one passed test fails on shard 1's patched side
+    broken = _unzipped(WHOLE_BUDGET, tmp_path / "broken")
+    victim = _failure_written_in(broken / "run" / "megatron-lm" / "megatron-lm")
+    sides, _ = _sides_from_records(broken / "run" / "megatron-lm" / "megatron-lm")
+    assert victim in [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"]
 
 def test_a_selected_file_that_holds_no_test_is_named_never_dropped_silently(up, tmp_path):
     """A selected file pytest collects no test from (upstream keeps its tests in a string there: Megatron-LM's
@@ -2059,7 +2107,6 @@ def test_each_committed_gpu_result_the_gpu_script_passes_as_compared_is_one(upst
     """shared-gpu-h200.sh passes every committed GPU run of an upstream's tests (committed_results,
     shared-gpu-lib.sh) to --compared: each must read as a result.json of that upstream (one that does
     not would stop the GPU run at its start, as bad input)."""
-    import subprocess
     from carry.commands.upstream_tests import _result
     found = subprocess.run(["bash", "-c", f". integration/shared-gpu-lib.sh && committed_results {upstream}"], cwd=ROOT_DIR,
                            capture_output=True, text=True, check=True).stdout.split()

@@ -117,13 +117,14 @@ def test_lock_is_canonical_and_pins_every_artifact():
 
 def test_the_lock_pins_what_the_upstream_tests_import_apart_from_the_run(tmp_path):
     """[[tests]]: what Megatron-LM's own unit tests import that the stack lacks (wandb and openai and what they
-    need beside the stack, flash-linear-attention, emerging-optimizers) and Bridge's (diffusers), at the versions of each one's own
+    need beside the stack, flash-linear-attention, emerging-optimizers, pytest-asyncio) and Bridge's (diffusers), at the versions of each one's own
     uv.lock at its tests commit; the tests ferry carries them, never the run's venv. A name pinned in two tables is refused."""
     lk = wheel_lock.load(NRL / "wheels.toml")
     got = {a.name: a.version for a in lk.tests}
     assert got == {"wandb": "0.28.1", "platformdirs": "4.11.3", "sentry-sdk": "2.68.0",
                    "flash-linear-attention": "0.4.2", "fla-core": "0.4.2", "diffusers": "0.39.0", "openai": "2.53.0",
-                   "distro": "1.9.0", "jiter": "0.16.0", "sniffio": "1.3.1", "emerging-optimizers": "0.3.0"}, got
+                   "distro": "1.9.0", "jiter": "0.16.0", "sniffio": "1.3.1", "emerging-optimizers": "0.3.0",
+                   "pytest-asyncio": "1.4.0"}, got
     assert all(a.why for a in lk.tests) and not set(got) & {a.name for a in lk.artifacts + lk.te}
     twice = tmp_path / "wheels.toml"
     entry = 'name = "x"\nversion = "1"\nfile = "x-1-py3-none-any.whl"\nsha256 = "' + "0" * 64 + '"\n'

@@ -55,7 +55,9 @@
 #                   UT_MLM_SHARDS=K (default 1): Megatron-LM's files in K parts run side by side (--shard I/K, each its own
 #                   workspace and out folder ut/megatron-lm, ut/megatron-lm-2, ...: one part leaves most of the host's cores idle);
 #                   the files a committed GPU run (integration/h100, h200) compared whole on this very series stay out
-#                   (tools/upstream_tests.py --compared; UT_COMPARED=none: run them again)
+#                   (tools/upstream_tests.py --compared; UT_COMPARED=none: run them again); UT_MLM_LOOK_AGAIN='TEXT;TEXT'
+#                   runs again the committed runs' Megatron-LM known failures whose first error line holds a TEXT (--look-again:
+#                   the host has what they lacked since, e.g. 'async def functions are not natively supported')
 #                   Pace (one H100, 2026-12-05, h100/2026-12-05-shards): one of two shards compared 391 tests in 1,250 s per
 #                   side; a file whose tests time out (resharding/test_model_swap.py) ends a launch each time, about 200 s;
 #                   15 of those launches waited out the 120 s per-test timeout for ranks a peer had left behind, which the
@@ -324,11 +326,11 @@ from harness.host import cases; print(cases.LEARNING_LR)")
   upstream-tests-bg)
     export S UT_BUDGET=${UT_BUDGET:-600} UT_ONLY=${UT_ONLY:-"megatron-lm megatron-bridge nemo-rl"} \
       UT_MLM_FILES=${UT_MLM_FILES:-} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} UT_MLM_SHARDS=${UT_MLM_SHARDS:-1} \
-      UT_SETUP=${UT_SETUP:-}
+      UT_SETUP=${UT_SETUP:-} UT_MLM_LOOK_AGAIN=${UT_MLM_LOOK_AGAIN:-}
     case $UT_MLM_SHARDS in [1-9]) ;; *) stamp "refused: UT_MLM_SHARDS is 1 to 9, not '$UT_MLM_SHARDS'"; exit 2 ;; esac
     mkdir -p /tmp/o/ut
     setsid nohup bash -c '
-      . integration/shared-gpu-lib.sh   # stamp; setup_model; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env; committed_results; unpack_tests_ferry
+      . integration/shared-gpu-lib.sh   # stamp; setup_model; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env; compared_args; unpack_tests_ferry
       P=/tmp/ut-src; U=/tmp/o/ut; V=/tmp/nrl-run/venv/bin/python
       case " $UT_ONLY " in *" megatron-lm "*|*" megatron-bridge "*) unpack_tests_ferry "$P" || stamp "the tests ferry did not unpack whole in $P (its archives or its wheels: the lines above)" ;; esac
       # the setup unpacks the sources first, then builds the venv; none running, or one that ended without them, ends this
@@ -369,10 +371,10 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         # Megatron-LM'"'"'s and Bridge'"'"'s get the tests ferry'"'"'s site (wandb, flash-linear-attention: what they import
         # that the stack lacks, unpack_tests_ferry), after the trees and TE on their path; the run'"'"'s venv is unchanged
         [ "$up" != nemo-rl ] && [ -d "$P/site" ] && extra=("PYTHONPATH=$P/site")
-        # Where the committed GPU runs stopped (--compared: the files one compared whole, on this very series, stay out)
-        local compared=() f
-        while IFS= read -r f; do compared+=(--compared "$f"); done < <(committed_results "$up")
-        [ "${UT_COMPARED:-all}" = none ] && compared=()
+        # Where the committed GPU runs stopped (--compared: the files one compared whole, on this very series, stay
+        # out; --look-again: the known failures to run again, UT_MLM_LOOK_AGAIN)
+        local compared=() a
+        while IFS= read -r -d "" a; do compared+=("$a"); done < <(compared_args "$up")
         env "${extra[@]}" timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$name" --only "$up" \
           --python "$V" --shared-gpu --budget "$UT_BUDGET" --test-timeout 120 --cache /tmp/ut-cache \
           --out "$U/$name" --json "$U/$name.report.json" "${compared[@]}" "$@" > "$U/$name.console.txt" 2>&1

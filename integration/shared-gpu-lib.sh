@@ -52,6 +52,18 @@ wave_width() {  # wave_width TOTAL_MIB: how many learning cases one GPU of that 
 committed_results() {  # committed_results UPSTREAM: the result.json of each committed GPU run of UPSTREAM's tests
   find integration/h100 integration/h200 -path "*/${1:?upstream}/result.json*" -not -path "*/bisect/*" 2>/dev/null | sort
 }
+compared_args() {  # compared_args UPSTREAM: tools/upstream_tests.py's arguments for where the committed GPU runs
+  # stopped, NUL-separated: --compared each of their results (committed_results; none with UT_COMPARED=none) and,
+  # for Megatron-LM with results to name, --look-again each ;-separated TEXT of UT_MLM_LOOK_AGAIN
+  local up=${1:?upstream} f text again=() n=0
+  [ "${UT_COMPARED:-all}" = none ] && return 0
+  while IFS= read -r f; do printf '%s\0' --compared "$f"; n=$((n + 1)); done < <(committed_results "$up")
+  if [ "$up" = megatron-lm ] && [ "$n" -gt 0 ] && [ -n "${UT_MLM_LOOK_AGAIN:-}" ]; then
+    IFS=";" read -ra again <<< "$UT_MLM_LOOK_AGAIN"
+    for text in "${again[@]}"; do [ -z "$text" ] || printf '%s\0' --look-again "$text"; done
+  fi
+  return 0
+}
 snapshot_checkout() {  # snapshot_checkout CHECKOUT ROOT: a copy of CHECKOUT under ROOT (not its ferries, venv,
   # git directory, nor a cache), a new folder each time; prints its path
   local src=${1:?checkout} root=${2:?root} dst

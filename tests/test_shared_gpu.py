@@ -736,3 +736,34 @@ def test_the_upstream_tests_refuse_a_shard_count_they_cannot_run(tmp_path, shard
     assert '--tests-source megatron-lm="$P/megatron-lm"' in step and '--tests-source megatron-bridge="$P/megatron-bridge"' in step
     # the ferry's site (its [[tests]] wheels) on Megatron-LM's and Bridge's test path, never NeMo-RL's (its stand-ins)
     assert '[ "$up" != nemo-rl ] && [ -d "$P/site" ] && extra=("PYTHONPATH=$P/site")' in step, step[:800]
+
+
+def test_the_gpu_script_passes_each_committed_result_and_the_known_failures_to_look_at_again(tmp_path):
+    """compared_args (shared-gpu-lib.sh), the upstream tests' arguments on the GPU host: --compared for each
+    committed GPU run of the upstream's tests (integration/h100, h200; never a bisection's), and for Megatron-LM
+    --look-again for each ;-separated TEXT of UT_MLM_LOOK_AGAIN, whole (spaces and quotes kept, empty pieces
+    dropped); nothing at all with UT_COMPARED=none, and no --look-again where no result is passed (it would be
+    refused)."""
+    for run, up in (("h100/a/run", "megatron-lm"), ("h200/b/run", "megatron-lm"), ("h100/a/run", "nemo-rl")):
+        (tmp_path / "integration" / run / up / up).mkdir(parents=True)
+        (tmp_path / "integration" / run / up / up / "result.json.gz").write_bytes(b"")
+    (tmp_path / "integration" / "h100/a/run/megatron-lm/bisect/k1/megatron-lm").mkdir(parents=True)
+    (tmp_path / "integration" / "h100/a/run/megatron-lm/bisect/k1/megatron-lm/result.json").write_text("{}")
+
+    def args(upstream: str, **env: str) -> list[str]:
+        proc = subprocess.run(["bash", "-c", f". {ROOT}/integration/shared-gpu-lib.sh && compared_args {upstream}"],
+                              cwd=tmp_path, capture_output=True, check=True,
+                              env={k: v for k, v in os.environ.items() if not k.startswith("UT_")} | env)
+        return proc.stdout.decode().split("\0")[:-1]
+
+    mlm = ["--compared", "integration/h100/a/run/megatron-lm/megatron-lm/result.json.gz",
+           "--compared", "integration/h200/b/run/megatron-lm/megatron-lm/result.json.gz"]
+    assert args("megatron-lm") == mlm
+    texts = "async def functions are not natively supported;;No module named 'causal_conv1d'"
+    assert args("megatron-lm", UT_MLM_LOOK_AGAIN=texts) == mlm + [
+        "--look-again", "async def functions are not natively supported", "--look-again", "No module named 'causal_conv1d'"]
+    assert args("nemo-rl", UT_MLM_LOOK_AGAIN=texts) == ["--compared", "integration/h100/a/run/nemo-rl/nemo-rl/result.json.gz"]
+    assert args("megatron-lm", UT_MLM_LOOK_AGAIN=texts, UT_COMPARED="none") == []
+    shutil.rmtree(tmp_path / "integration" / "h100")
+    shutil.rmtree(tmp_path / "integration" / "h200")
+    assert args("megatron-lm", UT_MLM_LOOK_AGAIN=texts) == []

@@ -2102,6 +2102,47 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
     assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == []
 
 
+def test_look_again_runs_the_known_failures_whose_error_it_names_and_refuses_a_text_that_names_none(up):
+    """A known failure (both sides failed) counts as compared: a later --compared run leaves it out. Where both
+    failed for what the host lacked (h100/2026-12-06-mlm-whole-budget: 20 'async def functions are not natively
+    supported' without pytest-asyncio, which the tests ferry carries since), --look-again TEXT runs again those
+    whose first error line, on either side, holds TEXT: the file is selected again, the test is not passed over,
+    its other tests are. The one run again then compared, the file is whole. A TEXT that holds in no known
+    failure of the --compared runs, or --look-again without --compared, is bad usage (a typo would run nothing)."""
+    files = ("--files", "tests/unit_tests/test_delta.py")
+    env = {**os.environ, "DEMO_ASKS_FOR_THREE": "1"}   # test_delta.py's second test: at 3 ranks, where it asks
+    _, out = _run(up, "--no-bisect", *files, check=0, env=env)
+    first = read_json(out / "megatron-lm" / "result.json")
+    ids = sorted(r["id"] for r in first["rows"])
+    assert len(ids) == 2 and {r["category"] for r in first["rows"]} == {"passed"}, first["rows"]
+    known = json.loads(json.dumps(first))   # as a run where both sides lacked a plugin for the first test
+    lack = "Failed: async def functions are not natively supported."
+    for row in known["rows"]:
+        if row["id"] == ids[0]:
+            row.update(pristine="failed", patched="failed", category="known-failure",   # one side's line holds it
+                       pristine_reason="RuntimeError: the event loop is closed", patched_reason=lack)
+    earlier = up["tmp"] / "known.json"
+    earlier.write_text(json.dumps(known))
+
+    def report(*extra) -> dict:
+        _run(up, "--select-only", *files, "--compared", earlier, *extra, check=0)
+        return read_json(up["tmp"] / "report.json")["upstreams"][0]
+
+    plain = report()
+    assert plain["compared_before"] == ["tests/unit_tests/test_delta.py"] and plain["selection"] == [], plain
+    again = report("--look-again", "not natively supported")
+    assert [s["path"] for s in again["selection"]] == ["tests/unit_tests/test_delta.py"], again
+    assert again["compared_before"] == [] and again["tests_compared_before"] == [ids[1]], again
+    # the test run again and compared (the first run's result as the second's): the file is whole
+    both = report("--look-again", "not natively supported", "--compared", out / "megatron-lm" / "result.json")
+    assert both["compared_before"] == ["tests/unit_tests/test_delta.py"], both
+    proc, _ = _run(up, "--select-only", *files, "--compared", earlier, "--look-again", "No module named 'x'", check=2)
+    assert "--look-again \"No module named 'x'\": no known failure of the --compared runs holds it" in proc.stderr, proc.stderr
+    proc, _ = _run(up, "--select-only", *files, "--compared", earlier, "--look-again", " ", check=2)
+    assert "--look-again: an empty TEXT" in proc.stderr, proc.stderr   # it would name every known failure
+    proc, _ = _run(up, "--select-only", *files, "--look-again", "not natively supported", check=2)
+    assert "give --compared too" in proc.stderr, proc.stderr
+
 @pytest.mark.parametrize("upstream", ["megatron-lm", "megatron-bridge", "nemo-rl"])
 def test_each_committed_gpu_result_the_gpu_script_passes_as_compared_is_one(upstream):
     """shared-gpu-h200.sh passes every committed GPU run of an upstream's tests (committed_results,

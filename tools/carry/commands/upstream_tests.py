@@ -65,6 +65,11 @@ def main(argv: list[str], prog: str) -> int:
                         "left out, and in a file it began the tests it compared are passed over, to go on "
                         "where earlier runs stopped; a test any of them found regressed runs again; only results of the "
                         "same upstream, tests pin and series count")
+    p.add_argument("--look-again", action="append", metavar="TEXT",
+                   help="with --compared, repeatable: the known failures of those runs (both sides failed) whose first "
+                        "error line, on either side, holds TEXT run again, as a test they did not compare: for when the "
+                        "host now has what they lacked (e.g. 'No module named' after a missing package was added); a "
+                        "TEXT that holds in no known failure of theirs is refused (a typo would run nothing again)")
     options.add_json(p)
     options.add_cache(p)
     options.add_lock_timeout(p)
@@ -80,7 +85,7 @@ def main(argv: list[str], prog: str) -> int:
     opts = Options(cache=options.cache(a), out=a.out.absolute(), sources=sources, python=a.python, nproc=a.nproc,
                    budget_s=a.budget, test_timeout=a.test_timeout, shared_gpu=a.shared_gpu,
                    files=a.files, bisect=not a.no_bisect, together=not a.one_side_at_a_time,
-                   select_only=a.select_only, shard=a.shard, compared=[_result(path) for path in a.compared or []])
+                   select_only=a.select_only, shard=a.shard, compared=_results(a.compared or [], a.look_again or []))
     reports = check_series(series, a.workdir, options.comma_list(a.only), opts, a.lock_timeout)
     bad = [r["upstream"] for r in reports if not r.get("ok")]   # the JSON's ok and the exit status, both from it
     options.write_report(a.json, {"ok": not bad and not a.select_only, "series": series.name, "upstreams": reports})
@@ -110,6 +115,32 @@ def _shard(text: str) -> tuple[int, int]:
     if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
         raise argparse.ArgumentTypeError(f"{text!r} is not I/K with 1 <= I <= K (e.g. 1/2)")
     return int(m.group(1)), int(m.group(2))
+
+
+def _results(paths: list[Path], again: list[str]) -> list[dict]:
+    """The --compared results (_result), each with the known failures --look-again names among them
+    ("look_again": their ids, which the judge of what was compared reads as tests to run again)."""
+    if again and not paths:
+        raise UsageError("--look-again names known failures of the --compared runs: give --compared too")
+    if any(not text.strip() for text in again):
+        raise UsageError("--look-again: an empty TEXT would name every known failure; give words of the error line")
+    docs = [_result(path) for path in paths]
+    found = dict.fromkeys(again, 0)
+    for doc in docs:
+        ids = set()
+        for row in doc["rows"]:
+            if row.get("category") != "known-failure":
+                continue
+            lines = (row.get("pristine_reason") or "", row.get("patched_reason") or "")
+            for text in again:
+                if any(text in line for line in lines):
+                    ids.add(row["id"])
+                    found[text] += 1
+        doc["look_again"] = sorted(ids)
+    if missing := [text for text, n in found.items() if not n]:
+        raise UsageError(f"--look-again {missing[0]!r}: no known failure of the --compared runs holds it in its first "
+                         "error line, so nothing would run again")
+    return docs
 
 
 def _result(path: Path) -> dict:

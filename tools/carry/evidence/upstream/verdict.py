@@ -187,7 +187,8 @@ def compared_by(results: list[dict]) -> set[str]:
 def compared_tests(result: dict) -> set[str]:
     """The tests one run compared and found nothing to look at again: none not compared, regressed or flaky,
     none refusing the world size it ran at, none from ranks out of step, none of a module that failed to
-    collect on either side."""
+    collect on either side, no known failure named to run again (--look-again: "look_again", set by whoever
+    loads the result)."""
     ids, files = _looked_at_again(result)
     return {row["id"] for row in result.get("rows", [])
             if row["id"] not in ids and file_of(row["id"]) not in files}
@@ -197,6 +198,7 @@ def _looked_at_again(result: dict) -> tuple[set[str], set[str]]:
     """(test ids, files) of an earlier run that a later one runs again: see compared_tests."""
     ids = {row["id"] for row in result.get("rows", []) if row["category"] in ("not-compared", "regression", "flaky")}
     ids |= set(result.get("out_of_step", []))
+    ids |= set(result.get("look_again", []))   # known failures named by --look-again: the host has changed since
     files: set[str] = set()
     for side in result.get("sides", {}).values():
         files |= {file_of(module) for module in side.get("collect_errors", {})}

@@ -302,6 +302,16 @@ def test_regressions_and_fixes_are_found_bisected_and_every_launch_end_is_surviv
         assert spent["launches"] == len(side["launches"]) > 1, (name, spent)
         for k in ("startup", "wind_down"):
             assert spent[k] == round(sum(x[f"{k}_s"] for x in side["launches"]), 1) and spent[k] > 0, (name, spent)
+        # and the start-up in its parts, from the ranks' boot records: they add up to it, launch by launch
+        told = [x for x in side["launches"] if "startup_parts_s" in x]
+        assert told and all(x["ended"] for x in told), (name, side["launches"])
+        for x in told:
+            parts = x["startup_parts_s"]
+            assert set(parts) == {"launcher", "interpreter", "imports", "collection", "fixtures"}, parts
+            assert -0.3 < sum(parts.values()) - x["startup_s"] < 5 and parts["interpreter"] > 0, x   # rank 0's start-up
+            assert -1.1 < parts["launcher"] and min(parts["imports"], parts["collection"], parts["fixtures"]) >= 0, x
+        assert spent["startup_parts"] == {k: round(sum(x["startup_parts_s"][k] for x in told), 1)
+                                          for k in told[0]["startup_parts_s"]}, (name, spent)
     # a module that cannot be collected is one row; one that skips itself whole is a skip
     assert cat["tests/unit_tests/test_collect.py"] == "known-failure"
     assert "a_module_nobody_has" in rows["tests/unit_tests/test_collect.py"]["patched_reason"]
@@ -477,9 +487,10 @@ def test_a_death_is_charged_to_the_rank_that_died_of_itself_not_to_those_torchru
 
 
 def test_a_launch_says_what_it_spent_besides_its_tests(tmp_path):
-    """Launch.timing: before the first test a rank began, and after the last line any rank wrote; a launch in
-    which no rank began a test (its modules did not collect) spent all of its seconds so, never 0 or None
-    (the side's sum, result.json's seconds_outside_tests, would have left it out)."""
+    """Launch.timing: before the first test a rank began (in its parts where the ranks' boot records tell
+    them), and after the last line any rank wrote; a launch in which no rank began a test (its modules did not
+    collect) spent all of its seconds so, never 0 or None (the side's sum, result.json's seconds_outside_tests,
+    would have left it out)."""
     from carry.evidence.upstream.results import read_launch
     folder = tmp_path / "launch-01-n2"
     folder.mkdir()
@@ -488,6 +499,23 @@ def test_a_launch_says_what_it_spent_besides_its_tests(tmp_path):
     for rank, events in lines.items():
         (folder / f"rank-{rank}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     assert read_launch(folder, 2).timing(90.0, 12.0) == {"startup_s": 5.0, "wind_down_s": 5.0}
+    # with the reporter's boot records (written before the session, once the conftests are loaded): the
+    # start-up in its parts, as the lowest rank that tells them saw it; a boot record is not the session's
+    # beginning, nor the launch's last record
+    boot = {"0": {"ev": "boot", "born": 90.5, "imported": 91.5, "t": 93.0},
+            "1": {"ev": "boot", "born": 90.7, "imported": 92.0, "t": 93.5}}
+    for rank, events in lines.items():
+        collected = {"ev": "collected", "ids": ["a"], "t": 94.0 + int(rank) / 2}
+        (folder / f"rank-{rank}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [boot[rank], collected] + events))
+    assert read_launch(folder, 2).timing(90.0, 12.0) == {"startup_s": 5.0, "wind_down_s": 5.0, "startup_parts_s": {
+        "launcher": 0.5, "interpreter": 1.0, "imports": 1.5, "collection": 1.0, "fixtures": 1.0}}
+    (folder / "rank-0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines["0"]))   # rank 0 tells nothing
+    assert read_launch(folder, 2).timing(90.0, 12.0)["startup_parts_s"] == {   # rank 1's: until its own first test
+        "launcher": 0.7, "interpreter": 1.3, "imports": 1.5, "collection": 1.0, "fixtures": 1.0}
+    for rank in lines:
+        (folder / f"rank-{rank}.jsonl").write_text(json.dumps(boot[rank]) + "\n")   # booted, never collected
+    got = read_launch(folder, 2)
+    assert not got.began and got.last_record is None and got.timing(90.0, 12.0) == {"startup_s": 12.0, "wind_down_s": 0.0}
     for rank in lines:
         (folder / f"rank-{rank}.jsonl").write_text(json.dumps({"ev": "collect-error", "id": "tests/t.py",
                                                                "reason": "E   ImportError", "t": 99.0}) + "\n")

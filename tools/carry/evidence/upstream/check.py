@@ -230,6 +230,9 @@ def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds
             o["launches"] += 1
             for k in ("startup", "wind_down"):
                 o[k] = round(o[k] + launch[f"{k}_s"], 1)
+            for k, v in launch.get("startup_parts_s", {}).items():   # where the launches' records tell them
+                parts = o.setdefault("startup_parts", {})
+                parts[k] = round(parts.get(k, 0.0) + v, 1)
     return {"ok": ok, "status": status, "reason": reason, "no_tests": list(no_tests), "counts": per,
             "sides": {k: side_counts(v) for k, v in results.items()}, "seconds": seconds,
             "seconds_per_world": walls, "seconds_outside_tests": outside, "regressions": regressions,

@@ -70,6 +70,9 @@ class Launch:
     stopped: dict = field(default_factory=dict)                         # the launcher's STOPPED record
     began: bool = False    # a rank wrote anything but that it was stopped: its session began (an empty collection too)
     first_start: float | None = None                                    # wall clock: the first test a rank began
+    boots: dict[str, dict] = field(default_factory=dict)                # rank -> its boot record (the reporter's)
+    collected_at: dict[str, float] = field(default_factory=dict)        # rank -> when its collection ended
+    began_first: dict[str, float] = field(default_factory=dict)         # rank -> when it began its first test
     last_record: float | None = None                                    # wall clock: the last line any rank wrote
 
     def timing(self, began: float, seconds: float) -> dict:
@@ -80,7 +83,26 @@ class Launch:
         if self.first_start is None or self.last_record is None:
             return {"startup_s": round(seconds, 1), "wind_down_s": 0.0}
         return {"startup_s": round(self.first_start - began, 1),
-                "wind_down_s": round(began + seconds - self.last_record, 1)}
+                "wind_down_s": round(began + seconds - self.last_record, 1), **self._startup_parts(began)}
+
+    def _startup_parts(self, began: float) -> dict:
+        """The start-up in its parts as the lowest rank whose records tell them saw it (a reporter that writes
+        ``boot``), until that rank began its first test: ``launcher`` (until its process began: the launcher's
+        own start, to the second the kernel gives), ``interpreter`` (Python and pytest, until the reporter was
+        imported), ``imports`` (the other plugins and upstream's conftests: torch, the package under test),
+        ``collection`` (the test modules) and ``fixtures`` (session fixtures, until its first test). They add
+        up to that rank's start-up: startup_s, or a little more where another rank began a test first."""
+        for rank in sorted(self.boots, key=lambda r: (len(r), r)):
+            boot, collected, first = self.boots[rank], self.collected_at.get(rank), self.began_first.get(rank)
+            born, imported, configured = boot.get("born"), boot.get("imported"), boot.get("t")
+            if collected is None or first is None or not all(isinstance(x, (int, float))
+                                                             for x in (born, imported, configured)):
+                continue
+            return {"startup_parts_s": {"launcher": round(born - began, 1), "interpreter": round(imported - born, 1),
+                                        "imports": round(configured - imported, 1),
+                                        "collection": round(collected - configured, 1),
+                                        "fixtures": round(first - collected, 1)}}
+        return {}
 
     def unfinished(self) -> dict[str, str]:
         """Per rank, the test it began and never ended (where it died), if any."""
@@ -139,6 +161,9 @@ def read_launch(folder: Path, world: int) -> Launch:
             except ValueError:
                 continue  # a line cut by the kill
             kind, nodeid, t = ev.get("ev"), ev.get("id", ""), ev.get("t")
+            if kind == "boot":   # before the session: not that it began, nor a record of it (timing reads it)
+                launch.boots[rank] = ev
+                continue
             launch.began |= kind != "terminated"
             if isinstance(t, (int, float)):
                 launch.last_record = max(launch.last_record or t, t)
@@ -146,6 +171,7 @@ def read_launch(folder: Path, world: int) -> Launch:
                 launch.started.setdefault(rank, []).append(nodeid)
                 if isinstance(t, (int, float)):
                     launch.first_start = min(launch.first_start or t, t)
+                    launch.began_first.setdefault(rank, t)
             elif kind == "end":
                 launch.tests.setdefault(nodeid, {})[rank] = ev
             elif kind == "timeout":
@@ -158,8 +184,10 @@ def read_launch(folder: Path, world: int) -> Launch:
                 launch.collect_skips.setdefault(nodeid, ev.get("reason", ""))
             elif kind == "deselected":
                 launch.deselected.setdefault(nodeid, ev.get("by", ""))
-            elif kind == "collected" and not launch.collected:
-                launch.collected = list(ev.get("ids", []))
+            elif kind == "collected":
+                launch.collected = launch.collected or list(ev.get("ids", []))
+                if isinstance(t, (int, float)):
+                    launch.collected_at.setdefault(rank, t)
             elif kind == "finish":
                 launch.finished.add(rank)
     _set_astray(launch)

@@ -3,6 +3,7 @@ every rank (upstream's launch and tests are unchanged; this only writes down wha
 
 Each rank appends one JSON line per event to ``$CARRY_UT_OUT/rank-<RANK>.jsonl``, flushed at once, so
 that a rank killed by a crash or a hang has told which test it was in:
+``boot`` (when the process began and imported this plugin, written once pytest has loaded the conftests),
 ``collected`` (what this launch will run, in order), ``start`` (a test begins), ``end`` (its outcome over its phases, the first line of why), ``collect-error``, ``collect-skip``,
 ``deselected`` (by upstream's ``-m`` or conftest, or by this run's skip/only lists), ``timeout``,
 ``terminated`` and ``finish``. A test running past ``$CARRY_UT_TEST_TIMEOUT`` seconds has its
@@ -38,6 +39,7 @@ import threading
 import time
 import typing
 
+_IMPORTED = time.time()   # this plugin is imported first (-p): the interpreter and pytest are up, nothing else
 _OUT = os.environ.get("CARRY_UT_OUT", "")
 _RANK = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
 _TIMEOUT = float(os.environ.get("CARRY_UT_TEST_TIMEOUT", "0") or 0)
@@ -125,6 +127,26 @@ if not hasattr(typing, "override"):
 # -- the hooks -----------------------------------------------------------------------------------
 _state: dict[str, dict] = {}
 _timer: threading.Timer | None = None
+
+
+def _born() -> float | None:
+    """When this process began (wall clock, to the second the kernel's boot time is given in), or None."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])   # field 22, starttime: clock ticks since boot
+        with open("/proc/stat", encoding="ascii") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def pytest_configure(config):
+    """``boot``: when the rank's process began, when it imported this plugin, and now, once pytest has loaded
+    its plugins and the initial conftests (upstream's conftest imports torch and its package): with
+    ``collected`` and the first ``start``, what a launch's start-up was spent on. It is no record of a test
+    and does not say that the session began."""
+    _emit(ev="boot", born=_born(), imported=round(_IMPORTED, 3))
 
 
 def pytest_collection_modifyitems(session, config, items):

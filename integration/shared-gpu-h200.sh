@@ -65,7 +65,8 @@
 #                   h100/2026-12-06-mlm-three-shards): 326 and 215 compared in 1,050 s per side, the GPU's 80 GB full at
 #                   times (out-of-memory flakes) and a load of 30 to 40 on 16 cores: two shards suit an H100
 #                   Two shards, Megatron-LM alone (UT_ONLY=megatron-lm, one H100, h100/2026-12-06-mlm-passed-over): 384 and
-#                   184 compared in 752 s per side, besides 543 tests passed over (--compared, test by test)
+#                   184 compared in 752 s per side, besides 543 tests passed over (--compared, test by test); with the
+#                   session's whole device time (UT_BUDGET=1250, h100/2026-12-06-mlm-whole-budget): 731 and 1,507
 #   setup-bg        in the background: run-on-gpu-host's setup alone (/tmp/o/setup)
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
 # Device time (one H200, 2026-12-04): 16 ferry calls of about 3.5 s (parts of 30 MiB: a call carries the

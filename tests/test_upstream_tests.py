@@ -1917,27 +1917,38 @@ def _committed_results(upstream: str, without: tuple[str, ...] = ()) -> list[dic
     return [_result(ROOT_DIR / f) for f in found]
 
 
+def _shards_judged_again(run: Path, readme: Path, shards: list[tuple[int, int]], least: int,
+                         flaky_runs_named: bool = False) -> None:
+    """Each Megatron-LM shard of a committed run (run/megatron-lm, run/megatron-lm-2, ...) judged again from its
+    ranks' records: incomplete, no regression, SHARDS' (compared, passed over as compared before) its figures,
+    no row for a test passed over, the README's tables its counts, and its rows the device's (with
+    FLAKY_RUNS_NAMED, but for which of a flaky test's two runs today's judge names)."""
+    tables = _readme_tables(readme.read_text())
+    for i, (compared, over) in enumerate(shards):
+        sub = "run/megatron-lm" + (f"-{i + 1}" if i else "")
+        res, rows, total = _judged_again(run, "megatron-lm", least, sub)
+        assert total == res["counts"]["*"] == tables[i] and "regression" not in total, (sub, total)
+        assert res["status"] == "incomplete" and sum(total.values()) - total["not-compared"] == compared, total
+        assert len(res["tests_compared_before"]) == over and not {r.id for r in rows} & set(res["tests_compared_before"])
+        for r, d in zip(rows, res["rows"], strict=True):
+            if r.to_dict() != _astray_today(res, d):
+                assert flaky_runs_named and r.category == d["category"] == "flaky" and r.note.startswith("flaky: "), (r, d)
+
+
 PASSED_OVER = EVIDENCE / "h100" / "2026-12-06-mlm-passed-over"
 
 
 def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_it(tmp_path):
     """integration/h100/2026-12-06-mlm-passed-over, judged again from the ranks' records: Megatron-LM's two
     shards incomplete with no regression among 384 and 184 compared, the tests earlier runs compared passed
-    over (335 and 208, no row here), the README's tables these counts. With every committed run, 80 of the
-    208 files counted as compared whole (as the device read them: the ranks' records beside each result included),
+    over (335 and 208, no row here), the README's tables these counts. With the committed runs before it, 79 of
+    the 208 files counted as compared whole (as the device read them: the ranks' records beside each result included),
     among them the 7 whose every test was passed over. Write a failure into a passed test's patched record in
     shard 2: a regression."""
     from carry.evidence.upstream.check import _compared_before
     from carry.evidence.upstream.verdict import compare
     run = _unzipped(PASSED_OVER, tmp_path / "good")
-    tables = _readme_tables((PASSED_OVER / "README.md").read_text())
-    for sub, table, compared, over in (("run/megatron-lm", tables[0], 384, 335),
-                                       ("run/megatron-lm-2", tables[1], 184, 208)):
-        res, rows, total = _judged_again(run, "megatron-lm", 50, sub)
-        assert total == res["counts"]["*"] == table and "regression" not in total, (sub, total)
-        assert res["status"] == "incomplete" and sum(total.values()) - total["not-compared"] == compared, total
-        assert len(res["tests_compared_before"]) == over and not {r.id for r in rows} & set(res["tests_compared_before"])
-        assert [r.to_dict() for r in rows] == [_astray_today(res, d) for d in res["rows"]], sub
+    _shards_judged_again(run, PASSED_OVER / "README.md", [(384, 335), (184, 208)], least=50)
     results = _committed_results("megatron-lm", without=("2026-12-06-mlm-whole-budget",))
     pin = _result_json(PASSED_OVER / "run" / "megatron-lm" / "megatron-lm")["tests"]
     whole, _, _ = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
@@ -1962,17 +1973,7 @@ def test_the_whole_budget_run_has_no_regression_and_leaves_68_files(tmp_path):
     from carry.evidence.upstream.check import _compared_before
     from carry.evidence.upstream.verdict import compare, file_of
     run = _unzipped(WHOLE_BUDGET, tmp_path / "good")
-    tables = _readme_tables((WHOLE_BUDGET / "README.md").read_text())
-    for sub, table, compared, over in (("run/megatron-lm", tables[0], 731, 489),
-                                       ("run/megatron-lm-2", tables[1], 1507, 304)):
-        res, rows, total = _judged_again(run, "megatron-lm", 700, sub)
-        assert total == res["counts"]["*"] == table and "regression" not in total, (sub, total)
-        assert res["status"] == "incomplete" and sum(total.values()) - total["not-compared"] == compared, total
-        assert len(res["tests_compared_before"]) == over and not {r.id for r in rows} & set(res["tests_compared_before"])
-        # today's judge differs from the device's only in which of a flaky test's two runs it names
-        for r, d in zip(rows, res["rows"], strict=True):
-            if r.to_dict() != _astray_today(res, d):
-                assert r.category == d["category"] == "flaky" and r.note.startswith("flaky: "), (r, d)
+    _shards_judged_again(run, WHOLE_BUDGET / "README.md", [(731, 489), (1507, 304)], least=700, flaky_runs_named=True)
     results = _committed_results("megatron-lm")
     mine = [r for r in results if r.get("series_digest") == "55a9fda873e9"]
     pin = _result_json(WHOLE_BUDGET / "run" / "megatron-lm" / "megatron-lm")["tests"]
@@ -2063,6 +2064,15 @@ def test_compared_leaves_out_the_files_an_earlier_run_compared_whole_and_only_th
     assert "cannot read it" in missing.stderr, missing.stderr
 
 
+def _delta_run_of_two(up, env: dict) -> tuple[Path, dict, list[str]]:
+    """The demo's test_delta.py run on both sides with its second test asking for three ranks (ENV): its out
+    folder, its result.json and its two test ids, sorted, each passed."""
+    _, out = _run(up, "--no-bisect", "--files", "tests/unit_tests/test_delta.py", check=0, env=env)
+    first = read_json(out / "megatron-lm" / "result.json")
+    ids = sorted(r["id"] for r in first["rows"])
+    assert len(ids) == 2 and {r["category"] for r in first["rows"]} == {"passed"}, first["rows"]
+    return out, first, ids
+
 def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_began(up):
     """In a file an earlier run began (Megatron-LM's transformer/test_attention.py: 113 tests compared, one flaky),
     --compared runs only what that run left to look at again: its tests not compared, regressed or flaky. The
@@ -2071,10 +2081,7 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
     over, whatever another run found."""
     files = ("--files", "tests/unit_tests/test_delta.py")
     env = {**os.environ, "DEMO_ASKS_FOR_THREE": "1"}   # test_delta.py's second test: at 3 ranks, where it asks
-    _, out = _run(up, "--no-bisect", *files, check=0, env=env)
-    first = read_json(out / "megatron-lm" / "result.json")
-    ids = sorted(r["id"] for r in first["rows"])
-    assert len(ids) == 2 and {r["category"] for r in first["rows"]} == {"passed"}, first["rows"]
+    out, first, ids = _delta_run_of_two(up, env)
     cut = json.loads(json.dumps(first))   # as a run whose budget ended before the second test
     for row in cut["rows"]:
         if row["id"] == ids[1]:
@@ -2138,11 +2145,7 @@ def test_look_again_runs_the_known_failures_whose_error_it_names_and_refuses_a_t
     its other tests are. The one run again then compared, the file is whole. A TEXT that holds in no known
     failure of the --compared runs, or --look-again without --compared, is bad usage (a typo would run nothing)."""
     files = ("--files", "tests/unit_tests/test_delta.py")
-    env = {**os.environ, "DEMO_ASKS_FOR_THREE": "1"}   # test_delta.py's second test: at 3 ranks, where it asks
-    _, out = _run(up, "--no-bisect", *files, check=0, env=env)
-    first = read_json(out / "megatron-lm" / "result.json")
-    ids = sorted(r["id"] for r in first["rows"])
-    assert len(ids) == 2 and {r["category"] for r in first["rows"]} == {"passed"}, first["rows"]
+    out, first, ids = _delta_run_of_two(up, {**os.environ, "DEMO_ASKS_FOR_THREE": "1"})
     known = json.loads(json.dumps(first))   # as a run where both sides lacked a plugin for the first test
     lack = "Failed: async def functions are not natively supported."
     for row in known["rows"]:

@@ -1951,7 +1951,7 @@ def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_i
     _shards_judged_again(run, PASSED_OVER / "README.md", [(384, 335), (184, 208)], least=50)
     results = _committed_results("megatron-lm", without=("2026-12-06-mlm-whole-budget",))
     pin = _result_json(PASSED_OVER / "run" / "megatron-lm" / "megatron-lm")["tests"]
-    whole, _, _ = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
+    whole, _, _, _ = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
     assert len(whole) == 79 and "tests/unit_tests/transformer/moe/test_shared_experts.py" in whole, len(whole)
     assert "tests/unit_tests/data/test_gpt_dataset.py" not in whole   # one of its tests came from ranks out of step
     # the mutation: one passed test fails on shard 2's patched side
@@ -1971,18 +1971,16 @@ def test_the_whole_budget_run_has_no_regression_and_leaves_68_files(tmp_path):
     --compared reads them, 140 of the 208 files are compared whole and 1,958 tests of 54 files are left.
     Write a failure into a passed test's patched record in shard 1: a regression."""
     from carry.evidence.upstream.check import _compared_before
-    from carry.evidence.upstream.verdict import compare, file_of
+    from carry.evidence.upstream.verdict import compare, standing
     run = _unzipped(WHOLE_BUDGET, tmp_path / "good")
     _shards_judged_again(run, WHOLE_BUDGET / "README.md", [(731, 489), (1507, 304)], least=700, flaky_runs_named=True)
     results = _committed_results("megatron-lm")
-    mine = [r for r in results if r.get("series_digest") == "55a9fda873e9"]
     pin = _result_json(WHOLE_BUDGET / "run" / "megatron-lm" / "megatron-lm")["tests"]
-    whole, _, by = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
-    selected = set().union(*({s["path"] for s in r["selection"]} | set(r["compared_before"]) for r in mine
-                             if r.get("tests") == pin))
-    known = {i for r in mine for i in [row["id"] for row in r["rows"]] + r.get("tests_compared_before", []) if "::" in i}
-    left = {i for i in known if file_of(i) in selected - whole and i not in by}
-    assert (len(selected), len(whole), len(left), len({file_of(i) for i in left})) == (208, 140, 1958, 54)
+    whole, _, _, fit = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
+    selected = set().union(*({s["path"] for s in r["selection"]} | set(r["compared_before"]) for r in fit))
+    assert standing(selected, fit) == {"files": 208, "compared_whole": 140, "left": 68, "left_with_tests_not_compared": 54,
+                                       "tests_not_compared": 1958, "left_with_no_test_known": 14,
+                                       "tests_compared_in_those_left": 992} and len(whole) == 140
     # the mutation: one passed test fails on shard 1's patched side
     broken = _unzipped(WHOLE_BUDGET, tmp_path / "broken")
     victim = _failure_written_in(broken / "run" / "megatron-lm" / "megatron-lm")
@@ -2098,6 +2096,16 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
         skips = [(f.read_text().split()) for f in sorted((out / "megatron-lm" / side).glob("launch-*/skip.txt"))]
         assert skips and all(ids[0] in s for s in skips), (side, skips)
         assert ids[0] not in again["sides"][side]["outcomes"], side
+    # where the runs stand against the whole selection, whichever shard this run takes (the report and its line)
+    proc, _ = _run(up, "--select-only", "--shard", "2/2", "--compared", earlier, check=0)
+    stand = read_json(up["tmp"] / "report.json")["upstreams"][0]["standing"]
+    n = stand["files"]
+    assert n >= 5 and stand == {"files": n, "compared_whole": 0, "left": n, "left_with_tests_not_compared": 1,
+                                "tests_not_compared": 1, "left_with_no_test_known": n - 1,
+                                "tests_compared_in_those_left": 1}, stand
+    assert (f"megatron-lm: of the {n} selected test file(s), the --compared runs compared 0 whole; {n} left: 1 holding "
+            f"1 test(s) some run collected and none compared (and 1 compared, passed over), {n - 1} no run knows a "
+            "test of") in proc.stdout, proc.stdout
     # a run of other files passes over none of them (nor names them: the tests of its own files only)
     _run(up, "--select-only", "--files", "tests/unit_tests/test_alpha.py", "--compared", earlier, check=0)
     assert read_json(up["tmp"] / "report.json")["upstreams"][0]["tests_compared_before"] == []

@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import report
 from ..errors import UsageError
 from ..evidence import tesite
-from ..evidence.upstream.check import Options, check_series
+from ..evidence.upstream.check import Options, check_series, standing_line
 from ..evidence.upstream.results import out_of_step_beside
 from . import options
 
@@ -94,6 +94,8 @@ def main(argv: list[str], prog: str) -> int:
             before = f"; {len(r['compared_before'])} left out, compared before" if r.get("compared_before") else ""
             shard = f" (shard {r['shard']})" if r.get("shard") else ""
             print(f"{r['upstream']}: {len(r['selection'])} test file(s){shard}{before}, {r['tests']}")
+            if a.compared:
+                print(f"{r['upstream']}: {standing_line(r['standing'])}")
             print(report.table([[s["path"], "; ".join(s["reasons"])] for s in r["selection"]], ["file", "why"]))
         return 0
     for r in reports:

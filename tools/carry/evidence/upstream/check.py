@@ -30,7 +30,7 @@ from .launch import Side, SideResult, run_side
 from .results import signature
 from .select import Picked, select
 from .verdict import (Row, compare, compared_by, compared_whole, counts, file_of, files_without_rows, outcome_in,
-                      side_counts)
+                      side_counts, standing)
 
 
 @dataclass
@@ -74,7 +74,8 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     picked = _both(selection(series, upstream, folders["patched"], opts),
                    selection(series, upstream, folders["pristine"], opts))
     digest = series.digest(series.patches)[:12]
-    before, begun, done = _compared_before(upstream, pin.describe(), digest, opts.compared)
+    before, begun, done, fit = _compared_before(upstream, pin.describe(), digest, opts.compared)
+    stand = standing({p.path for p in picked}, fit)
     left_out = [p.path for p in picked if p.path in before]
     # New ground first: a file an earlier run began and did not finish (some of its tests compared, others cut
     # by the budget, flaky, regressed) goes after every file no run has reached, so that it cannot take a
@@ -90,7 +91,7 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     done = {nodeid for nodeid in done if file_of(nodeid) in paths}
     report = {"upstream": upstream, "tests": pin.describe(), "series_digest": digest, "launch": pin.launch,
               "nproc": opts.nproc or pin.nproc, "selection": [{"path": p.path, "reasons": p.reasons} for p in picked],
-              "compared_before": left_out, "tests_compared_before": sorted(done),
+              "compared_before": left_out, "tests_compared_before": sorted(done), "standing": stand,
               **({"shard": "%d/%d" % opts.shard} if opts.shard else {})}
     if left_out:
         progress.say(f"{upstream}: {len(left_out)} selected test file(s) left out: an earlier run (--compared) "
@@ -98,6 +99,8 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     if done:
         progress.say(f"{upstream}: {len(done)} test(s) of {len({file_of(n) for n in done})} file(s) an earlier run "
                      f"began left out: it compared them (--compared); the rest of those files runs")
+    if fit:
+        progress.say(f"{upstream}: {standing_line(stand)}")
     if opts.select_only:
         return report
     if not picked:
@@ -151,19 +154,29 @@ def _unbisected(summary: dict) -> dict:
                       f"{summary['status']}: {summary['reason']}"}
 
 
-def _compared_before(upstream: str, tests: str, digest: str, results: list[dict]) -> tuple[set[str], set[str], set[str]]:
+def standing_line(stand: dict[str, int]) -> str:
+    """verdict.standing in words: where the --compared runs stand against the whole selection."""
+    return (f"of the {stand['files']} selected test file(s), the --compared runs compared {stand['compared_whole']} "
+            f"whole; {stand['left']} left: {stand['left_with_tests_not_compared']} holding "
+            f"{stand['tests_not_compared']} test(s) some run collected and none compared (and "
+            f"{stand['tests_compared_in_those_left']} compared, passed over), {stand['left_with_no_test_known']} "
+            f"no run knows a test of")
+
+
+def _compared_before(upstream: str, tests: str, digest: str,
+                     results: list[dict]) -> tuple[set[str], set[str], set[str], list[dict]]:
     """What the earlier runs of this upstream's tests at this pin, on this very series, compared: the files
     they compared whole between them (compared_whole), those they began (a test of theirs compared, not only
-    collected), and the tests they compared one by one (compared_by: the begun files' tests that need not run
-    again). A run on another series (a patch changed since; or one whose result does not name its series) says
-    nothing of this one."""
+    collected), the tests they compared one by one (compared_by: the begun files' tests that need not run
+    again), and those runs. A run on another series (a patch changed since; or one whose result does not name
+    its series) says nothing of this one."""
     mine = [r for r in results if r.get("upstream") == upstream]
     fit = [r for r in mine if r.get("tests") == tests and r.get("series_digest") == digest]
     if len(fit) < len(mine):
         progress.say(f"{upstream}: {len(mine) - len(fit)} --compared result(s) count for nothing: another tests pin, "
                      f"or a series other than this one ({digest}), or written before results named their series")
     begun = {file_of(row["id"]) for r in fit for row in r.get("rows", []) if row["category"] != "not-compared"}
-    return compared_whole(fit), begun, compared_by(fit)
+    return compared_whole(fit), begun, compared_by(fit), fit
 
 
 def _both(patched: list[Picked], pristine: list[Picked]) -> list[Picked]:

@@ -168,13 +168,34 @@ def compared_whole(results: list[dict]) -> set[str]:
     now); and for as long as any run found a test of it regressed. A row that names the file alone (a side
     that never collected it) says nothing against the runs that compared its tests."""
     tests = compared_by(results)
+    known = known_tests(results)
+    empty = set().union(*(r.get("no_tests", []) for r in results)) - known.keys()
+    return {f for f, ids in known.items() if ids <= tests} | empty
+
+
+def known_tests(results: list[dict]) -> dict[str, set[str]]:
+    """Per test file, the tests any of the runs knows there: a row of its, or a test it passed over as
+    compared before (a row that names the file alone is no test)."""
     known: dict[str, set[str]] = {}
     for r in results:
         for nodeid in [row["id"] for row in r.get("rows", [])] + list(r.get("tests_compared_before", [])):
             if "::" in nodeid:
                 known.setdefault(file_of(nodeid), set()).add(nodeid)
-    empty = set().union(*(r.get("no_tests", []) for r in results)) - known.keys()
-    return {f for f, ids in known.items() if ids <= tests} | empty
+    return known
+
+
+def standing(selected: set[str], results: list[dict]) -> dict[str, int]:
+    """Where the runs (of one upstream, tests pin and series) stand against the SELECTED test files: how many
+    they compared whole between them and how many are left; of those, the files that hold tests some run
+    knows and none compared (and how many such tests: regressed ones included), the files no run knows a test
+    of (never collected, or never reached), and the tests already compared in them, which a run passes over."""
+    known, by = known_tests(results), compared_by(results)
+    left = selected - compared_whole(results)
+    tests = [t for f in left for t in known.get(f, ())]
+    open_files = {file_of(t) for t in tests if t not in by}
+    return {"files": len(selected), "compared_whole": len(selected) - len(left), "left": len(left),
+            "left_with_tests_not_compared": len(open_files), "tests_not_compared": sum(t not in by for t in tests),
+            "left_with_no_test_known": len(left - known.keys()), "tests_compared_in_those_left": sum(t in by for t in tests)}
 
 
 def compared_by(results: list[dict]) -> set[str]:

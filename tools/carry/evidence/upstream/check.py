@@ -99,7 +99,7 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     if done:
         progress.say(f"{upstream}: {len(done)} test(s) of {len({file_of(n) for n in done})} file(s) an earlier run "
                      f"began left out: it compared them (--compared); the rest of those files runs")
-    if fit:
+    if fit and not opts.select_only:   # (--select-only prints it with the selection)
         progress.say(f"{upstream}: {standing_line(stand)}")
     if opts.select_only:
         return report

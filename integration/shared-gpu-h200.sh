@@ -55,7 +55,8 @@
 #                   UT_MLM_SHARDS=K (default 1): Megatron-LM's files in K parts run side by side (--shard I/K, each its own
 #                   workspace and out folder ut/megatron-lm, ut/megatron-lm-2, ...: one part leaves most of the host's cores idle);
 #                   the files a committed GPU run (integration/h100, h200) compared whole on this very series stay out
-#                   (tools/upstream_tests.py --compared; UT_COMPARED=none: run them again); UT_MLM_LOOK_AGAIN='TEXT;TEXT'
+#                   (tools/upstream_tests.py --compared; UT_COMPARED=none: run them again; UT_COMPARED=megatron-lm: only
+#                   Megatron-LM's, the others' whole selections run again); UT_MLM_LOOK_AGAIN='TEXT;TEXT'
 #                   runs again the committed runs' Megatron-LM known failures whose first error line holds a TEXT (--look-again:
 #                   the host has what they lacked since, e.g. 'async def functions are not natively supported')
 #                   Pace (one H100, 2026-12-05, h100/2026-12-05-shards): one of two shards compared 391 tests in 1,250 s per

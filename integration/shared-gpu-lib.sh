@@ -53,10 +53,12 @@ committed_results() {  # committed_results UPSTREAM: the result.json of each com
   find integration/h100 integration/h200 -path "*/${1:?upstream}/result.json*" -not -path "*/bisect/*" 2>/dev/null | sort
 }
 compared_args() {  # compared_args UPSTREAM: tools/upstream_tests.py's arguments for where the committed GPU runs
-  # stopped, NUL-separated: --compared each of their results (committed_results; none with UT_COMPARED=none) and,
-  # for Megatron-LM with results to name, --look-again each ;-separated TEXT of UT_MLM_LOOK_AGAIN
+  # stopped, NUL-separated: --compared each of their results (committed_results) and, for Megatron-LM with results
+  # to name, --look-again each ;-separated TEXT of UT_MLM_LOOK_AGAIN. UT_COMPARED: all (the default), none, or the
+  # upstreams that go on where their runs stopped, space-separated (the others run their whole selection again:
+  # on a kind of GPU their runs have not had, say)
   local up=${1:?upstream} f text again=() n=0
-  [ "${UT_COMPARED:-all}" = none ] && return 0
+  case " ${UT_COMPARED:-all} " in " all "|*" $up "*) ;; *) return 0 ;; esac
   while IFS= read -r f; do printf '%s\0' --compared "$f"; n=$((n + 1)); done < <(committed_results "$up")
   if [ "$up" = megatron-lm ] && [ "$n" -gt 0 ] && [ -n "${UT_MLM_LOOK_AGAIN:-}" ]; then
     IFS=";" read -ra again <<< "$UT_MLM_LOOK_AGAIN"

@@ -742,8 +742,8 @@ def test_the_gpu_script_passes_each_committed_result_and_the_known_failures_to_l
     """compared_args (shared-gpu-lib.sh), the upstream tests' arguments on the GPU host: --compared for each
     committed GPU run of the upstream's tests (integration/h100, h200; never a bisection's), and for Megatron-LM
     --look-again for each ;-separated TEXT of UT_MLM_LOOK_AGAIN, whole (spaces and quotes kept, empty pieces
-    dropped); nothing at all with UT_COMPARED=none, and no --look-again where no result is passed (it would be
-    refused)."""
+    dropped); nothing at all with UT_COMPARED=none, nor for an upstream UT_COMPARED does not name, and no
+    --look-again where no result is passed (it would be refused)."""
     for run, up in (("h100/a/run", "megatron-lm"), ("h200/b/run", "megatron-lm"), ("h100/a/run", "nemo-rl")):
         (tmp_path / "integration" / run / up / up).mkdir(parents=True)
         (tmp_path / "integration" / run / up / up / "result.json.gz").write_bytes(b"")
@@ -764,6 +764,10 @@ def test_the_gpu_script_passes_each_committed_result_and_the_known_failures_to_l
         "--look-again", "async def functions are not natively supported", "--look-again", "No module named 'causal_conv1d'"]
     assert args("nemo-rl", UT_MLM_LOOK_AGAIN=texts) == ["--compared", "integration/h100/a/run/nemo-rl/nemo-rl/result.json.gz"]
     assert args("megatron-lm", UT_MLM_LOOK_AGAIN=texts, UT_COMPARED="none") == []
+    # UT_COMPARED names the upstreams that go on where their runs stopped; the others run whole again
+    assert args("megatron-lm", UT_COMPARED="megatron-lm") == mlm
+    assert args("nemo-rl", UT_COMPARED="megatron-lm") == [] == args("megatron-lm", UT_COMPARED="nemo-rl megatron")
+    assert args("nemo-rl", UT_COMPARED="megatron-lm nemo-rl") == args("nemo-rl", UT_COMPARED="all") == args("nemo-rl")
     shutil.rmtree(tmp_path / "integration" / "h100")
     shutil.rmtree(tmp_path / "integration" / "h200")
     assert args("megatron-lm", UT_MLM_LOOK_AGAIN=texts) == []

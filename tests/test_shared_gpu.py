@@ -714,6 +714,21 @@ def test_the_learning_evidence_refuses_a_night_without_a_case_to_run(tmp_path, e
     assert "tools/nightly.py" in other.split("\n      fi\n      /tmp/nrl-run/venv/bin/ray stop")[0], other[:600]
 
 
+@pytest.mark.parametrize("timeout", ["0", "two", "-5", "1.5", "60s"])
+def test_the_upstream_tests_refuse_a_per_test_timeout_that_is_not_whole_seconds(tmp_path, timeout):
+    """UT_TEST_TIMEOUT (default 120) is tools/upstream_tests.py's --test-timeout on the GPU host: longer, for the
+    known failures that timed out on both sides run again (--look-again 'ran past the per-test timeout'); a value
+    that is not whole seconds exits 2 before anything starts."""
+    proc = subprocess.run(["bash", "integration/shared-gpu-h200.sh", "upstream-tests-bg"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CARRY_TREES": str(tmp_path / "trees"), "OUT": str(tmp_path / "o"),
+                               "UT_TEST_TIMEOUT": timeout})
+    assert proc.returncode == 2 and f"refused: UT_TEST_TIMEOUT is whole seconds, not '{timeout}'" in proc.stdout, (proc.stdout, proc.stderr)
+    assert "upstream tests started" not in proc.stdout, proc.stdout
+    step = (ROOT / "integration" / "shared-gpu-h200.sh").read_text().split("  upstream-tests-bg)", 1)[1]
+    assert 'UT_TEST_TIMEOUT=${UT_TEST_TIMEOUT:-120}' in step and '--test-timeout "$UT_TEST_TIMEOUT"' in step
+
+
 @pytest.mark.parametrize("shards", ["0", "10", "two", "-1"])
 def test_the_upstream_tests_refuse_a_shard_count_they_cannot_run(tmp_path, shards):
     """UT_MLM_SHARDS=K runs Megatron-LM's files in K parts side by side (tools/upstream_tests.py --shard I/K),

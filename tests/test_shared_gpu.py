@@ -714,18 +714,23 @@ def test_the_learning_evidence_refuses_a_night_without_a_case_to_run(tmp_path, e
     assert "tools/nightly.py" in other.split("\n      fi\n      /tmp/nrl-run/venv/bin/ray stop")[0], other[:600]
 
 
+def _upstream_tests_refused(tmp_path, var: str, value: str, why: str) -> str:
+    """shared-gpu-h200.sh upstream-tests-bg with VAR=VALUE: refused with exit 2 and WHY before anything starts;
+    the step's text."""
+    proc = subprocess.run(["bash", "integration/shared-gpu-h200.sh", "upstream-tests-bg"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CARRY_TREES": str(tmp_path / "trees"), "OUT": str(tmp_path / "o"), var: value})
+    assert proc.returncode == 2 and f"refused: {var} is {why}, not '{value}'" in proc.stdout, (proc.stdout, proc.stderr)
+    assert "upstream tests started" not in proc.stdout, proc.stdout
+    return (ROOT / "integration" / "shared-gpu-h200.sh").read_text().split("  upstream-tests-bg)", 1)[1]
+
+
 @pytest.mark.parametrize("timeout", ["0", "two", "-5", "1.5", "60s"])
 def test_the_upstream_tests_refuse_a_per_test_timeout_that_is_not_whole_seconds(tmp_path, timeout):
     """UT_TEST_TIMEOUT (default 120) is tools/upstream_tests.py's --test-timeout on the GPU host: longer, for the
     known failures that timed out on both sides run again (--look-again 'ran past the per-test timeout'); a value
     that is not whole seconds exits 2 before anything starts."""
-    proc = subprocess.run(["bash", "integration/shared-gpu-h200.sh", "upstream-tests-bg"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "CARRY_TREES": str(tmp_path / "trees"), "OUT": str(tmp_path / "o"),
-                               "UT_TEST_TIMEOUT": timeout})
-    assert proc.returncode == 2 and f"refused: UT_TEST_TIMEOUT is whole seconds, not '{timeout}'" in proc.stdout, (proc.stdout, proc.stderr)
-    assert "upstream tests started" not in proc.stdout, proc.stdout
-    step = (ROOT / "integration" / "shared-gpu-h200.sh").read_text().split("  upstream-tests-bg)", 1)[1]
+    step = _upstream_tests_refused(tmp_path, "UT_TEST_TIMEOUT", timeout, "whole seconds")
     assert 'UT_TEST_TIMEOUT=${UT_TEST_TIMEOUT:-120}' in step and '--test-timeout "$UT_TEST_TIMEOUT"' in step
 
 
@@ -734,13 +739,7 @@ def test_the_upstream_tests_refuse_a_shard_count_they_cannot_run(tmp_path, shard
     """UT_MLM_SHARDS=K runs Megatron-LM's files in K parts side by side (tools/upstream_tests.py --shard I/K),
     each part in a workspace and an out folder of its own (a run locks its workspace; one part's results would
     overwrite another's); a count that is not 1 to 9 exits 2 before anything starts."""
-    proc = subprocess.run(["bash", "integration/shared-gpu-h200.sh", "upstream-tests-bg"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "CARRY_TREES": str(tmp_path / "trees"), "OUT": str(tmp_path / "o"),
-                               "UT_MLM_SHARDS": shards})
-    assert proc.returncode == 2 and f"refused: UT_MLM_SHARDS is 1 to 9, not '{shards}'" in proc.stdout, (proc.stdout, proc.stderr)
-    assert "upstream tests started" not in proc.stdout, proc.stdout
-    step = (ROOT / "integration" / "shared-gpu-h200.sh").read_text().split("  upstream-tests-bg)", 1)[1]
+    step = _upstream_tests_refused(tmp_path, "UT_MLM_SHARDS", shards, "1 to 9")
     step = step.split("\n  wait-upstream-tests)", 1)[0]
     # each part: its own workspace (applied for it), its own out folder and JSON, its own --shard
     assert '--workdir "/tmp/ut-work/$name" --only "$up"' in step and '--out "$U/$name" --json "$U/$name.report.json"' in step

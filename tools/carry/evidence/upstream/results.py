@@ -69,11 +69,15 @@ class Launch:
     astray_records: dict[str, dict[str, dict]] = field(default_factory=dict)   # id -> rank -> end record
     stopped: dict = field(default_factory=dict)                         # the launcher's STOPPED record
     began: bool = False    # a rank wrote anything but that it was stopped: its session began (an empty collection too)
-    first_start: float | None = None                                    # wall clock: the first test a rank began
+    began_first: dict[str, float] = field(default_factory=dict)         # rank -> when it began its first test
     boots: dict[str, dict] = field(default_factory=dict)                # rank -> its boot record (the reporter's)
     collected_at: dict[str, float] = field(default_factory=dict)        # rank -> when its collection ended
-    began_first: dict[str, float] = field(default_factory=dict)         # rank -> when it began its first test
     last_record: float | None = None                                    # wall clock: the last line any rank wrote
+
+    @property
+    def first_start(self) -> float | None:
+        """Wall clock: the first test a rank began."""
+        return min(self.began_first.values(), default=None)
 
     def timing(self, began: float, seconds: float) -> dict:
         """Of a launch that began at BEGAN (wall clock) and took SECONDS: the seconds before any rank began a
@@ -170,7 +174,6 @@ def read_launch(folder: Path, world: int) -> Launch:
             if kind == "start":
                 launch.started.setdefault(rank, []).append(nodeid)
                 if isinstance(t, (int, float)):
-                    launch.first_start = min(launch.first_start or t, t)
                     launch.began_first.setdefault(rank, t)
             elif kind == "end":
                 launch.tests.setdefault(nodeid, {})[rank] = ev

@@ -1951,7 +1951,7 @@ def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_i
     _shards_judged_again(run, PASSED_OVER / "README.md", [(384, 335), (184, 208)], least=50)
     results = _committed_results("megatron-lm", without=("2026-12-06-mlm-whole-budget",))
     pin = _result_json(PASSED_OVER / "run" / "megatron-lm" / "megatron-lm")["tests"]
-    whole, _, _, _ = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
+    whole = _compared_before("megatron-lm", pin, "55a9fda873e9", results)[0].whole
     assert len(whole) == 79 and "tests/unit_tests/transformer/moe/test_shared_experts.py" in whole, len(whole)
     assert "tests/unit_tests/data/test_gpt_dataset.py" not in whole   # one of its tests came from ranks out of step
     # the mutation: one passed test fails on shard 2's patched side
@@ -1971,16 +1971,16 @@ def test_the_whole_budget_run_has_no_regression_and_leaves_68_files(tmp_path):
     --compared reads them, 140 of the 208 files are compared whole and 1,958 tests of 54 files are left.
     Write a failure into a passed test's patched record in shard 1: a regression."""
     from carry.evidence.upstream.check import _compared_before
-    from carry.evidence.upstream.verdict import compare, standing
+    from carry.evidence.upstream.verdict import compare
     run = _unzipped(WHOLE_BUDGET, tmp_path / "good")
     _shards_judged_again(run, WHOLE_BUDGET / "README.md", [(731, 489), (1507, 304)], least=700, flaky_runs_named=True)
     results = _committed_results("megatron-lm")
     pin = _result_json(WHOLE_BUDGET / "run" / "megatron-lm" / "megatron-lm")["tests"]
-    whole, _, _, fit = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
+    earlier, fit = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
     selected = set().union(*({s["path"] for s in r["selection"]} | set(r["compared_before"]) for r in fit))
-    assert standing(selected, fit) == {"files": 208, "compared_whole": 140, "left": 68, "left_with_tests_not_compared": 54,
-                                       "tests_not_compared": 1958, "left_with_no_test_known": 14,
-                                       "tests_compared_in_those_left": 992} and len(whole) == 140
+    assert earlier.standing(selected) == {"files": 208, "compared_whole": 140, "left": 68,
+                                          "left_with_tests_not_compared": 54, "tests_not_compared": 1958,
+                                          "left_with_no_test_known": 14, "tests_compared_in_those_left": 992}
     # the mutation: one passed test fails on shard 1's patched side
     broken = _unzipped(WHOLE_BUDGET, tmp_path / "broken")
     victim = _failure_written_in(broken / "run" / "megatron-lm" / "megatron-lm")

@@ -12,6 +12,7 @@ from ..errors import UsageError
 from ..evidence import tesite
 from ..evidence.upstream.check import Options, check_series, standing_line
 from ..evidence.upstream.results import out_of_step_beside
+from ..evidence.upstream.verdict import look_again
 from . import options
 
 DESCRIPTION = """\
@@ -121,25 +122,13 @@ def _shard(text: str) -> tuple[int, int]:
 
 def _results(paths: list[Path], again: list[str]) -> list[dict]:
     """The --compared results (_result), each with the known failures --look-again names among them
-    ("look_again": their ids, which the judge of what was compared reads as tests to run again)."""
+    (verdict.look_again)."""
     if again and not paths:
         raise UsageError("--look-again names known failures of the --compared runs: give --compared too")
     if any(not text.strip() for text in again):
         raise UsageError("--look-again: an empty TEXT would name every known failure; give words of the error line")
     docs = [_result(path) for path in paths]
-    found = dict.fromkeys(again, 0)
-    for doc in docs:
-        ids = set()
-        for row in doc["rows"]:
-            if row.get("category") != "known-failure":
-                continue
-            lines = (row.get("pristine_reason") or "", row.get("patched_reason") or "")
-            for text in again:
-                if any(text in line for line in lines):
-                    ids.add(row["id"])
-                    found[text] += 1
-        doc["look_again"] = sorted(ids)
-    if missing := [text for text, n in found.items() if not n]:
+    if missing := [text for text, n in look_again(docs, again).items() if not n]:
         raise UsageError(f"--look-again {missing[0]!r}: no known failure of the --compared runs holds it in its first "
                          "error line, so nothing would run again")
     return docs

@@ -29,8 +29,7 @@ from . import suite
 from .launch import Side, SideResult, run_side
 from .results import signature
 from .select import Picked, select
-from .verdict import (Row, compare, compared_by, compared_whole, counts, file_of, files_without_rows, outcome_in,
-                      side_counts, standing)
+from .verdict import Compared, Row, compare, counts, file_of, files_without_rows, outcome_in, side_counts
 
 
 @dataclass
@@ -74,21 +73,22 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     picked = _both(selection(series, upstream, folders["patched"], opts),
                    selection(series, upstream, folders["pristine"], opts))
     digest = series.digest(series.patches)[:12]
-    before, begun, done, fit = _compared_before(upstream, pin.describe(), digest, opts.compared)
-    stand = standing({p.path for p in picked}, fit)
-    left_out = [p.path for p in picked if p.path in before]
+    earlier, fit = _compared_before(upstream, pin.describe(), digest, opts.compared)
+    stand = earlier.standing({p.path for p in picked})
+    left_out = [p.path for p in picked if p.path in earlier.whole]
     # New ground first: a file an earlier run began and did not finish (some of its tests compared, others cut
     # by the budget, flaky, regressed) goes after every file no run has reached, so that it cannot take a
     # night's budget again before them (resharding/test_model_swap.py took two runs' whole budgets,
     # 2026-12-04 and 2026-12-05).
-    picked = remaining = sorted((p for p in picked if p.path not in before), key=lambda p: p.path in begun)
+    picked = remaining = sorted((p for p in picked if p.path not in earlier.whole),
+                                key=lambda p: p.path in earlier.begun)
     if opts.shard:   # after --compared: the K parts of what is left share it out evenly, whatever ran before
         i, k = opts.shard
         picked = picked[i - 1::k]
     # In a file begun before, the tests compared then stay out: the launches pass them over as they pass over
     # the tests an earlier launch of the side ended (the skip list), and this run's rows are the file's others
     paths = {p.path for p in picked}
-    done = {nodeid for nodeid in done if file_of(nodeid) in paths}
+    done = {nodeid for nodeid in earlier.by if file_of(nodeid) in paths}
     report = {"upstream": upstream, "tests": pin.describe(), "series_digest": digest, "launch": pin.launch,
               "nproc": opts.nproc or pin.nproc, "selection": [{"path": p.path, "reasons": p.reasons} for p in picked],
               "compared_before": left_out, "tests_compared_before": sorted(done), "standing": stand,
@@ -155,7 +155,7 @@ def _unbisected(summary: dict) -> dict:
 
 
 def standing_line(stand: dict[str, int]) -> str:
-    """verdict.standing in words: where the --compared runs stand against the whole selection."""
+    """Compared.standing in words: where the --compared runs stand against the whole selection."""
     return (f"of the {stand['files']} selected test file(s), the --compared runs compared {stand['compared_whole']} "
             f"whole; {stand['left']} left: {stand['left_with_tests_not_compared']} holding "
             f"{stand['tests_not_compared']} test(s) some run collected and none compared (and "
@@ -163,20 +163,16 @@ def standing_line(stand: dict[str, int]) -> str:
             f"no run knows a test of")
 
 
-def _compared_before(upstream: str, tests: str, digest: str,
-                     results: list[dict]) -> tuple[set[str], set[str], set[str], list[dict]]:
-    """What the earlier runs of this upstream's tests at this pin, on this very series, compared: the files
-    they compared whole between them (compared_whole), those they began (a test of theirs compared, not only
-    collected), the tests they compared one by one (compared_by: the begun files' tests that need not run
-    again), and those runs. A run on another series (a patch changed since; or one whose result does not name
-    its series) says nothing of this one."""
+def _compared_before(upstream: str, tests: str, digest: str, results: list[dict]) -> tuple[Compared, list[dict]]:
+    """What the earlier runs of this upstream's tests at this pin, on this very series, compared between them
+    (verdict.Compared: the files whole, those begun, the tests one by one), and those runs. A run on another
+    series (a patch changed since; or one whose result does not name its series) says nothing of this one."""
     mine = [r for r in results if r.get("upstream") == upstream]
     fit = [r for r in mine if r.get("tests") == tests and r.get("series_digest") == digest]
     if len(fit) < len(mine):
         progress.say(f"{upstream}: {len(mine) - len(fit)} --compared result(s) count for nothing: another tests pin, "
                      f"or a series other than this one ({digest}), or written before results named their series")
-    begun = {file_of(row["id"]) for r in fit for row in r.get("rows", []) if row["category"] != "not-compared"}
-    return compared_whole(fit), begun, compared_by(fit), fit
+    return Compared.of(fit), fit
 
 
 def _both(patched: list[Picked], pristine: list[Picked]) -> list[Picked]:

@@ -157,52 +157,76 @@ def compared_files(result: dict) -> set[str]:
 
 
 def compared_whole(results: list[dict]) -> set[str]:
-    """The test files earlier runs (their result.json, of one upstream, tests pin and series) compared whole
-    between them, as today's judge reads them: each test any of them knows there (a row, or a test it passed
-    over as compared before) compared by one of them (compared_by);
-    and the files one found holding no test where none knows a test (nothing to run again). So a file stays
-    in while a test of it was not compared, regressed, was flaky, refused the world size it ran at
-    (launch.unmet_world: an older judge took that for a verdict) or came from ranks out of step
-    (results.out_of_step_beside, read by whoever loads the result); while its module failed to collect on
-    either side in every run that knows it (it ran no test there: what kept it from importing may be there
-    now); and for as long as any run found a test of it regressed. A row that names the file alone (a side
-    that never collected it) says nothing against the runs that compared its tests."""
-    tests = compared_by(results)
-    known = known_tests(results)
-    empty = set().union(*(r.get("no_tests", []) for r in results)) - known.keys()
-    return {f for f, ids in known.items() if ids <= tests} | empty
+    """The test files earlier runs compared whole between them (Compared.whole)."""
+    return Compared.of(results).whole
 
 
-def known_tests(results: list[dict]) -> dict[str, set[str]]:
-    """Per test file, the tests any of the runs knows there: a row of its, or a test it passed over as
-    compared before (a row that names the file alone is no test)."""
-    known: dict[str, set[str]] = {}
+@dataclass(frozen=True)
+class Compared:
+    """What earlier runs (their result.json, of one upstream, tests pin and series) compared between them, as
+    today's judge reads them, read once:
+
+    - ``known``: per test file, the tests any of them knows there (a row, or a test it passed over as compared
+      before; a row that names the file alone is no test);
+    - ``by``: the tests one of them compared with nothing to look at again (compared_tests) and none found
+      regressed: a later run on the same series passes them over;
+    - ``whole``: the files each of whose known tests is in ``by``, and the files one found holding no test where
+      none knows a test (nothing to run again). So a file stays in while a test of it was not compared,
+      regressed, was flaky, refused the world size it ran at (launch.unmet_world: an older judge took that for
+      a verdict), came from ranks out of step (results.out_of_step_beside, read by whoever loads the result) or
+      is a known failure named to run again (--look-again); while its module failed to collect on either side
+      in every run that knows it (it ran no test there: what kept it from importing may be there now); and for
+      as long as any run found a test of it regressed. A row that names the file alone (a side that never
+      collected it) says nothing against the runs that compared its tests;
+    - ``begun``: the files a test of which one of them compared, not only collected."""
+    known: dict[str, frozenset[str]]
+    by: frozenset[str]
+    whole: frozenset[str]
+    begun: frozenset[str]
+
+    @classmethod
+    def of(cls, results: list[dict]) -> Compared:
+        known: dict[str, set[str]] = {}
+        for r in results:
+            for nodeid in [row["id"] for row in r.get("rows", [])] + list(r.get("tests_compared_before", [])):
+                if "::" in nodeid:
+                    known.setdefault(file_of(nodeid), set()).add(nodeid)
+        regressed = {row["id"] for r in results for row in r.get("rows", []) if row["category"] == "regression"}
+        by = set().union(*(compared_tests(r) for r in results)) - regressed
+        empty = set().union(*(r.get("no_tests", []) for r in results)) - known.keys()
+        begun = {file_of(row["id"]) for r in results for row in r.get("rows", []) if row["category"] != "not-compared"}
+        return cls({f: frozenset(ids) for f, ids in known.items()}, frozenset(by),
+                   frozenset({f for f, ids in known.items() if ids <= by} | empty), frozenset(begun))
+
+    def standing(self, selected: set[str]) -> dict[str, int]:
+        """Where these runs stand against the SELECTED test files: how many they compared whole and how many are
+        left; of those, the files that hold tests some run knows and none compared (and how many such tests:
+        regressed ones included), the files no run knows a test of (never collected, or never reached), and the
+        tests already compared in them, which a run passes over."""
+        left = selected - self.whole
+        tests = [t for f in left for t in self.known.get(f, ())]
+        return {"files": len(selected), "compared_whole": len(selected) - len(left), "left": len(left),
+                "left_with_tests_not_compared": len({file_of(t) for t in tests if t not in self.by}),
+                "tests_not_compared": sum(t not in self.by for t in tests),
+                "left_with_no_test_known": len(left - self.known.keys()),
+                "tests_compared_in_those_left": sum(t in self.by for t in tests)}
+
+
+def look_again(results: list[dict], texts: list[str]) -> dict[str, int]:
+    """Name in each result ("look_again": their ids, which compared_tests reads as tests to run again) its known
+    failures (both sides failed) whose first error line, on either side, holds one of TEXTS; how many each text
+    named."""
+    named = dict.fromkeys(texts, 0)
     for r in results:
-        for nodeid in [row["id"] for row in r.get("rows", [])] + list(r.get("tests_compared_before", [])):
-            if "::" in nodeid:
-                known.setdefault(file_of(nodeid), set()).add(nodeid)
-    return known
-
-
-def standing(selected: set[str], results: list[dict]) -> dict[str, int]:
-    """Where the runs (of one upstream, tests pin and series) stand against the SELECTED test files: how many
-    they compared whole between them and how many are left; of those, the files that hold tests some run
-    knows and none compared (and how many such tests: regressed ones included), the files no run knows a test
-    of (never collected, or never reached), and the tests already compared in them, which a run passes over."""
-    known, by = known_tests(results), compared_by(results)
-    left = selected - compared_whole(results)
-    tests = [t for f in left for t in known.get(f, ())]
-    open_files = {file_of(t) for t in tests if t not in by}
-    return {"files": len(selected), "compared_whole": len(selected) - len(left), "left": len(left),
-            "left_with_tests_not_compared": len(open_files), "tests_not_compared": sum(t not in by for t in tests),
-            "left_with_no_test_known": len(left - known.keys()), "tests_compared_in_those_left": sum(t in by for t in tests)}
-
-
-def compared_by(results: list[dict]) -> set[str]:
-    """The tests one of the runs compared with nothing to look at again (compared_tests) and none found regressed:
-    a later run on the same series need not run them again."""
-    regressed = {row["id"] for r in results for row in r.get("rows", []) if row["category"] == "regression"}
-    return set().union(*(compared_tests(r) for r in results)) - regressed
+        ids = set()
+        for row in r.get("rows", []):
+            lines = (row.get("pristine_reason") or "", row.get("patched_reason") or "")
+            for text in texts if row.get("category") == "known-failure" else ():
+                if any(text in line for line in lines):
+                    ids.add(row["id"])
+                    named[text] += 1
+        r["look_again"] = sorted(ids)
+    return named
 
 
 def compared_tests(result: dict) -> set[str]:

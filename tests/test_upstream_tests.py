@@ -1957,6 +1957,8 @@ def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_i
     # the mutation: one passed test fails on shard 2's patched side
     broken = _unzipped(PASSED_OVER, tmp_path / "broken")
     victim = _failure_written_in(broken / "run" / "megatron-lm-2" / "megatron-lm")
+    with pytest.raises(AssertionError, match=re.escape("('failed', {")):   # the replay is red: not what result.json says
+        _shards_judged_again(broken, PASSED_OVER / "README.md", [(384, 335), (184, 208)], least=50)
     sides, _ = _sides_from_records(broken / "run" / "megatron-lm-2" / "megatron-lm")
     assert victim in [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"]
 
@@ -1984,8 +1986,11 @@ def test_the_whole_budget_run_has_no_regression_and_leaves_68_files(tmp_path):
     # the mutation: one passed test fails on shard 1's patched side
     broken = _unzipped(WHOLE_BUDGET, tmp_path / "broken")
     victim = _failure_written_in(broken / "run" / "megatron-lm" / "megatron-lm")
+    with pytest.raises(AssertionError, match=re.escape("('failed', {")):   # the replay is red: not what result.json says
+        _shards_judged_again(broken, WHOLE_BUDGET / "README.md", [(731, 489), (1507, 304)], least=700, flaky_runs_named=True)
     sides, _ = _sides_from_records(broken / "run" / "megatron-lm" / "megatron-lm")
     assert victim in [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"]
+
 
 def test_a_selected_file_that_holds_no_test_is_named_never_dropped_silently(up, tmp_path):
     """A selected file pytest collects no test from (upstream keeps its tests in a string there: Megatron-LM's
@@ -2070,6 +2075,7 @@ def _delta_run_of_two(up, env: dict) -> tuple[Path, dict, list[str]]:
     ids = sorted(r["id"] for r in first["rows"])
     assert len(ids) == 2 and {r["category"] for r in first["rows"]} == {"passed"}, first["rows"]
     return out, first, ids
+
 
 def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_began(up):
     """In a file an earlier run began (Megatron-LM's transformer/test_attention.py: 113 tests compared, one flaky),
@@ -2182,16 +2188,15 @@ def test_look_again_runs_the_known_failures_whose_error_it_names_and_refuses_a_t
     proc, _ = _run(up, "--select-only", *files, "--look-again", "not natively supported", check=2)
     assert "give --compared too" in proc.stderr, proc.stderr
 
+
 @pytest.mark.parametrize("upstream", ["megatron-lm", "megatron-bridge", "nemo-rl"])
 def test_each_committed_gpu_result_the_gpu_script_passes_as_compared_is_one(upstream):
     """shared-gpu-h200.sh passes every committed GPU run of an upstream's tests (committed_results,
     shared-gpu-lib.sh) to --compared: each must read as a result.json of that upstream (one that does
     not would stop the GPU run at its start, as bad input)."""
-    from carry.commands.upstream_tests import _result
-    found = subprocess.run(["bash", "-c", f". integration/shared-gpu-lib.sh && committed_results {upstream}"], cwd=ROOT_DIR,
-                           capture_output=True, text=True, check=True).stdout.split()
+    found = _committed_results(upstream)
     assert found, upstream   # each upstream's tests have run on a GPU
-    assert {_result(ROOT_DIR / f)["upstream"] for f in found} == {upstream}, found
+    assert {r["upstream"] for r in found} == {upstream}
 
 
 def test_shards_share_out_what_is_left_after_compared_and_an_empty_one_is_no_green(up, tmp_path):

@@ -1784,7 +1784,6 @@ def test_the_h100_core_files_run_has_no_regression_and_says_what_it_could_not_ru
     both sides; test_gpt_model.py a known failure for the flash-attn metadata it reads at import. second/:
     incomplete (the budget), none regressed. The README's tables are these counts, and a later --compared
     run leaves out the files they compared whole."""
-    from carry.evidence.upstream.verdict import compared_files
     folder = EVIDENCE / "h100" / "2026-12-05-core-files"
     run = _unzipped(folder, tmp_path)
     tables = _readme_tables((folder / "README.md").read_text())
@@ -1795,7 +1794,7 @@ def test_the_h100_core_files_run_has_no_regression_and_says_what_it_could_not_ru
         assert [r.to_dict() for r in rows] == result["rows"] and total == result["counts"]["*"] == table, (sub, total)
         assert result["status"] == status and "regression" not in total, result["reason"]
         assert result["series_digest"] == "55a9fda873e9"
-        whole |= compared_files(result)
+        whole |= _whole(result)
     result = results["first"][0]
     eight = [o["outcome"] for s in ("pristine", "patched") for o in result["sides"][s]["outcomes"].values() if o["world"] == 8]
     assert len(eight) == 30 and set(eight) == {"passed"}, eight
@@ -1817,7 +1816,7 @@ def test_the_bridge_run_compares_its_whole_selection_on_this_series(tmp_path):
     counts. Every file is compared whole but the one that did not collect on either side (no diffusers),
     so a later --compared run selects it alone. Write a failure into a passed test's patched record: a
     regression."""
-    from carry.evidence.upstream.verdict import compare, compared_files
+    from carry.evidence.upstream.verdict import compare
     run = _unzipped(BRIDGE_H100, tmp_path / "good")
     result, rows, total = _judged_again(run, "megatron-bridge", 1900, "run/megatron-bridge")
     (table,) = _readme_tables((BRIDGE_H100 / "README.md").read_text())
@@ -1826,7 +1825,7 @@ def test_the_bridge_run_compares_its_whole_selection_on_this_series(tmp_path):
     assert result["status"] == "passed" and result["not_compared"] == 0 and result["series_digest"] == "55a9fda873e9"
     assert result["compared_before"] == [], result["compared_before"]
     selection = {s["path"] for s in result["selection"]}
-    assert len(selection) == 64 and compared_files(result) == selection - {HF_SERIALIZATION}, len(compared_files(result))
+    assert len(selection) == 64 and _whole(result) == selection - {HF_SERIALIZATION}, len(_whole(result))
     for name in ("pristine", "patched"):
         assert "No module named 'diffusers'" in result["sides"][name]["collect_errors"][HF_SERIALIZATION], name
     # the mutation: one passed test fails on the patched side
@@ -1843,6 +1842,12 @@ def test_the_bridge_run_compares_its_whole_selection_on_this_series(tmp_path):
         _judged_again(broken, "megatron-bridge", 1900, "run/megatron-bridge")
     sides, _ = _sides_from_records(broken / "run" / "megatron-bridge" / "megatron-bridge")
     assert [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"] == [victim]
+
+
+def _whole(result: dict) -> frozenset[str]:
+    """The test files one committed run compared whole, as a later --compared run reads it (verdict.Compared)."""
+    from carry.evidence.upstream.verdict import Compared
+    return Compared.of([result]).whole
 
 
 def _failure_written_in(folder: Path) -> str:
@@ -1870,7 +1875,7 @@ def test_the_three_shards_run_has_no_regression_and_its_pristine_side_that_never
     1's pristine side never began (the venv still being installed): the device read the patched side's
     failures as regressions, today's judge compares none of its tests. The README's tables are these
     counts. Write a failure into a passed test's patched record in shard 2: a regression."""
-    from carry.evidence.upstream.verdict import compare, compared_files, counts
+    from carry.evidence.upstream.verdict import compare, counts
     run = _unzipped(THREE_SHARDS, tmp_path / "good")
     tables = _readme_tables((THREE_SHARDS / "README.md").read_text())
     nrl, rows, total = _judged_again(run, "nemo-rl", 380, "run/nemo-rl")
@@ -1888,7 +1893,7 @@ def test_the_three_shards_run_has_no_regression_and_its_pristine_side_that_never
         for r, d in zip(rows, res["rows"], strict=True):
             if r.to_dict() != _astray_today(res, d):
                 assert r.category == d["category"] == "flaky" and r.note.startswith("flaky: "), (r, d)
-        whole |= compared_files(res)
+        whole |= _whole(res)
     assert len(whole) == 27 and "tests/unit_tests/transformer/test_mlp.py" in whole, sorted(whole)
     first = _result_json(run / "run" / "megatron-lm" / "megatron-lm")
     assert first["counts"]["*"] == {"not-compared": 962, "regression": 87, "new": 182}   # the device's judge
@@ -1896,7 +1901,7 @@ def test_the_three_shards_run_has_no_regression_and_its_pristine_side_that_never
     assert not sides["pristine"].outcomes and [x["ended"] for x in first["sides"]["pristine"]["launches"]] == [0]
     today = compare(sides["pristine"], sides["patched"])
     assert counts(today)["*"] == tables[4] == {"not-compared": 1215}, counts(today)["*"]
-    assert compared_files({**first, "rows": [r.to_dict() for r in today]}) == set()
+    assert _whole({**first, "rows": [r.to_dict() for r in today]}) == set()
     # the mutation: one passed test fails on shard 2's patched side
     broken = _unzipped(THREE_SHARDS, tmp_path / "broken")
     victim = _failure_written_in(broken / "run" / "megatron-lm-2" / "megatron-lm")
@@ -2289,7 +2294,6 @@ def test_the_h100_shards_run_is_judged_again_and_its_unbisected_shard_is_no_verd
     The README's tables are these counts; a later --compared run leaves out the 19 files shard 2 compared
     whole (not test_gpt_dataset.py, one of whose results came from ranks out of step) and none whose module
     did not collect."""
-    from carry.evidence.upstream.verdict import compared_files
     folder = EVIDENCE / "h100" / "2026-12-05-shards"
     run = _unzipped(folder, tmp_path)
     tables = _readme_tables((folder / "README.md").read_text())
@@ -2329,13 +2333,13 @@ def test_the_h100_shards_run_is_judged_again_and_its_unbisected_shard_is_no_verd
         assert bad["outcome"] in ("timeout", "crashed") or "DistBackendError" in bad["reason"], (r.id, bad)
     # as --compared reads them (the rank records beside each result.json judged again)
     from carry.commands.upstream_tests import _result
-    assert compared_files(_result(folder / "run" / "megatron-lm" / "megatron-lm" / "result.json.gz")) == set()
-    whole = compared_files(_result(folder / "run" / "megatron-lm-2" / "megatron-lm" / "result.json.gz"))
+    assert _whole(_result(folder / "run" / "megatron-lm" / "megatron-lm" / "result.json.gz")) == set()
+    whole = _whole(_result(folder / "run" / "megatron-lm-2" / "megatron-lm" / "result.json.gz"))
     uncollected = {m for res in (first, second) for s in res["sides"].values() for m in s["collect_errors"]}
     assert len(uncollected) == 16 and not uncollected & whole, sorted(uncollected & whole)
     assert len(whole) == 19 and "tests/unit_tests/resharding/test_planner.py" in whole, sorted(whole)
     # test_gpt_dataset.py's test_inter_document_masking ended on rank 0 alone: the file runs again
-    assert compared_files(second) - whole == {"tests/unit_tests/data/test_gpt_dataset.py"}
+    assert _whole(second) - whole == {"tests/unit_tests/data/test_gpt_dataset.py"}
     assert "tests/unit_tests/transformer/test_attention.py" not in whole   # its six flaky cases run again
 
 

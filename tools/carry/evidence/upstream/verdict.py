@@ -151,16 +151,6 @@ def side_counts(side: SideResult) -> dict[str, int]:
     return dict(c)
 
 
-def compared_files(result: dict) -> set[str]:
-    """The test files one earlier run (its result.json) compared whole: compared_whole of it alone."""
-    return compared_whole([result])
-
-
-def compared_whole(results: list[dict]) -> set[str]:
-    """The test files earlier runs compared whole between them (Compared.whole)."""
-    return Compared.of(results).whole
-
-
 @dataclass(frozen=True)
 class Compared:
     """What earlier runs (their result.json, of one upstream, tests pin and series) compared between them, as

@@ -935,6 +935,112 @@ def test_the_te_site_is_on_every_launch_path_after_the_trees(up, tmp_path):
         assert paths.index(tree) < paths.index(str(site)), paths
 
 
+def _wheel_installed_upstream(tmp_path: Path) -> dict:
+    """An upstream pinned on PyPI whose wheel holds a member the pin's exclude leaves out of the git
+    layout (megatron-core's compiled dataset helpers, here a stand-in ``ext.so``), and whose own test
+    reads it as an install of that wheel lets it; the wheel is given to apply as --source."""
+    import sysconfig
+    import zipfile
+    src = make_upstream(tmp_path)
+    v0 = Git(src).head()
+    sdir = tmp_path / "patches" / "demo"
+    make_patch(src, v0, [("megatron/core/alpha.py", 5, "value_5 = 'patched'\n")], "demo: fix", sdir / "megatron-lm/0001-fix.patch")
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    wheel = tmp_path / "wheels" / f"demo_core-1.0-{tag}-{tag}-{plat}.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as z:
+        for f in sorted((src / "megatron").rglob("*.py")):
+            z.write(f, f.relative_to(src).as_posix())
+        z.writestr("megatron/core/ext.so", b"compiled by the wheel build\n")
+        z.writestr("demo_core-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: demo-core\nVersion: 1.0\n")
+    repo = tmp_path / "upstream-tests"
+    Git(repo).init()
+    for rel, text in {"pyproject.toml": "[tool.pytest.ini_options]\naddopts = \"-rA\"\n", "tests/__init__.py": "",
+                      "tests/unit_tests/__init__.py": "",
+                      "tests/unit_tests/test_installed.py": """
+                          from pathlib import Path
+                          import megatron.core.alpha as alpha
+
+
+                          def test_reads_what_the_install_holds():
+                              assert (Path(alpha.__file__).parent / "ext.so").read_bytes() == b"compiled by the wheel build\\n"
+
+
+                          def test_value_5_is_patched():
+                              assert alpha.value_5 == "patched"
+                      """}.items():
+        write(repo, rel, textwrap.dedent(text).lstrip())
+    commit = Git(repo).commit_all("upstream tests")
+    hashes = {p: Git(repo)("rev-parse", f"{commit}:{p}").stdout.strip() for p in ("pyproject.toml", "tests")}
+    text = series_toml(v0, "https://example.invalid/upstream.git", [patch_entry("fix", "megatron-lm/0001-fix.patch")])
+    head, rest = text.split("[upstreams.megatron-lm.git]", 1)
+    pypi = ('[upstreams.megatron-lm.pypi]\nname = "demo-core"\nversion = "1.0"\nmap = { "megatron/" = "megatron/" }\n'
+            f'exclude = ["*.so"]\nartifacts = [{{ file = "{wheel.name}", sha256 = "{sha256_file(wheel)}", tree = true }}]\n\n')
+    tests = (f'[upstreams.megatron-lm.tests]\nurl = "{repo.as_uri()}"\ncommit = "{commit}"\n'
+             f'paths = {{ {", ".join(f"{chr(34)}{p}{chr(34)} = {chr(34)}{h}{chr(34)}" for p, h in hashes.items())} }}\n'
+             'replace = "megatron/core"\nroot = "tests/unit_tests"\nlaunch = "pytest"\n\n')
+    rest = rest.split("\n[[patches]]", 1)[1]
+    text = head.replace('sources = ["git"]', 'sources = ["pypi"]') + pypi + tests + "[[patches]]" + rest
+    (sdir / "series.toml").write_text(text)
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    tool("apply", "--series", sdir, "--workdir", work, "--cache", cache, "--source", f"megatron-lm={wheel}", check=0)
+    return {"series": sdir, "work": work, "cache": cache, "tmp": tmp_path, "wheel": wheel}
+
+
+def test_the_trees_under_test_hold_what_the_pinned_wheel_installs_and_the_git_layout_leaves_out(tmp_path):
+    """apply keeps a wheel's sources and leaves out what the pin's exclude names (megatron-core's compiled
+    dataset helpers). The trees the tests run from get those members back, from the pinned wheel for the
+    tests' Python: without them megatron-core's compile_helpers() stopped rank 0 of every data test on
+    both sides (h100/2026-12-06-data-helpers), a failure no install of the wheel has. A --source wheel that
+    is the pinned artifact is kept in the cache, so the run needs no package index. The workspace stays
+    the git layout."""
+    up = _wheel_installed_upstream(tmp_path)
+    kept = up["cache"] / "artifacts" / sha256_file(up["wheel"]) / up["wheel"].name
+    assert kept.read_bytes() == up["wheel"].read_bytes()
+    proc, out = _run(up, check=0, env={"GTP_CARRY_VERBOSE": "1"})   # the fixed test bisected: its probes' trees too
+    result = read_json(out / "megatron-lm" / "result.json")
+    assert result["installed"] == {"megatron-lm": {"wheel": up["wheel"].name, "members": ["megatron/core/ext.so"]}}
+    rows = {r["id"].rsplit("::", 1)[1]: r for r in result["rows"]}
+    assert rows["test_reads_what_the_install_holds"]["category"] == "passed", rows
+    assert rows["test_value_5_is_patched"]["category"] == "fixed", rows
+    said = proc.stdout + proc.stderr
+    assert "what demo_core-1.0-" in said and "megatron/core/ext.so" in said, said
+    probes = sorted((out / "megatron-lm" / "bisect").glob("k*/tree"))
+    assert probes, "the fixed test was bisected"
+    for tree in [out / "megatron-lm" / "trees" / "pristine", out / "megatron-lm" / "trees" / "patched", *probes]:
+        assert (tree / "megatron" / "core" / "ext.so").read_bytes() == b"compiled by the wheel build\n", tree
+    assert not (up["work"] / "megatron-lm" / "megatron" / "core" / "ext.so").exists()
+
+
+def test_a_python_no_pinned_wheel_is_built_for_is_refused_before_any_test_runs(tmp_path):
+    """Trees without the wheel's compiled members would fail where an install passes: a --python that no
+    pinned wheel is built for is bad input, said before any launch, naming the wheels there are."""
+    up = _wheel_installed_upstream(tmp_path)
+    fake = tmp_path / "other-python"
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then echo cpython 2 7 {os.uname().machine}; exit 0; fi\n"
+                    f"exec {sys.executable} \"$@\"\n")
+    fake.chmod(0o755)
+    proc, out = _run(up, "--no-bisect", "--python", fake, check=2)
+    assert "cpython 2.7" in proc.stderr and up["wheel"].name in proc.stderr and "--python" in proc.stderr, proc.stderr
+    assert not list((out / "megatron-lm").glob("*/launch-*")), "no launch began"
+
+
+@pytest.mark.parametrize("file, python, fits", [
+    ("m-0.19.2-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl", ("cpython", 3, 12, "x86_64"), True),
+    ("m-0.19.2-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl", ("cpython", 3, 11, "x86_64"), False),
+    ("m-0.19.2-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl", ("cpython", 3, 12, "aarch64"), False),
+    ("m-1.0-cp38-abi3-manylinux_2_28_x86_64.whl", ("cpython", 3, 12, "x86_64"), True),
+    ("m-1.0-cp313-abi3-manylinux_2_28_x86_64.whl", ("cpython", 3, 12, "x86_64"), False),
+    ("m-1.0-py3-none-any.whl", ("cpython", 3, 12, "aarch64"), True),
+    ("m-1.0.tar.gz", ("cpython", 3, 12, "x86_64"), False),
+])
+def test_the_wheel_for_a_python_is_the_one_its_tags_take(file, python, fits):
+    from carry.series.manifest import Artifact
+    from carry.workspace.installed import wheel_for
+    assert wheel_for(Artifact(file=file, sha256="0" * 64), python) is fits
+
+
 ROOT_DIR = Path(__file__).resolve().parents[1]
 EVIDENCE = ROOT_DIR / "integration"
 H200_RUN = EVIDENCE / "h200" / "2026-12-03-upstream-tests"

@@ -12,6 +12,7 @@ already gives the failing result, no patch changed it, and the report says so.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -59,6 +60,9 @@ class PrefixTrees:
         by_id = {p.id: p for p in series.patches}
         self.order: list[PatchMeta] = [by_id[pid] for pid in self.state.order if pid in by_id]
         self.only: list[str] | None = None
+        # called on each tree once extracted: what runs from the trees may need more than the git
+        # layout holds (upstream_tests: what the pinned wheel installs, carry.workspace.installed)
+        self.finish: Callable[[str, Path], None] | None = None
 
     def trees(self, k: int) -> dict[str, Path]:
         """Each workspace's tree at prefix k (with ``only`` set, those upstreams' alone)."""
@@ -72,6 +76,12 @@ class PrefixTrees:
         dest = self.scratch / f"{upstream}-{commit[:12]}"
         if not dest.exists():
             extract(self.wd.workspace(upstream), commit, dest)
+            if self.finish is not None:
+                try:
+                    self.finish(upstream, dest)
+                except BaseException:
+                    shutil.rmtree(dest, ignore_errors=True)   # never a tree left half-finished for the next call
+                    raise
         return dest
 
 

@@ -14,6 +14,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import shutil
 import sys
 import zipfile
 import zlib
@@ -128,17 +129,53 @@ def _download(upstream: str, pypi: PyPISource, art: Artifact, tmp: Path, dest: P
     os.replace(got_path, dest)
 
 
-def _map_member(name: str, pypi_map: tuple[tuple[str, str], ...], exclude: tuple[str, ...]) -> str | None:
+def keep_artifact(path: Path, art: Artifact, cache: Path) -> None:
+    """A file given on the command line that is a pinned artifact (its sha256 checked by the caller) is
+    cached as that artifact: a later command that needs it (upstream_tests, on a host without the
+    package index) reads it from there as if it had been downloaded."""
+    dest = cache / "artifacts" / art.sha256 / art.file
+    if dest.exists():
+        return
+    with building(dest.parent) as tmp:
+        if not dest.exists():
+            shutil.copyfile(path, tmp / art.file)
+            os.replace(tmp / art.file, dest)
+
+
+def _mapped(name: str, pypi_map: tuple[tuple[str, str], ...]) -> str | None:
     best = None
     for src, dst in pypi_map:
         if name.startswith(src) and (best is None or len(src) > len(best[0])):
             best = (src, dst)
-    if best is None:
-        return None
-    out = best[1] + name[len(best[0]):]
-    if any(fnmatch.fnmatch(out, pat) or fnmatch.fnmatch(os.path.basename(out), pat) for pat in exclude):
-        return None
-    return out
+    return None if best is None else best[1] + name[len(best[0]):]
+
+
+def _excluded(out: str, exclude: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatch(out, pat) or fnmatch.fnmatch(os.path.basename(out), pat) for pat in exclude)
+
+
+def _map_member(name: str, pypi_map: tuple[tuple[str, str], ...], exclude: tuple[str, ...]) -> str | None:
+    out = _mapped(name, pypi_map)
+    return None if out is None or _excluded(out, exclude) else out
+
+
+def left_out_members(wheel: Path, pypi: PyPISource) -> dict[str, tuple[bytes, int]]:
+    """What an install of ``wheel`` holds that ``unpack_wheel`` leaves out of the git layout: the members
+    the pin maps whose path its ``exclude`` names (compiled extensions), as {path in the layout:
+    (bytes, mode)}."""
+    members: dict[str, tuple[bytes, int]] = {}
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            for info in zf.infolist():
+                out = None if info.is_dir() else _mapped(info.filename, pypi.map)
+                if out is None or not _excluded(out, pypi.exclude):
+                    continue
+                if out.startswith("/") or ".." in Path(out).parts:
+                    raise IntegrityError(f"{wheel.name}: member {info.filename!r} escapes the tree")
+                members[out] = (zf.read(info), 0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
+    except (zipfile.BadZipFile, zlib.error) as exc:
+        raise IntegrityError(f"{wheel} is not a valid wheel ({exc})") from None
+    return members
 
 
 def unpack_wheel(wheel: Path, dest: Path, pypi: PyPISource) -> int:

@@ -35,6 +35,7 @@ from .artifacts import (
     check_pin,
     download_version,
     fetch_artifact,
+    keep_artifact,
     sha256_file,
     unpack_wheel,
 )
@@ -271,6 +272,9 @@ def _override_recipe(upstream: Upstream, cache: Path, path: Path) -> _Recipe:
         sha = sha256_file(path)
         pypi = upstream.pypi
         note = "" if sha == pypi.tree_artifact.sha256 else " (not the pinned artifact)"
+        for art in pypi.artifacts:   # a pinned file: kept in the cache as if downloaded (upstream_tests reads it)
+            if art.sha256 == sha:
+                keep_artifact(path, art, cache)
         key = "pypi-" + hashlib.sha256(repr((sha, pypi.map, pypi.exclude)).encode()).hexdigest()[:20]
         return _tree_recipe(key, f"{path.name}{note}", lambda tree: unpack_wheel(path, tree, pypi))
     g = Git(path)

@@ -11,6 +11,7 @@ prefixes: each probe runs just those tests, shared by every test it decides.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from ...errors import UsageError
 from ...files import write_json
 from ...series.manifest import Series
 from ...series.repo import command
+from ...workspace.installed import Installed
 from ...workspace.workdir import WorkDir
 from .. import scratch as scratchdirs
 from .. import tesite
@@ -92,6 +94,8 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     report = {"upstream": upstream, "tests": pin.describe(), "series_digest": digest, "launch": pin.launch,
               "nproc": opts.nproc or pin.nproc, "selection": [{"path": p.path, "reasons": p.reasons} for p in picked],
               "compared_before": left_out, "tests_compared_before": sorted(done), "standing": stand,
+              # what the trees hold beyond their git layout: the pinned wheels' compiled members (installed.py)
+              **({"installed": prefix.finish.added} if isinstance(prefix.finish, Installed) and prefix.finish.added else {}),
               **({"shard": "%d/%d" % opts.shard} if opts.shard else {})}
     if left_out:
         progress.say(f"{upstream}: {len(left_out)} selected test file(s) left out: an earlier run (--compared) "
@@ -324,5 +328,7 @@ def check_series(series: Series, workdir: Path, upstreams: list[str] | None, opt
         # The trees of the workspaces that are there: an upstream's tests need its own tree and the
         # trees it imports (Bridge's tests import megatron.core), not every upstream of the series.
         prefix.only = [n for n in applied if wd.workspace(n).is_dir()]
+        if not opts.select_only:   # the trees the tests run from hold what an install of the pinned wheel holds
+            prefix.finish = Installed(series, opts.python or sys.executable, opts.cache)
         trees = prefix.trees(len(prefix.order))
         return [check_upstream(series, name, prefix, trees, opts) for name in names]

@@ -719,6 +719,7 @@ def test_nightly_megatron_tree_runs_with_the_pinned_wheels_compiled_helper(mcore
         caserun.with_compiled_parts(lay, mcore_tree)
     (lay.payload / "sources").mkdir(parents=True)
     shutil.copy2(wheel, lay.payload / "sources" / wheel.name)
+    (lay.payload / "stage.json").write_text(json.dumps({"series": "gtp"}))   # the series the ferry was staged for
     assert not list(mcore_tree.rglob("*.so")), "apply leaves compiled files out of the tree"
     got = caserun.with_compiled_parts(lay, mcore_tree)
     assert got != mcore_tree and not list(mcore_tree.rglob("*.so"))

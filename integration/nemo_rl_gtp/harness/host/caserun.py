@@ -13,11 +13,12 @@ import os
 import re
 import shutil
 import time
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from carry.errors import OperationError, UsageError
+from carry.series.repo import load_series
+from carry.workspace.artifacts import left_out_members
 
 from . import cases as casing
 from . import learning
@@ -51,25 +52,28 @@ def case_trees(lay: Layout, case: casing.Case, given: Trees | None) -> Trees:
 def with_compiled_parts(lay: Layout, tree: Path) -> Path:
     """A megatron-lm tree from tools/apply.py as the pinned wheel installs it.
 
-    apply keeps the wheel's sources and leaves its compiled extension (the dataset helpers,
-    ``helpers_cpp``) out of the tree. Run from such a tree, megatron-core cannot import them and
-    Bridge's initialize_megatron stops at compile_helpers on rank 0. Returns TREE itself when it
-    lacks nothing, else a fresh copy under ROOT/fronts with the pinned wheel's compiled files
-    added (the tree is left as the nightly made it).
+    apply keeps the wheel's sources and leaves out what the pin's ``exclude`` names (its compiled
+    extension, the dataset helpers ``helpers_cpp``): carry.workspace.artifacts.left_out_members says
+    which, as for the upstream tests' trees. Run from such a tree, megatron-core cannot import them and
+    Bridge's initialize_megatron stops at compile_helpers on rank 0. Returns TREE itself when it lacks
+    nothing, else a fresh copy under ROOT/fronts with the pinned wheel's members added (the tree is
+    left as the nightly made it).
     """
     if not (tree / "megatron" / "core").is_dir():
         return tree   # not a megatron-core tree (megatron-bridge's src)
-    with zipfile.ZipFile(pinned_mcore_wheel(lay)) as z:
-        missing = [n for n in z.namelist() if n.endswith(".so") and not (tree / n).exists()]
-        if not missing:
-            return tree
-        dest = lay.root / "fronts" / tree.name
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(tree, dest, ignore=shutil.ignore_patterns(".git"), symlinks=True)
-        for name in missing:
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            (dest / name).write_bytes(z.read(name))
+    wheel = pinned_mcore_wheel(lay)
+    pypi = load_series(lay.stage_doc()["series"]).upstream("megatron-lm").pypi   # the series the ferry was staged for
+    missing = {name: got for name, got in left_out_members(wheel, pypi).items() if not (tree / name).exists()}
+    if not missing:
+        return tree
+    dest = lay.root / "fronts" / tree.name
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(tree, dest, ignore=shutil.ignore_patterns(".git"), symlinks=True)
+    for name, (data, mode) in missing.items():
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        (dest / name).write_bytes(data)
+        (dest / name).chmod(mode)
     return dest
 
 

@@ -68,7 +68,11 @@
 #                   times (out-of-memory flakes) and a load of 30 to 40 on 16 cores: two shards suit an H100
 #                   Two shards, Megatron-LM alone (UT_ONLY=megatron-lm, one H100, h100/2026-12-06-mlm-passed-over): 384 and
 #                   184 compared in 752 s per side, besides 543 tests passed over (--compared, test by test); with the
-#                   session's whole device time (UT_BUDGET=1250, h100/2026-12-06-mlm-whole-budget): 731 and 1,507
+#                   session's whole device time (UT_BUDGET=1250, h100/2026-12-06-mlm-whole-budget): 731 and 1,507;
+#                   the slow files left then, 153 and 88 (h100/2026-12-06-data-helpers: most of each launch's start-up
+#                   is imports, 36 to 47 s, and a launch ends at each hung or dead rank). That run's dataset tests failed
+#                   for the wheel's compiled helpers the trees lacked (the tool puts them in since): the next run adds
+#                   'SystemExit: 1' to UT_MLM_LOOK_AGAIN
 #   setup-bg        in the background: run-on-gpu-host's setup alone (/tmp/o/setup)
 #   wait-upstream-tests S  wait (at most S seconds), pack; exit 3 while any still runs
 # Device time (one H200, 2026-12-04): 16 ferry calls of about 3.5 s (parts of 30 MiB: a call carries the

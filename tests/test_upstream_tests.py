@@ -2046,6 +2046,27 @@ def _shards_judged_again(run: Path, readme: Path, shards: list[tuple[int, int]],
                 assert flaky_runs_named and r.category == d["category"] == "flaky" and r.note.startswith("flaky: "), (r, d)
 
 
+def _standing(pin: str, results: list[dict]) -> dict:
+    """Where Megatron-LM stands after RESULTS, as --select-only prints it (Compared.standing over the files
+    the runs that count selected)."""
+    from carry.evidence.upstream.check import _compared_before
+    earlier, fit = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
+    return earlier.standing(set().union(*({s["path"] for s in r["selection"]} | set(r["compared_before"]) for r in fit)))
+
+
+def _a_written_failure_is_red(evidence: Path, tmp_path: Path, shards: list[tuple[int, int]], least: int, sub: str,
+                              flaky_runs_named: bool = False) -> None:
+    """The mutation of a committed run: a passed test of shard SUB fails in its patched records; the replay
+    (_shards_judged_again) goes red, and the records judged again make it a regression."""
+    from carry.evidence.upstream.verdict import compare
+    broken = _unzipped(evidence, tmp_path / "broken")
+    victim = _failure_written_in(broken / "run" / sub / "megatron-lm")
+    with pytest.raises(AssertionError, match=re.escape("('failed', {")):   # the replay is red: not what result.json says
+        _shards_judged_again(broken, evidence / "README.md", shards, least=least, flaky_runs_named=flaky_runs_named)
+    sides, _ = _sides_from_records(broken / "run" / sub / "megatron-lm")
+    assert victim in [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"]
+
+
 PASSED_OVER = EVIDENCE / "h100" / "2026-12-06-mlm-passed-over"
 
 
@@ -2057,7 +2078,6 @@ def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_i
     among them the 7 whose every test was passed over. Write a failure into a passed test's patched record in
     shard 2: a regression."""
     from carry.evidence.upstream.check import _compared_before
-    from carry.evidence.upstream.verdict import compare
     run = _unzipped(PASSED_OVER, tmp_path / "good")
     _shards_judged_again(run, PASSED_OVER / "README.md", [(384, 335), (184, 208)], least=50)
     results = _committed_results("megatron-lm", without=("2026-12-06-mlm-whole-budget", "2026-12-06-data-helpers"))
@@ -2066,12 +2086,7 @@ def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_i
     assert len(whole) == 79 and "tests/unit_tests/transformer/moe/test_shared_experts.py" in whole, len(whole)
     assert "tests/unit_tests/data/test_gpt_dataset.py" not in whole   # one of its tests came from ranks out of step
     # the mutation: one passed test fails on shard 2's patched side
-    broken = _unzipped(PASSED_OVER, tmp_path / "broken")
-    victim = _failure_written_in(broken / "run" / "megatron-lm-2" / "megatron-lm")
-    with pytest.raises(AssertionError, match=re.escape("('failed', {")):   # the replay is red: not what result.json says
-        _shards_judged_again(broken, PASSED_OVER / "README.md", [(384, 335), (184, 208)], least=50)
-    sides, _ = _sides_from_records(broken / "run" / "megatron-lm-2" / "megatron-lm")
-    assert victim in [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"]
+    _a_written_failure_is_red(PASSED_OVER, tmp_path, [(384, 335), (184, 208)], 50, "megatron-lm-2")
 
 
 WHOLE_BUDGET = EVIDENCE / "h100" / "2026-12-06-mlm-whole-budget"
@@ -2083,24 +2098,14 @@ def test_the_whole_budget_run_has_no_regression_and_leaves_68_files(tmp_path):
     over (489 and 304, no row here), the README's tables these counts. With every committed run, read as
     --compared reads them, 140 of the 208 files are compared whole and 1,958 tests of 54 files are left.
     Write a failure into a passed test's patched record in shard 1: a regression."""
-    from carry.evidence.upstream.check import _compared_before
-    from carry.evidence.upstream.verdict import compare
     run = _unzipped(WHOLE_BUDGET, tmp_path / "good")
     _shards_judged_again(run, WHOLE_BUDGET / "README.md", [(731, 489), (1507, 304)], least=700, flaky_runs_named=True)
-    results = _committed_results("megatron-lm", without=("2026-12-06-data-helpers",))
     pin = _result_json(WHOLE_BUDGET / "run" / "megatron-lm" / "megatron-lm")["tests"]
-    earlier, fit = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
-    selected = set().union(*({s["path"] for s in r["selection"]} | set(r["compared_before"]) for r in fit))
-    assert earlier.standing(selected) == {"files": 208, "compared_whole": 140, "left": 68,
-                                          "left_with_tests_not_compared": 54, "tests_not_compared": 1958,
-                                          "left_with_no_test_known": 14, "tests_compared_in_those_left": 992}
+    assert _standing(pin, _committed_results("megatron-lm", without=("2026-12-06-data-helpers",))) == {
+        "files": 208, "compared_whole": 140, "left": 68, "left_with_tests_not_compared": 54, "tests_not_compared": 1958,
+        "left_with_no_test_known": 14, "tests_compared_in_those_left": 992}
     # the mutation: one passed test fails on shard 1's patched side
-    broken = _unzipped(WHOLE_BUDGET, tmp_path / "broken")
-    victim = _failure_written_in(broken / "run" / "megatron-lm" / "megatron-lm")
-    with pytest.raises(AssertionError, match=re.escape("('failed', {")):   # the replay is red: not what result.json says
-        _shards_judged_again(broken, WHOLE_BUDGET / "README.md", [(731, 489), (1507, 304)], least=700, flaky_runs_named=True)
-    sides, _ = _sides_from_records(broken / "run" / "megatron-lm" / "megatron-lm")
-    assert victim in [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"]
+    _a_written_failure_is_red(WHOLE_BUDGET, tmp_path, [(731, 489), (1507, 304)], 700, "megatron-lm", flaky_runs_named=True)
 
 
 DATA_HELPERS = EVIDENCE / "h100" / "2026-12-06-data-helpers"
@@ -2114,8 +2119,7 @@ def test_the_data_helpers_run_has_no_regression_and_its_helper_failures_open_aga
     --look-again "SystemExit: 1" runs again. With every committed run: 143 of the 208 files compared whole; with
     that text, the 3 files whose only failures they were open again. Write a failure into a passed test's
     patched record in shard 1: a regression."""
-    from carry.evidence.upstream.check import _compared_before
-    from carry.evidence.upstream.verdict import compare, look_again
+    from carry.evidence.upstream.verdict import look_again
     run = _unzipped(DATA_HELPERS, tmp_path / "good")
     _shards_judged_again(run, DATA_HELPERS / "README.md", [(153, 443), (88, 585)], least=20, flaky_runs_named=True)
     helpers = [r for sub in ("megatron-lm", "megatron-lm-2")
@@ -2124,26 +2128,16 @@ def test_the_data_helpers_run_has_no_regression_and_its_helper_failures_open_aga
     assert len(helpers) == 4 and {r["category"] for r in helpers} == {"known-failure"}, helpers
     assert all(r["id"].startswith("tests/unit_tests/data/") for r in helpers), helpers
     pin = _result_json(DATA_HELPERS / "run" / "megatron-lm" / "megatron-lm")["tests"]
-
-    def standing(results: list[dict]) -> dict:
-        earlier, fit = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
-        return earlier.standing(set().union(*({s["path"] for s in r["selection"]} | set(r["compared_before"]) for r in fit)))
-
-    assert standing(_committed_results("megatron-lm")) == {
+    assert _standing(pin, _committed_results("megatron-lm")) == {
         "files": 208, "compared_whole": 143, "left": 65, "left_with_tests_not_compared": 51, "tests_not_compared": 1773,
         "left_with_no_test_known": 14, "tests_compared_in_those_left": 1043}
     reopened = _committed_results("megatron-lm")
     assert look_again(reopened, ["SystemExit: 1"]) == {"SystemExit: 1": 9}
-    assert standing(reopened) == {
+    assert _standing(pin, reopened) == {
         "files": 208, "compared_whole": 140, "left": 68, "left_with_tests_not_compared": 54, "tests_not_compared": 1779,
         "left_with_no_test_known": 14, "tests_compared_in_those_left": 1041}
     # the mutation: one passed test fails on shard 1's patched side
-    broken = _unzipped(DATA_HELPERS, tmp_path / "broken")
-    victim = _failure_written_in(broken / "run" / "megatron-lm" / "megatron-lm")
-    with pytest.raises(AssertionError, match=re.escape("('failed', {")):   # the replay is red: not what result.json says
-        _shards_judged_again(broken, DATA_HELPERS / "README.md", [(153, 443), (88, 585)], least=20, flaky_runs_named=True)
-    sides, _ = _sides_from_records(broken / "run" / "megatron-lm" / "megatron-lm")
-    assert victim in [r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"]
+    _a_written_failure_is_red(DATA_HELPERS, tmp_path, [(153, 443), (88, 585)], 20, "megatron-lm", flaky_runs_named=True)
 
 
 def test_a_selected_file_that_holds_no_test_is_named_never_dropped_silently(up, tmp_path):

@@ -1018,7 +1018,7 @@ def test_a_python_no_pinned_wheel_is_built_for_is_refused_before_any_test_runs(t
     pinned wheel is built for is bad input, said before any launch, naming the wheels there are."""
     up = _wheel_installed_upstream(tmp_path)
     fake = tmp_path / "other-python"
-    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then echo cpython 2 7 {os.uname().machine}; exit 0; fi\n"
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then echo a sitecustomize says hello; echo cpython 2 7 {os.uname().machine}; exit 0; fi\n"
                     f"exec {sys.executable} \"$@\"\n")
     fake.chmod(0o755)
     proc, out = _run(up, "--no-bisect", "--python", fake, check=2)

@@ -26,7 +26,8 @@ _ASK = "import platform, sys; print(sys.implementation.name, sys.version_info[0]
 def interpreter(python: str) -> tuple[str, int, int, str]:
     """(implementation, major, minor, machine) of ``python``."""
     res = run([python, "-c", _ASK], check=False)
-    parts = res.stdout.split() if res.ok else []
+    lines = [ln for ln in res.stdout.splitlines() if ln.strip()] if res.ok else []
+    parts = lines[-1].split() if lines else []   # the last line: a sitecustomize may print before it
     if len(parts) != 4:
         raise UsageError(f"cannot ask {python} which Python it is: {(res.stderr or res.stdout).strip()[-300:]}",
                          hint="pass --python an interpreter that runs")

@@ -57,7 +57,9 @@
 #                   the files a committed GPU run (integration/h100, h200) compared whole on this very series stay out
 #                   (tools/upstream_tests.py --compared; UT_COMPARED=none: run them again; UT_COMPARED=megatron-lm: only
 #                   Megatron-LM's, the others' whole selections run again); UT_TEST_TIMEOUT the seconds a test may run
-#                   (default 120: a hung collective must not take the budget); UT_MLM_LOOK_AGAIN='TEXT;TEXT'
+#                   (default 120: a hung collective must not take the budget); UT_BISECT_BUDGET the seconds the bisection's
+#                   probes share after the sides (default 240: the regressions first; what it does not reach stays unbisected);
+#                   UT_MLM_LOOK_AGAIN='TEXT;TEXT'
 #                   runs again the committed runs' Megatron-LM known failures whose first error line holds a TEXT (--look-again:
 #                   the host has what they lacked since, e.g. 'async def functions are not natively supported')
 #                   Pace (one H100, 2026-12-05, h100/2026-12-05-shards): one of two shards compared 391 tests in 1,250 s per
@@ -333,9 +335,11 @@ from harness.host import cases; print(cases.LEARNING_LR)")
   upstream-tests-bg)
     export S UT_BUDGET=${UT_BUDGET:-600} UT_ONLY=${UT_ONLY:-"megatron-lm megatron-bridge nemo-rl"} \
       UT_MLM_FILES=${UT_MLM_FILES:-} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} UT_MLM_SHARDS=${UT_MLM_SHARDS:-1} \
-      UT_SETUP=${UT_SETUP:-} UT_MLM_LOOK_AGAIN=${UT_MLM_LOOK_AGAIN:-} UT_TEST_TIMEOUT=${UT_TEST_TIMEOUT:-120}
+      UT_SETUP=${UT_SETUP:-} UT_MLM_LOOK_AGAIN=${UT_MLM_LOOK_AGAIN:-} UT_TEST_TIMEOUT=${UT_TEST_TIMEOUT:-120} \
+      UT_BISECT_BUDGET=${UT_BISECT_BUDGET:-240}
     case $UT_MLM_SHARDS in [1-9]) ;; *) stamp "refused: UT_MLM_SHARDS is 1 to 9, not '$UT_MLM_SHARDS'"; exit 2 ;; esac
     [[ $UT_TEST_TIMEOUT =~ ^[1-9][0-9]*$ ]] || { stamp "refused: UT_TEST_TIMEOUT is whole seconds, not '$UT_TEST_TIMEOUT'"; exit 2; }
+    [[ $UT_BISECT_BUDGET =~ ^[1-9][0-9]*$ ]] || { stamp "refused: UT_BISECT_BUDGET is whole seconds, not '$UT_BISECT_BUDGET'"; exit 2; }
     mkdir -p /tmp/o/ut
     setsid nohup bash -c '
       . integration/shared-gpu-lib.sh   # stamp; setup_model; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env; compared_args; unpack_tests_ferry
@@ -384,7 +388,7 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         local compared=() a
         while IFS= read -r -d "" a; do compared+=("$a"); done < <(compared_args "$up")
         env "${extra[@]}" timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$name" --only "$up" \
-          --python "$V" --shared-gpu --budget "$UT_BUDGET" --test-timeout "$UT_TEST_TIMEOUT" --cache /tmp/ut-cache \
+          --python "$V" --shared-gpu --budget "$UT_BUDGET" --test-timeout "$UT_TEST_TIMEOUT" --bisect-budget "$UT_BISECT_BUDGET" --cache /tmp/ut-cache \
           --out "$U/$name" --json "$U/$name.report.json" "${compared[@]}" "$@" > "$U/$name.console.txt" 2>&1
         stamp "$name exit $?"
       }

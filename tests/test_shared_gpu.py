@@ -734,6 +734,16 @@ def test_the_upstream_tests_refuse_a_per_test_timeout_that_is_not_whole_seconds(
     assert 'UT_TEST_TIMEOUT=${UT_TEST_TIMEOUT:-120}' in step and '--test-timeout "$UT_TEST_TIMEOUT"' in step
 
 
+@pytest.mark.parametrize("budget", ["0", "none", "-5", "2.5"])
+def test_the_upstream_tests_refuse_a_bisection_budget_that_is_not_whole_seconds(tmp_path, budget):
+    """UT_BISECT_BUDGET (default 240) is tools/upstream_tests.py's --bisect-budget on the GPU host: the seconds
+    the bisection's probes share after the sides, inside the session's device time (a hundred fixed tests each
+    stopping rank 0 alone on the pristine base would take hours of probes); a value that is not whole seconds
+    exits 2 before anything starts."""
+    step = _upstream_tests_refused(tmp_path, "UT_BISECT_BUDGET", budget, "whole seconds")
+    assert 'UT_BISECT_BUDGET=${UT_BISECT_BUDGET:-240}' in step and '--bisect-budget "$UT_BISECT_BUDGET"' in step
+
+
 @pytest.mark.parametrize("shards", ["0", "10", "two", "-1"])
 def test_the_upstream_tests_refuse_a_shard_count_they_cannot_run(tmp_path, shards):
     """UT_MLM_SHARDS=K runs Megatron-LM's files in K parts side by side (tools/upstream_tests.py --shard I/K),

@@ -332,6 +332,12 @@ def test_regressions_and_fixes_are_found_bisected_and_every_launch_end_is_surviv
     assert found[imports]["first_patch"] == "fix", found[imports]
     assert [(p["k"], p["signature"]) for p in found[imports]["probes"]][0] == (0, "failing"), found[imports]
     assert report["regressions"][0]["id"].endswith("test_broken_by_the_series") and len(report["regressions"]) == 1
+    # the regressions first, with probes of their own: no probe runs a regression beside a fixed test
+    probed = {d.name: {t.split("::")[-1] for f in d.glob("launch-*/only.txt") for t in f.read_text().split()}
+              for d in sorted((out / "megatron-lm" / "bisect").glob("k*"))}
+    assert not [d for d, ids in probed.items() if {"test_broken_by_the_series", "test_fixed_by_the_series"} <= ids], probed
+    assert "test_broken_by_the_series" in probed["k000"] and "test_fixed_by_the_series" in probed["k000-1"], probed
+    assert [b["category"] for b in report["bisect"]].index("fixed") > 0, report["bisect"]
     # a regression that does not happen again on the same trees is flaky, not a regression
     assert cat["test_flaky_on_the_patched_trees"] == "flaky", rows["test_flaky_on_the_patched_trees"]
     assert "then passed on the same trees" in rows["test_flaky_on_the_patched_trees"]["note"]
@@ -819,6 +825,41 @@ def test_the_budget_left_after_the_re_launches_never_runs_a_test_again_at_a_size
         assert not any(x.endswith("::test_slow_the_first_time") for x in skipped), (side, skipped)
 
 
+@pytest.mark.parametrize("unreached, note", [(None, None), (3, "not bisected: the probe of the first 3 patch(es)"),
+                                             (4, "not confirmed: the second run")])
+def test_a_probe_that_did_not_reach_a_test_leaves_it_not_bisected_never_charged_to_a_patch(unreached, note):
+    """A bisection's probe can end without a test's outcome (its budget ran out, its launches died): "not-run"
+    is neither side of the change. The search used to read it as "before the change" and went on past it,
+    charging a later patch. Now the test is left not bisected, its category kept."""
+    from types import SimpleNamespace
+    from carry.evidence.upstream.check import _bisect_row
+    from carry.evidence.upstream.verdict import Row
+    order = [SimpleNamespace(id=f"p{i}", upstream="megatron-lm") for i in range(1, 5)]
+
+    def outcomes(k: int, ids: list[str]) -> dict[str, str]:   # the regression comes with patch 3
+        return {"t::x": "not-run" if k == unreached else "failed" if k >= 3 else "passed"}
+
+    row = Row("t::x", "passed", "failed", "regression")
+    got = _bisect_row(row, SimpleNamespace(order=order), outcomes, ["t::x"], 4, ["p1", "p2", "p3", "p4"])
+    assert row.category == "regression" and got["category"] == "regression"
+    if note is None:
+        assert got["first_patch"] == "p3", got
+    else:
+        assert "first_patch" not in got and row.note.startswith(note) and got["note"] == row.note, got
+
+
+def test_the_bisection_shares_its_budget_and_what_it_did_not_reach_stays_unbisected(up):
+    """--bisect-budget: the probes share that many seconds; a regression they did not get to keeps its
+    verdict (the run is red) and is charged to no patch."""
+    proc, out = _run(up, "--bisect-budget", "1", "--test-timeout", "8", check=1)
+    report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+    found = {b["id"].split("::")[-1]: b for b in report["bisect"]}
+    assert found and not [b for b in found.values() if "first_patch" in b], found
+    broken = found["test_broken_by_the_series"]
+    assert broken["category"] == "regression" and broken["note"].startswith("not "), broken
+    assert report["regressions"][0]["id"].endswith("test_broken_by_the_series")
+
+
 def test_a_fix_with_no_regression_beside_it_is_run_again_and_bisected(up):
     """A test the series turns green is checked as a regression is, with no regression in the run: run
     again, bisected; one whose pristine failure does not happen again on the pristine base is flaky."""
@@ -1124,7 +1165,8 @@ def _result_json(folder: Path) -> dict:
 def _flaky_again(bisect: Path, rows: list) -> None:
     """Each regression and each fixed test judged again from the bisection's own rank records: run
     again on the patched trees (the highest k) it must move the same way, else it is flaky; and if the
-    pristine base (k=0) then gives what the patched trees gave, no patch moved it: flaky too."""
+    pristine base (k=0) then gives what the patched trees gave, no patch moved it: flaky too. A prefix's
+    probes are its folders kNNN and kNNN-I (the regressions' and the fixed tests' own, check._bisect_rows)."""
     import functools
     from carry.evidence.upstream.launch import SideResult
     from carry.evidence.upstream.results import read_launch, signature
@@ -1133,7 +1175,7 @@ def _flaky_again(bisect: Path, rows: list) -> None:
     @functools.cache
     def probe(k: str) -> SideResult:   # each probe's records read once; a test's first launch counts
         side = SideResult()
-        for launch in sorted((bisect / k).glob("launch-*-n*")):
+        for launch in sorted(x for d in [bisect / k, *bisect.glob(f"{k}-*")] for x in d.glob("launch-*-n*")):
             world = int(launch.name.rsplit("-n", 1)[1])
             got = read_launch(launch, world)
             for nodeid, records in got.tests.items():
@@ -1145,7 +1187,7 @@ def _flaky_again(bisect: Path, rows: list) -> None:
     def outcome_at(k: str, nodeid: str) -> str:   # as the bisection reads its probes (check.py)
         return outcome_in(probe(k), nodeid)
 
-    probes = sorted(p.name for p in bisect.glob("k*")) if bisect.is_dir() else []
+    probes = sorted({p.name.split("-")[0] for p in bisect.glob("k*")}) if bisect.is_dir() else []
     if not probes:   # a run whose bisection kept only its bisect.json: its rows as compared
         return
     for r in rows:

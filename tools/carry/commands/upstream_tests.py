@@ -60,6 +60,9 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--shared-gpu", action="store_true", help="all ranks on one GPU (see above)")
     p.add_argument("--one-side-at-a-time", action="store_true", help="run pristine, then patched (default: both at once)")
     p.add_argument("--no-bisect", action="store_true", help="do not bisect regressions and fixed tests")
+    p.add_argument("--bisect-budget", type=options.seconds, metavar="SECONDS",
+                   help="the seconds the bisection's probes share (regressions first): a test a probe did not reach "
+                        "is left not bisected, never charged to a patch (default: no limit)")
     p.add_argument("--compared", action="append", type=Path, metavar="RESULT",
                    help="an earlier run's result.json (or result.json.gz), repeatable: the selected files it compared "
                         "whole (none of its tests not compared, regressed, flaky or refusing the world size it ran at) are "
@@ -85,7 +88,8 @@ def main(argv: list[str], prog: str) -> int:
         series.upstream(name)
     opts = Options(cache=options.cache(a), out=a.out.absolute(), sources=sources, python=a.python, nproc=a.nproc,
                    budget_s=a.budget, test_timeout=a.test_timeout, shared_gpu=a.shared_gpu,
-                   files=a.files, bisect=not a.no_bisect, together=not a.one_side_at_a_time,
+                   files=a.files, bisect=not a.no_bisect, bisect_budget_s=a.bisect_budget,
+                   together=not a.one_side_at_a_time,
                    select_only=a.select_only, shard=a.shard, compared=_results(a.compared or [], a.look_again or []))
     reports = check_series(series, a.workdir, options.comma_list(a.only), opts, a.lock_timeout)
     bad = [r["upstream"] for r in reports if not r.get("ok")]   # the JSON's ok and the exit status, both from it

@@ -50,6 +50,7 @@ class Options:
     select_only: bool = False
     shard: tuple[int, int] | None = None   # (I, K): every K-th file of what is left to run, from the I-th
     compared: list[dict] = field(default_factory=list)   # earlier runs' result.json: the files they compared whole stay out
+    bisect_budget_s: float | None = None   # the seconds every probe of the bisection shares (None: no limit)
 
 
 def selection(series: Series, upstream: str, folder: Path, opts: Options) -> list[Picked]:
@@ -259,50 +260,71 @@ def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds
 def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows: list[Row], files: list[str],
                  out: Path, opts: Options) -> list[dict]:
     """Each regression and each fixed test, first run again on the patched trees, then bisected over
-    the series; one probe per prefix serves every test. A test whose move does not happen again (the
-    patched trees, or the pristine base at the bisection's first probe, give another outcome) is
-    ``flaky``: its row says what each run gave, and it is not bisected further."""
-    movers = [r for r in rows if r.category in ("regression", "fixed")]
-    ids = [r.id for r in movers]
+    the series. The regressions go first, with probes of their own: a fixed test's probes (on the prefixes
+    before the fix, each test that stops rank 0 alone ends its launch) never take their time. Within a
+    group one probe per prefix serves every test. A test whose move does not happen again (the patched
+    trees, or the pristine base at the bisection's first probe, give another outcome) is ``flaky``: its
+    row says what each run gave, and it is not bisected further. With ``bisect_budget_s`` the probes share
+    that many seconds; a test a probe did not reach is left not bisected, never charged to a patch."""
     cache: dict[int, dict[str, str]] = {}
     pin = series.upstream(upstream).tests
     n = len(prefix.order)
+    deadline = time.monotonic() + opts.bisect_budget_s if opts.bisect_budget_s else None
 
-    def outcomes(k: int) -> dict[str, str]:
-        if k not in cache:
+    def outcomes(k: int, ids: list[str]) -> dict[str, str]:
+        have = cache.setdefault(k, {})
+        need = [i for i in ids if i not in have]
+        if need:
+            name = f"k{k:03d}" + (f"-{len(list(out.glob(f'k{k:03d}*')))}" if (out / f"k{k:03d}").exists() else "")
             trees = prefix.trees(k)
-            folder = suite.side_folder(pin, repo, trees[upstream], out / f"k{k:03d}" / "tree")
-            side = _side(f"bisect k={k}", series, upstream, folder, files, trees, out / f"k{k:03d}", opts, None, ids)
+            folder = suite.side_folder(pin, repo, trees[upstream], out / name / "tree")
+            side = _side(f"bisect k={k}", series, upstream, folder, files, trees, out / name, opts, deadline, need)
             res = run_side(side)
-            cache[k] = {i: outcome_in(res, i) for i in ids}
-        return cache[k]
+            have.update({i: outcome_in(res, i) for i in need})
+        return have
 
     found = []
-    for r in movers:
-        target = "failing" if r.category == "regression" else "passing"
-        again = outcomes(n)[r.id]
-        if again == "not-run":  # the second run never reached it: nothing is confirmed, nothing excused
-            r.note = "not confirmed: the second run on the patched trees did not reach it"
-            found.append({"id": r.id, "category": r.category, "note": r.note})
-            continue
-        if signature(again) != target:
-            r.note = f"flaky: {r.patched} on the patched trees, then {again} on the same trees"
-            r.category = "flaky"
-            found.append({"id": r.id, "category": "flaky", "note": r.note})
-            continue
-
-        def probe(k: int, nodeid=r.id) -> tuple[str, str, str]:
-            o = outcomes(k)[nodeid]
-            return signature(o), o, ""
-
-        res = bisect(prefix.order, target, probe, [p.id for p in series.patches])
-        if not res.changed:
-            r.note = f"flaky: {r.pristine} on the pristine base, then {outcomes(0)[r.id]} on the same base"
-            r.category = "flaky"
-        found.append({"id": r.id, "category": r.category, **res.to_dict()})
+    for category in ("regression", "fixed"):
+        movers = [r for r in rows if r.category == category]
+        ids = [r.id for r in movers]
+        for r in movers:
+            found.append(_bisect_row(r, prefix, outcomes, ids, n, [p.id for p in series.patches]))
     (out / "bisect.json").parent.mkdir(parents=True, exist_ok=True)
     (out / "bisect.json").write_text(json.dumps(found, indent=2, sort_keys=True) + "\n")
     return found
+
+
+class _NotReached(Exception):
+    pass
+
+
+def _bisect_row(r: Row, prefix: PrefixTrees, outcomes, ids: list[str], n: int, series_ids: list[str]) -> dict:
+    target = "failing" if r.category == "regression" else "passing"
+    again = outcomes(n, ids)[r.id]
+    if again == "not-run":  # the second run never reached it: nothing is confirmed, nothing excused
+        r.note = "not confirmed: the second run on the patched trees did not reach it"
+        return {"id": r.id, "category": r.category, "note": r.note}
+    if signature(again) != target:
+        r.note = f"flaky: {r.patched} on the patched trees, then {again} on the same trees"
+        r.category = "flaky"
+        return {"id": r.id, "category": "flaky", "note": r.note}
+
+    def probe(k: int) -> tuple[str, str, str]:
+        o = outcomes(k, ids)[r.id]
+        if o == "not-run":   # no outcome is neither side of the change: the search would move past it
+            raise _NotReached(k)
+        return signature(o), o, ""
+
+    try:
+        res = bisect(prefix.order, target, probe, series_ids)
+    except _NotReached as stop:
+        r.note = (f"not bisected: the probe of the first {stop.args[0]} patch(es) did not reach it "
+                  "(the bisection's budget ran out, or its launches did)")
+        return {"id": r.id, "category": r.category, "note": r.note}
+    if not res.changed:
+        r.note = f"flaky: {r.pristine} on the pristine base, then {outcomes(0, ids)[r.id]} on the same base"
+        r.category = "flaky"
+    return {"id": r.id, "category": r.category, **res.to_dict()}
 
 
 def check_series(series: Series, workdir: Path, upstreams: list[str] | None, opts: Options,

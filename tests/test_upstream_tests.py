@@ -336,7 +336,7 @@ def test_regressions_and_fixes_are_found_bisected_and_every_launch_end_is_surviv
     probed = {d.name: {t.split("::")[-1] for f in d.glob("launch-*/only.txt") for t in f.read_text().split()}
               for d in sorted((out / "megatron-lm" / "bisect").glob("k*"))}
     assert not [d for d, ids in probed.items() if {"test_broken_by_the_series", "test_fixed_by_the_series"} <= ids], probed
-    assert "test_broken_by_the_series" in probed["k000"] and "test_fixed_by_the_series" in probed["k000-1"], probed
+    assert "test_broken_by_the_series" in probed["k000"] and "test_fixed_by_the_series" in probed["k000-fixed"], probed
     assert [b["category"] for b in report["bisect"]].index("fixed") > 0, report["bisect"]
     # a regression that does not happen again on the same trees is flaky, not a regression
     assert cat["test_flaky_on_the_patched_trees"] == "flaky", rows["test_flaky_on_the_patched_trees"]
@@ -836,11 +836,11 @@ def test_a_probe_that_did_not_reach_a_test_leaves_it_not_bisected_never_charged_
     from carry.evidence.upstream.verdict import Row
     order = [SimpleNamespace(id=f"p{i}", upstream="megatron-lm") for i in range(1, 5)]
 
-    def outcomes(k: int, ids: list[str]) -> dict[str, str]:   # the regression comes with patch 3
+    def outcomes(k: int) -> dict[str, str]:   # the regression comes with patch 3
         return {"t::x": "not-run" if k == unreached else "failed" if k >= 3 else "passed"}
 
     row = Row("t::x", "passed", "failed", "regression")
-    got = _bisect_row(row, SimpleNamespace(order=order), outcomes, ["t::x"], 4, ["p1", "p2", "p3", "p4"])
+    got = _bisect_row(row, SimpleNamespace(order=order), outcomes, 4, ["p1", "p2", "p3", "p4"])
     assert row.category == "regression" and got["category"] == "regression"
     if note is None:
         assert got["first_patch"] == "p3", got
@@ -1054,6 +1054,25 @@ def test_the_trees_under_test_hold_what_the_pinned_wheel_installs_and_the_git_la
     assert not (up["work"] / "megatron-lm" / "megatron" / "core" / "ext.so").exists()
 
 
+@pytest.mark.parametrize("member", ["megatron/../../outside.py", "megatron/../../outside.so"])
+def test_a_wheel_member_that_escapes_the_tree_is_refused_kept_or_left_out(tmp_path, member):
+    """A wheel member the pin maps outside the tree is refused whether the layout keeps it (unpack_wheel) or
+    leaves it out (left_out_members, which the trees under test are completed from): nothing is written."""
+    import zipfile
+    from carry.errors import IntegrityError
+    from carry.series.manifest import PyPISource
+    from carry.workspace.artifacts import left_out_members, unpack_wheel
+    wheel = tmp_path / "demo_core-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("megatron/core/alpha.py", "value = 1\n")
+        z.writestr(member, "escaped\n")
+    pypi = PyPISource("demo-core", "1.0", (), (("megatron/", "megatron/"),), ("*.so",))
+    for call in (lambda: unpack_wheel(wheel, tmp_path / "tree" / "a", pypi), lambda: left_out_members(wheel, pypi)):
+        with pytest.raises(IntegrityError, match="escapes the tree"):
+            call()
+    assert not (tmp_path / "outside.py").exists() and not (tmp_path / "outside.so").exists()
+
+
 def test_a_python_no_pinned_wheel_is_built_for_is_refused_before_any_test_runs(tmp_path):
     """Trees without the wheel's compiled members would fail where an install passes: a --python that no
     pinned wheel is built for is bad input, said before any launch, naming the wheels there are."""
@@ -1074,6 +1093,8 @@ def test_a_python_no_pinned_wheel_is_built_for_is_refused_before_any_test_runs(t
     ("m-1.0-cp38-abi3-manylinux_2_28_x86_64.whl", ("cpython", 3, 12, "x86_64"), True),
     ("m-1.0-cp313-abi3-manylinux_2_28_x86_64.whl", ("cpython", 3, 12, "x86_64"), False),
     ("m-1.0-py3-none-any.whl", ("cpython", 3, 12, "aarch64"), True),
+    ("m-1.0-pp310-pypy310_pp73-manylinux_2_28_x86_64.whl", ("pypy", 3, 10, "x86_64"), True),
+    ("m-1.0-cp310-cp310-manylinux_2_28_x86_64.whl", ("pypy", 3, 10, "x86_64"), False),
     ("m-1.0.tar.gz", ("cpython", 3, 12, "x86_64"), False),
 ])
 def test_the_wheel_for_a_python_is_the_one_its_tags_take(file, python, fits):
@@ -1166,7 +1187,7 @@ def _flaky_again(bisect: Path, rows: list) -> None:
     """Each regression and each fixed test judged again from the bisection's own rank records: run
     again on the patched trees (the highest k) it must move the same way, else it is flaky; and if the
     pristine base (k=0) then gives what the patched trees gave, no patch moved it: flaky too. A prefix's
-    probes are its folders kNNN and kNNN-I (the regressions' and the fixed tests' own, check._bisect_rows)."""
+    probes are its folders kNNN and kNNN-fixed (the regressions' and the fixed tests' own, check._bisect_rows)."""
     import functools
     from carry.evidence.upstream.launch import SideResult
     from carry.evidence.upstream.results import read_launch, signature

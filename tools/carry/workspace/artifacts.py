@@ -18,6 +18,7 @@ import shutil
 import sys
 import zipfile
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from .. import progress, shell
@@ -142,40 +143,35 @@ def keep_artifact(path: Path, art: Artifact, cache: Path) -> None:
             os.replace(tmp / art.file, dest)
 
 
-def _mapped(name: str, pypi_map: tuple[tuple[str, str], ...]) -> str | None:
-    best = None
-    for src, dst in pypi_map:
-        if name.startswith(src) and (best is None or len(src) > len(best[0])):
-            best = (src, dst)
-    return None if best is None else best[1] + name[len(best[0]):]
+def _members(zf: zipfile.ZipFile, wheel: Path, pypi: PyPISource) -> Iterator[tuple[zipfile.ZipInfo, str, bool]]:
+    """Each file member the pin maps into the git layout: (its info, its path there, whether the pin's
+    ``exclude`` leaves it out); a path that escapes the tree is an IntegrityError."""
+    for info in zf.infolist():
+        best = None if info.is_dir() else max(((src, dst) for src, dst in pypi.map if info.filename.startswith(src)),
+                                               key=lambda m: len(m[0]), default=None)
+        if best is None:
+            continue
+        out = best[1] + info.filename[len(best[0]):]
+        if out.startswith("/") or ".." in Path(out).parts:
+            raise IntegrityError(f"{wheel.name}: member {info.filename!r} escapes the tree")
+        yield info, out, any(fnmatch.fnmatch(out, pat) or fnmatch.fnmatch(os.path.basename(out), pat)
+                             for pat in pypi.exclude)
 
 
-def _excluded(out: str, exclude: tuple[str, ...]) -> bool:
-    return any(fnmatch.fnmatch(out, pat) or fnmatch.fnmatch(os.path.basename(out), pat) for pat in exclude)
-
-
-def _map_member(name: str, pypi_map: tuple[tuple[str, str], ...], exclude: tuple[str, ...]) -> str | None:
-    out = _mapped(name, pypi_map)
-    return None if out is None or _excluded(out, exclude) else out
+def _executable(info: zipfile.ZipInfo) -> bool:
+    return bool((info.external_attr >> 16) & 0o111)
 
 
 def left_out_members(wheel: Path, pypi: PyPISource) -> dict[str, tuple[bytes, int]]:
     """What an install of ``wheel`` holds that ``unpack_wheel`` leaves out of the git layout: the members
     the pin maps whose path its ``exclude`` names (compiled extensions), as {path in the layout:
     (bytes, mode)}."""
-    members: dict[str, tuple[bytes, int]] = {}
     try:
         with zipfile.ZipFile(wheel) as zf:
-            for info in zf.infolist():
-                out = None if info.is_dir() else _mapped(info.filename, pypi.map)
-                if out is None or not _excluded(out, pypi.exclude):
-                    continue
-                if out.startswith("/") or ".." in Path(out).parts:
-                    raise IntegrityError(f"{wheel.name}: member {info.filename!r} escapes the tree")
-                members[out] = (zf.read(info), 0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
+            return {out: (zf.read(info), 0o755 if _executable(info) else 0o644)
+                    for info, out, excluded in _members(zf, wheel, pypi) if excluded}
     except (zipfile.BadZipFile, zlib.error) as exc:
         raise IntegrityError(f"{wheel} is not a valid wheel ({exc})") from None
-    return members
 
 
 def unpack_wheel(wheel: Path, dest: Path, pypi: PyPISource) -> int:
@@ -189,19 +185,13 @@ def unpack_wheel(wheel: Path, dest: Path, pypi: PyPISource) -> int:
 def _unpack(wheel: Path, dest: Path, pypi: PyPISource) -> int:
     count = 0
     with zipfile.ZipFile(wheel) as zf:
-        for info in zf.infolist():
-            if info.is_dir():
+        for info, out, excluded in _members(zf, wheel, pypi):
+            if excluded:
                 continue
-            out = _map_member(info.filename, pypi.map, pypi.exclude)
-            if out is None:
-                continue
-            if out.startswith("/") or ".." in Path(out).parts:
-                raise IntegrityError(f"{wheel.name}: member {info.filename!r} escapes the tree")
             target = dest / out
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(zf.read(info))
-            mode = (info.external_attr >> 16) & 0o777
-            if mode & 0o111:
+            if _executable(info):
                 target.chmod(0o755)
             count += 1
     return count

@@ -43,7 +43,7 @@ def wheel_for(art: Artifact, python: tuple[str, int, int, str]) -> bool:
         return False
     impl, major, minor, machine = python
     pytags, abi, plats = parts[-3].split("."), parts[-2], parts[-1]
-    short = "cp" if impl == "cpython" else impl[:2]
+    short = {"cpython": "cp", "pypy": "pp"}.get(impl, impl)   # the wheel tags' abbreviations (PEP 425)
     exact = f"{short}{major}{minor}" in pytags
     generic = f"py{major}" in pytags or f"py{major}{minor}" in pytags
     # an abi3 wheel tagged cp3N serves CPython 3.N and later

@@ -10,12 +10,14 @@ prefixes: each probe runs just those tests, shared by every test it decides.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ... import progress
 from ...errors import UsageError
@@ -271,11 +273,11 @@ def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows:
     n = len(prefix.order)
     deadline = time.monotonic() + opts.bisect_budget_s if opts.bisect_budget_s else None
 
-    def outcomes(k: int, ids: list[str]) -> dict[str, str]:
+    def outcomes(k: int, ids: list[str], group: str) -> dict[str, str]:
         have = cache.setdefault(k, {})
         need = [i for i in ids if i not in have]
         if need:
-            name = f"k{k:03d}" + (f"-{len(list(out.glob(f'k{k:03d}*')))}" if (out / f"k{k:03d}").exists() else "")
+            name = f"k{k:03d}" + ("" if group == "regression" else f"-{group}")   # a probe's folder per group
             trees = prefix.trees(k)
             folder = suite.side_folder(pin, repo, trees[upstream], out / name / "tree")
             side = _side(f"bisect k={k}", series, upstream, folder, files, trees, out / name, opts, deadline, need)
@@ -284,11 +286,12 @@ def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows:
         return have
 
     found = []
-    for category in ("regression", "fixed"):
-        movers = [r for r in rows if r.category == category]
+    series_ids = [p.id for p in series.patches]
+    for group in ("regression", "fixed"):
+        movers = [r for r in rows if r.category == group]
         ids = [r.id for r in movers]
-        for r in movers:
-            found.append(_bisect_row(r, prefix, outcomes, ids, n, [p.id for p in series.patches]))
+        found += [_bisect_row(r, prefix, functools.partial(outcomes, ids=ids, group=group), n, series_ids)
+                  for r in movers]
     (out / "bisect.json").parent.mkdir(parents=True, exist_ok=True)
     (out / "bisect.json").write_text(json.dumps(found, indent=2, sort_keys=True) + "\n")
     return found
@@ -298,9 +301,12 @@ class _NotReached(Exception):
     pass
 
 
-def _bisect_row(r: Row, prefix: PrefixTrees, outcomes, ids: list[str], n: int, series_ids: list[str]) -> dict:
+def _bisect_row(r: Row, prefix: PrefixTrees, outcomes: Callable[[int], dict[str, str]], n: int,
+                series_ids: list[str]) -> dict:
+    """One moving test: run again on the patched trees (``outcomes(n)``), then bisected over the prefixes;
+    its entry of bisect.json (its row's category and note set as judged)."""
     target = "failing" if r.category == "regression" else "passing"
-    again = outcomes(n, ids)[r.id]
+    again = outcomes(n)[r.id]
     if again == "not-run":  # the second run never reached it: nothing is confirmed, nothing excused
         r.note = "not confirmed: the second run on the patched trees did not reach it"
         return {"id": r.id, "category": r.category, "note": r.note}
@@ -310,7 +316,7 @@ def _bisect_row(r: Row, prefix: PrefixTrees, outcomes, ids: list[str], n: int, s
         return {"id": r.id, "category": "flaky", "note": r.note}
 
     def probe(k: int) -> tuple[str, str, str]:
-        o = outcomes(k, ids)[r.id]
+        o = outcomes(k)[r.id]
         if o == "not-run":   # no outcome is neither side of the change: the search would move past it
             raise _NotReached(k)
         return signature(o), o, ""
@@ -322,7 +328,7 @@ def _bisect_row(r: Row, prefix: PrefixTrees, outcomes, ids: list[str], n: int, s
                   "(the bisection's budget ran out, or its launches did)")
         return {"id": r.id, "category": r.category, "note": r.note}
     if not res.changed:
-        r.note = f"flaky: {r.pristine} on the pristine base, then {outcomes(0, ids)[r.id]} on the same base"
+        r.note = f"flaky: {r.pristine} on the pristine base, then {outcomes(0)[r.id]} on the same base"
         r.category = "flaky"
     return {"id": r.id, "category": r.category, **res.to_dict()}
 

@@ -2131,6 +2131,7 @@ def _a_written_failure_is_red(evidence: Path, tmp_path: Path, shards: list[tuple
 
 
 PASSED_OVER = EVIDENCE / "h100" / "2026-12-06-mlm-passed-over"
+LATER = ("2026-12-06-cut-judged", "2026-12-06-after-the-cut")   # the runs after data-helpers
 
 
 def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_it(tmp_path):
@@ -2143,7 +2144,7 @@ def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_i
     from carry.evidence.upstream.check import _compared_before
     run = _unzipped(PASSED_OVER, tmp_path / "good")
     _shards_judged_again(run, PASSED_OVER / "README.md", [(384, 335), (184, 208)], least=50)
-    results = _committed_results("megatron-lm", without=("2026-12-06-mlm-whole-budget", "2026-12-06-data-helpers"))
+    results = _committed_results("megatron-lm", without=("2026-12-06-mlm-whole-budget", "2026-12-06-data-helpers", *LATER))
     pin = _result_json(PASSED_OVER / "run" / "megatron-lm" / "megatron-lm")["tests"]
     whole = _compared_before("megatron-lm", pin, "55a9fda873e9", results)[0].whole
     assert len(whole) == 79 and "tests/unit_tests/transformer/moe/test_shared_experts.py" in whole, len(whole)
@@ -2164,7 +2165,7 @@ def test_the_whole_budget_run_has_no_regression_and_leaves_68_files(tmp_path):
     run = _unzipped(WHOLE_BUDGET, tmp_path / "good")
     _shards_judged_again(run, WHOLE_BUDGET / "README.md", [(731, 489), (1507, 304)], least=700, flaky_runs_named=True)
     pin = _result_json(WHOLE_BUDGET / "run" / "megatron-lm" / "megatron-lm")["tests"]
-    assert _standing(pin, _committed_results("megatron-lm", without=("2026-12-06-data-helpers",))) == {
+    assert _standing(pin, _committed_results("megatron-lm", without=("2026-12-06-data-helpers", *LATER))) == {
         "files": 208, "compared_whole": 140, "left": 68, "left_with_tests_not_compared": 54, "tests_not_compared": 1958,
         "left_with_no_test_known": 14, "tests_compared_in_those_left": 992}
     # the mutation: one passed test fails on shard 1's patched side
@@ -2191,10 +2192,10 @@ def test_the_data_helpers_run_has_no_regression_and_its_helper_failures_open_aga
     assert len(helpers) == 4 and {r["category"] for r in helpers} == {"known-failure"}, helpers
     assert all(r["id"].startswith("tests/unit_tests/data/") for r in helpers), helpers
     pin = _result_json(DATA_HELPERS / "run" / "megatron-lm" / "megatron-lm")["tests"]
-    assert _standing(pin, _committed_results("megatron-lm")) == {
+    assert _standing(pin, _committed_results("megatron-lm", without=LATER)) == {
         "files": 208, "compared_whole": 143, "left": 65, "left_with_tests_not_compared": 51, "tests_not_compared": 1773,
         "left_with_no_test_known": 14, "tests_compared_in_those_left": 1043}
-    reopened = _committed_results("megatron-lm")
+    reopened = _committed_results("megatron-lm", without=LATER)
     assert look_again(reopened, ["SystemExit: 1"]) == {"SystemExit: 1": 9}
     assert _standing(pin, reopened) == {
         "files": 208, "compared_whole": 140, "left": 68, "left_with_tests_not_compared": 54, "tests_not_compared": 1779,

@@ -23,6 +23,7 @@ selection with each file's reasons and runs nothing. The tests come from the com
 series.toml ([upstreams.NAME.tests]): fetched once into the cache, or from --tests-source
 NAME=CLONE (any clone that has the commit). They run with the upstream's own launch (Megatron-LM:
 torchrun --nproc-per-node 8 -m pytest; the others: pytest) and the marker expression its CI uses.
+A run cut before it wrote its result keeps what its launches recorded: --judge-records judges it.
 
 Verdicts per test: regression (pristine did not fail, patched does: bisected to a patch), fixed
 (the series turns a failing upstream test green: bisected too), known-failure (both fail), and
@@ -45,6 +46,11 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--out", type=options.output_path("dir"), required=True, metavar="DIR",
                    help="where each side's folders, logs and results go (DIR/<upstream>/result.json)")
     p.add_argument("--select-only", action="store_true", help="print the derived selection and run nothing")
+    p.add_argument("--judge-records", action="store_true",
+                   help="run nothing: judge the run in --out from the records its launches left there, for a run that "
+                        "was cut before it wrote its result (its machine taken back, the job killed); pass the "
+                        "--workdir, --compared, --look-again, --shard and --files it was run with. A test the cut "
+                        "left without an outcome on a side is not compared; nothing is run again nor bisected")
     p.add_argument("--files", action="append", metavar="PATH",
                    help="run only the selected files under PATH (repeatable), e.g. tests/unit_tests/generalized_tensor_parallel")
     p.add_argument("--shard", type=_shard, metavar="I/K",
@@ -81,6 +87,8 @@ def main(argv: list[str], prog: str) -> int:
     a = p.parse_args(argv)
     if a.nproc is not None and a.nproc < 1:
         raise UsageError(f"--nproc must be 1 or more, got {a.nproc}")
+    if a.judge_records and a.select_only:
+        raise UsageError("--judge-records judges a run's records and --select-only runs nothing: give one")
     series = options.load_series(a)
     tesite.use(a.te_site)
     sources = {name: path.absolute() for name, path in options.name_paths(a.tests_source, "--tests-source").items()}
@@ -90,7 +98,7 @@ def main(argv: list[str], prog: str) -> int:
                    budget_s=a.budget, test_timeout=a.test_timeout, shared_gpu=a.shared_gpu,
                    files=a.files, bisect=not a.no_bisect, bisect_budget_s=a.bisect_budget,
                    together=not a.one_side_at_a_time,
-                   select_only=a.select_only, shard=a.shard, compared=_results(a.compared or [], a.look_again or []))
+                   select_only=a.select_only, judge_records=a.judge_records, shard=a.shard, compared=_results(a.compared or [], a.look_again or []))
     reports = check_series(series, a.workdir, options.comma_list(a.only), opts, a.lock_timeout)
     bad = [r["upstream"] for r in reports if not r.get("ok")]   # the JSON's ok and the exit status, both from it
     options.write_report(a.json, {"ok": not bad and not a.select_only, "series": series.name, "upstreams": reports})
@@ -108,7 +116,7 @@ def main(argv: list[str], prog: str) -> int:
         total = r.get("counts", {}).get("*", {})
         if total:
             print(report.table([[k, str(v)] for k, v in sorted(total.items())], ["category", "tests"]))
-        for b in r.get("bisect", []):
+        for b in r.get("bisect") if isinstance(r.get("bisect"), list) else []:
             print(f"  {b['category']}: {b['id']}: {b.get('note', '')}")
         print(f"  details: {Path(opts.out) / r['upstream'] / 'result.json'}")
     if bad:

@@ -33,6 +33,7 @@ from . import suite
 from .launch import Side, SideResult, run_side
 from .results import signature
 from .select import Picked, select
+from .taken import replay
 from .verdict import Compared, Row, compare, counts, file_of, files_without_rows, outcome_in, side_counts
 
 
@@ -53,6 +54,7 @@ class Options:
     shard: tuple[int, int] | None = None   # (I, K): every K-th file of what is left to run, from the I-th
     compared: list[dict] = field(default_factory=list)   # earlier runs' result.json: the files they compared whole stay out
     bisect_budget_s: float | None = None   # the seconds every probe of the bisection shares (None: no limit)
+    judge_records: bool = False            # run nothing: judge the launches a cut run left in out (taken.replay)
 
 
 def selection(series: Series, upstream: str, folder: Path, opts: Options) -> list[Picked]:
@@ -71,6 +73,8 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     if pin is None:
         raise UsageError(f"series {series.name}: {upstream} pins no tests ([upstreams.{upstream}.tests])")
     out = opts.out / upstream
+    if opts.judge_records:
+        _judgeable(out)
     repo = suite.checkout(pin, opts.cache, opts.sources.get(upstream)) if pin.source == "git" else None
     pristine_trees = {name: prefix.pristine(name) for name in trees}
     folders = {"pristine": suite.side_folder(pin, repo, pristine_trees[upstream], out / "trees" / "pristine"),
@@ -122,18 +126,35 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     sides = {name: _side(name, series, upstream, folders[name], files, tree_set, out / name, opts, deadline,
                          compared=done)
              for name, tree_set in (("pristine", pristine_trees), ("patched", trees))}
-    progress.say(f"{upstream}: {len(files)} test file(s) selected; running pristine and patched "
-                 f"({pin.launch}, {opts.nproc or pin.nproc} rank(s))")
-    t0 = {}
+    t0: dict[str, float] = {}
     results: dict[str, SideResult] = {}
-    with ThreadPoolExecutor(max_workers=2 if opts.together else 1) as pool:
-        futures = {name: pool.submit(_timed, run_side, side, t0, name) for name, side in sides.items()}
-        results = {name: f.result() for name, f in futures.items()}
+    if opts.judge_records:
+        results = {name: replay(side) for name, side in sides.items()}
+        if not any(r.launches for r in results.values()):
+            raise UsageError(f"{upstream}: no launch left records in {out / 'pristine'} nor {out / 'patched'}: "
+                             "nothing ran there to judge")
+        t0 = {name: round(sum(x["seconds"] for x in r.launches), 1) for name, r in results.items()}
+        progress.say(f"{upstream}: {len(files)} test file(s) selected; judging the records of "
+                     + ", ".join(f"{len(r.launches)} {name} launch(es)" for name, r in results.items()))
+    else:
+        progress.say(f"{upstream}: {len(files)} test file(s) selected; running pristine and patched "
+                     f"({pin.launch}, {opts.nproc or pin.nproc} rank(s))")
+        with ThreadPoolExecutor(max_workers=2 if opts.together else 1) as pool:
+            futures = {name: pool.submit(_timed, run_side, side, t0, name) for name, side in sides.items()}
+            results = {name: f.result() for name, f in futures.items()}
     rows = compare(results["pristine"], results["patched"])
     # A selected file that gave no row on either side held no test pytest collects there (its tests written
     # out of pytest's reach, say): named, so that it never silently drops out of what the counts cover.
     empty = files_without_rows(files, rows, results.values())
     found = None
+    if opts.judge_records:   # a cut run's records: judged, never run again nor bisected here
+        summary = _summary(rows, results, pin.root, t0, empty)
+        if any(r.category in ("regression", "fixed") for r in rows):
+            summary = _unbisected(summary)
+        summary["reason"] = f"judged from the records of a run that was cut: {summary['reason']}"
+        report.update(summary, judged_from_records=True)
+        _write(out, report, rows, results)
+        return report
     if opts.bisect and any(r.category in ("regression", "fixed") for r in rows):
         # The comparison is written before the bisection, which runs tests again and can take as long
         # as the sides did: a run cut during it (interrupted, its machine taken back) keeps its verdict,
@@ -151,6 +172,19 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
 def _write(out: Path, report: dict, rows: list[Row], results: dict[str, SideResult]) -> None:
     write_json(out / "result.json", {**report, "rows": [r.to_dict() for r in rows],
                                      "sides": {k: v.to_dict() for k, v in results.items()}})
+
+
+def _judgeable(out: Path) -> None:
+    """A run whose result is written (its comparison, also one whose bisection was cut) is judged already:
+    judging its records again would overwrite that verdict with a lesser one."""
+    try:
+        done = json.loads((out / "result.json").read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(done, dict) and isinstance(done.get("rows"), list) and not done.get("judged_from_records"):
+        raise UsageError(f"{out / 'result.json'} holds that run's comparison already ({done.get('status')}): "
+                         "there is nothing to judge from its records",
+                         hint="--judge-records is for a run that was cut before it wrote its result")
 
 
 def _unbisected(summary: dict) -> dict:
@@ -356,7 +390,8 @@ def check_series(series: Series, workdir: Path, upstreams: list[str] | None, opt
         # The trees of the workspaces that are there: an upstream's tests need its own tree and the
         # trees it imports (Bridge's tests import megatron.core), not every upstream of the series.
         prefix.only = [n for n in applied if wd.workspace(n).is_dir()]
-        if not opts.select_only:   # the trees the tests run from hold what an install of the pinned wheel holds
+        if not opts.select_only and not opts.judge_records:   # the trees the tests run from hold what an install
+            # of the pinned wheel holds
             prefix.finish = Installed(series, opts.python or sys.executable, opts.cache)
         trees = prefix.trees(len(prefix.order))
         return [check_upstream(series, name, prefix, trees, opts) for name in names]

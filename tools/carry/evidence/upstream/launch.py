@@ -37,7 +37,8 @@ from ... import progress
 from ...errors import CommandError
 from ...runner import spawn
 from ...series.testspin import TestsPin
-from .results import Outcome, console_tail, console_why, gil_held_past_timeout, merge, read_launch, wants_world
+from .results import Outcome, console_head, console_tail, console_why, read_launch, wants_world
+from .taken import BUDGET_BEFORE, BUDGET_SPENT, BUDGET_WHILE, KILLED_FOR_BUDGET, take
 
 SITE = Path(__file__).resolve().parent / "site"
 MAX_LAUNCHES = 200  # a side whose every launch dies in a new test still ends
@@ -83,10 +84,6 @@ LAUNCH_TRIES = 4
 RESERVE = 0.35  # of a side's time budget, kept for the tests that ask for another world size
 
 
-# Why a test has no outcome when the side's budget ended (the first launches' share of it, or all of it).
-BUDGET_SPENT = "the side's time budget was spent before it ran"
-BUDGET_WHILE = "the side's time budget ran out while it ran"
-BUDGET_BEFORE = "the side's time budget ran out before it"
 
 
 def run_side(side: Side) -> SideResult:
@@ -172,37 +169,19 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
             return
         began = time.time()
         rc, timed_out, seconds = _launch(side, folder, world, sorted(done), only, left, _files_left(side, wanted, done))
-        got = read_launch(folder, world)
-        for nodeid, records in got.tests.items():
-            res.outcomes[nodeid] = merge(records, world)
-            done.add(nodeid)
-        res.collect_errors.update(got.collect_errors)
-        for node, why in got.collect_skips.items():
-            res.outcomes.setdefault(node, Outcome("skipped", why, "collect", 0.0, {}, world))
-        for nodeid, by in got.deselected.items():
-            if by == "upstream":
-                res.deselected[nodeid] = by
-        died, cut = got.died_in()
-        for nodeid in cut:   # stopped by the launcher in it, not failed by it: it runs again after
-            res.outcomes.pop(nodeid, None)
-            done.discard(nodeid)
+        took = take(res, folder, world, rc=rc, seconds=seconds, began=began, timed_out=timed_out)
+        progress.checkpoint(f"upstream-{side.name}-launch-{len(res.launches)}-taken")   # (a run cut between launches)
+        got, died, cut = took.got, took.died, took.cut
+        done |= got.tests.keys()
+        done -= cut
+        done |= set(died.values())   # each has its outcome now (crashed, timeout) or is not run (the budget)
         again = f"; {', '.join(sorted(cut))}: cut short when the launcher stopped the other ranks, run again" if cut else ""
-        entry = {"launch": folder.name, "world": world, "returncode": rc, "seconds": round(seconds, 1),
-                 "ended": len(got.tests), "timed_out": timed_out,
-                 "launcher_failures": len(list(folder.glob("console.try-*.log"))), **got.timing(began, seconds)}
-        if got.astray:   # what ranks out of step said: no verdict, run again (results.Launch.astray)
-            entry["out_of_step"] = got.astray
-        res.launches.append(entry)
         if wanted is None and got.collected:
             wanted = set(got.collected)
         if timed_out:
-            for nodeid in set(died.values()):
-                done.add(nodeid)
-                res.not_run[nodeid] = BUDGET_WHILE
             _not_reached(res, side, wanted, done, BUDGET_BEFORE)
             return
         if got.stopped:   # a rank left behind in a test a peer failed: that test keeps its failure
-            entry["stopped"] = got.stopped
             progress.say(f"{side.pin.upstream} {side.name}: rank {got.stopped['rank']} was left behind in "
                          f"{got.stopped['test']}: launch stopped; going on after it{again}")
             _last(side, {got.stopped["test"].split("::", 1)[0]})
@@ -211,7 +190,7 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
             _not_reached(res, side, wanted, done, f"the session ended (exit {rc}) without running it")
             return
         if not died:
-            entry["error"] = console_tail(folder / "console.log")
+            took.entry["error"] = console_tail(folder / "console.log")
             last = console_why(folder / "console.log")
             if not got.tests:
                 _not_reached(res, side, wanted, done, f"the launch ended (exit {rc}) before any test ended: {last}")
@@ -219,17 +198,6 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
             progress.say(f"{side.pin.upstream} {side.name}: the launch ended between tests (exit {rc}): {last}; "
                          f"going on after the {len(got.tests)} that ended{again}")
             continue
-        held = gil_held_past_timeout(folder / "console.log")
-        for nodeid in sorted(set(died.values())):
-            timeout = nodeid in got.timeouts.values()
-            tail = console_tail(folder / "console.log")
-            why = (f"ran past the per-test timeout: {tail[-1] if tail else ''}" if timeout else
-                   "ran past the per-test timeout holding the GIL: faulthandler ended the rank "
-                   "(its stacks are in the launch's console.log)" if held else
-                   f"the launch died in it (exit {rc}): {tail[-1] if tail else ''}")
-            res.outcomes[nodeid] = Outcome("timeout" if timeout or held else "crashed", why[:500], "call", 0.0,
-                                           {r: "died" for r, x in died.items() if x == nodeid}, world)
-            done.add(nodeid)
         progress.say(f"{side.pin.upstream} {side.name}: the launch died in {', '.join(sorted(set(died.values())))}; "
                      f"going on after it{again}, its file's other tests after every other file's")
         _last(side, {nodeid.split("::", 1)[0] for nodeid in died.values()})
@@ -240,7 +208,7 @@ def _last(side: Side, heads: set[str]) -> None:
     """The files whose tests a launch died in go after every other (pytest runs its files in the order
     given): one whose tests time out one by one no longer spends a side's budget before the rest
     (resharding/test_model_swap.py spent a whole shard's, h100/2026-12-05-shards)."""
-    hit = [f for f in side.files if f in heads or _from_cwd(side, f) in heads]
+    hit = [f for f in side.files if f in heads or from_cwd(side, f) in heads]
     side.files = [f for f in side.files if f not in hit] + hit
 
 
@@ -250,7 +218,7 @@ def _files_left(side: Side, wanted: set[str] | None, done: set[str]) -> list[str
     if wanted is None:
         return side.files
     heads = {nodeid.split("::", 1)[0] for nodeid in wanted - done}
-    files = [f for f in side.files if _from_cwd(side, f) in heads]
+    files = [f for f in side.files if from_cwd(side, f) in heads]
     return files or side.files   # never none: pytest given no file would run every test it finds
 
 
@@ -263,7 +231,7 @@ def _not_reached(res: SideResult, side: Side, wanted: set[str] | None, done: set
         res.not_run.setdefault(nodeid, why)
 
 
-def _from_cwd(side: Side, path: str) -> str:
+def from_cwd(side: Side, path: str) -> str:
     """A selected file's path as pytest, started in the pin's cwd, names it (NeMo-RL's: without tests/)."""
     cwd = side.pin.cwd.rstrip("/")
     return path if cwd == "." else path.removeprefix(cwd + "/")
@@ -275,11 +243,22 @@ def command(side: Side, world: int, files: list[str]) -> list[str]:
     if pin.markers:
         pytest += ["-m", pin.markers]
     pytest += list(pin.args)
-    pytest += [_from_cwd(side, f) for f in files]
+    pytest += [from_cwd(side, f) for f in files]
     if pin.launch == "torchrun":
         return [side.python, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
                 "--master-port", str(_free_port()), *pytest]
     return [side.python, *pytest]
+
+
+def first_files(side: Side, folder: Path) -> list[str] | None:
+    """The test files the launch in FOLDER was given, as its command (command.txt, or its console.log's first
+    line) names them: what follows the arguments ``command`` gives every launch; None where neither is kept."""
+    text = (folder / "command.txt").read_text() if (folder / "command.txt").is_file() else \
+        console_head(folder / "console.log")
+    if not text.startswith("$ cd ") or " && " not in text:
+        return None
+    argv = shlex.split(text.splitlines()[0].split(" && ", 1)[1])
+    return argv[len(command(side, side.nproc or side.pin.nproc, [])):]
 
 
 def _launch(side: Side, folder: Path, world: int, skip: list[str], only: list[str] | None,
@@ -337,7 +316,9 @@ def _launch(side: Side, folder: Path, world: int, skip: list[str], only: list[st
 def _spawn_and_wait(side: Side, folder: Path, world: int, argv: list[str], cwd: Path, env: dict, limit: float | None,
                     t0: float) -> tuple[int | None, bool, float]:
     with open(folder / "console.log", "wb") as log:
-        log.write(("$ cd " + shlex.quote(str(cwd)) + " && " + shlex.join(argv) + "\n").encode())
+        head = "$ cd " + shlex.quote(str(cwd)) + " && " + shlex.join(argv) + "\n"
+        log.write(head.encode())
+        (folder / "command.txt").write_text(head)   # kept where a packed run keeps only the console's tail
         log.flush()
         try:
             proc = spawn(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -353,7 +334,7 @@ def _spawn_and_wait(side: Side, folder: Path, world: int, argv: list[str], cwd: 
             return rc, False, time.monotonic() - t0
         except subprocess.TimeoutExpired:
             _kill(proc)
-            log.write(b"\n[carry] the side's time budget ran out: the launch was killed\n")
+            log.write(f"\n{KILLED_FOR_BUDGET}\n".encode())
             return proc.returncode, True, time.monotonic() - t0
         except BaseException:
             _kill(proc)

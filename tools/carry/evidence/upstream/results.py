@@ -300,6 +300,15 @@ def gil_held_past_timeout(log: Path) -> bool:
     return bool(FAULTHANDLER_TIMEOUT.search(text))
 
 
+def console_head(log: Path) -> str:
+    """A launch console's first line: the command launch.py wrote there."""
+    try:
+        with log.open("rb") as f:
+            return f.readline().decode("utf-8", errors="replace").rstrip("\n")
+    except OSError:
+        return ""
+
+
 def console_tail(log: Path, n: int = 12) -> list[str]:
     try:
         lines = log.read_text(encoding="utf-8", errors="replace").splitlines()

@@ -114,6 +114,7 @@ def test_judging_refuses_another_selection_a_written_result_and_a_run_with_no_re
     out = up["tmp"] / "out"
     proc, _ = _run(up, "--judge-records", check=2)
     assert "no launch left records" in proc.stderr, proc.stderr
+    assert not out.exists()   # refused before anything was written there
     _cut_run(up, "--files", "tests/unit_tests/test_delta.py", at="upstream-pristine-launch-1-taken")
     proc, _ = _run(up, "--judge-records", "--files", "tests/unit_tests/test_alpha.py", check=2)
     assert "ran other test files than this selection (it ran" in proc.stderr, proc.stderr

@@ -33,7 +33,7 @@ from . import suite
 from .launch import Side, SideResult, run_side
 from .results import signature
 from .select import Picked, select
-from .taken import replay
+from .taken import launch_folders, replay
 from .verdict import Compared, Row, compare, counts, file_of, files_without_rows, outcome_in, side_counts
 
 
@@ -130,9 +130,6 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     results: dict[str, SideResult] = {}
     if opts.judge_records:
         results = {name: replay(side) for name, side in sides.items()}
-        if not any(r.launches for r in results.values()):
-            raise UsageError(f"{upstream}: no launch left records in {out / 'pristine'} nor {out / 'patched'}: "
-                             "nothing ran there to judge")
         t0 = {name: round(sum(x["seconds"] for x in r.launches), 1) for name, r in results.items()}
         progress.say(f"{upstream}: {len(files)} test file(s) selected; judging the records of "
                      + ", ".join(f"{len(r.launches)} {name} launch(es)" for name, r in results.items()))
@@ -176,7 +173,12 @@ def _write(out: Path, report: dict, rows: list[Row], results: dict[str, SideResu
 
 def _judgeable(out: Path) -> None:
     """A run whose result is written (its comparison, also one whose bisection was cut) is judged already:
-    judging its records again would overwrite that verdict with a lesser one."""
+    judging its records again would overwrite that verdict with a lesser one. A run with no launch folder has
+    nothing to judge: refused before anything is written."""
+    if not any(launch_folders(out / side) for side in ("pristine", "patched")):
+        raise UsageError(f"{out.name}: no launch left records in {out / 'pristine'} nor "
+                         f"{out / 'patched'}: nothing ran there to judge",
+                         hint="--out is the folder the cut run was given (its launches are OUT/UPSTREAM/SIDE/launch-*)")
     try:
         done = json.loads((out / "result.json").read_text())
     except (OSError, ValueError):

@@ -140,7 +140,8 @@ def test_a_side_is_replayed_from_its_launch_folders_as_a_packed_run_keeps_them(t
     the run was cut is not run for the cut; one no launch reached is not run; the rest keep their outcomes."""
     from types import SimpleNamespace
 
-    from carry.evidence.upstream.taken import BUDGET_WHILE, KILLED_FOR_BUDGET, replay
+    from carry.evidence.upstream.launch import replayed as replay
+    from carry.evidence.upstream.taken import BUDGET_WHILE, KILLED_FOR_BUDGET
 
     def launch(name: str, ranks: dict[str, list[dict]], tail: str = "") -> None:
         folder = tmp_path / "patched" / name
@@ -182,7 +183,7 @@ def _replayed_rows(shard):
     records by taken.replay, as --judge-records read them: its result and the rows of today's replay."""
     from types import SimpleNamespace
 
-    from carry.evidence.upstream.taken import replay
+    from carry.evidence.upstream.launch import replayed as replay
     from carry.evidence.upstream.verdict import compare
     result = demo._result_json(shard)
     pin = SimpleNamespace(launch="torchrun", nproc=result["nproc"], cwd=".", upstream="megatron-lm", markers="",

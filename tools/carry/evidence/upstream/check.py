@@ -30,10 +30,10 @@ from .. import scratch as scratchdirs
 from .. import tesite
 from ..bisect import PrefixTrees, bisect
 from . import suite
-from .launch import Side, SideResult, run_side
+from .launch import Side, SideResult, replayed, run_side
 from .results import signature
 from .select import Picked, select
-from .taken import launch_folders, replay
+from .taken import launch_folders
 from .verdict import Compared, Row, compare, counts, file_of, files_without_rows, outcome_in, side_counts
 
 
@@ -129,7 +129,7 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     t0: dict[str, float] = {}
     results: dict[str, SideResult] = {}
     if opts.judge_records:
-        results = {name: replay(side) for name, side in sides.items()}
+        results = {name: replayed(side) for name, side in sides.items()}
         t0 = {name: round(sum(x["seconds"] for x in r.launches), 1) for name, r in results.items()}
         progress.say(f"{upstream}: {len(files)} test file(s) selected; judging the records of "
                      + ", ".join(f"{len(r.launches)} {name} launch(es)" for name, r in results.items()))

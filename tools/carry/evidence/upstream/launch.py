@@ -38,7 +38,7 @@ from ...errors import CommandError
 from ...runner import spawn
 from ...series.testspin import TestsPin
 from .results import Outcome, console_head, console_tail, console_why, read_launch, wants_world
-from .taken import BUDGET_BEFORE, BUDGET_SPENT, BUDGET_WHILE, KILLED_FOR_BUDGET, take
+from .taken import BUDGET_BEFORE, BUDGET_SPENT, BUDGET_WHILE, KILLED_FOR_BUDGET, launch_folders, replay, take
 
 SITE = Path(__file__).resolve().parent / "site"
 MAX_LAUNCHES = 200  # a side whose every launch dies in a new test still ends
@@ -248,6 +248,13 @@ def command(side: Side, world: int, files: list[str]) -> list[str]:
         return [side.python, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
                 "--master-port", str(_free_port()), *pytest]
     return [side.python, *pytest]
+
+
+def replayed(side: Side) -> SideResult:
+    """What the launches a cut run left in ``side.out`` recorded (taken.replay), judged by the side's selection."""
+    folders = launch_folders(side.out)
+    ran = first_files(side, folders[0][0]) if folders else None
+    return replay(side, SideResult(), ran, [from_cwd(side, f) for f in side.files])
 
 
 def first_files(side: Side, folder: Path) -> list[str] | None:

@@ -96,15 +96,14 @@ def launch_folders(side_out: Path) -> list[tuple[Path, int]]:
     return [(path, world) for _, path, world in sorted(found)]
 
 
-def replay(side):
-    """The SideResult (launch.py) that a cut run's launches in ``side.out`` recorded, ``side`` a launch.Side
-    built as the run built it. Its first launch was given every file of the side: one given other files
-    was another selection (other --compared, --shard or --files), and is refused."""
-    from .launch import SideResult, first_files, from_cwd   # (launch.py imports this module)
-    res = SideResult()
+def replay(side, res, ran: list[str] | None, ours: list[str]):
+    """Into RES (an empty launch.SideResult), what a cut run's launches in ``side.out`` recorded, ``side`` a
+    launch.Side built as the run built it, RAN the files its first launch's command names (None: no command
+    kept) and OURS the side's files as pytest names them. Its first launch was given every file of the side:
+    one given other files was another selection (other --compared, --shard or --files), and is refused."""
     folders = launch_folders(side.out)
     if folders:
-        _same_selection(side, folders[0], first_files(side, folders[0][0]), [from_cwd(side, f) for f in side.files])
+        _same_selection(side, folders[0], ran, ours)
     wanted: set[str] = set()
     killed = False
     for i, (folder, world) in enumerate(folders):

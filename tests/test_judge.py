@@ -676,6 +676,12 @@ def test_an_upstream_tests_cell_is_judged_from_its_report_and_never_green_withou
     assert judged("failed") == ("failed", "it says failed")
     assert judged("incomplete") == ("error", "it says incomplete")  # a verdict not given is never green
     assert judged("passed", "megatron-bridge")[0] == "error"  # another upstream's report is no report of this one
+    # a report whose bisection did not finish (a cut run judged from its records) names no bisected test
+    (tmp_path / REPORT).write_text(json.dumps({"ok": False, "upstreams": [
+        {"upstream": "megatron-lm", "status": "failed", "reason": "judged from the records of a run that was cut: ...",
+         "bisect": "not finished", "counts": {"*": {"regression": 1}}}]}))
+    v, info = judge_report("megatron-lm", Finished(1, False, 9.0, log), tmp_path, 300.0)
+    assert v.status == "failed" and info["upstream_tests"]["bisect"] == [], (v, info)
 
 
 def test_a_run_killed_by_a_signal_or_without_an_exit_status_fails_whatever_it_left():

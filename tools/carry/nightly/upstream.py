@@ -81,8 +81,15 @@ def judge_report(name: str, fin: Finished, out: Path, timeout: float) -> tuple[V
     info["upstream_tests"]["known_failures"] = len(report.get("known_failures") or [])
     info["upstream_tests"]["selected_files"] = len(report.get("selection") or [])
     info["upstream_tests"]["bisect"] = [{k: b.get(k) for k in ("id", "category", "first_patch", "note")}
-                                        for b in report.get("bisect") or []]
+                                        for b in _bisected(report)]
     return Verdict(status=status, reason=report.get("reason", "")), info
+
+
+def _bisected(report: dict) -> list[dict]:
+    """The report's bisection entries: none where it says the bisection did not finish (a cut run's, judged
+    from its records: ``"bisect": "not finished"``)."""
+    found = report.get("bisect")
+    return [b for b in found if isinstance(b, dict)] if isinstance(found, list) else []
 
 
 def summary_lines(runs: list[dict]) -> list[str]:

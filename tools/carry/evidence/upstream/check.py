@@ -33,7 +33,7 @@ from . import suite
 from .launch import Side, SideResult, replayed, run_side
 from .results import signature
 from .select import Picked, select
-from .taken import launch_folders
+from .taken import judgeable
 from .verdict import Compared, Row, compare, counts, file_of, files_without_rows, outcome_in, side_counts
 
 
@@ -74,7 +74,7 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
         raise UsageError(f"series {series.name}: {upstream} pins no tests ([upstreams.{upstream}.tests])")
     out = opts.out / upstream
     if opts.judge_records:
-        _judgeable(out)
+        judgeable(out)
     repo = suite.checkout(pin, opts.cache, opts.sources.get(upstream)) if pin.source == "git" else None
     pristine_trees = {name: prefix.pristine(name) for name in trees}
     folders = {"pristine": suite.side_folder(pin, repo, pristine_trees[upstream], out / "trees" / "pristine"),
@@ -169,24 +169,6 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
 def _write(out: Path, report: dict, rows: list[Row], results: dict[str, SideResult]) -> None:
     write_json(out / "result.json", {**report, "rows": [r.to_dict() for r in rows],
                                      "sides": {k: v.to_dict() for k, v in results.items()}})
-
-
-def _judgeable(out: Path) -> None:
-    """A run whose result is written (its comparison, also one whose bisection was cut) is judged already:
-    judging its records again would overwrite that verdict with a lesser one. A run with no launch folder has
-    nothing to judge: refused before anything is written."""
-    if not any(launch_folders(out / side) for side in ("pristine", "patched")):
-        raise UsageError(f"{out.name}: no launch left records in {out / 'pristine'} nor "
-                         f"{out / 'patched'}: nothing ran there to judge",
-                         hint="--out is the folder the cut run was given (its launches are OUT/UPSTREAM/SIDE/launch-*)")
-    try:
-        done = json.loads((out / "result.json").read_text())
-    except (OSError, ValueError):
-        return
-    if isinstance(done, dict) and isinstance(done.get("rows"), list) and not done.get("judged_from_records"):
-        raise UsageError(f"{out / 'result.json'} holds that run's comparison already ({done.get('status')}): "
-                         "there is nothing to judge from its records",
-                         hint="--judge-records is for a run that was cut before it wrote its result")
 
 
 def _unbisected(summary: dict) -> dict:

@@ -11,6 +11,7 @@ run unless a launch at the size it asks for gave it an outcome.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,3 +148,22 @@ def _same_selection(side, first: tuple[Path, int], ran: list[str] | None, ours: 
                          + "; ".join(x for x in (f"it ran {extra[0]}" if extra else "",
                                                  f"it did not run {lacking[0]}" if lacking else "") if x) + ")",
                          hint="judge it with the --compared, --look-again, --shard and --files it was run with")
+
+
+def judgeable(out: Path) -> None:
+    """Refuse (UsageError) a run in OUT (OUT/UPSTREAM) that --judge-records may not judge: one with no launch
+    folder has nothing to judge (refused before anything is written); one whose result is written (its
+    comparison, also one whose bisection was cut) is judged already, and judging its records again would
+    overwrite that verdict with a lesser one."""
+    if not any(launch_folders(out / side) for side in ("pristine", "patched")):
+        raise UsageError(f"{out.name}: no launch left records in {out / 'pristine'} nor "
+                         f"{out / 'patched'}: nothing ran there to judge",
+                         hint="--out is the folder the cut run was given (its launches are OUT/UPSTREAM/SIDE/launch-*)")
+    try:
+        done = json.loads((out / "result.json").read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(done, dict) and isinstance(done.get("rows"), list) and not done.get("judged_from_records"):
+        raise UsageError(f"{out / 'result.json'} holds that run's comparison already ({done.get('status')}): "
+                         "there is nothing to judge from its records",
+                         hint="--judge-records is for a run that was cut before it wrote its result")

@@ -66,7 +66,8 @@ def test_a_run_cut_between_launches_is_judged_from_its_records_and_never_green(u
     # pristine side ran, has its verdict (the fix among them, where that launch reached it)
     from carry.evidence.upstream.results import merge, read_launch
     got = read_launch(out / "megatron-lm" / "patched" / "launch-01-n2", 2)
-    ended = {k: merge(v, 2).outcome for k, v in got.tests.items() if k not in got.died_in()[1]}
+    died, cut_short = got.died_in()
+    ended = {k: merge(v, 2).outcome for k, v in got.tests.items() if k not in cut_short and k not in died.values()}
     pristine = result["sides"]["pristine"]["outcomes"]
     both = [k for k in ended if k in pristine]
     assert both, (ended, pristine)
@@ -75,10 +76,11 @@ def test_a_run_cut_between_launches_is_judged_from_its_records_and_never_green(u
         assert (row["pristine"], row["patched"]) == (pristine[k]["outcome"], ended[k]) and row["category"] != "not-compared", row
     if "tests/unit_tests/test_alpha.py::test_fixed_by_the_series" in both:
         assert rows["test_fixed_by_the_series"]["category"] == "fixed", rows
-    # the test the patched side's last launch died in, if it died: the cut, not a crash of the patched trees
+    # the test the patched side's last launch died in, if it died, and those the launcher cut short in it: the
+    # cut, not a crash of the patched trees, and no later launch ran them again
     side = result["sides"]["patched"]
     cut = [k for k, why in side["not_run"].items() if why.startswith(CUT_WHILE)]
-    assert sorted(cut) == sorted(set(got.died_in()[0].values())), (cut, side["not_run"])
+    assert sorted(cut) == sorted(set(died.values()) | cut_short), (cut, side["not_run"])
     assert all(rows[k.split("::")[-1]]["category"] == "not-compared" for k in cut), rows
     # what no patched launch reached: not run, and the run is incomplete, never green
     before = [k for k, why in side["not_run"].items() if why.startswith(CUT_BEFORE)]
@@ -151,15 +153,17 @@ def test_a_side_is_replayed_from_its_launch_folders_as_a_packed_run_keeps_them(t
         (folder / "skip.txt").write_text("")
         (folder / "console.tail.txt").write_text(f"the launch's last words\n{tail}\n")
 
-    ids = [f"test_a.py::t{i}" for i in range(1, 7)]
+    ids = [f"test_a.py::t{i}" for i in range(1, 8)]
     start = lambda t: {"ev": "start", "id": t, "t": 1.0}  # noqa: E731
     end = lambda t, o="passed", why="": {"ev": "end", "id": t, "outcome": o, "reason": why, "t": 2.0}  # noqa: E731
     asks = "Test requires world_size=4, but got 2"
     first = [{"ev": "collected", "ids": ids, "t": 0.5}, start(ids[0]), end(ids[0]), start(ids[1]),
              end(ids[1], "skipped", asks), start(ids[2])]
     launch("launch-01-n2", {"0": first, "1": first}, tail=KILLED_FOR_BUDGET)
+    # rank 0 is in t5 at the cut; rank 1 ended t5, then torchrun stopped it in t7 (terminated): neither is a verdict
     second = [{"ev": "collected", "ids": ids[3:], "t": 3.0}, start(ids[3]), end(ids[3], "failed", "boom"), start(ids[4])]
-    launch("launch-02-n2", {"0": second, "1": second})
+    launch("launch-02-n2", {"0": second, "1": [*second, end(ids[4]), start(ids[6]),
+                                                {"ev": "terminated", "id": ids[6], "signal": 15, "t": 4.0}]})
     pin = SimpleNamespace(launch="torchrun", nproc=2, cwd=".", upstream="demo", markers="", args=())
     side = SimpleNamespace(name="patched", pin=pin, nproc=None, files=["test_a.py"], out=tmp_path / "patched",
                            compared=frozenset())
@@ -168,6 +172,7 @@ def test_a_side_is_replayed_from_its_launch_folders_as_a_packed_run_keeps_them(t
     assert res.not_run[ids[2]] == BUDGET_WHILE, res.not_run
     assert res.not_run[ids[1]].startswith("it asks for 4 ranks (Test requires world_size=4"), res.not_run
     assert res.not_run[ids[4]].startswith(CUT_WHILE) and res.not_run[ids[5]].startswith(CUT_BEFORE), res.not_run
+    assert res.not_run[ids[6]].startswith(CUT_WHILE), res.not_run
     assert [x["launch"] for x in res.launches] == ["launch-01-n2", "launch-02-n2"] and res.launches[0]["timed_out"]
     side.files = ["test_b.py"]   # judged by another selection: refused
     with pytest.raises(Exception, match="ran other test files than this selection"):

@@ -71,7 +71,10 @@ def take(res, folder: Path, world: int, *, rc: int | None, seconds: float | None
         entry["stopped"] = got.stopped
     res.launches.append(entry)
     if timed_out or cut_run:
-        for nodeid in set(died.values()):
+        # a test a rank was still in has no verdict, whatever the ranks that ended it said; in the last launch
+        # of a cut run, neither has one the launcher cut short (no later launch ran it again)
+        for nodeid in set(died.values()) | (cut if cut_run else set()):
+            res.outcomes.pop(nodeid, None)
             res.not_run[nodeid] = BUDGET_WHILE if timed_out else CUT_WHILE
         return Taken(got, died, cut, entry)
     held = gil_held_past_timeout(console_of(folder))

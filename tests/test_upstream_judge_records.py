@@ -11,8 +11,8 @@ selection than the run's, or judging over a run's written result, is refused.
 from __future__ import annotations
 
 import json
+import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +34,7 @@ def _cut_run(up, *extra: str, at: str) -> None:
     no launch is running then, as when a machine is taken back between two launches."""
     argv = [sys.executable, str(TOOLS / "upstream_tests.py"), "--series", str(up["series"]), "--workdir", str(up["work"]),
             "--cache", str(up["cache"]), "--out", str(up["tmp"] / "out"), "--one-side-at-a-time", "--no-bisect", "--test-timeout", "8", *extra]
-    proc = subprocess.Popen(argv, env={**__import__("os").environ, "GTP_CARRY_STOP_AT": at,
+    proc = subprocess.Popen(argv, env={**os.environ, "GTP_CARRY_STOP_AT": at,
                                        "FLAKY_MARKER": str(up["tmp"] / "flaky-marker")},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -132,7 +132,6 @@ def test_judging_refuses_another_selection_a_written_result_and_a_run_with_no_re
     proc = tool("upstream_tests", "--series", up["series"], "--workdir", up["work"], "--out", out, "--judge-records",
                 "--select-only", check=2)
     assert "give one" in proc.stderr
-    shutil.rmtree(out)
 
 
 def test_a_side_is_replayed_from_its_launch_folders_as_a_packed_run_keeps_them(tmp_path):

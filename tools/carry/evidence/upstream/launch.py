@@ -37,8 +37,9 @@ from ... import progress
 from ...errors import CommandError
 from ...runner import spawn
 from ...series.testspin import TestsPin
-from .results import Outcome, console_head, console_tail, console_why, read_launch, wants_world
-from .taken import BUDGET_BEFORE, BUDGET_SPENT, BUDGET_WHILE, KILLED_FOR_BUDGET, launch_folders, replay, take
+from .results import (Outcome, console_head, console_tail, console_why, launch_folders, read_launch, unmet_note,
+                      unmet_world)
+from .taken import BUDGET_BEFORE, BUDGET_SPENT, BUDGET_WHILE, KILLED_FOR_BUDGET, replay, take
 
 SITE = Path(__file__).resolve().parent / "site"
 MAX_LAUNCHES = 200  # a side whose every launch dies in a new test still ends
@@ -125,16 +126,7 @@ def _at_their_size(side: Side, res: SideResult) -> None:
         _launches(side, res, n, ids)
         for i, o in asked.items():
             if i not in res.outcomes:
-                res.not_run[i] = (f"it asks for {n} ranks ({o.reason.splitlines()[0][:200] if o.reason else o.outcome} "
-                                  f"at {o.world}); no launch at {n} ranks gave it an outcome: "
-                                  f"{res.not_run.get(i, 'none reached it')}")
-
-
-def unmet_world(outcome: Outcome) -> int | None:
-    """The world size a test asks for (wants_world), where it ran at another: its outcome there is a
-    refusal, not a verdict."""
-    n = wants_world(outcome)
-    return n if n and n != outcome.world else None
+                res.not_run[i] = unmet_note(n, o, f": {res.not_run.get(i, 'none reached it')}")
 
 
 def _resume(side: Side, res: SideResult, world: int) -> None:

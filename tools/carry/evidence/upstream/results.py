@@ -218,14 +218,27 @@ def _set_astray(launch: Launch) -> None:
             launch.astray_records[nodeid] = launch.tests.pop(nodeid)
 
 
+LAUNCH_FOLDER = re.compile(r"launch-(\d+)-n(\d+)")
+
+
+def launch_folders(side_out: Path) -> list[tuple[Path, int]]:
+    """A side's launch folders in the order they ran, each with its world size."""
+    found = []
+    for path in side_out.glob("launch-*-n*"):
+        m = LAUNCH_FOLDER.fullmatch(path.name)
+        if m and path.is_dir():
+            found.append((int(m.group(1)), path, int(m.group(2))))
+    return [(path, world) for _, path, world in sorted(found)]
+
+
 def out_of_step_beside(folder: Path) -> set[str]:
     """The tests of a run's sides (FOLDER/pristine, FOLDER/patched, beside its result.json) whose only results
     came from ranks out of step: a judge older than ``Launch.astray`` took them for verdicts."""
     out: set[str] = set()
     for side in (folder / "pristine", folder / "patched"):
         astray, counted = set(), set()
-        for launch in sorted(side.glob("launch-*-n*")):
-            got = read_launch(launch, int(launch.name.rsplit("-n", 1)[1]))
+        for launch, world in launch_folders(side):
+            got = read_launch(launch, world)
             astray |= got.astray.keys()
             counted |= got.tests.keys()
         out |= astray - counted
@@ -262,6 +275,20 @@ def wants_world(outcome: Outcome) -> int | None:
             need = int(g.group(3)) + math.prod(int(x) for x in g.group(1).split(","))
             return need if need > outcome.world else None
     return None
+
+
+def unmet_world(outcome: Outcome) -> int | None:
+    """The world size a test asks for (wants_world), where it ran at another: its outcome there is a
+    refusal, not a verdict."""
+    n = wants_world(outcome)
+    return n if n and n != outcome.world else None
+
+
+def unmet_note(n: int, refusal: Outcome, why: str) -> str:
+    """Why a test that asked for N ranks (its REFUSAL at the size it ran at) has no outcome: no launch at N gave
+    it one, WHY (what ended them)."""
+    said = refusal.reason.splitlines()[0][:200] if refusal.reason else refusal.outcome
+    return f"it asks for {n} ranks ({said} at {refusal.world}); no launch at {n} ranks gave it an outcome{why}"
 
 
 def is_failing(outcome: str) -> bool:

@@ -12,12 +12,12 @@ run unless a launch at the size it asks for gave it an outcome.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import UsageError
-from .results import Launch, Outcome, console_tail, gil_held_past_timeout, merge, read_launch, wants_world
+from .results import (Launch, Outcome, console_tail, gil_held_past_timeout, launch_folders, merge, read_launch,
+                      unmet_note, unmet_world)
 
 # Why a test has no outcome when the side's budget ended (the first launches' share of it, or all of it).
 BUDGET_SPENT = "the side's time budget was spent before it ran"
@@ -28,8 +28,6 @@ CUT_WHILE = "the run was cut while it ran (the last launch's records end in it):
 CUT_BEFORE = "the run was cut before it: no launch's records reach it"
 # What launch.py writes in a launch's console.log when the side's budget ran out and it killed the launch.
 KILLED_FOR_BUDGET = "[carry] the side's time budget ran out: the launch was killed"
-
-LAUNCH_FOLDER = re.compile(r"launch-(\d+)-n(\d+)")
 
 
 @dataclass
@@ -90,16 +88,6 @@ def take(res, folder: Path, world: int, *, rc: int | None, seconds: float | None
     return Taken(got, died, cut, entry)
 
 
-def launch_folders(side_out: Path) -> list[tuple[Path, int]]:
-    """A side's launch folders in the order they ran, each with its world size."""
-    found = []
-    for path in side_out.glob("launch-*-n*"):
-        m = LAUNCH_FOLDER.fullmatch(path.name)
-        if m and path.is_dir():
-            found.append((int(m.group(1)), path, int(m.group(2))))
-    return [(path, world) for _, path, world in sorted(found)]
-
-
 def replay(side, res, ran: list[str] | None, ours: list[str]):
     """Into RES (an empty launch.SideResult), what a cut run's launches in ``side.out`` recorded, ``side`` a
     launch.Side built as the run built it, RAN the files its first launch's command names (None: no command
@@ -117,11 +105,9 @@ def replay(side, res, ran: list[str] | None, ours: list[str]):
         took.entry["replayed"] = True
         wanted |= set(took.got.collected)
     for nodeid, o in list(res.outcomes.items()):
-        n = wants_world(o)
-        if n and n != o.world:   # its refusal of the size it ran at is no verdict, and no launch at N ran it
+        if n := unmet_world(o):   # its refusal of the size it ran at is no verdict, and no launch at N ran it
             del res.outcomes[nodeid]
-            res.not_run[nodeid] = (f"it asks for {n} ranks ({o.reason.splitlines()[0][:200] if o.reason else o.outcome} "
-                                   f"at {o.world}); no launch at {n} ranks gave it an outcome before the run was cut")
+            res.not_run[nodeid] = unmet_note(n, o, " before the run was cut")
     # what no launch reached: the side's budget ended it where its last launch was killed for it, else the cut
     why = BUDGET_BEFORE if killed else CUT_BEFORE
     for nodeid in sorted(wanted - res.outcomes.keys() - res.not_run.keys() - side.compared):

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .launch import SideResult, unmet_world
-from .results import Outcome, is_failing
+from .launch import SideResult
+from .results import Outcome, is_failing, unmet_world
 
 NOT_GREEN = ("regression",)
 CATEGORIES = ("regression", "fixed", "flaky", "known-failure", "passed", "skipped", "xfailed", "new", "changed",

@@ -1191,7 +1191,7 @@ def _flaky_again(bisect: Path, rows: list) -> None:
     pristine base (k=0) then gives what the patched trees gave, no patch moved it: flaky too. A prefix's
     probes are its folders kNNN and kNNN-fixed (the regressions' and the fixed tests' own, check._bisect_rows)."""
     import functools
-    from carry.evidence.upstream.launch import SideResult
+    from carry.evidence.upstream.launch import SideResult, unmet_world
     from carry.evidence.upstream.results import read_launch, signature
     from carry.evidence.upstream.verdict import outcome_in
 
@@ -1202,7 +1202,9 @@ def _flaky_again(bisect: Path, rows: list) -> None:
             world = int(launch.name.rsplit("-n", 1)[1])
             got = read_launch(launch, world)
             for nodeid, records in got.tests.items():
-                side.outcomes.setdefault(nodeid, merge(records, world))
+                o = merge(records, world)
+                if not unmet_world(o):   # a refusal of the size it ran at: the probe launched it again at that size
+                    side.outcomes.setdefault(nodeid, o)
             for module, reason in got.collect_errors.items():
                 side.collect_errors.setdefault(module, reason)
         return side
@@ -1211,6 +1213,8 @@ def _flaky_again(bisect: Path, rows: list) -> None:
         return outcome_in(probe(k), nodeid)
 
     probes = sorted({p.name.split("-")[0] for p in bisect.glob("k*")}) if bisect.is_dir() else []
+    listed = bisect / "bisect.json"
+    device = {e["id"]: e.get("note", "") for e in json.loads(listed.read_text())} if listed.is_file() else {}
     if not probes:   # a run whose bisection kept only its bisect.json: its rows as compared
         return
     for r in rows:
@@ -1224,6 +1228,10 @@ def _flaky_again(bisect: Path, rows: list) -> None:
             r.category, r.note = "flaky", f"flaky: {r.patched} on the patched trees, then {again} on the same trees"
         elif again != "not-run" and signature(base := outcome_at("k000", r.id)) == target:
             r.category, r.note = "flaky", f"flaky: {r.pristine} on the pristine base, then {base} on the same base"
+        elif cut := re.match(r"not bisected: the probe of the first ([0-9]+) patch", said := device.get(r.id, "")):
+            # the device's word that its budget cut the search, checked against that probe's records
+            assert outcome_at(f"k{int(cut[1]):03d}", r.id) == "not-run", (r.id, said)
+            r.note = said
 
 
 def _recorded_sides(result: dict) -> dict:
@@ -2135,7 +2143,7 @@ def _a_written_failure_is_red(evidence: Path, tmp_path: Path, shards: list[tuple
 
 
 PASSED_OVER = EVIDENCE / "h100" / "2026-12-06-mlm-passed-over"
-LATER = ("2026-12-06-cut-judged", "2026-12-06-after-the-cut")   # the runs after data-helpers
+LATER = ("2026-12-06-cut-judged", "2026-12-06-after-the-cut", "2026-12-06-second-runs")   # the runs after data-helpers
 
 
 def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_it(tmp_path):

@@ -684,6 +684,44 @@ def test_an_upstream_tests_cell_is_judged_from_its_report_and_never_green_withou
     assert v.status == "failed" and info["upstream_tests"]["bisect"] == [], (v, info)
 
 
+def test_a_timed_out_upstream_tests_cell_is_judged_from_its_records_and_never_green(tmp_path):
+    """The cell's timeout cut the run: its --judge-records run's report is the verdict, failed for a regression
+    its records hold and an error for anything else (passed included: a cut run compared less than it was
+    asked), its counts kept; with no such report (the judge refused: no records; a report the cut run had
+    not written as judged from records) nothing was judged, and the judge's own error line says why."""
+    from carry.nightly.launch import Finished
+    from carry.nightly.upstream import JUDGE_LOG, REPORT, judge_report
+
+    log = tmp_path / "console.log"
+    log.write_text("$ python3 tools/upstream_tests.py ...\n[ 10.0s] megatron-lm patched (2 rank(s)): 3 test(s) ended\n"
+                   "[carry] killed after 5s\n")
+    cut = Finished(-9, True, 5.0, log)
+
+    def judged(status: str, from_records: bool = True) -> tuple[str, str, dict]:
+        (tmp_path / JUDGE_LOG).write_text("$ python3 tools/upstream_tests.py ... --judge-records\n")
+        (tmp_path / REPORT).write_text(json.dumps({"ok": False, "upstreams": [
+            {"upstream": "megatron-lm", "status": status, "reason": f"judged: {status}", "bisect": "not finished",
+             "judged_from_records": from_records, "counts": {"*": {"passed": 2, "not-compared": 3}}}]}))
+        v, info = judge_report("megatron-lm", cut, tmp_path, 5.0, Finished(1, False, 1.0, tmp_path / JUDGE_LOG))
+        return v.status, v.reason, info
+
+    status, reason, info = judged("failed")
+    assert (status, reason) == ("failed", "megatron-lm's tests timed out after 5s; judged from the records its "
+                                          "launches left: judged: failed"), reason
+    assert info["upstream_tests"]["judged_from_records"] is True and info["upstream_tests"]["bisect"] == [], info
+    assert info["upstream_tests"]["counts"] == {"*": {"passed": 2, "not-compared": 3}}, info
+    assert judged("incomplete")[0] == "error"
+    assert judged("passed")[:2] == ("error", "megatron-lm's tests timed out after 5s; judged from the records its "
+                                             "launches left: judged: passed")   # never green
+    assert judged("passed", from_records=False)[0] == "error" and judged("failed", from_records=False)[2] == {}
+    (tmp_path / REPORT).unlink()
+    (tmp_path / JUDGE_LOG).write_text("$ ...\nerror: megatron-lm: no launch left records in out/megatron-lm\n")
+    v, info = judge_report("megatron-lm", cut, tmp_path, 5.0, Finished(2, False, 1.0, tmp_path / JUDGE_LOG))
+    assert (v.status, info) == ("error", {}) and v.reason.startswith(
+        "megatron-lm's tests timed out after 5s: nothing was judged (from its records: megatron-lm: no launch left "
+        "records in out/megatron-lm); last line: "), v.reason
+
+
 def test_a_run_killed_by_a_signal_or_without_an_exit_status_fails_whatever_it_left():
     """Every gate holds and every marker is there, but the process died of a signal (a negative exit status:
     the OOM killer's -9) or left no exit status at all: failed, by its exit status."""

@@ -11,6 +11,10 @@ timed out, ``passed`` otherwise. The engine bisects its own regressions, so the 
 bisect these cells. Each side's time budget is 40% of the cell's timeout (the sides run at once;
 the rest is for the re-run of what moved and its bisection); what a side did not reach is counted
 as not compared.
+
+A run its timeout cut is judged from the records its launches left (the same command with
+``--judge-records``, on this machine: it runs no test), never green: ``failed`` where those records
+hold a regression (unconfirmed: the cut left no second run), ``error`` otherwise, with its counts.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from pathlib import Path
 from ..series.repo import REPO_ROOT
 from . import artifacts, slurm
 from .judge import Verdict
-from .launch import Finished, Plan, local_plan
+from .launch import Finished, Plan, local_plan, run_logged
 from .runlog import last_line, tail
 
 SIDE_SHARE = 0.4
 REPORT = "report.json"
+JUDGE_LOG = "judge-records.log"
+JUDGE_TIMEOUT_S = 300.0   # it reads records and compares them: no test runs
 
 
 def plan(cell, out: Path, opts, timeout: float) -> Plan:
@@ -48,31 +54,58 @@ def run_cell(cell, trees: dict[str, Path], out: Path, opts, timeout: float) -> t
     name = cell.upstream
     if name not in trees:
         return Verdict(status="skipped", reason=f"{name} was not applied in this run (--only): its tests have no tree"), {}
-    fin, info = slurm.launch(cell, plan(cell, out, opts, timeout), out, opts.launcher, timeout)
-    v, more = judge_report(name, fin, out, timeout)
+    p = plan(cell, out, opts, timeout)
+    fin, info = slurm.launch(cell, p, out, opts.launcher, timeout)
+    records = None
+    if fin.timed_out and not fin.error:   # cut: what its launches left is judged, here (no test runs again)
+        records = run_logged(local_plan(argv=[*p.argv, "--judge-records"], env=p.env, cwd=p.cwd),
+                             out / JUDGE_LOG, timeout=JUDGE_TIMEOUT_S)
+    v, more = judge_report(name, fin, out, timeout, records)
     return v, {**info, **more}
 
 
-def judge_report(name: str, fin: Finished, out: Path, timeout: float) -> tuple[Verdict, dict]:
+def judge_report(name: str, fin: Finished, out: Path, timeout: float,
+                 records: Finished | None = None) -> tuple[Verdict, dict]:
     """An upstream-tests run judged from the report it wrote; without one (it could not start, timed
-    out, stopped on bad input) it is ``error``, its log's last lines kept."""
+    out, stopped on bad input) it is ``error``, its log's last lines kept. ``records``: where the run
+    timed out, the run of ``--judge-records`` after it, whose report (if it wrote one) is the verdict:
+    ``failed`` for a regression its records hold, else ``error`` (a cut run is never green)."""
     text, _ = artifacts.read_log(out / "console.log")
     lines = tail(text or "")
     if fin.error:
         return Verdict(status="error", reason=f"{name}'s tests could not run: could not launch: {fin.error}",
                        tail=lines), {}
+    report = _report_of(name, out)
     if fin.timed_out:
-        last = last_line(lines)
-        return Verdict(status="error", reason=f"{name}'s tests timed out after {timeout:g}s: nothing was judged"
-                                              + (f"; last line: {last[:200]}" if last else ""), tail=lines), {}
-    doc, _ = artifacts.read_metrics(out / REPORT)
-    report = next((r for r in (doc or {}).get("upstreams") or [] if isinstance(r, dict) and r.get("upstream") == name),
-                  None)
+        cut = f"{name}'s tests timed out after {timeout:g}s"
+        judged, _ = artifacts.read_log(out / JUDGE_LOG) if records is not None else ("", None)
+        if records is None or records.timed_out or report is None or report.get("judged_from_records") is not True:
+            why = [ln[len("error: "):] for ln in tail(judged or "") if ln.startswith("error: ")]
+            last = last_line(lines)
+            return Verdict(status="error", reason=f"{cut}: nothing was judged"
+                                                  + (f" (from its records: {why[-1][:200]})" if why else "")
+                                                  + (f"; last line: {last[:200]}" if last else ""), tail=lines), {}
+        v, info = _verdict(name, report, out)
+        status = "failed" if v.status == "failed" else "error"
+        info["upstream_tests"]["judged_from_records"] = True
+        return Verdict(status=status, reason=f"{cut}; judged from the records its launches left: {v.reason}",
+                       tail=lines), {**info, "judge_log": str(out / JUDGE_LOG)}
     if report is None:
         said = [ln[len("error: "):] for ln in lines if ln.startswith("error: ")]
         why = said[-1] if said else f"it exited {fin.returncode} without a report" + (
             f"; last line: {last_line(lines)[:200]}" if last_line(lines) else "")
         return Verdict(status="error", reason=f"{name}'s tests could not run: {why}", tail=lines), {}
+    return _verdict(name, report, out)
+
+
+def _report_of(name: str, out: Path) -> dict | None:
+    doc, _ = artifacts.read_metrics(out / REPORT)
+    return next((r for r in (doc or {}).get("upstreams") or [] if isinstance(r, dict) and r.get("upstream") == name),
+                None)
+
+
+def _verdict(name: str, report: dict, out: Path) -> tuple[Verdict, dict]:
+    """A report's verdict (its status: 'incomplete' is an error) and what the night keeps of it."""
     status = {"passed": "passed", "failed": "failed"}.get(report.get("status", ""), "error")
     info = {"upstream_tests": {k: report.get(k) for k in ("tests", "launch", "nproc", "counts", "sides", "seconds",
                                                           "seconds_per_world", "regressions", "fixed", "flaky",
@@ -106,6 +139,9 @@ def summary_lines(runs: list[dict]) -> list[str]:
         out.append(f"| {r['test']} | {u.get('selected_files', 0)} | " + " | ".join(str(total.get(c, 0)) for c in cats) + " |")
     for r in cells:
         u = r["upstream_tests"]
+        if u.get("judged_from_records"):
+            out.append(f"- {r['test']}: cut at its timeout, judged from the records its launches left "
+                       "(nothing ran again: a regression there is unconfirmed)")
         for b in u.get("bisect") or []:
             out.append(f"- {r['test']} {b['category']}: {b['id']}: {b.get('note') or ''}")
         walls = u.get("seconds_per_world") or {}

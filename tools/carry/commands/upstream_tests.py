@@ -10,6 +10,7 @@ from pathlib import Path
 from .. import report
 from ..errors import UsageError
 from ..evidence import tesite
+from ..evidence.upstream import record
 from ..evidence.upstream.check import Options, check_series, standing_line
 from ..evidence.upstream.results import out_of_step_beside
 from ..evidence.upstream.verdict import look_again
@@ -24,6 +25,8 @@ series.toml ([upstreams.NAME.tests]): fetched once into the cache, or from --tes
 NAME=CLONE (any clone that has the commit). They run with the upstream's own launch (Megatron-LM:
 torchrun --nproc-per-node 8 -m pytest; the others: pytest) and the marker expression its CI uses.
 A run cut before it wrote its result keeps what its launches recorded: --judge-records judges it.
+--record-fixed RESULT writes the tests a run found the series fixes, each bisected to its patch, into
+that patch's upstream_tests in series.toml (and runs nothing).
 
 Verdicts per test: regression (pristine did not fail, patched does: bisected to a patch), fixed
 (the series turns a failing upstream test green: bisected too), known-failure (both fail), and
@@ -39,12 +42,18 @@ out, a launch failed; or nothing passed); 2: bad usage or input."""
 def main(argv: list[str], prog: str) -> int:
     p = options.parser(prog, DESCRIPTION)
     options.add_series(p)
-    options.add_workdir(p)
+    options.add_workdir(p, required=False)
     p.add_argument("--only", metavar="UPSTREAM,...", help="the upstreams whose tests run (default: each that pins tests)")
     p.add_argument("--tests-source", action="append", metavar="NAME=CLONE",
                    help="a git clone that has NAME's pinned tests commit (instead of fetching it)")
-    p.add_argument("--out", type=options.output_path("dir"), required=True, metavar="DIR",
-                   help="where each side's folders, logs and results go (DIR/<upstream>/result.json)")
+    p.add_argument("--out", type=options.output_path("dir"), metavar="DIR",
+                   help="where each side's folders, logs and results go (DIR/<upstream>/result.json); needed, with "
+                        "--workdir, by everything but --record-fixed")
+    p.add_argument("--record-fixed", action="append", type=Path, metavar="RESULT",
+                   help="run nothing: record in series.toml, beside each patch (its upstream_tests), the tests RESULT "
+                        "(a result.json of this series, repeatable) found it fixes: failing on the pristine base, "
+                        "passing patched, and bisected to it. A fixed test its bisection did not name a patch for is "
+                        "counted, not recorded")
     p.add_argument("--select-only", action="store_true", help="print the derived selection and run nothing")
     p.add_argument("--judge-records", action="store_true",
                    help="run nothing: judge the run in --out from the records its launches left there, for a run that "
@@ -84,7 +93,17 @@ def main(argv: list[str], prog: str) -> int:
     options.add_cache(p)
     options.add_lock_timeout(p)
     tesite.add_option(p)
+    # two forms: a run (or its judgement) needs --workdir and --out; --record-fixed needs neither
+    run = " ".join(p.format_usage().split()[1:]).replace("[--workdir DIR]", "--workdir DIR").replace(
+        "[--out DIR]", "--out DIR").replace(" [--record-fixed RESULT]", "")
+    p.usage = _wrapped(run, len("usage: ") + len(prog) + 1) + (
+        f"\n       {prog} [--series NAME|DIR] --record-fixed RESULT [--record-fixed RESULT ...]")
     a = p.parse_args(argv)
+    if a.record_fixed:
+        return _record_fixed(a)
+    if a.workdir is None or a.out is None:
+        raise UsageError("--workdir and --out are needed (all but --record-fixed run or judge tests there)",
+                         hint=f"{prog} --workdir DIR --out DIR ... (--help says what each does)")
     if a.nproc is not None and a.nproc < 1:
         raise UsageError(f"--nproc must be 1 or more, got {a.nproc}")
     if a.judge_records and a.select_only:
@@ -124,6 +143,38 @@ def main(argv: list[str], prog: str) -> int:
     return 1 if bad else 0
 
 
+def _record_fixed(a: argparse.Namespace) -> int:
+    """--record-fixed: each result's fixed tests bisected to a patch, written beside the patch."""
+    alone = [flag for flag, on in (("--select-only", a.select_only), ("--judge-records", a.judge_records),
+                                   ("--compared", a.compared), ("--files", a.files), ("--shard", a.shard),
+                                   ("--only", a.only)) if on]
+    if alone:
+        raise UsageError(f"--record-fixed runs nothing: {', '.join(alone)} would not be used", hint="give it alone")
+    series = options.load_series(a)
+    found, unnamed = record.fixed_by(series, [(path, _result(path, "--record-fixed")) for path in a.record_fixed])
+    added = record.record(series, found)
+    for pid, tests in found.items():
+        new = added.get(pid, [])
+        print(f"{pid}: {len(tests)} upstream test(s) it fixes, {len(new)} new in its upstream_tests"
+              + "".join(f"\n  {t}" for t in new))
+    if unnamed:
+        print(f"{len(unnamed)} fixed test(s) named no patch (not recorded): " + "; ".join(unnamed[:3])
+              + (" ..." if len(unnamed) > 3 else ""))
+    if not added:
+        print("nothing new to record: series.toml is unchanged")
+    return 0
+
+
+def _wrapped(usage: str, indent: int, width: int = 100) -> str:
+    """USAGE in lines of at most WIDTH, an option with its value never split (as argparse wraps)."""
+    lines = [""]
+    for word in re.findall(r"\[[^\[\]]*\]|--\S+ [A-Z][^\s\[]*|\S+", usage):
+        if lines[-1] and len(lines[-1]) + 1 + len(word) > width - (indent if len(lines) > 1 else 7):
+            lines.append("")
+        lines[-1] += (" " if lines[-1] else "") + word
+    return ("\n" + " " * indent).join(lines)
+
+
 def _shard(text: str) -> tuple[int, int]:
     """--shard I/K: 1 <= I <= K."""
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
@@ -146,7 +197,7 @@ def _results(paths: list[Path], again: list[str]) -> list[dict]:
     return docs
 
 
-def _result(path: Path) -> dict:
+def _result(path: Path, flag: str = "--compared") -> dict:
     """An earlier run's result.json (gzipped or not), or a usage error that says what is wrong with it."""
     import gzip
     import json
@@ -154,11 +205,11 @@ def _result(path: Path) -> dict:
         data = path.read_bytes()
         doc = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
     except OSError as exc:
-        raise UsageError(f"--compared {path}: cannot read it ({exc.strerror or exc})") from None
+        raise UsageError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
     except (ValueError, EOFError) as exc:
-        raise UsageError(f"--compared {path}: not a result.json ({exc})") from None
+        raise UsageError(f"{flag} {path}: not a result.json ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or not doc.get("upstream"):
-        raise UsageError(f"--compared {path}: not a result.json of tools/upstream_tests.py (no upstream and rows)")
+        raise UsageError(f"{flag} {path}: not a result.json of tools/upstream_tests.py (no upstream and rows)")
     # the rank records beside it, judged again: a result of ranks out of step was no verdict
     doc["out_of_step"] = sorted(out_of_step_beside(path.parent))
     return doc

@@ -187,6 +187,10 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
                 text, ev = _text_signal(series, p, base.repo, tmpd, applied.status if applied else "failed",
                                         range_ids, applied.detail if applied and applied.status == "failed" else "")
                 behaviour, via = _behaviour(series, p, trees, timeout, ev, cache, zygotes)
+                if p.upstream_tests:   # recorded by tools/upstream_tests.py --record-fixed: not run here
+                    ev.append(f"upstream's own tests it fixed (its upstream_tests, {len(p.upstream_tests)}, not run "
+                              f"here): {', '.join(p.upstream_tests[:3])}{' ...' if len(p.upstream_tests) > 3 else ''}; "
+                              "passing on the new base without it, upstream fixed them too")
                 link = link_signal(p, new_commit, history, ev)
                 verdict, candidate, dis = _decide(text, behaviour, link)
                 rep.patches.append(Verdict(p.id, verdict, text, behaviour, link, candidate, ev, dis, via))

@@ -1,6 +1,7 @@
 """Edits to series.toml as text, so comments and layout elsewhere survive.
 
-Only two edits exist: drop [[patches]] tables by id, and re-pin an upstream.
+Three edits exist: drop [[patches]] tables by id, re-pin an upstream, and set a patch's list of
+upstream tests it fixes (``upstream_tests``).
 An edited series is applied in scratch (carry.workspace.trial) before it replaces the
 real one; this module only edits text and imports nothing that applies.
 """
@@ -8,6 +9,7 @@ real one; this module only edits text and imports nothing that applies.
 from __future__ import annotations
 
 import re
+import tomllib
 
 from ..errors import ConfigError
 from .manifest import Upstream
@@ -91,3 +93,34 @@ def repin(text: str, up: Upstream, kind: str) -> str:
             block = "\n".join(lines) + "\n\n" + _trailer(block).lstrip("\n")
         out.append(block)
     return "".join(out)
+
+
+def set_upstream_tests(text: str, pid: str, tests: list[str]) -> str:
+    """The [[patches]] table of ``pid`` with ``upstream_tests`` set to TESTS, one per line (replacing the
+    key where the table has it, else after the table's last key)."""
+    out, found = [], False
+    for header, block in _blocks(text):
+        if header.startswith("[[patches]]") and re.search(rf'(?m)^id\s*=\s*{re.escape(toml_str(pid))}\s*$', block):
+            found = True
+            cut = _TRAILER.search(block.rstrip("\n")).start()   # the comments that introduce what follows stay
+            value = "upstream_tests = [\n" + "".join(f"  {toml_str(t)},\n" for t in tests) + "]"
+            block = _without_key(block[:cut], "upstream_tests") + "\n" + value + (block[cut:] or "\n")
+        out.append(block)
+    if not found:
+        raise ConfigError(f"series.toml has no [[patches]] with id {pid}")
+    return "".join(out)
+
+
+def _without_key(body: str, key: str) -> str:
+    """BODY without the ``key = ...`` line(s): a value over several lines ends where the lines so far are
+    TOML (a test id may hold ``]``)."""
+    lines = body.split("\n")
+    for i, line in enumerate(lines):
+        if re.match(rf"{key}\s*=", line):
+            for j in range(i, len(lines)):
+                try:
+                    tomllib.loads("\n".join(lines[i:j + 1]))
+                except tomllib.TOMLDecodeError:
+                    continue
+                return "\n".join(lines[:i] + lines[j + 1:]).rstrip("\n")
+    return body

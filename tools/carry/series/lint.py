@@ -55,6 +55,23 @@ def link_problems(p: PatchMeta) -> list[str]:
     return probs
 
 
+def upstream_test_problems(series: Series, p: PatchMeta) -> list[str]:
+    """``upstream_tests`` (upstream's own tests the patch fixes, recorded by tools/upstream_tests.py
+    --record-fixed): each once, each UPSTREAM:NODE_ID of an upstream of the series that pins tests."""
+    probs = []
+    for entry in p.upstream_tests:
+        name, _, nodeid = entry.partition(":")
+        pin = next((u.tests for u in series.upstreams if u.name == name), None)
+        if pin is None:
+            probs.append(f"upstream_tests: {entry!r} is not UPSTREAM:NODE_ID of an upstream of this series that pins "
+                         "tests")
+        elif not (nodeid.startswith(pin.root.rstrip("/") + "/") and ".py::" in nodeid):
+            probs.append(f"upstream_tests: {entry!r} is not a test of {name}'s {pin.root}/ "
+                         f"({name}:{pin.root}/<file>.py::<test>)")
+    twice = sorted({t for t in p.upstream_tests if p.upstream_tests.count(t) > 1})
+    return probs + ([f"upstream_tests lists {', '.join(twice)} more than once"] if twice else [])
+
+
 def file_problems(path: Path, source: str | None = None) -> list[str]:
     """What lint refuses in one patch file (``source`` names it in messages): a file this tool
     cannot read as a patch, an unsafe one, or one git reads otherwise. Export checks each file
@@ -100,6 +117,8 @@ def lint(series: Series) -> list[Problem]:
                 add(where, f"proof {proof!r} must look like proofs/<dir>/test_<name>.py[::test_fn]")
             elif not (series.root / proof.split("::")[0]).exists():  # one that is not a file: entry_problems
                 add(where, f"proof file {proof.split('::')[0]} does not exist")
+        for msg in upstream_test_problems(series, p):
+            add(where, msg)
         path = series.patch_path(p)
         if not path.exists():
             add(where, f"patch file {p.file} does not exist")

@@ -98,6 +98,7 @@ class PatchMeta:
     requires: tuple[str, ...] = ()
     merged_in: str | None = None
     no_proof: str | None = None   # why there is no proof (proof = "none: <why>")
+    upstream_tests: tuple[str, ...] = ()   # upstream's own tests it fixes (tools/upstream_tests.py --record-fixed)
 
     @property
     def proof(self) -> str | None:
@@ -331,7 +332,7 @@ def load(series_dir: Path, *, check: bool = True) -> Series:
 
     patches = []
     fields = ["id", "upstream", "title", "file", "status", "owner", "why", "retire_when", "links",
-              "proof", "requires", "merged_in"]
+              "proof", "requires", "merged_in", "upstream_tests"]
     for i, pdata in enumerate(top.get("patches", list, [])):
         t = _Table(pdata, f"patches[{i}]", path)
         t.check_keys(fields)
@@ -343,7 +344,7 @@ def load(series_dir: Path, *, check: bool = True) -> Series:
             owner=t.get("owner", str, required=True), why=t.get("why", str, required=True),
             retire_when=t.get("retire_when", str, required=True), links=t.strings("links"),
             requires=t.strings("requires"), merged_in=t.get("merged_in", str, None), **_proofs(t),
-        )
+            upstream_tests=t.strings("upstream_tests"))
         if p.upstream not in [u.name for u in upstreams]:
             raise ConfigError(f"{path}: [{t.where}] upstream {p.upstream!r} is not declared",
                               hint=_suggest(p.upstream, [u.name for u in upstreams]))

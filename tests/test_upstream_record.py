@@ -1,0 +1,95 @@
+"""tools/upstream_tests.py --record-fixed: the upstream tests a run found the series fixes, each bisected to its
+patch, recorded beside that patch (its upstream_tests in series.toml), on the demo upstream of
+test_upstream_tests.py: its test_fixed_by_the_series fails on the pristine base and passes once the series'
+"fix" patch is applied.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tomllib
+
+import pytest
+
+from helpers import read_json, tool
+import test_upstream_tests as demo
+
+up = demo.up     # the demo upstream's fixture, and its runner
+_run = demo._run
+
+FIXED = "megatron-lm:tests/unit_tests/test_alpha.py::test_fixed_by_the_series"
+
+
+def _recorded(up) -> dict[str, list[str]]:
+    doc = tomllib.loads((up["series"] / "series.toml").read_text())
+    return {p["id"]: p["upstream_tests"] for p in doc["patches"] if "upstream_tests" in p}
+
+
+def _record(up, *results, check=0):
+    return tool("upstream_tests", "--series", up["series"], *[x for r in results for x in ("--record-fixed", r)],
+                check=check)
+
+
+@pytest.mark.slow
+def test_a_fixed_test_bisected_to_its_patch_is_recorded_beside_it_once(up, tmp_path):
+    """The run bisects the fixed test to "fix"; --record-fixed writes it into that patch's upstream_tests (and no
+    other's), lint holds it, and recording again changes nothing. A fixed test whose bisection named no patch
+    (here: the same result with its bisection entry not confirmed) is counted, not recorded; a result of
+    another series, or a file that is no result, is refused with series.toml untouched."""
+    _run(up, "--files", "tests/unit_tests/test_alpha.py", "--test-timeout", "8", check=0)
+    result = up["tmp"] / "out" / "megatron-lm" / "result.json"
+    doc = read_json(result)
+    (entry,) = [b for b in doc["bisect"] if b["category"] == "fixed"]
+    assert (entry["first_patch"], entry["target"], entry["changed"]) == ("fix", "passing", True), entry
+    manifest = up["series"] / "series.toml"
+    before = manifest.read_text()
+    # refused: a file that is no result, a result of another series (its digest), before anything is written
+    junk = tmp_path / "junk.json"
+    junk.write_text("[]")
+    assert "not a result.json" in _record(up, junk, check=2).stderr
+    other = tmp_path / "other.json.gz"
+    other.write_bytes(gzip.compress(json.dumps({**doc, "series_digest": "0" * 12}).encode()))
+    assert "a result of another series" in _record(up, result, other, check=2).stderr
+    assert manifest.read_text() == before
+    # unbisected: counted, nothing written
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps({**doc, "bisect": [{"id": entry["id"], "category": "fixed",
+                                                   "note": "not confirmed: the second run on the patched trees did not reach it"}]}))
+    said = _record(up, cut).stdout
+    assert "1 fixed test(s) named no patch (not recorded)" in said and "nothing new to record" in said, said
+    assert manifest.read_text() == before
+    # recorded beside "fix", once
+    said = _record(up, result).stdout
+    assert f"fix: 1 upstream test(s) it fixes, 1 new in its upstream_tests\n  {FIXED}" in said, said
+    assert _recorded(up) == {"fix": [FIXED]}
+    assert manifest.read_text().replace(f'upstream_tests = [\n  "{FIXED}",\n]\n', "") == before
+    lint = tool("lint", "--series", up["series"], check=None)
+    assert "upstream_tests" not in lint.stdout + lint.stderr, lint.stdout
+    written = manifest.read_text()
+    assert "nothing new to record" in _record(up, result).stdout and manifest.read_text() == written
+
+
+def test_lint_refuses_an_upstream_test_that_is_not_one(tmp_path):
+    """upstream_tests entries are UPSTREAM:NODE_ID of an upstream that pins tests, under its tests root, each once."""
+    from carry.series.lint import upstream_test_problems
+    from carry.series.repo import load_series
+    series = load_series("gtp")
+    p = series.patch("mlm-dataset-helpers-wheel")
+    ok = "megatron-lm:tests/unit_tests/data/test_builder.py::test_builder"
+    with_tests = lambda *tests: upstream_test_problems(series, p.__class__(**{**p.__dict__, "upstream_tests": tests}))  # noqa: E731
+    assert with_tests(ok) == []
+    assert with_tests("tests/unit_tests/data/test_builder.py::test_builder")   # no upstream named
+    assert with_tests("megatron-lm:tests/functional_tests/x.py::test_y")      # not under the tests root
+    assert with_tests("megatron-lm:tests/unit_tests/data/test_builder.py")    # a file, not a test
+    assert with_tests("no-such:tests/unit_tests/x.py::test_y")
+    assert with_tests(ok, ok) == [f"upstream_tests lists {ok} more than once"]
+
+
+def test_a_run_needs_its_folders_and_record_fixed_runs_alone(tmp_path):
+    """Without --record-fixed, --workdir and --out are needed (exit 2, before anything); --record-fixed with an
+    option of a run is refused, the option named."""
+    res = tool("upstream_tests", "--series", "gtp", check=2)
+    assert "--workdir and --out are needed" in res.stderr, res.stderr
+    res = tool("upstream_tests", "--series", "gtp", "--record-fixed", tmp_path / "r.json", "--select-only", check=2)
+    assert "--record-fixed runs nothing: --select-only would not be used" in res.stderr, res.stderr

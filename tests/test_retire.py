@@ -91,8 +91,8 @@ def test_verdicts_and_evidence(history):
 
 
 def test_the_upstream_tests_a_patch_fixed_are_listed_as_its_evidence(history):
-    """A patch's upstream_tests (tools/upstream_tests.py --record-fixed) are named in its evidence, as what to try
-    on the new base; a patch without them names none."""
+    """A patch's upstream_tests (tools/upstream_tests.py --record-fixed) are named in its evidence, not run without
+    --upstream-tests (tests/test_upstream_record.py runs them); a patch without them names none."""
     from carry.series.edit import set_upstream_tests
     manifest = history["series"] / "series.toml"
     tests = [f"megatron-lm:tests/unit_tests/test_x.py::test_{i}" for i in range(4)]
@@ -101,8 +101,8 @@ def test_the_upstream_tests_a_patch_fixed_are_listed_as_its_evidence(history):
     retire(history, history["v2"], "--json", out, check=0)
     v = {p["id"]: p for p in read_json(out)["patches"]}
     said = [e for e in v["plain"]["evidence"] if e.startswith("upstream's own tests it fixed")]
-    assert said == ["upstream's own tests it fixed (its upstream_tests, 4, not run here): " + ", ".join(tests[:3])
-                    + " ...; passing on the new base without it, upstream fixed them too"], v["plain"]["evidence"]
+    assert said == ["upstream's own tests it fixed (its upstream_tests, 4, not run: --upstream-tests runs them): "
+                    + ", ".join(tests[:3]) + " ..."], v["plain"]["evidence"]
     assert not [e for e in v["verbatim"]["evidence"] if "upstream_tests" in e], v["verbatim"]
 
 

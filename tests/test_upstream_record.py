@@ -93,3 +93,40 @@ def test_a_run_needs_its_folders_and_record_fixed_runs_alone(tmp_path):
     assert "--workdir and --out are needed" in res.stderr, res.stderr
     res = tool("upstream_tests", "--series", "gtp", "--record-fixed", tmp_path / "r.json", "--select-only", check=2)
     assert "--record-fixed runs nothing: --select-only would not be used" in res.stderr, res.stderr
+
+
+@pytest.mark.slow
+def test_retire_runs_the_upstream_tests_a_patch_fixed_on_the_new_base(up, tmp_path):
+    """retire --upstream-tests: the demo's "fix" (no proof) recorded to fix test_fixed_by_the_series. Upstream
+    fixes it in its own words (the patch no longer applies): without the flag the verdict is "conflicts" (no
+    behaviour evidence); with it the test passes on the new base without the patch: landed, fixed differently.
+    On the old base the test fails there: needed."""
+    from carry.git import Git
+    from carry.series.edit import set_upstream_tests
+    from fakeup import edit
+    manifest = up["series"] / "series.toml"
+    manifest.write_text(set_upstream_tests(manifest.read_text(), "fix", [FIXED]))
+    repo = up["tmp"] / "upstream"
+    g = Git(repo)
+    old = g.head()
+    edit(repo, "megatron/core/alpha.py", 5, "value_5 = 'patched'  # upstream's own words\n")
+    new = g.commit_all("upstream fixes value_5 its own way")
+
+    def verdict(target: str, *extra: str) -> dict:
+        out = tmp_path / f"r{len(list(tmp_path.glob('r*.json')))}.json"
+        tool("retire", "--series", up["series"], "--against", f"megatron-lm={target}", "--source", f"megatron-lm={repo}",
+             "--cache", up["cache"], "--json", out, *extra, check=0, timeout=600)
+        return {p["id"]: p for p in read_json(out)["patches"]}["fix"]
+
+    v = verdict(new)
+    assert (v["verdict"], v["text"], v["behaviour"]) == ("conflicts", "conflicts", "no-proof"), v
+    assert any("not run: --upstream-tests runs them" in e for e in v["evidence"]), v["evidence"]
+    run = ("--upstream-tests", "--tests-source", f"megatron-lm={up['tests_repo']}")
+    v = verdict(new, *run)
+    assert (v["verdict"], v["text"], v["behaviour"]) == ("landed", "conflicts", "pass"), v
+    assert "upstream's own tests it fixed, on the new base without it: 1 passed, 0 failed" in v["evidence"], v["evidence"]
+    assert any("upstream fixed it differently" in d for d in v["disagreements"]), v
+    v = verdict(old, *run)
+    assert (v["verdict"], v["behaviour"]) == ("needed", "fail"), v
+    assert any(e.startswith("upstream's own tests it fixed, on the new base without it: 0 passed, 1 failed (first "
+                            f"failed: {FIXED}: failed)") for e in v["evidence"]), v["evidence"]

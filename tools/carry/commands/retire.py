@@ -5,14 +5,19 @@ from __future__ import annotations
 import sys
 
 from .. import report
+from ..errors import UsageError
 from ..evidence.retire import retire
+from ..evidence.upstream.check import Options as UpstreamTests
 from ..series.manifest import load
 from . import options
 
 DESCRIPTION = """\
 Decide for each patch of one upstream whether a new upstream base already has it:
 landed, needed, conflicts or unknown, with the evidence (text, behaviour = the proof on the
-pristine new base, link) and any disagreement between them. --write retires the landed
+pristine new base, link) and any disagreement between them. A patch's upstream_tests (upstream's
+own tests it fixed, tools/upstream_tests.py --record-fixed) are named; --upstream-tests runs them
+on the new base without it, a behaviour where the patch has no proof and a disagreement where the
+proof says otherwise. --write retires the landed
 patches to patches/<series>/retired/, moves the pin and re-applies the rest; nothing is
 written if that fails."""
 
@@ -28,15 +33,29 @@ def main(argv: list[str], prog: str) -> int:
     options.add_sources(p, help="NAME=PATH: the new base of the --against upstream from a wheel or checkout; "
                                 "for another upstream, where its tree for the proofs comes from")
     options.add_workdir(p, required=False, help="applied workspaces for the other upstreams' trees (proofs)")
+    p.add_argument("--upstream-tests", action="store_true",
+                   help="run each patch's recorded upstream_tests on the new base without it, with the upstream's "
+                        "own launch (its pinned tests fetched into --cache, or from --tests-source), each test "
+                        "bounded by --timeout")
+    p.add_argument("--tests-source", action="append", metavar="NAME=CLONE",
+                   help="with --upstream-tests: a git clone that has NAME's pinned tests commit (instead of fetching it)")
     options.add_json(p)
     options.add_cache(p)
     options.add_timeout(p)
     a = p.parse_args(argv)
+    if a.tests_source and not a.upstream_tests:
+        raise UsageError("--tests-source is for --upstream-tests: give both, or neither")
     series = options.load_series(a)
     name, target = options.upstream_target(a.against, "--against", series)
     pin_before = series.upstream(name).pin_text()
+    tests = None
+    if a.upstream_tests:
+        clones = {n: path.absolute() for n, path in options.name_paths(a.tests_source, "--tests-source").items()}
+        for n in clones:
+            series.upstream(n)
+        tests = UpstreamTests(cache=options.cache(a), out=options.cache(a), sources=clones, test_timeout=a.timeout)
     rep = retire(series, name, target, options.cache(a), a.write, a.workdir, options.sources(a, series),
-                 a.timeout, a.accept_candidates)
+                 a.timeout, a.accept_candidates, tests)
     options.write_report(a.json, rep.to_dict())
     rows = [[v.id, v.verdict + (" (candidate)" if v.candidate else ""), v.text, v.behaviour, v.link,
              "; ".join(v.disagreements)] for v in rep.patches]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .. import progress, shell
@@ -37,6 +37,8 @@ from ..workspace.apply import Options, apply_series
 from ..workspace.workdir import WorkDir
 from . import zygote
 from .prove import extract, import_roots, proof_pythons, run_proof, start_zygotes
+from .upstream import rerun
+from .upstream.check import Options as UpstreamTests
 
 
 @dataclass
@@ -147,8 +149,10 @@ def _decide(text: str, behaviour: str, link: str) -> tuple[str, bool, list[str]]
 
 
 def retire(series: Series, name: str, target: str, cache: Path, write: bool, workdir: Path | None,
-           source_paths: dict[str, Path], timeout: float, accept_candidates: bool = False) -> RetireReport:
-    """``source_paths``: --source NAME=PATH; NAME's is the new base, the others' build their trees."""
+           source_paths: dict[str, Path], timeout: float, accept_candidates: bool = False,
+           tests: UpstreamTests | None = None) -> RetireReport:
+    """``source_paths``: --source NAME=PATH; NAME's is the new base, the others' build their trees.
+    ``tests`` (--upstream-tests): run each patch's recorded upstream_tests there too (its out: scratch)."""
     up = series.upstream(name)
     mine = series.patches_for(name)
     if not mine:
@@ -187,12 +191,15 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
                 text, ev = _text_signal(series, p, base.repo, tmpd, applied.status if applied else "failed",
                                         range_ids, applied.detail if applied and applied.status == "failed" else "")
                 behaviour, via = _behaviour(series, p, trees, timeout, ev, cache, zygotes)
-                if p.upstream_tests:   # recorded by tools/upstream_tests.py --record-fixed: not run here
-                    ev.append(f"upstream's own tests it fixed (its upstream_tests, {len(p.upstream_tests)}, not run "
-                              f"here): {', '.join(p.upstream_tests[:3])}{' ...' if len(p.upstream_tests) > 3 else ''}; "
-                              "passing on the new base without it, upstream fixed them too")
+                said = _upstream_tests(series, p, trees, tests, tmpd, ev)
+                conflict = said if said and behaviour in ("pass", "fail") and said != behaviour else None
+                if said and behaviour in ("no-proof", "skipped"):   # upstream's own tests are the behaviour
+                    behaviour = said
                 link = link_signal(p, new_commit, history, ev)
                 verdict, candidate, dis = _decide(text, behaviour, link)
+                if conflict:
+                    dis.append(f"its proof {'passes' if behaviour == 'pass' else 'fails'} on the new base, but "
+                               f"upstream's own tests it fixed {'pass' if conflict == 'pass' else 'fail'} there")
                 rep.patches.append(Verdict(p.id, verdict, text, behaviour, link, candidate, ev, dis, via))
         finally:
             zygote.close_all(zygotes)
@@ -200,6 +207,22 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
     if write:
         _write(series, new_up, landed, rep, cache, source)
     return rep
+
+
+def _upstream_tests(series: Series, p: PatchMeta, trees: dict[str, Path], tests: UpstreamTests | None, tmpd: Path,
+                    ev: list[str]) -> str | None:
+    """A patch's recorded upstream_tests (tools/upstream_tests.py --record-fixed) on the new base without it:
+    ``pass``/``fail``/None (rerun.fixed_upstream) with --upstream-tests; without it, named in ``ev``, not run."""
+    if not p.upstream_tests:
+        return None
+    if tests is None:
+        more = " ..." if len(p.upstream_tests) > 3 else ""
+        ev.append(f"upstream's own tests it fixed (its upstream_tests, {len(p.upstream_tests)}, not run: "
+                  f"--upstream-tests runs them): {', '.join(p.upstream_tests[:3])}{more}")
+        return None
+    progress.say(f"{p.id}: {len(p.upstream_tests)} upstream test(s) it fixed, on the new base")
+    return rerun.fixed_upstream(series, p.upstream_tests, trees, tmpd / "upstream-tests" / p.id,
+                                replace(tests, out=tmpd / "upstream-tests" / p.id), ev)
 
 
 def _behaviour(series: Series, p: PatchMeta, trees: dict[str, Path], timeout: float, ev: list[str],

@@ -123,7 +123,7 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
         return report
     files = [p.path for p in picked]
     deadline = time.monotonic() + opts.budget_s if opts.budget_s else None
-    sides = {name: _side(name, series, upstream, folders[name], files, tree_set, out / name, opts, deadline,
+    sides = {name: make_side(name, series, upstream, folders[name], files, tree_set, out / name, opts, deadline,
                          compared=done)
              for name, tree_set in (("pristine", pristine_trees), ("patched", trees))}
     t0: dict[str, float] = {}
@@ -218,7 +218,7 @@ def _timed(fn, side, seconds: dict, name: str):
         seconds[name] = round(time.monotonic() - t, 1)
 
 
-def _side(name: str, series: Series, upstream: str, folder: Path, files: list[str], trees: dict[str, Path],
+def make_side(name: str, series: Series, upstream: str, folder: Path, files: list[str], trees: dict[str, Path],
           out: Path, opts: Options, deadline: float | None, only: list[str] | None = None,
           compared: set[str] = frozenset()) -> Side:
     u = series.upstream(upstream)
@@ -298,7 +298,7 @@ def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows:
             name = f"k{k:03d}" + ("" if group == "regression" else f"-{group}")   # a probe's folder per group
             trees = prefix.trees(k)
             folder = suite.side_folder(pin, repo, trees[upstream], out / name / "tree")
-            side = _side(f"bisect k={k}", series, upstream, folder, files, trees, out / name, opts, deadline, need)
+            side = make_side(f"bisect k={k}", series, upstream, folder, files, trees, out / name, opts, deadline, need)
             res = run_side(side)
             have.update({i: outcome_in(res, i) for i in need})
         return have

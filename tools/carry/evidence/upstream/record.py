@@ -4,8 +4,8 @@ A test that fails on the pristine base and passes on the patched trees is the ca
 test (verdict ``fixed``). Run again on the patched trees and bisected to the patch that turns it green, it
 is evidence for that patch: ``tools/upstream_tests.py --record-fixed RESULT`` writes each such test, as
 ``UPSTREAM:NODE_ID`` (a Megatron-LM patch can fix a test of Megatron-Bridge's), into the ``upstream_tests``
-of the patch its bisection named. Lint checks the entries; retire lists them for the patch it judges (the
-upstream's own tests to try on the new base without the patch).
+of the patch its bisection named. Lint checks the entries; retire names them in the patch's evidence and,
+with --upstream-tests, runs them on the new base without the patch (rerun.fixed_upstream).
 
 Only a result of this series and of the upstream's tests pin counts: another series' bisection named other
 patches. A fixed test whose bisection did not finish (not confirmed, not bisected, flaky) names no patch

@@ -12,7 +12,8 @@ import tomllib
 
 import pytest
 
-from helpers import read_json, tool
+from fakeup import add_proofs
+from helpers import SERIES, read_json, tool
 import test_upstream_tests as demo
 
 up = demo.up     # the demo upstream's fixture, and its runner
@@ -130,3 +131,20 @@ def test_retire_runs_the_upstream_tests_a_patch_fixed_on_the_new_base(up, tmp_pa
     assert (v["verdict"], v["behaviour"]) == ("needed", "fail"), v
     assert any(e.startswith("upstream's own tests it fixed, on the new base without it: 0 passed, 1 failed (first "
                             f"failed: {FIXED}: failed)") for e in v["evidence"]), v["evidence"]
+    # a proof that reads the patch's own words fails on upstream's: the proof decides, the disagreement is printed
+    add_proofs(up["series"], {"own_words": OWN_WORDS}, {"fix": "own_words"}, SERIES / "proofs" / "pytest.ini")
+    v = verdict(new, *run)
+    assert (v["verdict"], v["behaviour"]) == ("conflicts", "fail"), v
+    assert "its proof fails on the new base, but upstream's own tests it fixed pass there" in v["disagreements"], v
+
+
+OWN_WORDS = '''
+from pathlib import Path
+
+import megatron.core.alpha as alpha
+
+PRISTINE_FAILS = r"^AssertionError"
+
+def test_line_5_is_the_patchs():
+    assert Path(alpha.__file__).read_text().splitlines()[4] == "value_5 = 'patched'"
+'''

@@ -148,3 +148,22 @@ PRISTINE_FAILS = r"^AssertionError"
 def test_line_5_is_the_patchs():
     assert Path(alpha.__file__).read_text().splitlines()[4] == "value_5 = 'patched'"
 '''
+
+
+def test_retire_runs_the_upstream_tests_on_the_new_base_as_its_wheel_installs_it(tmp_path):
+    """The new base is a wheel whose compiled member the git layout leaves out (megatron-core's dataset helpers,
+    here ext.so): the folder the recorded tests run in holds it, as an install does, so a test that reads it
+    passes there, while the test the patch fixed still fails (upstream did not fix it): needed."""
+    from carry.series.edit import set_upstream_tests
+    w = demo._wheel_installed_upstream(tmp_path)
+    manifest = w["series"] / "series.toml"
+    tests = ["megatron-lm:tests/unit_tests/test_installed.py::test_reads_what_the_install_holds",
+             "megatron-lm:tests/unit_tests/test_installed.py::test_value_5_is_patched"]
+    manifest.write_text(set_upstream_tests(manifest.read_text(), "fix", tests))
+    out = tmp_path / "r.json"
+    tool("retire", "--series", w["series"], "--against", "megatron-lm=1.0", "--source", f"megatron-lm={w['wheel']}",
+         "--cache", w["cache"], "--upstream-tests", "--json", out, check=0, timeout=600)
+    (v,) = read_json(out)["patches"]
+    assert (v["verdict"], v["behaviour"]) == ("needed", "fail"), v
+    assert ("upstream's own tests it fixed, on the new base without it: 1 passed, 1 failed (first failed: "
+            f"{tests[1]}: failed)") in v["evidence"], v["evidence"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+import sys
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -34,6 +35,7 @@ from ..series.repo import command
 from ..workspace import sourcepath, sources, trial
 from ..workspace.am import am_each, older_bases
 from ..workspace.apply import Options, apply_series
+from ..workspace.installed import Installed
 from ..workspace.workdir import WorkDir
 from . import zygote
 from .prove import extract, import_roots, proof_pythons, run_proof, start_zygotes
@@ -182,6 +184,14 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
         trees = {**trees, name: pristine}
         # The proofs fork from a zygote per interpreter, as prove's do (carry.evidence.zygote): the imports no
         # tree provides (torch, and Megatron-Bridge's third-party stack) are paid once, not once per proof.
+        # the folders upstream's tests run in hold what an install of each base holds (the new base's: its wheel;
+        # a new base from a checkout is a source tree, which builds what it compiles itself)
+        installed = Installed(replace(series, upstreams=tuple(new_up if u.name == name else u for u in series.upstreams)),
+                              (tests.python if tests else None) or sys.executable, cache)
+
+        def finish(upstream: str, folder: Path) -> None:
+            if upstream != name or new_up.sources[0] == "pypi":
+                installed(upstream, folder)
         zygotes = start_zygotes(series, proof_pythons(series, [f for p in mine for f in p.proofs], cache), tmpd,
                                 import_roots(series, trees))
         try:
@@ -191,7 +201,7 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
                 text, ev = _text_signal(series, p, base.repo, tmpd, applied.status if applied else "failed",
                                         range_ids, applied.detail if applied and applied.status == "failed" else "")
                 behaviour, via = _behaviour(series, p, trees, timeout, ev, cache, zygotes)
-                said = _upstream_tests(series, p, trees, tests, tmpd, ev)
+                said = _upstream_tests(series, p, trees, tests, tmpd, ev, finish)
                 conflict = said if said and behaviour in ("pass", "fail") and said != behaviour else None
                 if said and behaviour in ("no-proof", "skipped"):   # upstream's own tests are the behaviour
                     behaviour = said
@@ -210,7 +220,7 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
 
 
 def _upstream_tests(series: Series, p: PatchMeta, trees: dict[str, Path], tests: UpstreamTests | None, tmpd: Path,
-                    ev: list[str]) -> str | None:
+                    ev: list[str], finish: rerun.Finish) -> str | None:
     """A patch's recorded upstream_tests (tools/upstream_tests.py --record-fixed) on the new base without it:
     ``pass``/``fail``/None (rerun.fixed_upstream) with --upstream-tests; without it, named in ``ev``, not run."""
     if not p.upstream_tests:
@@ -222,7 +232,7 @@ def _upstream_tests(series: Series, p: PatchMeta, trees: dict[str, Path], tests:
         return None
     progress.say(f"{p.id}: {len(p.upstream_tests)} upstream test(s) it fixed, on the new base")
     return rerun.fixed_upstream(series, p.upstream_tests, trees, tmpd / "upstream-tests" / p.id,
-                                replace(tests, out=tmpd / "upstream-tests" / p.id), ev)
+                                replace(tests, out=tmpd / "upstream-tests" / p.id), ev, finish)
 
 
 def _behaviour(series: Series, p: PatchMeta, trees: dict[str, Path], timeout: float, ev: list[str],

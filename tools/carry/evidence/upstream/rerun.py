@@ -3,12 +3,15 @@ asks of the tests a patch is recorded to fix (its ``upstream_tests``), on the ne
 
 The tests come from the upstream's pinned tests commit, the trees under test replace what the pin's
 ``replace`` names, and they run with the upstream's own launch, as one side of tools/upstream_tests.py.
-A test no launch reached, or one that refused the world size, gives no verdict (``not-run``).
+A test no launch reached, or one that refused the world size, gives no verdict (``not-run``). The folder
+the tests run in holds what an install of the base holds (the compiled members a wheel's git layout leaves
+out: workspace.installed), as the trees of tools/upstream_tests.py do.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from ...series.manifest import Series
 from . import suite
@@ -17,13 +20,18 @@ from .launch import run_side
 from .results import signature
 from .verdict import file_of, outcome_in
 
+Finish = Callable[[str, Path], None]
+
 
 def outcomes(series: Series, upstream: str, trees: dict[str, Path], ids: list[str], out: Path,
-             opts: Options) -> dict[str, str]:
-    """Each of IDS (node ids of UPSTREAM's pinned tests) run once on TREES: its outcome."""
+             opts: Options, finish: Finish | None = None) -> dict[str, str]:
+    """Each of IDS (node ids of UPSTREAM's pinned tests) run once on TREES: its outcome. FINISH(upstream,
+    folder) completes the folder the tests run in as an install of its base would (workspace.installed)."""
     pin = series.upstream(upstream).tests
     repo = suite.checkout(pin, opts.cache, opts.sources.get(upstream)) if pin.source == "git" else None
     folder = suite.side_folder(pin, repo, trees[upstream], out / "tree")
+    if finish is not None:
+        finish(upstream, folder)
     side = make_side("new base", series, upstream, folder, sorted({file_of(i) for i in ids}), trees, out / "side",
                      opts, None, list(ids))
     res = run_side(side)
@@ -31,7 +39,7 @@ def outcomes(series: Series, upstream: str, trees: dict[str, Path], ids: list[st
 
 
 def fixed_upstream(series: Series, recorded: tuple[str, ...], trees: dict[str, Path], out: Path, opts: Options,
-                   ev: list[str]) -> str | None:
+                   ev: list[str], finish: Finish | None = None) -> str | None:
     """RECORDED (a patch's upstream_tests, UPSTREAM:NODE_ID) run on TREES; what they say to ``ev``, and
     ``pass`` (every one passed), ``fail`` (one failed) or None (no verdict: one not run, or no tree)."""
     by: dict[str, list[str]] = {}
@@ -43,7 +51,7 @@ def fixed_upstream(series: Series, recorded: tuple[str, ...], trees: dict[str, P
         if name not in trees:
             ev.append(f"upstream's own tests it fixed: no {name} tree to run {len(ids)} of them on")
             return None
-        got.update({f"{name}:{i}": o for i, o in outcomes(series, name, trees, ids, out / name, opts).items()})
+        got.update({f"{name}:{i}": o for i, o in outcomes(series, name, trees, ids, out / name, opts, finish).items()})
     failed = [k for k, o in got.items() if signature(o) == "failing"]
     passed = [k for k, o in got.items() if signature(o) == "passing"]
     rest = [k for k in got if k not in failed and k not in passed]

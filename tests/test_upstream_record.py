@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
 import tomllib
 
 import pytest
 
 from fakeup import add_proofs
-from helpers import SERIES, read_json, tool
+from helpers import ROOT, SERIES, read_json, tool
 import test_upstream_tests as demo
 
 up = demo.up     # the demo upstream's fixture, and its runner
@@ -38,8 +39,9 @@ def test_a_fixed_test_bisected_to_its_patch_is_recorded_beside_it_once(up, tmp_p
     other's), lint holds it, and recording again changes nothing. A fixed test whose bisection named no patch
     (here: the same result with its bisection entry not confirmed) is counted, not recorded; a result of
     another series, or a file that is no result, is refused with series.toml untouched."""
-    _run(up, "--files", "tests/unit_tests/test_alpha.py", "--test-timeout", "8", check=0)
+    ran, _ = _run(up, "--files", "tests/unit_tests/test_alpha.py", "--test-timeout", "8", check=0)
     result = up["tmp"] / "out" / "megatron-lm" / "result.json"
+    (hint,) = [ln for ln in ran.stdout.splitlines() if ln.startswith("next: record the fixed tests")]
     doc = read_json(result)
     (entry,) = [b for b in doc["bisect"] if b["category"] == "fixed"]
     assert (entry["first_patch"], entry["target"], entry["changed"]) == ("fix", "passing", True), entry
@@ -60,8 +62,10 @@ def test_a_fixed_test_bisected_to_its_patch_is_recorded_beside_it_once(up, tmp_p
     said = _record(up, cut).stdout
     assert "1 fixed test(s) named no patch (not recorded)" in said and "nothing new to record" in said, said
     assert manifest.read_text() == before
-    # recorded beside "fix", once
-    said = _record(up, result).stdout
+    # recorded beside "fix", once: by the command the run printed, pasted where it ran
+    pasted = subprocess.run(hint.split("named: ", 1)[1], shell=True, cwd=ROOT, capture_output=True, text=True)
+    assert pasted.returncode == 0, pasted.stderr
+    said = pasted.stdout
     assert f"fix: 1 upstream test(s) it fixes, 1 new in its upstream_tests\n  {FIXED}" in said, said
     assert _recorded(up) == {"fix": [FIXED]}
     assert manifest.read_text().replace(f'upstream_tests = [\n  "{FIXED}",\n]\n', "") == before

@@ -14,6 +14,7 @@ from ..evidence.upstream import record
 from ..evidence.upstream.check import Options, check_series, standing_line
 from ..evidence.upstream.results import out_of_step_beside
 from ..evidence.upstream.verdict import look_again
+from ..series.repo import command
 from . import options
 
 DESCRIPTION = """\
@@ -138,6 +139,12 @@ def main(argv: list[str], prog: str) -> int:
         for b in r.get("bisect") if isinstance(r.get("bisect"), list) else []:
             print(f"  {b['category']}: {b['id']}: {b.get('note', '')}")
         print(f"  details: {Path(opts.out) / r['upstream'] / 'result.json'}")
+    named = [r for r in reports if isinstance(r.get("bisect"), list)
+             and any(b.get("category") == "fixed" and b.get("first_patch") for b in r["bisect"])]
+    if named:   # the series fixes upstream's own tests: evidence to keep beside the patches
+        results = [x for r in named for x in ("--record-fixed", Path(opts.out) / r["upstream"] / "result.json")]
+        print("next: record the fixed tests beside the patches their bisection named: "
+              + command("upstream-tests", series, *results))
     if bad:
         print(f"error: not green for: {', '.join(bad)} (see each result.json)", file=sys.stderr)
     return 1 if bad else 0

@@ -14,12 +14,13 @@ from . import options
 DESCRIPTION = """\
 Decide for each patch of one upstream whether a new upstream base already has it:
 landed, needed, conflicts or unknown, with the evidence (text, behaviour = the proof on the
-pristine new base, link) and any disagreement between them. A patch's upstream_tests (upstream's
-own tests it fixed, tools/upstream_tests.py --record-fixed) are named; --upstream-tests runs them
-on the new base without it, a behaviour where the patch has no proof and a disagreement where the
-proof says otherwise. --write retires the landed
+pristine new base, link) and any disagreement between them. --write retires the landed
 patches to patches/<series>/retired/, moves the pin and re-applies the rest; nothing is
-written if that fails."""
+written if that fails.
+
+A patch's upstream_tests (upstream's own tests it fixed, recorded by tools/upstream_tests.py
+--record-fixed) are named in its evidence; --upstream-tests runs them on the new base without
+it: its behaviour where it has no proof, a disagreement where its proof says otherwise."""
 
 
 def main(argv: list[str], prog: str) -> int:

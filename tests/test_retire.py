@@ -104,6 +104,11 @@ def test_the_upstream_tests_a_patch_fixed_are_listed_as_its_evidence(history):
     assert said == ["upstream's own tests it fixed (its upstream_tests, 4, not run: --upstream-tests runs them): "
                     + ", ".join(tests[:3]) + " ..."], v["plain"]["evidence"]
     assert not [e for e in v["verbatim"]["evidence"] if "upstream_tests" in e], v["verbatim"]
+    # with --upstream-tests, an upstream that pins no tests runs none: said, and the proof alone decides
+    retire(history, history["v2"], "--json", out, "--upstream-tests", check=0)
+    v = {p["id"]: p for p in read_json(out)["patches"]}
+    assert "upstream's own tests it fixed: 4 of megatron-lm's, which pins no tests: not run" in v["plain"]["evidence"]
+    assert (v["plain"]["verdict"], v["plain"]["behaviour"], v["plain"]["disagreements"]) == ("needed", "fail", []), v
 
 
 def test_write_retires_repins_and_reapplies(history):

@@ -48,8 +48,9 @@ def fixed_upstream(series: Series, recorded: tuple[str, ...], trees: dict[str, P
         by.setdefault(name, []).append(nodeid)
     got: dict[str, str] = {}
     for name, ids in by.items():
-        if name not in trees:
-            ev.append(f"upstream's own tests it fixed: no {name} tree to run {len(ids)} of them on")
+        if name not in trees or series.upstream(name).tests is None:
+            ev.append(f"upstream's own tests it fixed: {len(ids)} of {name}'s, which "
+                      + ("pins no tests" if name in trees else "has no tree here") + ": not run")
             return None
         got.update({f"{name}:{i}": o for i, o in outcomes(series, name, trees, ids, out / name, opts, finish).items()})
     failed = [k for k, o in got.items() if signature(o) == "failing"]

@@ -288,20 +288,20 @@ def test_the_second_runs_find_the_cut_runs_crash_flaky_and_confirm_the_dataset_t
 
 @pytest.mark.slow
 def test_a_nightly_cell_its_timeout_cut_is_judged_from_its_records_and_never_green(up, tmp_path):
-    """The upstream-tests cell of a night, cut by its timeout while its patched side waits after its first launch
-    (GTP_CARRY_STOP_AT): the nightly judges what the launches left (--judge-records, no test run again), and the
-    cell is failed where those records hold a regression, an error otherwise, never passed; its counts are the
-    judged result's, and summary.md says the cell was cut."""
+    """The upstream-tests cell of a night, cut by its timeout (90 s, a margin on a slow host) while its patched side
+    waits after its first launch (GTP_CARRY_STOP_AT): the nightly judges what the launches left (--judge-records, no
+    test run again), and the cell is failed where those records hold a regression, an error otherwise, never passed;
+    its counts are the judged result's, and summary.md says the cell was cut."""
     config = tmp_path / "nightly.toml"
     config.write_text(f'[nightly]\nseries = ["{up["series"]}"]\n\n[images.host]\nlauncher = "local"\n\n'
-                      '[[tests]]\nname = "upstream-tests"\nkind = "upstream-tests"\nimages = ["host"]\ntimeout_s = 60\n')
+                      '[[tests]]\nname = "upstream-tests"\nkind = "upstream-tests"\nimages = ["host"]\ntimeout_s = 90\n')
     out = tmp_path / "night"
     tool("nightly", "--config", config, "--out", out, "--workdir", tmp_path / "nwork", "--cache", up["cache"],
          "--source", f"megatron-lm={up['tmp'] / 'upstream'}", check=1, timeout=600,
          env={"GTP_CARRY_STOP_AT": "upstream-patched-launch-1-taken"})
     (run,) = read_json(out / "nightly.json")["runs"]
     assert run["timed_out"] is True and run["status"] != "passed", run
-    assert run["reason"].startswith("megatron-lm's tests timed out after 60s; judged from the records its launches "
+    assert run["reason"].startswith("megatron-lm's tests timed out after 90s; judged from the records its launches "
                                     "left: judged from the records of a run that was cut: "), run["reason"]
     result = read_json(Path(run["log"]))
     assert result["judged_from_records"] is True and result["bisect"] == "not finished", result["reason"]

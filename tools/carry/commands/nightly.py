@@ -111,7 +111,7 @@ def main(argv: list[str], prog: str) -> int:
                    help="the shared-GPU mode: a cell whose ranks take a GPU each runs them all on one GPU, each "
                         "process with its own NCCL_HOSTID (CARRY_SHARED_GPU=1 in its environment); its times are "
                         "marked as not GTP's price, its per-rank memory counts (integration/README.md)")
-    p.add_argument("--tests-source", action="append", metavar="NAME=CLONE",
+    options.add_tests_source(p,
                    help="for the upstream-tests cells: a git clone, or a folder of the pinned paths, holding upstream "
                         "NAME's tests commit (default: fetched once into the cache)")
     p.add_argument("--print-commands", action="store_true",
@@ -130,7 +130,7 @@ def main(argv: list[str], prog: str) -> int:
                    tests=options.comma_list(a.tests, "--tests"), launcher=a.launcher,
                    bisect=not a.no_bisect, timeout=a.timeout, canary=options.name_paths(a.canary, "--canary"),
                    shared_gpu=a.shared_gpu,
-                   tests_sources={k: v.absolute() for k, v in options.name_paths(a.tests_source, "--tests-source").items()})
+                   tests_sources=options.tests_sources(a))
     for name in opts.images or []:
         if name not in cfg.images:
             raise ConfigError(f"--images names an unknown image {name!r}", hint=f"known: {', '.join(cfg.images)}")

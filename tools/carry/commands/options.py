@@ -197,6 +197,18 @@ def name_paths(values: list[str] | None, flag: str) -> dict[str, Path]:
     return out
 
 
+def add_tests_source(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--tests-source", action="append", metavar="NAME=CLONE", help=help)
+
+
+def tests_sources(a: argparse.Namespace, series: Series | None = None) -> dict[str, Path]:
+    """--tests-source NAME=CLONE, absolute; with SERIES, each NAME an upstream of it (else a usage error)."""
+    found = {name: path.absolute() for name, path in name_paths(a.tests_source, "--tests-source").items()}
+    for name in found if series is not None else ():
+        series.upstream(name)
+    return found
+
+
 def sources(a: argparse.Namespace, series: Series) -> dict[str, Path]:
     found = name_paths(a.source, "--source")
     for name, path in found.items():

@@ -7,7 +7,6 @@ import sys
 from .. import report
 from ..errors import UsageError
 from ..evidence.retire import retire
-from ..evidence.upstream.check import Options as UpstreamTests
 from ..series.manifest import load
 from . import options
 
@@ -38,7 +37,7 @@ def main(argv: list[str], prog: str) -> int:
                    help="run each patch's recorded upstream_tests on the new base without it, with the upstream's "
                         "own launch (its pinned tests fetched into --cache, or from --tests-source), each test "
                         "bounded by --timeout")
-    p.add_argument("--tests-source", action="append", metavar="NAME=CLONE",
+    options.add_tests_source(p,
                    help="with --upstream-tests: a git clone that has NAME's pinned tests commit (instead of fetching it)")
     options.add_json(p)
     options.add_cache(p)
@@ -49,14 +48,8 @@ def main(argv: list[str], prog: str) -> int:
     series = options.load_series(a)
     name, target = options.upstream_target(a.against, "--against", series)
     pin_before = series.upstream(name).pin_text()
-    tests = None
-    if a.upstream_tests:
-        clones = {n: path.absolute() for n, path in options.name_paths(a.tests_source, "--tests-source").items()}
-        for n in clones:
-            series.upstream(n)
-        tests = UpstreamTests(cache=options.cache(a), out=options.cache(a), sources=clones, test_timeout=a.timeout)
     rep = retire(series, name, target, options.cache(a), a.write, a.workdir, options.sources(a, series),
-                 a.timeout, a.accept_candidates, tests)
+                 a.timeout, a.accept_candidates, options.tests_sources(a, series) if a.upstream_tests else None)
     options.write_report(a.json, rep.to_dict())
     rows = [[v.id, v.verdict + (" (candidate)" if v.candidate else ""), v.text, v.behaviour, v.link,
              "; ".join(v.disagreements)] for v in rep.patches]

@@ -45,7 +45,7 @@ def main(argv: list[str], prog: str) -> int:
     options.add_series(p)
     options.add_workdir(p, required=False)
     p.add_argument("--only", metavar="UPSTREAM,...", help="the upstreams whose tests run (default: each that pins tests)")
-    p.add_argument("--tests-source", action="append", metavar="NAME=CLONE",
+    options.add_tests_source(p,
                    help="a git clone that has NAME's pinned tests commit (instead of fetching it)")
     p.add_argument("--out", type=options.output_path("dir"), metavar="DIR",
                    help="where each side's folders, logs and results go (DIR/<upstream>/result.json); needed, with "
@@ -111,10 +111,7 @@ def main(argv: list[str], prog: str) -> int:
         raise UsageError("--judge-records judges a run's records and --select-only runs nothing: give one")
     series = options.load_series(a)
     tesite.use(a.te_site)
-    sources = {name: path.absolute() for name, path in options.name_paths(a.tests_source, "--tests-source").items()}
-    for name in sources:
-        series.upstream(name)
-    opts = Options(cache=options.cache(a), out=a.out.absolute(), sources=sources, python=a.python, nproc=a.nproc,
+    opts = Options(cache=options.cache(a), out=a.out.absolute(), sources=options.tests_sources(a, series), python=a.python, nproc=a.nproc,
                    budget_s=a.budget, test_timeout=a.test_timeout, shared_gpu=a.shared_gpu,
                    files=a.files, bisect=not a.no_bisect, bisect_budget_s=a.bisect_budget,
                    together=not a.one_side_at_a_time,
@@ -139,8 +136,7 @@ def main(argv: list[str], prog: str) -> int:
         for b in r.get("bisect") if isinstance(r.get("bisect"), list) else []:
             print(f"  {b['category']}: {b['id']}: {b.get('note', '')}")
         print(f"  details: {Path(opts.out) / r['upstream'] / 'result.json'}")
-    named = [r for r in reports if isinstance(r.get("bisect"), list)
-             and any(b.get("category") == "fixed" and b.get("first_patch") for b in r["bisect"])]
+    named = [r for r in reports if isinstance(r.get("bisect"), list) and any(map(record.names_its_patch, r["bisect"]))]
     if named:   # the series fixes upstream's own tests: evidence to keep beside the patches
         results = [x for r in named for x in ("--record-fixed", Path(opts.out) / r["upstream"] / "result.json")]
         print("next: record the fixed tests beside the patches their bisection named: "

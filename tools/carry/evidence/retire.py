@@ -40,7 +40,7 @@ from ..workspace.workdir import WorkDir
 from . import zygote
 from .prove import extract, import_roots, proof_pythons, run_proof, start_zygotes
 from .upstream import rerun
-from .upstream.check import Options as UpstreamTests
+from .upstream.check import Options as TestsOptions
 
 
 @dataclass
@@ -152,9 +152,10 @@ def _decide(text: str, behaviour: str, link: str) -> tuple[str, bool, list[str]]
 
 def retire(series: Series, name: str, target: str, cache: Path, write: bool, workdir: Path | None,
            source_paths: dict[str, Path], timeout: float, accept_candidates: bool = False,
-           tests: UpstreamTests | None = None) -> RetireReport:
+           tests_sources: dict[str, Path] | None = None) -> RetireReport:
     """``source_paths``: --source NAME=PATH; NAME's is the new base, the others' build their trees.
-    ``tests`` (--upstream-tests): run each patch's recorded upstream_tests there too (its out: scratch)."""
+    ``tests_sources`` (--upstream-tests, its --tests-source clones): each patch's recorded upstream_tests run
+    on the new base too; None: they are named, not run."""
     up = series.upstream(name)
     mine = series.patches_for(name)
     if not mine:
@@ -182,16 +183,10 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
         trees = _other_trees(series, name, workdir, cache, tmpd, source_paths)
         pristine = extract(base.repo, base.commit, tmpd / "pristine")
         trees = {**trees, name: pristine}
+        tests = None if tests_sources is None else _UpstreamTests(series, name, new_up, cache, tests_sources, timeout,
+                                                                 tmpd / "upstream-tests")
         # The proofs fork from a zygote per interpreter, as prove's do (carry.evidence.zygote): the imports no
         # tree provides (torch, and Megatron-Bridge's third-party stack) are paid once, not once per proof.
-        # the folders upstream's tests run in hold what an install of each base holds (the new base's: its wheel;
-        # a new base from a checkout is a source tree, which builds what it compiles itself)
-        installed = Installed(replace(series, upstreams=tuple(new_up if u.name == name else u for u in series.upstreams)),
-                              (tests.python if tests else None) or sys.executable, cache)
-
-        def finish(upstream: str, folder: Path) -> None:
-            if upstream != name or new_up.sources[0] == "pypi":
-                installed(upstream, folder)
         zygotes = start_zygotes(series, proof_pythons(series, [f for p in mine for f in p.proofs], cache), tmpd,
                                 import_roots(series, trees))
         try:
@@ -201,7 +196,7 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
                 text, ev = _text_signal(series, p, base.repo, tmpd, applied.status if applied else "failed",
                                         range_ids, applied.detail if applied and applied.status == "failed" else "")
                 behaviour, via = _behaviour(series, p, trees, timeout, ev, cache, zygotes)
-                said = _upstream_tests(series, p, trees, tests, tmpd, ev, finish)
+                said = _upstream_tests(series, p, trees, tests, ev)
                 conflict = said if said and behaviour in ("pass", "fail") and said != behaviour else None
                 if said and behaviour in ("no-proof", "skipped"):   # upstream's own tests are the behaviour
                     behaviour = said
@@ -219,8 +214,25 @@ def retire(series: Series, name: str, target: str, cache: Path, write: bool, wor
     return rep
 
 
-def _upstream_tests(series: Series, p: PatchMeta, trees: dict[str, Path], tests: UpstreamTests | None, tmpd: Path,
-                    ev: list[str], finish: rerun.Finish) -> str | None:
+class _UpstreamTests:
+    """How --upstream-tests runs a patch's recorded tests: upstream's own launch (check.Options), in folders that
+    hold what an install of each base holds (the new base's: its wheel; a new base from a checkout is a source
+    tree, which builds what it compiles itself)."""
+
+    def __init__(self, series: Series, name: str, new_up, cache: Path, clones: dict[str, Path], timeout: float,
+                 out: Path):
+        self.name, self.new_up, self.out = name, new_up, out
+        self.opts = TestsOptions(cache=cache, out=out, sources=clones, test_timeout=timeout)
+        moved = replace(series, upstreams=tuple(new_up if u.name == name else u for u in series.upstreams))
+        self.installed = Installed(moved, sys.executable, cache)
+
+    def finish(self, upstream: str, folder: Path) -> None:
+        if upstream != self.name or self.new_up.sources[0] == "pypi":
+            self.installed(upstream, folder)
+
+
+def _upstream_tests(series: Series, p: PatchMeta, trees: dict[str, Path], tests: _UpstreamTests | None,
+                    ev: list[str]) -> str | None:
     """A patch's recorded upstream_tests (tools/upstream_tests.py --record-fixed) on the new base without it:
     ``pass``/``fail``/None (rerun.fixed_upstream) with --upstream-tests; without it, named in ``ev``, not run."""
     if not p.upstream_tests:
@@ -231,8 +243,7 @@ def _upstream_tests(series: Series, p: PatchMeta, trees: dict[str, Path], tests:
                   f"--upstream-tests runs them): {', '.join(p.upstream_tests[:3])}{more}")
         return None
     progress.say(f"{p.id}: {len(p.upstream_tests)} upstream test(s) it fixed, on the new base")
-    return rerun.fixed_upstream(series, p.upstream_tests, trees, tmpd / "upstream-tests" / p.id,
-                                replace(tests, out=tmpd / "upstream-tests" / p.id), ev, finish)
+    return rerun.fixed_upstream(series, p.upstream_tests, trees, tests.out / p.id, tests.opts, ev, tests.finish)
 
 
 def _behaviour(series: Series, p: PatchMeta, trees: dict[str, Path], timeout: float, ev: list[str],

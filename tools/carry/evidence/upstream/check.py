@@ -233,6 +233,18 @@ def make_side(name: str, series: Series, upstream: str, folder: Path, files: lis
                 **kwargs)
 
 
+def run_once(label: str, series: Series, upstream: str, repo, trees: dict[str, Path], files: list[str], ids: list[str],
+             out: Path, opts: Options, deadline: float | None = None,
+             finish: Callable[[str, Path], None] | None = None) -> dict[str, str]:
+    """IDS (of UPSTREAM's tests, in FILES) run once on TREES as one side in OUT (its folder OUT/tree, which
+    FINISH(upstream, folder) may complete as an install would): each one's outcome."""
+    folder = suite.side_folder(series.upstream(upstream).tests, repo, trees[upstream], out / "tree")
+    if finish is not None:
+        finish(upstream, folder)
+    res = run_side(make_side(label, series, upstream, folder, files, trees, out, opts, deadline, ids))
+    return {i: outcome_in(res, i) for i in ids}
+
+
 def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds: dict,
              no_tests: list[str] = ()) -> dict:
     per = counts(rows, root)
@@ -287,7 +299,6 @@ def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows:
     row says what each run gave, and it is not bisected further. With ``bisect_budget_s`` the probes share
     that many seconds; a test a probe did not reach is left not bisected, never charged to a patch."""
     cache: dict[int, dict[str, str]] = {}
-    pin = series.upstream(upstream).tests
     n = len(prefix.order)
     deadline = time.monotonic() + opts.bisect_budget_s if opts.bisect_budget_s else None
 
@@ -296,11 +307,8 @@ def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows:
         need = [i for i in ids if i not in have]
         if need:
             name = f"k{k:03d}" + ("" if group == "regression" else f"-{group}")   # a probe's folder per group
-            trees = prefix.trees(k)
-            folder = suite.side_folder(pin, repo, trees[upstream], out / name / "tree")
-            side = make_side(f"bisect k={k}", series, upstream, folder, files, trees, out / name, opts, deadline, need)
-            res = run_side(side)
-            have.update({i: outcome_in(res, i) for i in need})
+            have.update(run_once(f"bisect k={k}", series, upstream, repo, prefix.trees(k), files, need, out / name,
+                                 opts, deadline))
         return have
 
     found = []

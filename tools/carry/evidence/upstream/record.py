@@ -24,6 +24,12 @@ from ...series.edit import set_upstream_tests
 from ...series.manifest import Series
 
 
+def names_its_patch(entry: dict) -> bool:
+    """A bisection entry (bisect.json) of a fixed test whose move was confirmed and traced to a patch."""
+    return (entry.get("category") == "fixed" and bool(entry.get("changed")) and entry.get("target") == "passing"
+            and bool(entry.get("first_patch")))
+
+
 def fixed_by(series: Series, results: list[tuple[Path, dict]]) -> tuple[dict[str, list[str]], list[str]]:
     """Per patch id, the tests (UPSTREAM:NODE_ID) the results' bisections found it turns green; and the
     fixed tests that named no patch (their id and why)."""
@@ -44,7 +50,7 @@ def fixed_by(series: Series, results: list[tuple[Path, dict]]) -> tuple[dict[str
                              f"({pin.describe()})")
         entries = doc.get("bisect") if isinstance(doc.get("bisect"), list) else []
         for b in (b for b in entries if isinstance(b, dict) and b.get("category") == "fixed"):
-            if b.get("changed") and b.get("target") == "passing" and b.get("first_patch"):
+            if names_its_patch(b):
                 series.patch(b["first_patch"])   # (an unknown id: the digest would have differed)
                 found.setdefault(b["first_patch"], set()).add(f"{name}:{b['id']}")
             else:

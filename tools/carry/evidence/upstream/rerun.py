@@ -15,27 +15,21 @@ from typing import Callable
 
 from ...series.manifest import Series
 from . import suite
-from .check import Options, make_side
-from .launch import run_side
+from .check import Options, run_once
 from .results import signature
-from .verdict import file_of, outcome_in
+from .verdict import file_of
 
 Finish = Callable[[str, Path], None]
 
 
 def outcomes(series: Series, upstream: str, trees: dict[str, Path], ids: list[str], out: Path,
              opts: Options, finish: Finish | None = None) -> dict[str, str]:
-    """Each of IDS (node ids of UPSTREAM's pinned tests) run once on TREES: its outcome. FINISH(upstream,
-    folder) completes the folder the tests run in as an install of its base would (workspace.installed)."""
+    """Each of IDS (node ids of UPSTREAM's pinned tests) run once on TREES (check.run_once): its outcome.
+    FINISH(upstream, folder) completes the folder the tests run in as an install of its base would."""
     pin = series.upstream(upstream).tests
     repo = suite.checkout(pin, opts.cache, opts.sources.get(upstream)) if pin.source == "git" else None
-    folder = suite.side_folder(pin, repo, trees[upstream], out / "tree")
-    if finish is not None:
-        finish(upstream, folder)
-    side = make_side("new base", series, upstream, folder, sorted({file_of(i) for i in ids}), trees, out / "side",
-                     opts, None, list(ids))
-    res = run_side(side)
-    return {i: outcome_in(res, i) for i in ids}
+    return run_once("new base", series, upstream, repo, trees, sorted({file_of(i) for i in ids}), list(ids), out,
+                    opts, finish=finish)
 
 
 def fixed_upstream(series: Series, recorded: tuple[str, ...], trees: dict[str, Path], out: Path, opts: Options,

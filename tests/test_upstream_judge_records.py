@@ -186,7 +186,7 @@ SECOND_RUNS = demo.EVIDENCE / "h100" / "2026-12-06-second-runs"
 
 def _replayed_rows(shard):
     """A committed judged shard (its folder of result.json and the sides' launch folders) replayed from its
-    records by taken.replay, as --judge-records read them: its result and the rows of today's replay."""
+    records by launch.replayed, as --judge-records read them: its result and the rows of today's replay."""
     from types import SimpleNamespace
 
     from carry.evidence.upstream.launch import replayed as replay

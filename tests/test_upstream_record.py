@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 import subprocess
 import tomllib
 
@@ -82,7 +83,7 @@ def test_lint_refuses_an_upstream_test_that_is_not_one(tmp_path):
     series = load_series("gtp")
     p = series.patch("mlm-dataset-helpers-wheel")
     ok = "megatron-lm:tests/unit_tests/data/test_builder.py::test_builder"
-    with_tests = lambda *tests: upstream_test_problems(series, p.__class__(**{**p.__dict__, "upstream_tests": tests}))  # noqa: E731
+    with_tests = lambda *tests: upstream_test_problems(series, replace(p, upstream_tests=tests))  # noqa: E731
     assert with_tests(ok) == []
     assert with_tests("tests/unit_tests/data/test_builder.py::test_builder")   # no upstream named
     assert with_tests("megatron-lm:tests/functional_tests/x.py::test_y")      # not under the tests root

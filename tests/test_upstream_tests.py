@@ -1191,15 +1191,14 @@ def _flaky_again(bisect: Path, rows: list) -> None:
     pristine base (k=0) then gives what the patched trees gave, no patch moved it: flaky too. A prefix's
     probes are its folders kNNN and kNNN-fixed (the regressions' and the fixed tests' own, check._bisect_rows)."""
     import functools
-    from carry.evidence.upstream.launch import SideResult, unmet_world
-    from carry.evidence.upstream.results import read_launch, signature
+    from carry.evidence.upstream.launch import SideResult
+    from carry.evidence.upstream.results import launch_folders, read_launch, signature, unmet_world
     from carry.evidence.upstream.verdict import outcome_in
 
     @functools.cache
     def probe(k: str) -> SideResult:   # each probe's records read once; a test's first launch counts
         side = SideResult()
-        for launch in sorted(x for d in [bisect / k, *bisect.glob(f"{k}-*")] for x in d.glob("launch-*-n*")):
-            world = int(launch.name.rsplit("-n", 1)[1])
+        for launch, world in (x for d in sorted([bisect / k, *bisect.glob(f"{k}-*")]) for x in launch_folders(d)):
             got = read_launch(launch, world)
             for nodeid, records in got.tests.items():
                 o = merge(records, world)
@@ -1226,7 +1225,7 @@ def _flaky_again(bisect: Path, rows: list) -> None:
             r.note = "not confirmed: the second run on the patched trees did not reach it"
         elif signature(again) != target:
             r.category, r.note = "flaky", f"flaky: {r.patched} on the patched trees, then {again} on the same trees"
-        elif again != "not-run" and signature(base := outcome_at("k000", r.id)) == target:
+        elif signature(base := outcome_at("k000", r.id)) == target:
             r.category, r.note = "flaky", f"flaky: {r.pristine} on the pristine base, then {base} on the same base"
         elif cut := re.match(r"not bisected: the probe of the first ([0-9]+) patch", said := device.get(r.id, "")):
             # the device's word that its budget cut the search, checked against that probe's records

@@ -59,7 +59,9 @@
 #                   Megatron-LM's, the others' whole selections run again); UT_TEST_TIMEOUT the seconds a test may run
 #                   (default 120: a hung collective must not take the budget); UT_BISECT_BUDGET the seconds the bisection's
 #                   probes share after the sides (default 240: the regressions first; what it does not reach stays unbisected);
-#                   UT_MLM_LOOK_AGAIN='TEXT;TEXT'
+#                   UT_MLM_AGAIN='FILE ...': Megatron-LM files compared whole before, run again whole (no --compared) in a
+#                   run of their own beside the shards (out folder megatron-lm-again): a file whose fixed tests an earlier
+#                   run's bisection did not reach; UT_MLM_LOOK_AGAIN='TEXT;TEXT'
 #                   runs again the committed runs' Megatron-LM known failures whose first error line holds a TEXT (--look-again:
 #                   the host has what they lacked since, e.g. 'async def functions are not natively supported')
 #                   Pace (one H100, 2026-12-05, h100/2026-12-05-shards): one of two shards compared 391 tests in 1,250 s per
@@ -334,7 +336,7 @@ from harness.host import cases; print(cases.LEARNING_LR)")
     if [ "$done" = 0 ]; then stamp "the evidence still runs: wait-learning-evidence again"; exit 3; fi ;;
   upstream-tests-bg)
     export S UT_BUDGET=${UT_BUDGET:-600} UT_ONLY=${UT_ONLY:-"megatron-lm megatron-bridge nemo-rl"} \
-      UT_MLM_FILES=${UT_MLM_FILES:-} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} UT_MLM_SHARDS=${UT_MLM_SHARDS:-1} \
+      UT_MLM_FILES=${UT_MLM_FILES:-} UT_MLM_AGAIN=${UT_MLM_AGAIN:-} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} UT_MLM_SHARDS=${UT_MLM_SHARDS:-1} \
       UT_SETUP=${UT_SETUP:-} UT_MLM_LOOK_AGAIN=${UT_MLM_LOOK_AGAIN:-} UT_TEST_TIMEOUT=${UT_TEST_TIMEOUT:-120} \
       UT_BISECT_BUDGET=${UT_BISECT_BUDGET:-240}
     case $UT_MLM_SHARDS in [1-9]) ;; *) stamp "refused: UT_MLM_SHARDS is 1 to 9, not '$UT_MLM_SHARDS'"; exit 2 ;; esac
@@ -347,9 +349,10 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       case " $UT_ONLY " in *" megatron-lm "*|*" megatron-bridge "*) unpack_tests_ferry "$P" || stamp "the tests ferry did not unpack whole in $P (its archives or its wheels: the lines above)" ;; esac
       # the setup unpacks the sources first, then builds the venv; none running, or one that ended without them, ends this
       while_setup test -e /tmp/nrl-run/.payload-ok || { stamp "no payload in /tmp/nrl-run and no setup running (setup-bg first; /tmp/o/setup.console)"; exit 1; }
-      shards=(); case " $UT_ONLY " in *" megatron-lm "*) for i in $(seq 2 "$UT_MLM_SHARDS"); do shards+=("megatron-lm-$i"); done ;; esac
+      shards=(); case " $UT_ONLY " in *" megatron-lm "*) for i in $(seq 2 "$UT_MLM_SHARDS"); do shards+=("megatron-lm-$i"); done
+        [ -z "$UT_MLM_AGAIN" ] || shards+=(megatron-lm-again) ;; esac
       for up in $UT_ONLY "${shards[@]}"; do   # a workspace each: a run locks its own
-        python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "${up%-[0-9]}" "$@" \
+        u=${up%-again}; python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "${u%-[0-9]}" "$@" \
           --source nemo-rl="$S"/nemo-rl.git --cache /tmp/ut-cache > "$U/apply-$up.txt" 2>&1 || stamp "apply $up failed"
       done
       stamp "workspaces applied; waiting for the setup venv"
@@ -398,6 +401,12 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         sh=(); [ "$UT_MLM_SHARDS" = 1 ] || sh=(--shard "$i/$UT_MLM_SHARDS")
         run megatron-lm "$name" --tests-source megatron-lm="$P/megatron-lm" --nproc 4 "${mlm_files[@]}" "${sh[@]}" &
       done
+      # UT_MLM_AGAIN: files compared whole before, run again whole in a run of their own beside the shards (no
+      # --compared): a file whose fixed tests an earlier run could not bisect (their probes ran out of time)
+      if [ -n "$UT_MLM_AGAIN" ]; then
+        again=(); for f in $UT_MLM_AGAIN; do again+=(--files "$f"); done
+        UT_COMPARED=none run megatron-lm megatron-lm-again --tests-source megatron-lm="$P/megatron-lm" --nproc 4 "${again[@]}" &
+      fi
       run megatron-bridge megatron-bridge --tests-source megatron-bridge="$P/megatron-bridge" ${UT_BRIDGE_FILES:+--files "$UT_BRIDGE_FILES"} &
       run nemo-rl nemo-rl ${UT_NRL_FILES:+--files "$UT_NRL_FILES"} &
       wait; stamp "upstream tests done (a Ray cluster is left running: ray stop would take every cluster here)"' ut "${SRC[@]}" > /tmp/o/ut.log 2>&1 < /dev/null &

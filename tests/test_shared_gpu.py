@@ -762,6 +762,21 @@ def test_the_upstream_tests_refuse_a_shard_count_they_cannot_run(tmp_path, shard
     assert '[ "$up" != nemo-rl ] && [ -d "$P/site" ] && extra=("PYTHONPATH=$P/site")' in step, step[:800]
 
 
+def test_the_files_named_to_run_again_run_whole_in_a_run_of_their_own(tmp_path):
+    """UT_MLM_AGAIN='FILE ...': Megatron-LM files an earlier run compared whole run again whole, beside the
+    shards: their own workspace (applied for Megatron-LM), their own out folder, no --compared (which would
+    leave them out), each file a --files."""
+    step = _upstream_tests_refused(tmp_path, "UT_MLM_SHARDS", "0", "1 to 9").split("\n  wait-upstream-tests)", 1)[0]
+    assert '[ -z "$UT_MLM_AGAIN" ] || shards+=(megatron-lm-again)' in step
+    assert 'u=${up%-again}; python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "${u%-[0-9]}"' in step
+    assert 'for f in $UT_MLM_AGAIN; do again+=(--files "$f"); done' in step
+    assert 'UT_COMPARED=none run megatron-lm megatron-lm-again' in step and '"${again[@]}" &' in step
+    # a function called with an assignment before it sees it, and the caller does not keep it
+    probe = subprocess.run(["bash", "-c", 'f() { echo "in:${UT_COMPARED:-all}"; }; UT_COMPARED=none f & wait; '
+                            'echo "after:${UT_COMPARED:-all}"'], capture_output=True, text=True, check=True)
+    assert probe.stdout.split() == ["in:none", "after:all"], probe.stdout
+
+
 def test_the_gpu_script_passes_each_committed_result_and_the_known_failures_to_look_at_again(tmp_path):
     """compared_args (shared-gpu-lib.sh), the upstream tests' arguments on the GPU host: --compared for each
     committed GPU run of the upstream's tests (integration/h100, h200; never a bisection's), and for Megatron-LM

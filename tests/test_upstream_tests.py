@@ -140,6 +140,13 @@ TESTS = {
                 if int(os.environ["WORLD_SIZE"]) != 3:
                     raise RuntimeError("world_size (" + os.environ["WORLD_SIZE"] + ") is not divisible by 3")
 
+        if os.environ.get("DEMO_FIXED_KIND"):   # three cases of one test, which the harmless patch turns green
+            import pytest
+
+            @pytest.mark.parametrize("case", [0, 1, 2])
+            def test_fixed_in_three_cases(case):
+                assert delta.value_3 == "harmless"
+
         if os.environ.get("PRISTINE_FLAKY_MARKER"):   # only the runs that ask have it
             def test_flaky_on_the_pristine_base():
                 if delta.value_3 != "harmless":
@@ -834,7 +841,7 @@ def test_a_probe_that_did_not_reach_a_test_leaves_it_not_bisected_never_charged_
     is neither side of the change. The search used to read it as "before the change" and went on past it,
     charging a later patch. Now the test is left not bisected, its category kept."""
     from types import SimpleNamespace
-    from carry.evidence.upstream.check import _bisect_row
+    from carry.evidence.upstream.movers import bisect_row
     from carry.evidence.upstream.verdict import Row
     order = [SimpleNamespace(id=f"p{i}", upstream="megatron-lm") for i in range(1, 5)]
 
@@ -842,12 +849,62 @@ def test_a_probe_that_did_not_reach_a_test_leaves_it_not_bisected_never_charged_
         return {"t::x": "not-run" if k == unreached else "failed" if k >= 3 else "passed"}
 
     row = Row("t::x", "passed", "failed", "regression")
-    got = _bisect_row(row, SimpleNamespace(order=order), outcomes, 4, ["p1", "p2", "p3", "p4"])
+    got = bisect_row(row, order, outcomes, 4, ["p1", "p2", "p3", "p4"])
     assert row.category == "regression" and got["category"] == "regression"
     if note is None:
         assert got["first_patch"] == "p3", got
     else:
         assert "first_patch" not in got and row.note.startswith(note) and got["note"] == row.note, got
+
+
+def _launches_alone(fixed_at: int, launches: int | None):
+    """A probe as Megatron-LM's dataset tests meet it on the pristine base: a test that fails does so on rank 0
+    alone and ends its launch, so each failing test costs a launch of its own, and a passing launch runs on
+    through. With LAUNCHES set, the bisection's budget ends after that many: what is left is not run. The
+    tests turn green at patch FIXED_AT. Returns the probe and the calls it took (k, ids, folder)."""
+    calls, spent = [], [0]
+
+    def probe(k: int, ids: list[str], folder: str) -> dict[str, str]:
+        calls.append((k, list(ids), folder))
+        got, left = {}, list(ids)
+        while left and (launches is None or spent[0] < launches):
+            spent[0] += 1
+            while left:
+                got[left[0]] = "passed" if k >= fixed_at else "failed"
+                if left.pop(0) and k < fixed_at:
+                    break   # rank 0 failed alone: the launch ends here
+        return {i: got.get(i, "not-run") for i in ids}
+    return probe, calls
+
+
+@pytest.mark.parametrize("launches", [None, 10])
+def test_the_first_test_of_each_kind_is_bisected_before_the_others(launches):
+    """Tests of one kind (one function, failing alike) that each end a launch where they fail: the first of the
+    kind is bisected alone, then the others. With the budget of 10 launches (h100/2026-12-06-second-runs: 29 such
+    tests, one launch each, and no test bisected), the first one names its patch and the others say where their
+    kind's first turned, charged to no patch. Without a budget, each names the patch on its own probes."""
+    from types import SimpleNamespace
+    from carry.evidence.upstream.movers import bisect_movers
+    from carry.evidence.upstream.verdict import Row
+    order = [SimpleNamespace(id=f"p{i}", upstream="megatron-lm") for i in range(1, 9)]
+    rows = [Row(f"t.py::test_build[{i}]", "failed", "passed", "fixed", "SystemExit: 1") for i in range(6)]
+    rows += [Row("t.py::test_build[6]", "failed", "passed", "fixed", "OSError: no space left on device"),   # another kind
+             Row("t.py::test_other", "failed", "passed", "fixed", "SystemExit: 1")]   # and another
+    probe, calls = _launches_alone(5, launches)
+    found = {e["id"]: e for e in bisect_movers(rows, order, [p.id for p in order], probe)}
+    firsts = ["t.py::test_build[0]", "t.py::test_build[6]", "t.py::test_other"]
+    assert [e["first_patch"] for i, e in found.items() if i in firsts] == ["p5"] * 3, found
+    assert all(ids == firsts for _, ids, folder in calls if not folder.endswith("-rest")), calls
+    assert [folder for k, _, folder in calls][:2] == ["k008-fixed", "k000-fixed"], calls
+    rest = [r for r in rows if r.id not in firsts]
+    assert len(rest) == 5, rest
+    if launches is None:
+        assert all(found[r.id]["first_patch"] == "p5" and found[r.id]["first_index"] == 5 for r in rest), found
+    else:
+        assert all("first_patch" not in found[r.id] for r in rest), found
+        assert all(r.note.startswith("not ") and r.note.endswith(
+            "; the first of its kind, t.py::test_build[0], turns at patch 5 of 8, p5") for r in rest), rows
+        assert all(found[r.id]["note"] == r.note and r.category == "fixed" for r in rest), found
 
 
 def test_the_bisection_shares_its_budget_and_what_it_did_not_reach_stays_unbisected(up):
@@ -877,6 +934,25 @@ def test_a_fix_with_no_regression_beside_it_is_run_again_and_bisected(up):
         ("test_flaky_on_the_pristine_base", "flaky", False)], report["bisect"]
     assert report["fixed"] == [] and report["flaky"][0]["id"] == flaky["id"] and report["ok"], report
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_cases_of_one_fixed_test_are_bisected_its_first_alone_then_the_others(up):
+    """Three cases of one test function, failing alike on the pristine base: the bisection's probes ask for the
+    first case alone (kNNN-fixed), then for the other two (kNNN-fixed-rest); each names the patch that turns it
+    green, on its own probes."""
+    proc, out = _run(up, "--nproc", "1", "--files", "tests/unit_tests/test_delta.py", env={"DEMO_FIXED_KIND": "1"})
+    report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+    cases = [f"tests/unit_tests/test_delta.py::test_fixed_in_three_cases[{i}]" for i in range(3)]
+    assert [(b["id"], b["category"], b.get("first_patch")) for b in report["bisect"]] == [
+        (i, "fixed", "harmless") for i in cases], report["bisect"]
+    bisect = out / "megatron-lm" / "bisect"
+    asked = {d.name: sorted({x for f in d.glob("launch-*/only.txt") for x in f.read_text().split()})
+             for d in bisect.iterdir() if d.is_dir()}
+    assert {k: v for k, v in asked.items() if not k.endswith("-rest")} == {
+        k: cases[:1] for k in ("k000-fixed", "k001-fixed", "k002-fixed", "k003-fixed")}, asked
+    assert {k: v for k, v in asked.items() if k.endswith("-rest")} == {
+        k: cases[1:] for k in ("k000-fixed-rest", "k001-fixed-rest", "k002-fixed-rest", "k003-fixed-rest")}, asked
+    assert proc.returncode == 0 and report["ok"], proc.stderr
 
 
 @pytest.mark.parametrize("files, moved, status", [
@@ -1189,7 +1265,8 @@ def _flaky_again(bisect: Path, rows: list) -> None:
     """Each regression and each fixed test judged again from the bisection's own rank records: run
     again on the patched trees (the highest k) it must move the same way, else it is flaky; and if the
     pristine base (k=0) then gives what the patched trees gave, no patch moved it: flaky too. A prefix's
-    probes are its folders kNNN and kNNN-fixed (the regressions' and the fixed tests' own, check._bisect_rows)."""
+    probes are its folders kNNN and kNNN-fixed (the regressions' and the fixed tests' own), and kNNN-rest and
+    kNNN-fixed-rest for the tests after the first of their kind (movers.py)."""
     import functools
     from carry.evidence.upstream.launch import SideResult
     from carry.evidence.upstream.results import launch_folders, read_launch, signature, unmet_world

@@ -5,12 +5,11 @@ The pristine side runs every upstream at its pristine base, the patched side eve
 series' head (a test of Megatron-Bridge meets Megatron-LM's trees too). Both sides run at once by
 default. A regression, and a test the series turns green, is first run again on the patched trees
 (a move that does not happen again is ``flaky``, never a regression), then bisected over the series'
-prefixes: each probe runs just those tests, shared by every test it decides.
+prefixes: each probe runs just those tests, the first of each kind before the others (movers.py).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
@@ -28,10 +27,10 @@ from ...workspace.installed import Installed
 from ...workspace.workdir import WorkDir
 from .. import scratch as scratchdirs
 from .. import tesite
-from ..bisect import PrefixTrees, bisect
+from ..bisect import PrefixTrees
 from . import suite
 from .launch import Side, SideResult, replayed, run_side
-from .results import signature
+from .movers import bisect_movers
 from .select import Picked, select
 from .taken import judgeable
 from .verdict import Compared, Row, compare, counts, file_of, files_without_rows, outcome_in, side_counts
@@ -291,72 +290,19 @@ def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds
 
 def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows: list[Row], files: list[str],
                  out: Path, opts: Options) -> list[dict]:
-    """Each regression and each fixed test, first run again on the patched trees, then bisected over
-    the series. The regressions go first, with probes of their own: a fixed test's probes (on the prefixes
-    before the fix, each test that stops rank 0 alone ends its launch) never take their time. Within a
-    group one probe per prefix serves every test. A test whose move does not happen again (the patched
-    trees, or the pristine base at the bisection's first probe, give another outcome) is ``flaky``: its
-    row says what each run gave, and it is not bisected further. With ``bisect_budget_s`` the probes share
-    that many seconds; a test a probe did not reach is left not bisected, never charged to a patch."""
-    cache: dict[int, dict[str, str]] = {}
-    n = len(prefix.order)
+    """Each regression and each fixed test run again and bisected (movers.bisect_movers), each probe's tests
+    run once on its prefix's trees in its own folder under OUT; with ``bisect_budget_s`` the probes share that
+    many seconds, and a test a probe did not reach is left not bisected. bisect.json: their entries."""
     deadline = time.monotonic() + opts.bisect_budget_s if opts.bisect_budget_s else None
 
-    def outcomes(k: int, ids: list[str], group: str) -> dict[str, str]:
-        have = cache.setdefault(k, {})
-        need = [i for i in ids if i not in have]
-        if need:
-            name = f"k{k:03d}" + ("" if group == "regression" else f"-{group}")   # a probe's folder per group
-            have.update(run_once(f"bisect k={k}", series, upstream, repo, prefix.trees(k), files, need, out / name,
-                                 opts, deadline))
-        return have
+    def probe(k: int, ids: list[str], folder: str) -> dict[str, str]:
+        return run_once(f"bisect k={k}", series, upstream, repo, prefix.trees(k), files, ids, out / folder, opts,
+                        deadline)
 
-    found = []
-    series_ids = [p.id for p in series.patches]
-    for group in ("regression", "fixed"):
-        movers = [r for r in rows if r.category == group]
-        ids = [r.id for r in movers]
-        found += [_bisect_row(r, prefix, functools.partial(outcomes, ids=ids, group=group), n, series_ids)
-                  for r in movers]
+    found = bisect_movers(rows, prefix.order, [p.id for p in series.patches], probe)
     (out / "bisect.json").parent.mkdir(parents=True, exist_ok=True)
     (out / "bisect.json").write_text(json.dumps(found, indent=2, sort_keys=True) + "\n")
     return found
-
-
-class _NotReached(Exception):
-    pass
-
-
-def _bisect_row(r: Row, prefix: PrefixTrees, outcomes: Callable[[int], dict[str, str]], n: int,
-                series_ids: list[str]) -> dict:
-    """One moving test: run again on the patched trees (``outcomes(n)``), then bisected over the prefixes;
-    its entry of bisect.json (its row's category and note set as judged)."""
-    target = "failing" if r.category == "regression" else "passing"
-    again = outcomes(n)[r.id]
-    if again == "not-run":  # the second run never reached it: nothing is confirmed, nothing excused
-        r.note = "not confirmed: the second run on the patched trees did not reach it"
-        return {"id": r.id, "category": r.category, "note": r.note}
-    if signature(again) != target:
-        r.note = f"flaky: {r.patched} on the patched trees, then {again} on the same trees"
-        r.category = "flaky"
-        return {"id": r.id, "category": "flaky", "note": r.note}
-
-    def probe(k: int) -> tuple[str, str, str]:
-        o = outcomes(k)[r.id]
-        if o == "not-run":   # no outcome is neither side of the change: the search would move past it
-            raise _NotReached(k)
-        return signature(o), o, ""
-
-    try:
-        res = bisect(prefix.order, target, probe, series_ids)
-    except _NotReached as stop:
-        r.note = (f"not bisected: the probe of the first {stop.args[0]} patch(es) did not reach it "
-                  "(the bisection's budget ran out, or its launches did)")
-        return {"id": r.id, "category": r.category, "note": r.note}
-    if not res.changed:
-        r.note = f"flaky: {r.pristine} on the pristine base, then {outcomes(0)[r.id]} on the same base"
-        r.category = "flaky"
-    return {"id": r.id, "category": r.category, **res.to_dict()}
 
 
 def check_series(series: Series, workdir: Path, upstreams: list[str] | None, opts: Options,

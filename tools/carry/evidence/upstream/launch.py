@@ -179,6 +179,10 @@ def _launches(side: Side, res: SideResult, world: int, only: list[str] | None, r
             _last(side, {got.stopped["test"].split("::", 1)[0]})
             continue
         if len(got.finished) >= len(got.ranks) and got.ranks and not died:
+            if got.astray and got.tests:   # ended, but what some tests said is no verdict (a broken CUDA context)
+                progress.say(f"{side.pin.upstream} {side.name}: {len(got.astray)} test(s) ran where their records "
+                             f"do not count ({next(iter(got.astray.values()))[:160]}); launching them again")
+                continue
             _not_reached(res, side, wanted, done, f"the session ended (exit {rc}) without running it")
             return
         if not died:

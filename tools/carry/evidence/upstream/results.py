@@ -9,7 +9,8 @@ why a launch ended, and whether faulthandler ended a rank that held the GIL).
 
 Only the records of ranks in step count: a test that some rank of the launch never began because it was
 left behind (still in an earlier test another rank had failed and left) ran without that rank, so what
-the others said of it is no verdict (``Launch.astray``) and it runs again. Upstream's tests fail on one
+the others said of it is no verdict (``Launch.astray``) and it runs again; so are the tests a rank ran after its
+CUDA context broke (a device-side assert: every later CUDA call of the process fails alike). Upstream's tests fail on one
 rank and leave the others waiting in a collective: the ranks that went on reported the next tests' NCCL
 set-up timing out, as failures (h100/2026-12-05-shards: 48 such records, 29 of them "passed" on two ranks
 of four).
@@ -194,6 +195,7 @@ def read_launch(folder: Path, world: int) -> Launch:
             elif kind == "finish":
                 launch.finished.add(rank)
     _set_astray(launch)
+    _set_poisoned(launch)
     return launch
 
 
@@ -215,6 +217,36 @@ def _set_astray(launch: Launch) -> None:
         if behind:
             launch.astray[nodeid] = (f"its ranks were out of step: rank {behind[0]} never began it, still in "
                                      f"{left[behind[0]]}, which a peer had failed and left; no launch ran it in step")
+            launch.astray_records[nodeid] = launch.tests.pop(nodeid)
+
+
+# A CUDA error that leaves a process's CUDA context unusable: every later CUDA call of that rank fails alike,
+# whatever its test does (h100/2026-12-06-first-of-kind: 32 tests of test_cuda_graphs.py, on both sides, after one)
+STICKY_CUDA = re.compile(r"CUDA error: (?:device-side assert triggered|an illegal memory access was encountered|"
+                         r"unspecified launch failure|misaligned address|an illegal instruction was encountered)")
+
+
+def _set_poisoned(launch: Launch) -> None:
+    """The tests a rank ran after its CUDA context broke (STICKY_CUDA), moved from ``tests`` to ``astray``: what
+    they said is the broken context's, no verdict; they run again in a new launch. The test in which a rank
+    first met the broken context counts only where it was the first test that rank ran in the launch (a fresh
+    context): after others, the error may be an earlier test's (CUDA reports a kernel's failure at a later
+    call), and it runs again, first in a new launch, where it tells."""
+    for rank, ids in launch.started.items():
+        reasons = [(launch.tests.get(i) or launch.astray_records.get(i) or {}).get(rank, {}).get("reason") or ""
+                   for i in ids]
+        broke = next((n for n, why in enumerate(reasons) if STICKY_CUDA.search(why)), None)
+        if broke is None:
+            continue
+        error = STICKY_CUDA.search(reasons[broke])[0]
+        for n, nodeid in enumerate(ids[broke:] if broke else ids[1:], start=broke if broke else 1):
+            if nodeid not in launch.tests:
+                continue
+            launch.astray[nodeid] = (
+                f"rank {rank} met a broken CUDA context in it ({error}) after other tests of its launch: the "
+                "error may be an earlier test's; it runs again, first in a new launch" if n == broke else
+                f"it ran on rank {rank} after {ids[broke]} broke that rank's CUDA context ({error}): every later "
+                "CUDA call there fails alike; no verdict, it runs again in a new launch")
             launch.astray_records[nodeid] = launch.tests.pop(nodeid)
 
 

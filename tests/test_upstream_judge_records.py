@@ -182,6 +182,7 @@ def test_a_side_is_replayed_from_its_launch_folders_as_a_packed_run_keeps_them(t
 CUT_JUDGED = demo.EVIDENCE / "h100" / "2026-12-06-cut-judged"
 AFTER_THE_CUT = demo.EVIDENCE / "h100" / "2026-12-06-after-the-cut"
 SECOND_RUNS = demo.EVIDENCE / "h100" / "2026-12-06-second-runs"
+FIRST_OF_KIND = demo.EVIDENCE / "h100" / "2026-12-06-first-of-kind"
 
 
 def _replayed_rows(shard):
@@ -201,6 +202,9 @@ def _replayed_rows(shard):
     return result, compare(sides["pristine"], sides["patched"])
 
 
+from carry.evidence.upstream.results import launch_folders, read_launch   # noqa: E402
+
+
 def _as_recorded(o: str) -> str:
     # the consoles are not committed: a death faulthandler ended (timeout) reads as a crash from the records alone
     return "crashed" if o == "timeout" else o
@@ -209,7 +213,8 @@ def _as_recorded(o: str) -> str:
 def test_the_cut_run_judged_from_its_records_is_what_they_hold(tmp_path):
     """integration/h100/2026-12-06-cut-judged: a run whose machine was given back before it wrote its result,
     judged by --judge-records. Replayed again from the committed records, each shard's rows are its result's,
-    test by test; the README's tables are its counts; shard 2's one regression (a crash on the patched trees,
+    test by test, but for shard 1's 35 whose records on a side came after their rank's CUDA context broke (not
+    compared today); the README's tables are its counts; shard 2's one regression (a crash on the patched trees,
     unconfirmed) stands, and shard 1 has none. Write a failure into a passed test's patched record: a
     regression more."""
     tables = demo._readme_tables((CUT_JUDGED / "README.md").read_text())
@@ -219,7 +224,15 @@ def test_the_cut_run_judged_from_its_records_is_what_they_hold(tmp_path):
         assert result["judged_from_records"] is True and result["bisect"] == "not finished", result["reason"]
         assert result["counts"]["*"] == tables[i], (sub, result["counts"]["*"], tables[i])
         recorded = {r["id"]: (_as_recorded(r["pristine"]), _as_recorded(r["patched"]), r["category"]) for r in result["rows"]}
-        assert {r.id: (_as_recorded(r.pristine), _as_recorded(r.patched), r.category) for r in rows} == recorded
+        today = {r.id: (_as_recorded(r.pristine), _as_recorded(r.patched), r.category) for r in rows}
+        # what a rank said after its CUDA context broke is no verdict today (results._set_poisoned): those tests
+        # alone differ, not compared now, their records on a side set apart for a broken CUDA context
+        poisoned = {i for i, v in today.items() if v != recorded[i]}
+        assert all(today[i][2] == "not-compared" and "not-run" in today[i][:2] for i in poisoned), poisoned
+        broken = {i for side in ("pristine", "patched") for launch, world in launch_folders(run / "run" / sub / "megatron-lm" / side)
+                  for i, why in read_launch(launch, world).astray.items() if "CUDA context" in why}
+        assert poisoned <= broken, sorted(poisoned - broken)
+        assert len(poisoned) == (35, 0)[i] and today.keys() == recorded.keys(), (sub, len(poisoned))
         regressions = [r.id for r in rows if r.category == "regression"]
         assert regressions == ([] if i == 0 else [
             "tests/unit_tests/training/test_param_norm.py::test_moe_gradient_stats_and_clipping_count_each_logical_"
@@ -244,10 +257,12 @@ def test_the_run_after_the_cut_has_no_regression_and_the_dataset_tests_fixed(tmp
     data = [r for r in fixed if r["id"].startswith("tests/unit_tests/data/")]
     assert (len(fixed), len(data)) == (29, 28) and all(r["pristine_reason"].startswith("SystemExit: 1") for r in data)
     pin = demo._result_json(AFTER_THE_CUT / "run" / "megatron-lm" / "megatron-lm")["tests"]
-    results = demo._committed_results("megatron-lm", without=(SECOND_RUNS.name,))
+    results = demo._committed_results("megatron-lm", without=(SECOND_RUNS.name, FIRST_OF_KIND.name))
+    # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
+    # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind)
     assert demo._standing(pin, results) == {
-        "files": 208, "compared_whole": 149, "left": 59, "left_with_tests_not_compared": 45, "tests_not_compared": 1664,
-        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1089}
+        "files": 208, "compared_whole": 149, "left": 59, "left_with_tests_not_compared": 45, "tests_not_compared": 1695,
+        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1058}
     from carry.evidence.upstream.verdict import Compared
     assert "tests/unit_tests/training/test_param_norm.py" not in Compared.of(results).whole
     demo._a_written_failure_is_red(AFTER_THE_CUT, tmp_path, [(16, 619), (44, 435)], 5, "megatron-lm")
@@ -278,12 +293,48 @@ def test_the_second_runs_find_the_cut_runs_crash_flaky_and_confirm_the_dataset_t
                                    for r in data), data
     bisected = {e["id"]: e for e in second["bisect"]}
     assert all(bisected[r["id"]]["note"].startswith("not bisected: ") for r in data)   # confirmed, then cut
-    results = demo._committed_results("megatron-lm")
+    results = demo._committed_results("megatron-lm", without=(FIRST_OF_KIND.name,))
+    # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
+    # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind)
     assert demo._standing(first["tests"], results) == {
-        "files": 208, "compared_whole": 152, "left": 56, "left_with_tests_not_compared": 42, "tests_not_compared": 1519,
-        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1079}
+        "files": 208, "compared_whole": 152, "left": 56, "left_with_tests_not_compared": 42, "tests_not_compared": 1550,
+        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1048}
     assert "tests/unit_tests/training/test_param_norm.py" not in Compared.of(results).whole
     demo._a_written_failure_is_red(SECOND_RUNS, tmp_path, shards, 5, "megatron-lm-2")
+
+
+def test_the_first_of_kind_run_sets_apart_a_broken_cuda_context_and_bisects_each_kind_first(tmp_path):
+    """integration/h100/2026-12-06-first-of-kind, judged again from the ranks' records: two shards incomplete with no
+    regression among 87 and 96 compared, the tests earlier runs compared passed over (394 and 685), the README's
+    tables these counts. Shard 2's device judge counted 131: 35 tests a rank ran after a device-side assert broke
+    its CUDA context, set apart today (not compared). The run of data/test_builder.py again (no --compared)
+    compared 13, 9 of them fixed; its bisection asked for the first test of each kind alone (test_builder and
+    test_fast_builder, failing alike on the pristine base) and its budget ran out before a patch was named. With
+    every committed run, 152 of the 208 files compared whole. Write a failure into a passed test's patched record
+    in shard 1: a regression."""
+    shards = [(87, 394), (96, 685)]
+    run = demo._unzipped(FIRST_OF_KIND, tmp_path / "good")
+    demo._shards_judged_again(run, FIRST_OF_KIND / "README.md", shards, least=5)
+    second, _, _ = demo._judged_again(run, "megatron-lm", 5, "run/megatron-lm-2")
+    assert {side: len(ids) for side, ids in second["astray_today"].items()} == {"pristine": 35, "patched": 35}
+    assert all("CUDA context" in why for ids in second["astray_today"].values() for why in ids.values())
+    again, rows, total = demo._judged_again(run, "megatron-lm", 5, "run/megatron-lm-again")
+    assert total == demo._readme_tables((FIRST_OF_KIND / "README.md").read_text())[2] == again["counts"]["*"]
+    assert (total["fixed"], sum(total.values()) - total["not-compared"], again["tests_compared_before"]) == (9, 13, [])
+    bisect = run / "run" / "megatron-lm-again" / "megatron-lm" / "bisect"
+    asked = {d.name: sorted({x.split("::")[1].split("[")[0] for f in d.glob("launch-*/only.txt") for x in f.read_text().split()})
+             for d in bisect.iterdir() if d.is_dir()}
+    assert asked == {k: ["test_builder", "test_fast_builder"] for k in ("k000-fixed", "k005-fixed", "k010-fixed")}, asked
+    assert all(len((d / "only.txt").read_text().split()) <= 2 for d in bisect.glob("*/launch-*"))   # the firsts alone
+    notes = {e["id"].split("::")[1].split("[")[0]: e["note"] for e in json.loads((bisect / "bisect.json").read_text())
+             if e["note"].startswith("not bisected")}
+    assert notes == {"test_builder": notes["test_builder"], "test_fast_builder": notes["test_fast_builder"]}
+    assert "the first 7 patch(es)" in notes["test_builder"] and "the first 5 patch(es)" in notes["test_fast_builder"]
+    pin = again["tests"]
+    assert demo._standing(pin, demo._committed_results("megatron-lm")) == {
+        "files": 208, "compared_whole": 152, "left": 56, "left_with_tests_not_compared": 42, "tests_not_compared": 1417,
+        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1181}
+    demo._a_written_failure_is_red(FIRST_OF_KIND, tmp_path, shards, 5, "megatron-lm")
 
 
 @pytest.mark.slow

@@ -940,6 +940,51 @@ def test_the_bisection_shares_its_budget_and_what_it_did_not_reach_stays_unbisec
     assert report["regressions"][0]["id"].endswith("test_broken_by_the_series")
 
 
+def test_a_bisection_its_budget_cut_is_finished_later_and_its_fixed_test_recorded(up, tmp_path):
+    """--bisect-again RESULT: a run whose --bisect-budget ran out before any patch was named has its regression
+    and its fixed test bisected later, on the work directory's trees, with no side run again: each names its
+    patch, every other row is the run's, and --record-fixed records the fixed test beside its patch from that
+    result. A result whose bisection finished, or one of another series, is refused, nothing written."""
+    import tomllib
+    _run(up, "--bisect-budget", "1", "--test-timeout", "8", check=1)
+    first = read_json(up["tmp"] / "out" / "megatron-lm" / "result.json")
+    moving = {"test_broken_by_the_series": "break", "test_fixed_by_the_series": "fix"}
+    assert {e["id"].split("::")[-1]: e.get("first_patch") for e in first["bisect"]
+            if e["id"].split("::")[-1] in moving} == dict.fromkeys(moving), first["bisect"]
+    again = tmp_path / "again"
+    proc = tool("upstream_tests", "--series", up["series"], "--workdir", up["work"], "--cache", up["cache"], "--out", again,
+                "--bisect-again", up["tmp"] / "out" / "megatron-lm" / "result.json", "--test-timeout", "8", check=1,
+                timeout=600)
+    result = read_json(again / "megatron-lm" / "result.json")
+    named = {e["id"].split("::")[-1]: e.get("first_patch") for e in result["bisect"]}
+    assert {k: named[k] for k in moving} == moving, result["bisect"]
+    assert result["bisected_again"] == sum(r["category"] in ("regression", "fixed") for r in first["rows"])
+    assert [r for r in result["rows"] if r["category"] not in ("regression", "fixed", "flaky")] == [
+        r for r in first["rows"] if r["category"] not in ("regression", "fixed", "flaky")]
+    assert result["status"] == "failed" and not (again / "megatron-lm" / "pristine").exists(), result["reason"]
+    assert "fixed: tests/unit_tests/test_alpha.py::test_fixed_by_the_series: the result changes at patch 1 of 3, fix" \
+        in proc.stdout and "next: record the fixed tests" in proc.stdout, proc.stdout
+    tool("upstream_tests", "--series", up["series"], "--record-fixed", again / "megatron-lm" / "result.json", check=0)
+    recorded = next(p for p in tomllib.loads((up["series"] / "series.toml").read_text())["patches"] if p["id"] == "fix")
+    assert "megatron-lm:tests/unit_tests/test_alpha.py::test_fixed_by_the_series" in recorded["upstream_tests"], recorded
+    for doc, said in ((result, "nothing to bisect again"), ({**first, "series_digest": "0123456789ab"}, "its patches may differ")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(doc))
+        proc = tool("upstream_tests", "--series", up["series"], "--workdir", up["work"], "--cache", up["cache"],
+                    "--out", tmp_path / "none", "--bisect-again", bad, check=2)
+        assert said in proc.stderr and not (tmp_path / "none" / "megatron-lm" / "result.json").exists(), proc.stderr
+
+
+def test_a_result_bisected_again_keeps_what_its_run_had_out_of_step(tmp_path):
+    """A result --bisect-again wrote has no launch beside it: the tests its run had only from ranks out of step
+    (out_of_step, written in it) stay no verdict when it is read as --compared, with those the records beside
+    a result add."""
+    from carry.commands.upstream_tests import _result
+    doc = {"upstream": "megatron-lm", "rows": [], "out_of_step": ["tests/unit_tests/test_a.py::test_astray"]}
+    (tmp_path / "result.json").write_text(json.dumps(doc))
+    assert _result(tmp_path / "result.json")["out_of_step"] == ["tests/unit_tests/test_a.py::test_astray"]
+
+
 def test_a_fix_with_no_regression_beside_it_is_run_again_and_bisected(up):
     """A test the series turns green is checked as a regression is, with no regression in the run: run
     again, bisected; one whose pristine failure does not happen again on the pristine base is flaky."""

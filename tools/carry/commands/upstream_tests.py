@@ -27,7 +27,8 @@ NAME=CLONE (any clone that has the commit). They run with the upstream's own lau
 torchrun --nproc-per-node 8 -m pytest; the others: pytest) and the marker expression its CI uses.
 A run cut before it wrote its result keeps what its launches recorded: --judge-records judges it.
 --record-fixed RESULT writes the tests a run found the series fixes, each bisected to its patch, into
-that patch's upstream_tests in series.toml (and runs nothing).
+that patch's upstream_tests in series.toml (and runs nothing). --bisect-again RESULT finishes the
+bisection of a run whose --bisect-budget ran out, running no side again.
 
 Verdicts per test: regression (pristine did not fail, patched does: bisected to a patch), fixed
 (the series turns a failing upstream test green: bisected too), known-failure (both fail), and
@@ -55,6 +56,11 @@ def main(argv: list[str], prog: str) -> int:
                         "(a result.json of this series, repeatable) found it fixes: failing on the pristine base, "
                         "passing patched, and bisected to it. A fixed test its bisection did not name a patch for is "
                         "counted, not recorded")
+    p.add_argument("--bisect-again", type=Path, metavar="RESULT",
+                   help="run no side: bisect, on the trees of --workdir, the regressions and fixed tests of RESULT (a "
+                        "result.json of this series) whose bisection named no patch (its --bisect-budget ran out, the "
+                        "run was cut during it); writes RESULT's comparison with those tests judged now to "
+                        "--out/UPSTREAM/result.json (for --record-fixed, --compared)")
     p.add_argument("--select-only", action="store_true", help="print the derived selection and run nothing")
     p.add_argument("--judge-records", action="store_true",
                    help="run nothing: judge the run in --out from the records its launches left there, for a run that "
@@ -109,14 +115,16 @@ def main(argv: list[str], prog: str) -> int:
         raise UsageError(f"--nproc must be 1 or more, got {a.nproc}")
     if a.judge_records and a.select_only:
         raise UsageError("--judge-records judges a run's records and --select-only runs nothing: give one")
+    again = _bisect_again(a)
     series = options.load_series(a)
     tesite.use(a.te_site)
-    opts = Options(cache=options.cache(a), out=a.out.absolute(), sources=options.tests_sources(a, series), python=a.python, nproc=a.nproc,
+    opts = Options(bisect_again=again, cache=options.cache(a), out=a.out.absolute(), sources=options.tests_sources(a, series), python=a.python, nproc=a.nproc,
                    budget_s=a.budget, test_timeout=a.test_timeout, shared_gpu=a.shared_gpu,
                    files=a.files, bisect=not a.no_bisect, bisect_budget_s=a.bisect_budget,
                    together=not a.one_side_at_a_time,
                    select_only=a.select_only, judge_records=a.judge_records, shard=a.shard, compared=_results(a.compared or [], a.look_again or []))
-    reports = check_series(series, a.workdir, options.comma_list(a.only), opts, a.lock_timeout)
+    reports = check_series(series, a.workdir, [again["upstream"]] if again else options.comma_list(a.only), opts,
+                           a.lock_timeout)
     bad = [r["upstream"] for r in reports if not r.get("ok")]   # the JSON's ok and the exit status, both from it
     options.write_report(a.json, {"ok": not bad and not a.select_only, "series": series.name, "upstreams": reports})
     if a.select_only:
@@ -144,6 +152,24 @@ def main(argv: list[str], prog: str) -> int:
     if bad:
         print(f"error: not green for: {', '.join(bad)} (see each result.json)", file=sys.stderr)
     return 1 if bad else 0
+
+
+def _bisect_again(a: argparse.Namespace) -> dict | None:
+    """--bisect-again RESULT, read (None without it); the options a bisection of it would not use, refused."""
+    if a.bisect_again is None:
+        return None
+    unused = [flag for flag, on in (("--select-only", a.select_only), ("--judge-records", a.judge_records),
+                                    ("--compared", a.compared), ("--look-again", a.look_again), ("--files", a.files),
+                                    ("--shard", a.shard), ("--budget", a.budget), ("--no-bisect", a.no_bisect))
+              if on]
+    if unused:
+        raise UsageError(f"--bisect-again runs no side: {', '.join(unused)} would not be used",
+                         hint="give it with --workdir, --out and the options of the launches (--nproc, --python, "
+                              "--shared-gpu, --test-timeout, --bisect-budget)")
+    doc = _result(a.bisect_again, "--bisect-again")
+    if a.only and options.comma_list(a.only) != [doc["upstream"]]:
+        raise UsageError(f"--bisect-again {a.bisect_again}: a result of {doc['upstream']}, not of --only {a.only}")
+    return doc
 
 
 def _record_fixed(a: argparse.Namespace) -> int:
@@ -213,6 +239,7 @@ def _result(path: Path, flag: str = "--compared") -> dict:
         raise UsageError(f"{flag} {path}: not a result.json ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or not doc.get("upstream"):
         raise UsageError(f"{flag} {path}: not a result.json of tools/upstream_tests.py (no upstream and rows)")
-    # the rank records beside it, judged again: a result of ranks out of step was no verdict
-    doc["out_of_step"] = sorted(out_of_step_beside(path.parent))
+    # the rank records beside it, judged again: a result of ranks out of step was no verdict (and what the run it
+    # was bisected again from had so, written in it: --bisect-again keeps no launch beside it)
+    doc["out_of_step"] = sorted(set(doc.get("out_of_step") or []) | out_of_step_beside(path.parent))
     return doc

@@ -31,6 +31,7 @@ from ..bisect import PrefixTrees
 from . import suite
 from .launch import Side, SideResult, replayed, run_side
 from .movers import bisect_movers
+from .results import Outcome
 from .select import Picked, select
 from .taken import judgeable
 from .verdict import Compared, Row, compare, counts, file_of, files_without_rows, outcome_in, side_counts
@@ -54,6 +55,7 @@ class Options:
     compared: list[dict] = field(default_factory=list)   # earlier runs' result.json: the files they compared whole stay out
     bisect_budget_s: float | None = None   # the seconds every probe of the bisection shares (None: no limit)
     judge_records: bool = False            # run nothing: judge the launches a cut run left in out (taken.replay)
+    bisect_again: dict | None = None       # an earlier run's result.json: finish its bisection, no side run
 
 
 def selection(series: Series, upstream: str, folder: Path, opts: Options) -> list[Picked]:
@@ -75,12 +77,14 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     if opts.judge_records:
         judgeable(out)
     repo = suite.checkout(pin, opts.cache, opts.sources.get(upstream)) if pin.source == "git" else None
+    digest = series.digest(series.patches)[:12]
+    if opts.bisect_again is not None:
+        return _bisect_again(series, upstream, prefix, repo, opts.bisect_again, digest, opts)
     pristine_trees = {name: prefix.pristine(name) for name in trees}
     folders = {"pristine": suite.side_folder(pin, repo, pristine_trees[upstream], out / "trees" / "pristine"),
                "patched": suite.side_folder(pin, repo, trees[upstream], out / "trees" / "patched")}
     picked = _both(selection(series, upstream, folders["patched"], opts),
                    selection(series, upstream, folders["pristine"], opts))
-    digest = series.digest(series.patches)[:12]
     earlier, fit = _compared_before(upstream, pin.describe(), digest, opts.compared)
     stand = earlier.standing({p.path for p in picked})
     left_out = [p.path for p in picked if p.path in earlier.whole]
@@ -303,6 +307,36 @@ def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows:
     (out / "bisect.json").parent.mkdir(parents=True, exist_ok=True)
     (out / "bisect.json").write_text(json.dumps(found, indent=2, sort_keys=True) + "\n")
     return found
+
+
+def _bisect_again(series: Series, upstream: str, prefix: PrefixTrees, repo, doc: dict, digest: str,
+                  opts: Options) -> dict:
+    """--bisect-again: the regressions and fixed tests of an earlier run (DOC, its result.json) whose bisection
+    named no patch (its budget ran out, the run was cut during it) bisected on the trees of this work directory,
+    no side run again; OUT/UPSTREAM/result.json is DOC's comparison with their rows and entries as judged now."""
+    pin = series.upstream(upstream).tests
+    if (doc.get("series_digest"), doc.get("tests")) != (digest, pin.describe()):
+        raise UsageError(f"--bisect-again: a result of series {doc.get('series_digest') or 'unnamed'} and tests "
+                         f"{doc.get('tests')}; this one is {digest}, {pin.describe()}: its patches may differ",
+                         hint="bisect a result of this series and tests pin")
+    rows = [Row(**r) for r in doc["rows"]]
+    done = {e["id"]: e for e in doc["bisect"]} if isinstance(doc.get("bisect"), list) else {}
+    pending = [r for r in rows if r.category in ("regression", "fixed") and "first_patch" not in done.get(r.id, {})]
+    if not pending:
+        raise UsageError(f"--bisect-again: every regression and fixed test of that {upstream} run was bisected: "
+                         "nothing to bisect again")
+    progress.say(f"{upstream}: bisecting again {len(pending)} test(s) whose bisection named no patch")
+    found = {e["id"]: e for e in _bisect_rows(series, upstream, prefix, repo, pending, sorted({r.file for r in pending}),
+                                                opts.out / upstream / "bisect", opts)}
+    results = {name: SideResult({k: Outcome(**o) for k, o in d["outcomes"].items()}, dict(d["not_run"]),
+                                dict(d["collect_errors"]), dict(d.get("deselected", {})), list(d["launches"]))
+               for name, d in doc["sides"].items()}
+    report = {k: v for k, v in doc.items() if k not in ("rows", "sides", "look_again")}
+    report.update(_summary(rows, results, pin.root, doc.get("seconds", {}), doc.get("no_tests", [])),
+                  bisect=[found.get(r.id) or done[r.id] for r in rows if r.id in found or r.id in done],
+                  bisected_again=len(pending))
+    _write(opts.out / upstream, report, rows, results)
+    return report
 
 
 def check_series(series: Series, workdir: Path, upstreams: list[str] | None, opts: Options,

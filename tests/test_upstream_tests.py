@@ -967,7 +967,10 @@ def test_a_bisection_its_budget_cut_is_finished_later_and_its_fixed_test_recorde
     tool("upstream_tests", "--series", up["series"], "--record-fixed", again / "megatron-lm" / "result.json", check=0)
     recorded = next(p for p in tomllib.loads((up["series"] / "series.toml").read_text())["patches"] if p["id"] == "fix")
     assert "megatron-lm:tests/unit_tests/test_alpha.py::test_fixed_by_the_series" in recorded["upstream_tests"], recorded
-    for doc, said in ((result, "nothing to bisect again"), ({**first, "series_digest": "0123456789ab"}, "its patches may differ")):
+    for doc, said in ((result, "nothing to bisect again"), ({**first, "series_digest": "0123456789ab"}, "its patches may differ"),
+                      ({**first, "rows": [{"id": "x::y"}]}, "not a whole result.json"), ({**first, "sides": []}, "not a whole"),
+                      ({**first, "sides": {"pristine": {**first["sides"]["pristine"], "outcomes": {"x::y": {"ok": 1}}}}},
+                       "not a whole")):
         bad = tmp_path / "bad.json"
         bad.write_text(json.dumps(doc))
         proc = tool("upstream_tests", "--series", up["series"], "--workdir", up["work"], "--cache", up["cache"],

@@ -319,8 +319,15 @@ def _bisect_again(series: Series, upstream: str, prefix: PrefixTrees, repo, doc:
         raise UsageError(f"--bisect-again: a result of series {doc.get('series_digest') or 'unnamed'} and tests "
                          f"{doc.get('tests')}; this one is {digest}, {pin.describe()}: its patches may differ",
                          hint="bisect a result of this series and tests pin")
-    rows = [Row(**r) for r in doc["rows"]]
-    done = {e["id"]: e for e in doc["bisect"]} if isinstance(doc.get("bisect"), list) else {}
+    try:
+        rows = [Row(**r) for r in doc["rows"]]
+        done = {e["id"]: e for e in doc["bisect"]} if isinstance(doc.get("bisect"), list) else {}
+        results = {name: SideResult({k: Outcome(**o) for k, o in d["outcomes"].items()}, dict(d["not_run"]),
+                                    dict(d["collect_errors"]), dict(d.get("deselected", {})), list(d["launches"]))
+                   for name, d in doc["sides"].items()}
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise UsageError(f"--bisect-again: not a whole result.json of tools/upstream_tests.py (its rows, bisect or "
+                         f"sides: {type(exc).__name__}: {exc})") from None
     pending = [r for r in rows if r.category in ("regression", "fixed") and "first_patch" not in done.get(r.id, {})]
     if not pending:
         raise UsageError(f"--bisect-again: every regression and fixed test of that {upstream} run was bisected: "
@@ -328,9 +335,6 @@ def _bisect_again(series: Series, upstream: str, prefix: PrefixTrees, repo, doc:
     progress.say(f"{upstream}: bisecting again {len(pending)} test(s) whose bisection named no patch")
     found = {e["id"]: e for e in _bisect_rows(series, upstream, prefix, repo, pending, sorted({r.file for r in pending}),
                                                 opts.out / upstream / "bisect", opts)}
-    results = {name: SideResult({k: Outcome(**o) for k, o in d["outcomes"].items()}, dict(d["not_run"]),
-                                dict(d["collect_errors"]), dict(d.get("deselected", {})), list(d["launches"]))
-               for name, d in doc["sides"].items()}
     report = {k: v for k, v in doc.items() if k not in ("rows", "sides", "look_again")}
     report.update(_summary(rows, results, pin.root, doc.get("seconds", {}), doc.get("no_tests", [])),
                   bisect=[found.get(r.id) or done[r.id] for r in rows if r.id in found or r.id in done],

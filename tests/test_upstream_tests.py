@@ -48,6 +48,8 @@ TESTS = {
         import megatron.core.alpha as alpha
 
         def test_fixed_by_the_series():
+            if os.environ.get("DEMO_OTHER_HOST"):   # a host that lacks what the test needs
+                raise RuntimeError("this host lacks what the test needs")
             assert alpha.value_5 == "patched"
 
         def test_fails_on_both():
@@ -964,6 +966,14 @@ def test_a_bisection_its_budget_cut_is_finished_later_and_its_fixed_test_recorde
     assert result["status"] == "failed" and not (again / "megatron-lm" / "pristine").exists(), result["reason"]
     assert "fixed: tests/unit_tests/test_alpha.py::test_fixed_by_the_series: the result changes at patch 1 of 3, fix" \
         in proc.stdout and "next: record the fixed tests" in proc.stdout, proc.stdout
+    # on a host where the test fails for want of something, never flaky: not bisected again, still fixed
+    other = tool("upstream_tests", "--series", up["series"], "--workdir", up["work"], "--cache", up["cache"],
+                 "--out", tmp_path / "other", "--bisect-again", up["tmp"] / "out" / "megatron-lm" / "result.json",
+                 "--test-timeout", "8", check=1, timeout=600, env={"DEMO_OTHER_HOST": "1"})
+    there = {e["id"].split("::")[-1]: e for e in read_json(tmp_path / "other" / "megatron-lm" / "result.json")["bisect"]}
+    assert there["test_fixed_by_the_series"]["category"] == "fixed" and "first_patch" not in there[
+        "test_fixed_by_the_series"] and there["test_fixed_by_the_series"]["note"].startswith("not bisected again: flaky"), there
+    assert there["test_broken_by_the_series"]["first_patch"] == "break", other.stdout
     tool("upstream_tests", "--series", up["series"], "--record-fixed", again / "megatron-lm" / "result.json", check=0)
     recorded = next(p for p in tomllib.loads((up["series"] / "series.toml").read_text())["patches"] if p["id"] == "fix")
     assert "megatron-lm:tests/unit_tests/test_alpha.py::test_fixed_by_the_series" in recorded["upstream_tests"], recorded

@@ -333,8 +333,14 @@ def _bisect_again(series: Series, upstream: str, prefix: PrefixTrees, repo, doc:
         raise UsageError(f"--bisect-again: every regression and fixed test of that {upstream} run was bisected: "
                          "nothing to bisect again")
     progress.say(f"{upstream}: bisecting again {len(pending)} test(s) whose bisection named no patch")
+    was = {r.id: r.category for r in pending}
     found = {e["id"]: e for e in _bisect_rows(series, upstream, prefix, repo, pending, sorted({r.file for r in pending}),
                                                 opts.out / upstream / "bisect", opts)}
+    for r in pending:   # a flaky verdict needs both runs on one host: this one may lack what the run's host had
+        if r.category == "flaky":
+            r.category, r.note = was[r.id], (f"not bisected again: {r.note}, on the host of --bisect-again, which may "
+                                             "not be the run's (a flaky verdict needs both runs on one host)")
+            found[r.id] = {"id": r.id, "category": r.category, "note": r.note}
     report = {k: v for k, v in doc.items() if k not in ("rows", "sides", "look_again")}
     report.update(_summary(rows, results, pin.root, doc.get("seconds", {}), doc.get("no_tests", [])),
                   bisect=[found.get(r.id) or done[r.id] for r in rows if r.id in found or r.id in done],

@@ -59,11 +59,10 @@
 #                   Megatron-LM's, the others' whole selections run again); UT_TEST_TIMEOUT the seconds a test may run
 #                   (default 120: a hung collective must not take the budget); UT_BISECT_BUDGET the seconds the bisection's
 #                   probes share after the sides (default 240: the regressions first; what it does not reach stays unbisected);
-#                   UT_MLM_AGAIN='FILE ...': Megatron-LM files compared whole before, run again whole (no --compared) in a
-#                   run of their own beside the shards (out folder megatron-lm-again): a file whose fixed tests an earlier
-#                   run's bisection did not reach; UT_MLM_BISECT_AGAIN=RESULT: a committed Megatron-LM result.json whose
+#                   UT_MLM_BISECT_AGAIN=RESULT: a committed Megatron-LM result.json whose
 #                   bisection its budget cut, bisected again beside the shards (--bisect-again: no side runs; out folder
-#                   megatron-lm-bisect; h100/2026-12-06-first-of-kind's dataset kinds need about 5 probes of 45 s each);
+#                   megatron-lm-bisect; h100/2026-12-06-first-of-kind's dataset kinds need about 5 probes of 45 s each; it
+#                   replaces UT_MLM_AGAIN, which that run used to run data/test_builder.py again whole);
 #                   UT_MLM_LOOK_AGAIN='TEXT;TEXT'
 #                   runs again the committed runs' Megatron-LM known failures whose first error line holds a TEXT (--look-again:
 #                   the host has what they lacked since, e.g. 'async def functions are not natively supported')
@@ -339,7 +338,7 @@ from harness.host import cases; print(cases.LEARNING_LR)")
     if [ "$done" = 0 ]; then stamp "the evidence still runs: wait-learning-evidence again"; exit 3; fi ;;
   upstream-tests-bg)
     export S UT_BUDGET=${UT_BUDGET:-600} UT_ONLY=${UT_ONLY:-"megatron-lm megatron-bridge nemo-rl"} \
-      UT_MLM_FILES=${UT_MLM_FILES:-} UT_MLM_AGAIN=${UT_MLM_AGAIN:-} UT_MLM_BISECT_AGAIN=${UT_MLM_BISECT_AGAIN:-} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} UT_MLM_SHARDS=${UT_MLM_SHARDS:-1} \
+      UT_MLM_FILES=${UT_MLM_FILES:-} UT_MLM_BISECT_AGAIN=${UT_MLM_BISECT_AGAIN:-} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} UT_MLM_SHARDS=${UT_MLM_SHARDS:-1} \
       UT_SETUP=${UT_SETUP:-} UT_MLM_LOOK_AGAIN=${UT_MLM_LOOK_AGAIN:-} UT_TEST_TIMEOUT=${UT_TEST_TIMEOUT:-120} \
       UT_BISECT_BUDGET=${UT_BISECT_BUDGET:-240}
     case $UT_MLM_SHARDS in [1-9]) ;; *) stamp "refused: UT_MLM_SHARDS is 1 to 9, not '$UT_MLM_SHARDS'"; exit 2 ;; esac
@@ -353,9 +352,9 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       # the setup unpacks the sources first, then builds the venv; none running, or one that ended without them, ends this
       while_setup test -e /tmp/nrl-run/.payload-ok || { stamp "no payload in /tmp/nrl-run and no setup running (setup-bg first; /tmp/o/setup.console)"; exit 1; }
       shards=(); case " $UT_ONLY " in *" megatron-lm "*) for i in $(seq 2 "$UT_MLM_SHARDS"); do shards+=("megatron-lm-$i"); done
-        [ -z "$UT_MLM_AGAIN" ] || shards+=(megatron-lm-again); [ -z "$UT_MLM_BISECT_AGAIN" ] || shards+=(megatron-lm-bisect) ;; esac
+        [ -z "$UT_MLM_BISECT_AGAIN" ] || shards+=(megatron-lm-bisect) ;; esac
       for up in $UT_ONLY "${shards[@]}"; do   # a workspace each: a run locks its own
-        u=${up%-again}; u=${u%-bisect}; python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "${u%-[0-9]}" "$@" \
+        u=${up%-bisect}; python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "${u%-[0-9]}" "$@" \
           --source nemo-rl="$S"/nemo-rl.git --cache /tmp/ut-cache > "$U/apply-$up.txt" 2>&1 || stamp "apply $up failed"
       done
       stamp "workspaces applied; waiting for the setup venv"
@@ -404,12 +403,6 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         sh=(); [ "$UT_MLM_SHARDS" = 1 ] || sh=(--shard "$i/$UT_MLM_SHARDS")
         run megatron-lm "$name" --tests-source megatron-lm="$P/megatron-lm" --nproc 4 "${mlm_files[@]}" "${sh[@]}" &
       done
-      # UT_MLM_AGAIN: files compared whole before, run again whole in a run of their own beside the shards (no
-      # --compared): a file whose fixed tests an earlier run could not bisect (their probes ran out of time)
-      if [ -n "$UT_MLM_AGAIN" ]; then
-        again=(); for f in $UT_MLM_AGAIN; do again+=(--files "$f"); done
-        UT_COMPARED=none run megatron-lm megatron-lm-again --tests-source megatron-lm="$P/megatron-lm" --nproc 4 "${again[@]}" &
-      fi
       # UT_MLM_BISECT_AGAIN=RESULT: a committed Megatron-LM result whose bisection its budget cut, bisected again
       # beside the shards (tools/upstream_tests.py --bisect-again: no side runs; UT_BISECT_BUDGET its probes'"'"' seconds)
       if [ -n "$UT_MLM_BISECT_AGAIN" ]; then

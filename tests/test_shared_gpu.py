@@ -762,26 +762,17 @@ def test_the_upstream_tests_refuse_a_shard_count_they_cannot_run(tmp_path, shard
     assert '[ "$up" != nemo-rl ] && [ -d "$P/site" ] && extra=("PYTHONPATH=$P/site")' in step, step[:800]
 
 
-def test_the_files_named_to_run_again_run_whole_in_a_run_of_their_own(tmp_path):
-    """UT_MLM_AGAIN='FILE ...': Megatron-LM files an earlier run compared whole run again whole, beside the
-    shards: their own workspace (applied for Megatron-LM), their own out folder, no --compared (which would
-    leave them out), each file a --files. UT_MLM_BISECT_AGAIN=RESULT: that result's cut bisection finished
-    beside them (--bisect-again)."""
+def test_a_cut_bisection_is_finished_beside_the_shards(tmp_path):
+    """UT_MLM_BISECT_AGAIN=RESULT: a committed Megatron-LM result whose bisection its budget cut is bisected again
+    beside the shards (--bisect-again): its own workspace (applied for Megatron-LM), its own out folder, never
+    --compared (refused with it) nor --budget (no side runs)."""
     step = _upstream_tests_refused(tmp_path, "UT_MLM_SHARDS", "0", "1 to 9").split("\n  wait-upstream-tests)", 1)[0]
-    assert '[ -z "$UT_MLM_AGAIN" ] || shards+=(megatron-lm-again)' in step
-    assert 'u=${up%-again}; u=${u%-bisect}; python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "${u%-[0-9]}"' in step
-    assert 'for f in $UT_MLM_AGAIN; do again+=(--files "$f"); done' in step
-    assert 'UT_COMPARED=none run megatron-lm megatron-lm-again' in step and '"${again[@]}" &' in step
-    # UT_MLM_BISECT_AGAIN=RESULT: --bisect-again beside the shards, in a workspace of its own, never --compared
-    # (refused with it) nor --budget (no side runs)
-    assert '[ -z "$UT_MLM_BISECT_AGAIN" ] || shards+=(megatron-lm-bisect)' in step and 'u=${u%-bisect}' in step
+    assert '[ -z "$UT_MLM_BISECT_AGAIN" ] || shards+=(megatron-lm-bisect)' in step
+    assert 'u=${up%-bisect}; python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "${u%-[0-9]}"' in step
     bisect = step.split('if [ -n "$UT_MLM_BISECT_AGAIN" ]; then', 1)[1].split("\n      fi", 1)[0]
     assert '--workdir /tmp/ut-work/megatron-lm-bisect --bisect-again "$UT_MLM_BISECT_AGAIN"' in bisect
     assert "--compared" not in bisect and "--budget " not in bisect and '--out "$U/megatron-lm-bisect"' in bisect
-    # a function called with an assignment before it sees it, and the caller does not keep it
-    probe = subprocess.run(["bash", "-c", 'f() { echo "in:${UT_COMPARED:-all}"; }; UT_COMPARED=none f & wait; '
-                            'echo "after:${UT_COMPARED:-all}"'], capture_output=True, text=True, check=True)
-    assert probe.stdout.split() == ["in:none", "after:all"], probe.stdout
+    assert "UT_MLM_AGAIN=" not in step
 
 
 def test_the_gpu_script_passes_each_committed_result_and_the_known_failures_to_look_at_again(tmp_path):

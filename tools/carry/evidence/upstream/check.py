@@ -31,7 +31,6 @@ from ..bisect import PrefixTrees
 from . import suite
 from .launch import Side, SideResult, replayed, run_side
 from .movers import bisect_movers
-from .results import Outcome
 from .select import Picked, select
 from .taken import judgeable
 from .verdict import Compared, Row, compare, counts, file_of, files_without_rows, outcome_in, side_counts
@@ -293,7 +292,7 @@ def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds
 
 
 def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows: list[Row], files: list[str],
-                 out: Path, opts: Options) -> list[dict]:
+                 out: Path, opts: Options, another_host: bool = False) -> list[dict]:
     """Each regression and each fixed test run again and bisected (movers.bisect_movers), each probe's tests
     run once on its prefix's trees in its own folder under OUT; with ``bisect_budget_s`` the probes share that
     many seconds, and a test a probe did not reach is left not bisected. bisect.json: their entries."""
@@ -303,7 +302,7 @@ def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows:
         return run_once(f"bisect k={k}", series, upstream, repo, prefix.trees(k), files, ids, out / folder, opts,
                         deadline)
 
-    found = bisect_movers(rows, prefix.order, [p.id for p in series.patches], probe)
+    found = bisect_movers(rows, prefix.order, [p.id for p in series.patches], probe, another_host)
     (out / "bisect.json").parent.mkdir(parents=True, exist_ok=True)
     (out / "bisect.json").write_text(json.dumps(found, indent=2, sort_keys=True) + "\n")
     return found
@@ -322,9 +321,7 @@ def _bisect_again(series: Series, upstream: str, prefix: PrefixTrees, repo, doc:
     try:
         rows = [Row(**r) for r in doc["rows"]]
         done = {e["id"]: e for e in doc["bisect"]} if isinstance(doc.get("bisect"), list) else {}
-        results = {name: SideResult({k: Outcome(**o) for k, o in d["outcomes"].items()}, dict(d["not_run"]),
-                                    dict(d["collect_errors"]), dict(d.get("deselected", {})), list(d["launches"]))
-                   for name, d in doc["sides"].items()}
+        results = {name: SideResult.from_dict(d) for name, d in doc["sides"].items()}
     except (TypeError, KeyError, AttributeError) as exc:
         raise UsageError(f"--bisect-again: not a whole result.json of tools/upstream_tests.py (its rows, bisect or "
                          f"sides: {type(exc).__name__}: {exc})") from None
@@ -333,14 +330,9 @@ def _bisect_again(series: Series, upstream: str, prefix: PrefixTrees, repo, doc:
         raise UsageError(f"--bisect-again: every regression and fixed test of that {upstream} run was bisected: "
                          "nothing to bisect again")
     progress.say(f"{upstream}: bisecting again {len(pending)} test(s) whose bisection named no patch")
-    was = {r.id: r.category for r in pending}
+    # a flaky verdict needs both runs on one host, and this one may lack what the run's host had
     found = {e["id"]: e for e in _bisect_rows(series, upstream, prefix, repo, pending, sorted({r.file for r in pending}),
-                                                opts.out / upstream / "bisect", opts)}
-    for r in pending:   # a flaky verdict needs both runs on one host: this one may lack what the run's host had
-        if r.category == "flaky":
-            r.category, r.note = was[r.id], (f"not bisected again: {r.note}, on the host of --bisect-again, which may "
-                                             "not be the run's (a flaky verdict needs both runs on one host)")
-            found[r.id] = {"id": r.id, "category": r.category, "note": r.note}
+                                                opts.out / upstream / "bisect", opts, another_host=True)}
     report = {k: v for k, v in doc.items() if k not in ("rows", "sides", "look_again")}
     report.update(_summary(rows, results, pin.root, doc.get("seconds", {}), doc.get("no_tests", [])),
                   bisect=[found.get(r.id) or done[r.id] for r in rows if r.id in found or r.id in done],

@@ -80,6 +80,12 @@ class SideResult:
                 "not_run": dict(sorted(self.not_run.items())), "collect_errors": self.collect_errors,
                 "deselected": self.deselected, "launches": self.launches}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> SideResult:
+        """A side as to_dict wrote it (a result.json's "sides"); KeyError or TypeError where it is not whole."""
+        return cls({k: Outcome(**o) for k, o in d["outcomes"].items()}, dict(d["not_run"]), dict(d["collect_errors"]),
+                   dict(d.get("deselected", {})), list(d["launches"]))
+
 
 LAUNCH_TRIES = 4
 RESERVE = 0.35  # of a side's time budget, kept for the tests that ask for another world size

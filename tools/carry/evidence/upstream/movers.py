@@ -42,9 +42,11 @@ def first_of_each_kind(movers: list[Row]) -> tuple[list[Row], list[Row]]:
     return first, rest
 
 
-def bisect_movers(rows: list[Row], order: list, series_ids: list[str], probe: Probe) -> list[dict]:
+def bisect_movers(rows: list[Row], order: list, series_ids: list[str], probe: Probe,
+                  another_host: bool = False) -> list[dict]:
     """Every regression and fixed test of ROWS run again and bisected over ORDER (the series' patches as
-    applied); their entries of bisect.json, in the rows' order, each row's category and note set as judged."""
+    applied); their entries of bisect.json, in the rows' order, each row's category and note set as judged.
+    ANOTHER_HOST: the rows' run may have had another host (--bisect-again), so no test is called flaky."""
     cache: dict[int, dict[str, str]] = {}
     n = len(order)
     found: dict[str, dict] = {}
@@ -64,7 +66,7 @@ def bisect_movers(rows: list[Row], order: list, series_ids: list[str], probe: Pr
             folder = "k{:03d}" + ("" if group == "regression" else f"-{group}") + part
             for r in batch:
                 found[r.id] = bisect_row(r, order, lambda k, ids=ids, folder=folder: outcomes(k, ids, folder.format(k)),
-                                         n, series_ids)
+                                         n, series_ids, another_host)
         _name_their_kinds_first(first, rest, found, n)
     return [found[r.id] for r in movers]
 
@@ -83,19 +85,28 @@ class _NotReached(Exception):
     pass
 
 
-def bisect_row(r: Row, order: list, outcomes: Callable[[int], dict[str, str]], n: int, series_ids: list[str]) -> dict:
+def bisect_row(r: Row, order: list, outcomes: Callable[[int], dict[str, str]], n: int, series_ids: list[str],
+               another_host: bool = False) -> dict:
     """One moving test: run again on the patched trees (``outcomes(n)``), then bisected over the prefixes;
     its entry of bisect.json (its row's category and note set as judged). A probe that did not reach it (the
-    bisection's budget ran out, or its launches did) leaves it not bisected, never charged to a patch."""
+    bisection's budget ran out, or its launches did) leaves it not bisected, never charged to a patch. A move
+    that does not happen again is flaky, unless ANOTHER_HOST: then it is left not bisected, its verdict kept."""
+
+    def not_again(why: str) -> dict:
+        if another_host:
+            r.note = (f"not bisected again: {why}, on the host of --bisect-again, which may not be the run's "
+                      "(a flaky verdict needs both runs on one host)")
+        else:
+            r.category, r.note = "flaky", f"flaky: {why}"
+        return {"id": r.id, "category": r.category, "note": r.note}
+
     target = "failing" if r.category == "regression" else "passing"
     again = outcomes(n)[r.id]
     if again == "not-run":  # the second run never reached it: nothing is confirmed, nothing excused
         r.note = "not confirmed: the second run on the patched trees did not reach it"
         return {"id": r.id, "category": r.category, "note": r.note}
     if signature(again) != target:
-        r.note = f"flaky: {r.patched} on the patched trees, then {again} on the same trees"
-        r.category = "flaky"
-        return {"id": r.id, "category": "flaky", "note": r.note}
+        return not_again(f"{r.patched} on the patched trees, then {again} on the same trees")
 
     def probe(k: int) -> tuple[str, str, str]:
         o = outcomes(k)[r.id]
@@ -110,6 +121,7 @@ def bisect_row(r: Row, order: list, outcomes: Callable[[int], dict[str, str]], n
                   "(the bisection's budget ran out, or its launches did)")
         return {"id": r.id, "category": r.category, "note": r.note}
     if not res.changed:
-        r.note = f"flaky: {r.pristine} on the pristine base, then {outcomes(0)[r.id]} on the same base"
-        r.category = "flaky"
+        kept = not_again(f"{r.pristine} on the pristine base, then {outcomes(0)[r.id]} on the same base")
+        if another_host:
+            return kept
     return {"id": r.id, "category": r.category, **res.to_dict()}

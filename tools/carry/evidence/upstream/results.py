@@ -239,8 +239,8 @@ def _set_poisoned(launch: Launch) -> None:
         if broke is None:
             continue
         error = STICKY_CUDA.search(reasons[broke])[0]
-        for n, nodeid in enumerate(ids[broke:] if broke else ids[1:], start=broke if broke else 1):
-            if nodeid not in launch.tests:
+        for n, nodeid in enumerate(ids[broke:], start=broke):
+            if n == 0 or nodeid not in launch.tests:   # the launch's first test met a fresh context: it tells
                 continue
             launch.astray[nodeid] = (
                 f"rank {rank} met a broken CUDA context in it ({error}) after other tests of its launch: the "

@@ -2208,9 +2208,11 @@ def test_the_bridge_run_compares_its_whole_selection_on_this_series(tmp_path):
 
 
 def _whole(result: dict) -> frozenset[str]:
-    """The test files one committed run compared whole, as a later --compared run reads it (verdict.Compared)."""
+    """The test files one committed run compared whole, as a later --compared run reads it (verdict.Compared):
+    not those it leaves out because upstream's markers deselect every test of theirs (nothing compared)."""
     from carry.evidence.upstream.verdict import Compared
-    return Compared.of([result]).whole
+    earlier = Compared.of([result])
+    return earlier.whole - earlier.deselected
 
 
 def _failure_written_in(folder: Path) -> str:
@@ -2344,8 +2346,10 @@ def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_i
     _shards_judged_again(run, PASSED_OVER / "README.md", [(384, 335), (184, 208)], least=50)
     results = _committed_results("megatron-lm", without=("2026-12-06-mlm-whole-budget", "2026-12-06-data-helpers", *LATER))
     pin = _result_json(PASSED_OVER / "run" / "megatron-lm" / "megatron-lm")["tests"]
-    whole = _compared_before("megatron-lm", pin, "55a9fda873e9", results)[0].whole
+    earlier = _compared_before("megatron-lm", pin, "55a9fda873e9", results)[0]
+    whole = earlier.whole - earlier.deselected   # (and 7 whose every test upstream's markers deselect)
     assert len(whole) == 79 and "tests/unit_tests/transformer/moe/test_shared_experts.py" in whole, len(whole)
+    assert len(earlier.deselected) == 7, earlier.deselected
     assert "tests/unit_tests/data/test_gpt_dataset.py" not in whole   # one of its tests came from ranks out of step
     # the mutation: one passed test fails on shard 2's patched side
     _a_written_failure_is_red(PASSED_OVER, tmp_path, [(384, 335), (184, 208)], 50, "megatron-lm-2")
@@ -2366,8 +2370,8 @@ def test_the_whole_budget_run_has_no_regression_and_leaves_68_files(tmp_path):
     # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
     # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind)
     assert _standing(pin, _committed_results("megatron-lm", without=("2026-12-06-data-helpers", *LATER))) == {
-        "files": 208, "compared_whole": 140, "left": 68, "left_with_tests_not_compared": 54, "tests_not_compared": 1989,
-        "left_with_no_test_known": 14, "tests_compared_in_those_left": 961}
+        "files": 208, "compared_whole": 140, "deselected_whole": 7, "left": 61, "left_with_tests_not_compared": 54, "tests_not_compared": 1989,
+        "left_with_no_test_known": 7, "tests_compared_in_those_left": 961}
     # the mutation: one passed test fails on shard 1's patched side
     _a_written_failure_is_red(WHOLE_BUDGET, tmp_path, [(731, 489), (1507, 304)], 700, "megatron-lm", flaky_runs_named=True)
 
@@ -2395,13 +2399,13 @@ def test_the_data_helpers_run_has_no_regression_and_its_helper_failures_open_aga
     # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
     # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind)
     assert _standing(pin, _committed_results("megatron-lm", without=LATER)) == {
-        "files": 208, "compared_whole": 143, "left": 65, "left_with_tests_not_compared": 51, "tests_not_compared": 1804,
-        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1012}
+        "files": 208, "compared_whole": 143, "deselected_whole": 7, "left": 58, "left_with_tests_not_compared": 51, "tests_not_compared": 1804,
+        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1012}
     reopened = _committed_results("megatron-lm", without=LATER)
     assert look_again(reopened, ["SystemExit: 1"]) == {"SystemExit: 1": 9}
     assert _standing(pin, reopened) == {
-        "files": 208, "compared_whole": 140, "left": 68, "left_with_tests_not_compared": 54, "tests_not_compared": 1810,
-        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1010}
+        "files": 208, "compared_whole": 140, "deselected_whole": 7, "left": 61, "left_with_tests_not_compared": 54, "tests_not_compared": 1810,
+        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1010}
     # the mutation: one passed test fails on shard 1's patched side
     _a_written_failure_is_red(DATA_HELPERS, tmp_path, [(153, 443), (88, 585)], 20, "megatron-lm", flaky_runs_named=True)
 
@@ -2426,6 +2430,47 @@ def test_a_selected_file_that_holds_no_test_is_named_never_dropped_silently(up, 
     _run(up, "--no-bisect", "--files", "tests/unit_tests/test_collect.py", "--files", "tests/unit_tests/test_delta.py",
          "--files", "tests/unit_tests/test_skipped_module.py", "--files", "tests/unit_tests/test_deselected_whole.py")
     assert read_json(up["tmp"] / "report.json")["upstreams"][0]["no_tests"] == []
+
+
+def test_a_file_whose_every_test_upstreams_markers_deselect_is_left_out_and_counted_apart(up, tmp_path):
+    """Upstream's CI runs none of the tests of a file whose every test its marker expression deselects
+    (Megatron-LM's a2a_overlap/ files, pytestmark flaky_in_dev; moe/test_multihot_indices_converter.py,
+    experimental): a later --compared run leaves it out, and the standing counts it apart, neither compared
+    nor "no run knows a test of" (which seven such files were, in every GPU run, until 2026-12-06). A file
+    whose deselected test sits beside tests upstream runs is whole once those are compared, and counted as
+    compared; one of them not compared keeps it in."""
+    files = ["tests/unit_tests/test_delta.py", "tests/unit_tests/test_deselected_whole.py"]
+    _, out = _run(up, "--no-bisect", *[a for f in files for a in ("--files", f)], check=0)
+    result = read_json(out / "megatron-lm" / "result.json")
+    assert {r["id"].split("::")[0] for r in result["rows"]} == {files[0]}, result["rows"]
+    assert all(list(s["deselected"]) == [files[1] + "::test_only_upstreams_markers_deselect"]
+               for s in result["sides"].values()), result["sides"]
+
+    def again(doc: dict) -> tuple[dict, str]:
+        path = tmp_path / f"result-{len(list(tmp_path.glob('result-*')))}.json"
+        path.write_text(json.dumps(doc))
+        proc, _ = _run(up, "--select-only", "--compared", path, check=0, env={"GTP_CARRY_VERBOSE": "1"})
+        return read_json(up["tmp"] / "report.json")["upstreams"][0], proc.stdout + proc.stderr
+
+    report, said = again(result)
+    assert sorted(report["compared_before"]) == files and not {s["path"] for s in report["selection"]} & set(files)
+    stand = report["standing"]
+    assert (stand["compared_whole"], stand["deselected_whole"]) == (1, 1), stand
+    assert stand["left"] == stand["files"] - 2 and stand["left_with_no_test_known"] == stand["left"], stand
+    assert ("1 selected test file(s) left out: upstream's own markers (-m 'not flaky_in_dev') deselected every "
+            "test of theirs in an earlier run: its CI runs none") in said, said
+    assert "compared 1 whole and found upstream's markers deselect every test of 1;" in said, said
+    # a deselected test beside the compared ones of test_delta.py: the file is compared whole, not deselected
+    beside = json.loads(json.dumps(result))
+    for side in beside["sides"].values():
+        side["deselected"][files[0] + "::test_upstream_deselects_here_too"] = "upstream"
+    report, _ = again(beside)
+    assert sorted(report["compared_before"]) == files and report["standing"]["deselected_whole"] == 1, report
+    # and one of its tests not compared keeps it in, deselected test or not
+    beside["rows"][0]["category"] = "not-compared"
+    report, _ = again(beside)
+    assert report["compared_before"] == files[1:] and files[0] in {s["path"] for s in report["selection"]}, report
+    assert report["standing"]["deselected_whole"] == 1 and report["standing"]["compared_whole"] == 0, report
 
 
 def test_compared_leaves_out_the_files_an_earlier_run_compared_whole_and_only_those(up, tmp_path):
@@ -2520,7 +2565,8 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
     proc, _ = _run(up, "--select-only", "--shard", "2/2", "--compared", earlier, check=0)
     stand = read_json(up["tmp"] / "report.json")["upstreams"][0]["standing"]
     n = stand["files"]
-    assert n >= 5 and stand == {"files": n, "compared_whole": 0, "left": n, "left_with_tests_not_compared": 1,
+    assert n >= 5 and stand == {"files": n, "compared_whole": 0, "deselected_whole": 0, "left": n,
+                                "left_with_tests_not_compared": 1,
                                 "tests_not_compared": 1, "left_with_no_test_known": n - 1,
                                 "tests_compared_in_those_left": 1}, stand
     assert (f"megatron-lm: of the {n} selected test file(s), the --compared runs compared 0 whole; {n} left: 1 holding "

@@ -129,7 +129,7 @@ def main(argv: list[str], prog: str) -> int:
     options.write_report(a.json, {"ok": not bad and not a.select_only, "series": series.name, "upstreams": reports})
     if a.select_only:
         for r in reports:
-            before = f"; {len(r['compared_before'])} left out, compared before" if r.get("compared_before") else ""
+            before = f"; {len(r['compared_before'])} left out by the --compared runs" if r.get("compared_before") else ""
             shard = f" (shard {r['shard']})" if r.get("shard") else ""
             print(f"{r['upstream']}: {len(r['selection'])} test file(s){shard}{before}, {r['tests']}")
             if a.compared:

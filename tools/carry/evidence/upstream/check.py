@@ -87,6 +87,7 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     earlier, fit = _compared_before(upstream, pin.describe(), digest, opts.compared)
     stand = earlier.standing({p.path for p in picked})
     left_out = [p.path for p in picked if p.path in earlier.whole]
+    unrun = [path for path in left_out if path in earlier.deselected]
     # New ground first: a file an earlier run began and did not finish (some of its tests compared, others cut
     # by the budget, flaky, regressed) goes after every file no run has reached, so that it cannot take a
     # night's budget again before them (resharding/test_model_swap.py took two runs' whole budgets,
@@ -106,9 +107,12 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
               # what the trees hold beyond their git layout: the pinned wheels' compiled members (installed.py)
               **({"installed": prefix.finish.added} if isinstance(prefix.finish, Installed) and prefix.finish.added else {}),
               **({"shard": "%d/%d" % opts.shard} if opts.shard else {})}
-    if left_out:
-        progress.say(f"{upstream}: {len(left_out)} selected test file(s) left out: an earlier run (--compared) "
-                     f"compared every test of theirs")
+    if len(left_out) > len(unrun):
+        progress.say(f"{upstream}: {len(left_out) - len(unrun)} selected test file(s) left out: an earlier run "
+                     f"(--compared) compared every test of theirs")
+    if unrun:
+        progress.say(f"{upstream}: {len(unrun)} selected test file(s) left out: upstream's own markers "
+                     f"(-m {pin.markers!r}) deselected every test of theirs in an earlier run: its CI runs none")
     if done:
         progress.say(f"{upstream}: {len(done)} test(s) of {len({file_of(n) for n in done})} file(s) an earlier run "
                      f"began left out: it compared them (--compared); the rest of those files runs")
@@ -183,8 +187,10 @@ def _unbisected(summary: dict) -> dict:
 
 def standing_line(stand: dict[str, int]) -> str:
     """Compared.standing in words: where the --compared runs stand against the whole selection."""
+    deselected = stand.get("deselected_whole", 0)
     return (f"of the {stand['files']} selected test file(s), the --compared runs compared {stand['compared_whole']} "
-            f"whole; {stand['left']} left: {stand['left_with_tests_not_compared']} holding "
+            f"whole" + (f" and found upstream's markers deselect every test of {deselected}" if deselected else "") +
+            f"; {stand['left']} left: {stand['left_with_tests_not_compared']} holding "
             f"{stand['tests_not_compared']} test(s) some run collected and none compared (and "
             f"{stand['tests_compared_in_those_left']} compared, passed over), {stand['left_with_no_test_known']} "
             f"no run knows a test of")

@@ -168,11 +168,14 @@ class Compared:
       in every run that knows it (it ran no test there: what kept it from importing may be there now); and for
       as long as any run found a test of it regressed. A row that names the file alone (a side that never
       collected it) says nothing against the runs that compared its tests;
-    - ``begun``: the files a test of which one of them compared, not only collected."""
+    - ``begun``: the files a test of which one of them compared, not only collected;
+    - ``deselected``: the files of ``whole`` where none knows a test and one found each test upstream's own marker
+      expression deselected (on a side: its CI runs none of them; a file the series changed markers in has rows)."""
     known: dict[str, frozenset[str]]
     by: frozenset[str]
     whole: frozenset[str]
     begun: frozenset[str]
+    deselected: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, results: list[dict]) -> Compared:
@@ -185,17 +188,23 @@ class Compared:
         by = set().union(*(compared_tests(r) for r in results)) - regressed
         empty = set().union(*(r.get("no_tests", []) for r in results)) - known.keys()
         begun = {file_of(row["id"]) for r in results for row in r.get("rows", []) if row["category"] != "not-compared"}
+        deselected = {file_of(nodeid) for r in results for side in r.get("sides", {}).values()
+                      for nodeid in side.get("deselected", {})} - known.keys()
         return cls({f: frozenset(ids) for f, ids in known.items()}, frozenset(by),
-                   frozenset({f for f, ids in known.items() if ids <= by} | empty), frozenset(begun))
+                   frozenset({f for f, ids in known.items() if ids <= by} | empty | deselected), frozenset(begun),
+                   frozenset(deselected))
 
     def standing(self, selected: set[str]) -> dict[str, int]:
         """Where these runs stand against the SELECTED test files: how many they compared whole and how many are
         left; of those, the files that hold tests some run knows and none compared (and how many such tests:
         regressed ones included), the files no run knows a test of (never collected, or never reached), and the
-        tests already compared in them, which a run passes over."""
+        tests already compared in them, which a run passes over. The files whose every test upstream's markers
+        deselect are neither compared nor left: counted apart."""
         left = selected - self.whole
         tests = [t for f in left for t in self.known.get(f, ())]
-        return {"files": len(selected), "compared_whole": len(selected) - len(left), "left": len(left),
+        deselected = len(selected & self.deselected)
+        return {"files": len(selected), "compared_whole": len(selected) - len(left) - deselected,
+                "deselected_whole": deselected, "left": len(left),
                 "left_with_tests_not_compared": len({file_of(t) for t in tests if t not in self.by}),
                 "tests_not_compared": sum(t not in self.by for t in tests),
                 "left_with_no_test_known": len(left - self.known.keys()),

@@ -187,7 +187,7 @@ def _unbisected(summary: dict) -> dict:
 
 def standing_line(stand: dict[str, int]) -> str:
     """Compared.standing in words: where the --compared runs stand against the whole selection."""
-    deselected = stand.get("deselected_whole", 0)
+    deselected = stand["deselected_whole"]
     return (f"of the {stand['files']} selected test file(s), the --compared runs compared {stand['compared_whole']} "
             f"whole" + (f" and found upstream's markers deselect every test of {deselected}" if deselected else "") +
             f"; {stand['left']} left: {stand['left_with_tests_not_compared']} holding "

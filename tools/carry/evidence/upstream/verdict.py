@@ -175,7 +175,7 @@ class Compared:
     by: frozenset[str]
     whole: frozenset[str]
     begun: frozenset[str]
-    deselected: frozenset[str] = frozenset()
+    deselected: frozenset[str]
 
     @classmethod
     def of(cls, results: list[dict]) -> Compared:

@@ -2211,7 +2211,8 @@ def _whole(result: dict) -> frozenset[str]:
     """The test files one committed run compared whole, as a later --compared run reads it (verdict.Compared):
     not those it leaves out because upstream's markers deselect every test of theirs (nothing compared)."""
     from carry.evidence.upstream.verdict import Compared
-    earlier = Compared.of([result])
+    from carry.series.repo import load_series
+    earlier = Compared.of([result], load_series("gtp").upstream(result["upstream"]).tests.markers)
     return earlier.whole - earlier.deselected
 
 
@@ -2308,11 +2309,19 @@ def _shards_judged_again(run: Path, readme: Path, shards: list[tuple[int, int]],
                 assert flaky_runs_named and r.category == d["category"] == "flaky" and r.note.startswith("flaky: "), (r, d)
 
 
-def _standing(pin: str, results: list[dict]) -> dict:
-    """Where Megatron-LM stands after RESULTS, as --select-only prints it (Compared.standing over the files
-    the runs that count selected)."""
+def _mlm_pin(tests: str):
+    """The series' Megatron-LM tests pin, which the runs named TESTS (their result.json's "tests") ran."""
+    from carry.series.repo import load_series
+    pin = load_series("gtp").upstream("megatron-lm").tests
+    assert pin.describe() == tests, (pin.describe(), tests)
+    return pin
+
+
+def _standing(tests: str, results: list[dict]) -> dict:
+    """Where Megatron-LM stands after RESULTS (of the tests pin named TESTS), as --select-only prints it
+    (Compared.standing over the files the runs that count selected)."""
     from carry.evidence.upstream.check import _compared_before
-    earlier, fit = _compared_before("megatron-lm", pin, "55a9fda873e9", results)
+    earlier, fit = _compared_before("megatron-lm", _mlm_pin(tests), "55a9fda873e9", results)
     return earlier.standing(set().union(*({s["path"] for s in r["selection"]} | set(r["compared_before"]) for r in fit)))
 
 
@@ -2346,10 +2355,12 @@ def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_i
     _shards_judged_again(run, PASSED_OVER / "README.md", [(384, 335), (184, 208)], least=50)
     results = _committed_results("megatron-lm", without=("2026-12-06-mlm-whole-budget", "2026-12-06-data-helpers", *LATER))
     pin = _result_json(PASSED_OVER / "run" / "megatron-lm" / "megatron-lm")["tests"]
-    earlier = _compared_before("megatron-lm", pin, "55a9fda873e9", results)[0]
-    whole = earlier.whole - earlier.deselected   # (and 7 whose every test upstream's markers deselect)
+    earlier = _compared_before("megatron-lm", _mlm_pin(pin), "55a9fda873e9", results)[0]
+    whole = earlier.whole
     assert len(whole) == 79 and "tests/unit_tests/transformer/moe/test_shared_experts.py" in whole, len(whole)
-    assert len(earlier.deselected) == 7, earlier.deselected
+    # no run before second-runs keeps a launch's command: the markers they ran under are not known, so what they
+    # found deselected counts for nothing (earlier.read_back): the 7 files whose every test it was are left
+    assert earlier.deselected == frozenset(), earlier.deselected
     assert "tests/unit_tests/data/test_gpt_dataset.py" not in whole   # one of its tests came from ranks out of step
     # the mutation: one passed test fails on shard 2's patched side
     _a_written_failure_is_red(PASSED_OVER, tmp_path, [(384, 335), (184, 208)], 50, "megatron-lm-2")
@@ -2368,10 +2379,11 @@ def test_the_whole_budget_run_has_no_regression_and_leaves_68_files(tmp_path):
     _shards_judged_again(run, WHOLE_BUDGET / "README.md", [(731, 489), (1507, 304)], least=700, flaky_runs_named=True)
     pin = _result_json(WHOLE_BUDGET / "run" / "megatron-lm" / "megatron-lm")["tests"]
     # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
-    # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind)
+    # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind); no run up to this one keeps a launch's
+    # command, so none tells the markers it ran under: what they found deselected counts for nothing
     assert _standing(pin, _committed_results("megatron-lm", without=("2026-12-06-data-helpers", *LATER))) == {
-        "files": 208, "compared_whole": 140, "deselected_whole": 7, "left": 61, "left_with_tests_not_compared": 54, "tests_not_compared": 1989,
-        "left_with_no_test_known": 7, "tests_compared_in_those_left": 961}
+        "files": 208, "compared_whole": 140, "deselected_whole": 0, "left": 68, "left_with_tests_not_compared": 54, "tests_not_compared": 1989,
+        "left_with_no_test_known": 14, "tests_compared_in_those_left": 961}
     # the mutation: one passed test fails on shard 1's patched side
     _a_written_failure_is_red(WHOLE_BUDGET, tmp_path, [(731, 489), (1507, 304)], 700, "megatron-lm", flaky_runs_named=True)
 
@@ -2397,15 +2409,16 @@ def test_the_data_helpers_run_has_no_regression_and_its_helper_failures_open_aga
     assert all(r["id"].startswith("tests/unit_tests/data/") for r in helpers), helpers
     pin = _result_json(DATA_HELPERS / "run" / "megatron-lm" / "megatron-lm")["tests"]
     # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
-    # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind)
+    # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind); no run up to this one keeps a launch's
+    # command, so none tells the markers it ran under: what they found deselected counts for nothing
     assert _standing(pin, _committed_results("megatron-lm", without=LATER)) == {
-        "files": 208, "compared_whole": 143, "deselected_whole": 7, "left": 58, "left_with_tests_not_compared": 51, "tests_not_compared": 1804,
-        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1012}
+        "files": 208, "compared_whole": 143, "deselected_whole": 0, "left": 65, "left_with_tests_not_compared": 51, "tests_not_compared": 1804,
+        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1012}
     reopened = _committed_results("megatron-lm", without=LATER)
     assert look_again(reopened, ["SystemExit: 1"]) == {"SystemExit: 1": 9}
     assert _standing(pin, reopened) == {
-        "files": 208, "compared_whole": 140, "deselected_whole": 7, "left": 61, "left_with_tests_not_compared": 54, "tests_not_compared": 1810,
-        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1010}
+        "files": 208, "compared_whole": 140, "deselected_whole": 0, "left": 68, "left_with_tests_not_compared": 54, "tests_not_compared": 1810,
+        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1010}
     # the mutation: one passed test fails on shard 1's patched side
     _a_written_failure_is_red(DATA_HELPERS, tmp_path, [(153, 443), (88, 585)], 20, "megatron-lm", flaky_runs_named=True)
 
@@ -2452,6 +2465,7 @@ def test_a_file_whose_every_test_upstreams_markers_deselect_is_left_out_and_coun
         proc, _ = _run(up, "--select-only", "--compared", path, check=0, env={"GTP_CARRY_VERBOSE": "1"})
         return read_json(up["tmp"] / "report.json")["upstreams"][0], proc.stdout + proc.stderr
 
+    assert result["markers"] == "not flaky_in_dev", result.get("markers")   # what it deselected by
     report, said = again(result)
     assert sorted(report["compared_before"]) == files and not {s["path"] for s in report["selection"]} & set(files)
     stand = report["standing"]
@@ -2471,6 +2485,39 @@ def test_a_file_whose_every_test_upstreams_markers_deselect_is_left_out_and_coun
     report, _ = again(beside)
     assert report["compared_before"] == files[1:] and files[0] in {s["path"] for s in report["selection"]}, report
     assert report["standing"]["deselected_whole"] == 1 and report["standing"]["compared_whole"] == 0, report
+
+
+def test_what_an_earlier_run_found_deselected_counts_only_under_todays_markers(up, tmp_path):
+    """Upstream's marker expression decides what it deselects: a --compared run that ran under another one (the
+    pin's markers changed since), or whose markers are not known (a result written before results named them,
+    with no launch's command kept beside it), says nothing of what today's deselects; its file is selected
+    again. An older result's markers are read from the commands of the launches beside it."""
+    from carry.evidence.upstream.earlier import markers_of
+    files = ["tests/unit_tests/test_delta.py", "tests/unit_tests/test_deselected_whole.py"]
+    _, out = _run(up, "--no-bisect", *[a for f in files for a in ("--files", f)], check=0)
+    written = out / "megatron-lm" / "result.json"
+    result = read_json(written)
+
+    def again(doc: dict, path: Path) -> tuple[dict, str]:
+        path.write_text(json.dumps(doc))
+        proc, _ = _run(up, "--select-only", "--compared", path, check=0, env={"GTP_CARRY_VERBOSE": "1"})
+        return read_json(up["tmp"] / "report.json")["upstreams"][0], proc.stdout + proc.stderr
+
+    for markers, told in (("not slow", "-m 'not slow'"), (None, "markers not told")):
+        doc = {**result, "markers": markers} if markers else {k: v for k, v in result.items() if k != "markers"}
+        report, said = again(doc, tmp_path / "result.json")   # no launch beside it
+        assert report["compared_before"] == files[:1] and files[1] in {s["path"] for s in report["selection"]}, report
+        assert report["standing"]["deselected_whole"] == 0, report["standing"]
+        assert ("megatron-lm: 1 --compared result(s) ran under other markers than today's (-m 'not flaky_in_dev'): "
+                f"{told}; what upstream's markers deselected there counts for nothing") in said, said
+    # the same result without "markers", beside the launches that wrote it: their commands tell
+    report, said = again({k: v for k, v in result.items() if k != "markers"}, written)
+    assert sorted(report["compared_before"]) == files and report["standing"]["deselected_whole"] == 1, report
+    assert "ran under other markers" not in said, said
+    # pytest takes the last -m given; none is ""; a command that runs no pytest tells nothing
+    assert markers_of(["py", "-m", "torch.distributed.run", "-m", "pytest", "-m", "a", "-p", "x", "-m", "b", "f.py"]) == "b"
+    assert markers_of(["py", "-m", "pytest", "-p", "x", "f.py"]) == ""
+    assert markers_of(["py", "-m", "torch.distributed.run", "-m", "other"]) is None
 
 
 def test_compared_leaves_out_the_files_an_earlier_run_compared_whole_and_only_those(up, tmp_path):

@@ -12,7 +12,7 @@ from ..errors import UsageError
 from ..evidence import tesite
 from ..evidence.upstream import record
 from ..evidence.upstream.check import Options, check_series, standing_line
-from ..evidence.upstream.results import out_of_step_beside
+from ..evidence.upstream.earlier import read_back
 from ..evidence.upstream.verdict import look_again
 from ..series.repo import command
 from . import options
@@ -239,7 +239,7 @@ def _result(path: Path, flag: str = "--compared") -> dict:
         raise UsageError(f"{flag} {path}: not a result.json ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or not doc.get("upstream"):
         raise UsageError(f"{flag} {path}: not a result.json of tools/upstream_tests.py (no upstream and rows)")
-    # the rank records beside it, judged again: a result of ranks out of step was no verdict (and what the run it
-    # was bisected again from had so, written in it: --bisect-again keeps no launch beside it)
-    doc["out_of_step"] = sorted(set(doc.get("out_of_step") or []) | out_of_step_beside(path.parent))
-    return doc
+    # the launches beside it, read again: a result of ranks out of step was no verdict, and the markers it ran
+    # under decided what upstream deselected (what the run it was bisected again from had, written in it:
+    # --bisect-again keeps no launch of the sides beside it)
+    return read_back(doc, path.parent)

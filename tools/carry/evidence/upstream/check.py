@@ -22,6 +22,7 @@ from ... import progress
 from ...errors import UsageError
 from ...files import write_json
 from ...series.manifest import Series
+from ...series.testspin import TestsPin
 from ...series.repo import command
 from ...workspace.installed import Installed
 from ...workspace.workdir import WorkDir
@@ -84,7 +85,7 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
                "patched": suite.side_folder(pin, repo, trees[upstream], out / "trees" / "patched")}
     picked = _both(selection(series, upstream, folders["patched"], opts),
                    selection(series, upstream, folders["pristine"], opts))
-    earlier, fit = _compared_before(upstream, pin.describe(), digest, opts.compared)
+    earlier, fit = _compared_before(upstream, pin, digest, opts.compared)
     stand = earlier.standing({p.path for p in picked})
     left_out = [p.path for p in picked if p.path in earlier.whole]
     unrun = [path for path in left_out if path in earlier.deselected]
@@ -101,7 +102,8 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     # the tests an earlier launch of the side ended (the skip list), and this run's rows are the file's others
     paths = {p.path for p in picked}
     done = {nodeid for nodeid in earlier.by if file_of(nodeid) in paths}
-    report = {"upstream": upstream, "tests": pin.describe(), "series_digest": digest, "launch": pin.launch,
+    report = {"upstream": upstream, "tests": pin.describe(), "markers": pin.markers, "series_digest": digest,
+              "launch": pin.launch,
               "nproc": opts.nproc or pin.nproc, "selection": [{"path": p.path, "reasons": p.reasons} for p in picked],
               "compared_before": left_out, "tests_compared_before": sorted(done), "standing": stand,
               # what the trees hold beyond their git layout: the pinned wheels' compiled members (installed.py)
@@ -196,16 +198,22 @@ def standing_line(stand: dict[str, int]) -> str:
             f"no run knows a test of")
 
 
-def _compared_before(upstream: str, tests: str, digest: str, results: list[dict]) -> tuple[Compared, list[dict]]:
-    """What the earlier runs of this upstream's tests at this pin, on this very series, compared between them
+def _compared_before(upstream: str, pin: TestsPin, digest: str, results: list[dict]) -> tuple[Compared, list[dict]]:
+    """What the earlier runs of this upstream's tests at this PIN, on this very series, compared between them
     (verdict.Compared: the files whole, those begun, the tests one by one), and those runs. A run on another
-    series (a patch changed since; or one whose result does not name its series) says nothing of this one."""
+    series (a patch changed since; or one whose result does not name its series) says nothing of this one; one
+    under another marker expression (or one not known) says nothing of what today's deselects."""
     mine = [r for r in results if r.get("upstream") == upstream]
-    fit = [r for r in mine if r.get("tests") == tests and r.get("series_digest") == digest]
+    fit = [r for r in mine if r.get("tests") == pin.describe() and r.get("series_digest") == digest]
     if len(fit) < len(mine):
         progress.say(f"{upstream}: {len(mine) - len(fit)} --compared result(s) count for nothing: another tests pin, "
                      f"or a series other than this one ({digest}), or written before results named their series")
-    return Compared.of(fit), fit
+    if others := [r for r in fit if r.get("markers") != pin.markers]:
+        told = sorted({f"-m {r['markers']!r}" if r.get("markers") is not None else "markers not told" for r in others})
+        progress.say(f"{upstream}: {len(others)} --compared result(s) ran under other markers than today's "
+                     f"(-m {pin.markers!r}): {', '.join(told)}; what upstream's markers deselected there counts for "
+                     "nothing (its files are selected again)")
+    return Compared.of(fit, pin.markers), fit
 
 
 def _both(patched: list[Picked], pristine: list[Picked]) -> list[Picked]:

@@ -37,7 +37,7 @@ from ... import progress
 from ...errors import CommandError
 from ...runner import spawn
 from ...series.testspin import TestsPin
-from .results import (Outcome, console_head, console_tail, console_why, launch_folders, read_launch, unmet_note,
+from .results import (Outcome, console_tail, console_why, launch_argv, launch_folders, read_launch, unmet_note,
                       unmet_world)
 from .taken import BUDGET_BEFORE, BUDGET_SPENT, BUDGET_WHILE, KILLED_FOR_BUDGET, replay, take
 
@@ -262,11 +262,9 @@ def replayed(side: Side) -> SideResult:
 def first_files(side: Side, folder: Path) -> list[str] | None:
     """The test files the launch in FOLDER was given, as its command (command.txt, or its console.log's first
     line) names them: what follows the arguments ``command`` gives every launch; None where neither is kept."""
-    text = (folder / "command.txt").read_text() if (folder / "command.txt").is_file() else \
-        console_head(folder / "console.log")
-    if not text.startswith("$ cd ") or " && " not in text:
+    argv = launch_argv(folder)
+    if argv is None:
         return None
-    argv = shlex.split(text.splitlines()[0].split(" && ", 1)[1])
     return argv[len(command(side, side.nproc or side.pin.nproc, [])):]
 
 

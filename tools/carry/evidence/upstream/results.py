@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -263,20 +264,6 @@ def launch_folders(side_out: Path) -> list[tuple[Path, int]]:
     return [(path, world) for _, path, world in sorted(found)]
 
 
-def out_of_step_beside(folder: Path) -> set[str]:
-    """The tests of a run's sides (FOLDER/pristine, FOLDER/patched, beside its result.json) whose only results
-    came from ranks out of step: a judge older than ``Launch.astray`` took them for verdicts."""
-    out: set[str] = set()
-    for side in (folder / "pristine", folder / "patched"):
-        astray, counted = set(), set()
-        for launch, world in launch_folders(side):
-            got = read_launch(launch, world)
-            astray |= got.astray.keys()
-            counted |= got.tests.keys()
-        out |= astray - counted
-    return out
-
-
 def merge(records: dict[str, dict], world: int) -> Outcome:
     """One test's outcome over the ranks that ended it."""
     by_rank = {rank: rec.get("outcome", "error") for rank, rec in sorted(records.items())}
@@ -357,6 +344,16 @@ def gil_held_past_timeout(log: Path) -> bool:
     except OSError:
         return False
     return bool(FAULTHANDLER_TIMEOUT.search(text))
+
+
+def launch_argv(folder: Path) -> list[str] | None:
+    """The command the launch in FOLDER ran, after its ``cd`` (command.txt, or its console.log's first line, as
+    launch.py wrote them); None where neither is kept."""
+    text = (folder / "command.txt").read_text() if (folder / "command.txt").is_file() else \
+        console_head(folder / "console.log")
+    if not text.startswith("$ cd ") or " && " not in text:
+        return None
+    return shlex.split(text.splitlines()[0].split(" && ", 1)[1])
 
 
 def console_head(log: Path) -> str:

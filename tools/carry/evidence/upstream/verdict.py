@@ -163,14 +163,16 @@ class Compared:
     - ``whole``: the files each of whose known tests is in ``by``, and the files one found holding no test where
       none knows a test (nothing to run again). So a file stays in while a test of it was not compared,
       regressed, was flaky, refused the world size it ran at (launch.unmet_world: an older judge took that for
-      a verdict), came from ranks out of step (results.out_of_step_beside, read by whoever loads the result) or
+      a verdict), came from ranks out of step (earlier.read_back, by whoever loads the result) or
       is a known failure named to run again (--look-again); while its module failed to collect on either side
       in every run that knows it (it ran no test there: what kept it from importing may be there now); and for
       as long as any run found a test of it regressed. A row that names the file alone (a side that never
       collected it) says nothing against the runs that compared its tests;
     - ``begun``: the files a test of which one of them compared, not only collected;
     - ``deselected``: the files of ``whole`` where none knows a test and one found each test upstream's own marker
-      expression deselected (on a side: its CI runs none of them; a file the series changed markers in has rows)."""
+      expression deselected (on a side: its CI runs none of them; a file the series changed markers in has rows),
+      one that ran under today's MARKERS (its "markers", earlier.read_back): under another expression, or one
+      not known, what it deselected says nothing of what today's deselects."""
     known: dict[str, frozenset[str]]
     by: frozenset[str]
     whole: frozenset[str]
@@ -178,7 +180,7 @@ class Compared:
     deselected: frozenset[str]
 
     @classmethod
-    def of(cls, results: list[dict]) -> Compared:
+    def of(cls, results: list[dict], markers: str) -> Compared:
         known: dict[str, set[str]] = {}
         for r in results:
             for nodeid in [row["id"] for row in r.get("rows", [])] + list(r.get("tests_compared_before", [])):
@@ -188,8 +190,8 @@ class Compared:
         by = set().union(*(compared_tests(r) for r in results)) - regressed
         empty = set().union(*(r.get("no_tests", []) for r in results)) - known.keys()
         begun = {file_of(row["id"]) for r in results for row in r.get("rows", []) if row["category"] != "not-compared"}
-        deselected = {file_of(nodeid) for r in results for side in r.get("sides", {}).values()
-                      for nodeid in side.get("deselected", {})} - known.keys()
+        deselected = {file_of(nodeid) for r in results if r.get("markers") == markers
+                      for side in r.get("sides", {}).values() for nodeid in side.get("deselected", {})} - known.keys()
         return cls({f: frozenset(ids) for f, ids in known.items()}, frozenset(by),
                    frozenset({f for f, ids in known.items() if ids <= by} | empty | deselected), frozenset(begun),
                    frozenset(deselected))

@@ -2509,7 +2509,8 @@ def test_what_an_earlier_run_found_deselected_counts_only_under_todays_markers(u
         assert report["compared_before"] == files[:1] and files[1] in {s["path"] for s in report["selection"]}, report
         assert report["standing"]["deselected_whole"] == 0, report["standing"]
         assert ("megatron-lm: 1 --compared result(s) ran under other markers than today's (-m 'not flaky_in_dev'): "
-                f"{told}; what upstream's markers deselected there counts for nothing") in said, said
+                f"{told}; what upstream's markers deselected in those counts for nothing: only a run under today's "
+                "leaves a file out for it") in said, said
     # the same result without "markers", beside the launches that wrote it: their commands tell
     report, said = again({k: v for k, v in result.items() if k != "markers"}, written)
     assert sorted(report["compared_before"]) == files and report["standing"]["deselected_whole"] == 1, report

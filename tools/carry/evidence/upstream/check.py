@@ -211,8 +211,8 @@ def _compared_before(upstream: str, pin: TestsPin, digest: str, results: list[di
     if others := [r for r in fit if r.get("markers") != pin.markers]:
         told = sorted({f"-m {r['markers']!r}" if r.get("markers") is not None else "markers not told" for r in others})
         progress.say(f"{upstream}: {len(others)} --compared result(s) ran under other markers than today's "
-                     f"(-m {pin.markers!r}): {', '.join(told)}; what upstream's markers deselected there counts for "
-                     "nothing (its files are selected again)")
+                     f"(-m {pin.markers!r}): {', '.join(told)}; what upstream's markers deselected in those counts for "
+                     "nothing: only a run under today's leaves a file out for it")
     return Compared.of(fit, pin.markers), fit
 
 

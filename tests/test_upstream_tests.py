@@ -2492,7 +2492,7 @@ def test_what_an_earlier_run_found_deselected_counts_only_under_todays_markers(u
     pin's markers changed since), or whose markers are not known (a result written before results named them,
     with no launch's command kept beside it), says nothing of what today's deselects; its file is selected
     again. An older result's markers are read from the commands of the launches beside it. A run under other
-    pytest arguments (the pin's args) counts for nothing at all."""
+    pytest arguments (the pin's args) or another launch counts for nothing at all."""
     from carry.evidence.upstream.earlier import markers_of
     files = ["tests/unit_tests/test_delta.py", "tests/unit_tests/test_deselected_whole.py"]
     _, out = _run(up, "--no-bisect", *[a for f in files for a in ("--files", f)], check=0)
@@ -2512,11 +2512,13 @@ def test_what_an_earlier_run_found_deselected_counts_only_under_todays_markers(u
         assert ("megatron-lm: 1 --compared result(s) ran under other markers than today's (-m 'not flaky_in_dev'): "
                 f"{told}; what upstream's markers deselected in those counts for nothing: only a run under today's "
                 "leaves a file out for it") in said, said
-    # a run under other pytest arguments (they can change what a test does) counts for nothing at all
-    assert result["args"] == [], result["args"]
-    report, said = again({**result, "args": ["-p", "no:randomly"]}, tmp_path / "result.json")
-    assert report["compared_before"] == [] and report["standing"]["compared_whole"] == 0, report
-    assert "megatron-lm: 1 --compared result(s) count for nothing: another tests pin or pytest arguments" in said, said
+    # a run under other pytest arguments, or another launch (they can change what a test does), counts for nothing
+    assert (result["args"], result["launch"]) == ([], "torchrun"), result
+    for other in ({"args": ["-p", "no:randomly"]}, {"launch": "pytest"}):
+        report, said = again({**result, **other}, tmp_path / "result.json")
+        assert report["compared_before"] == [] and report["standing"]["compared_whole"] == 0, (other, report)
+        assert ("megatron-lm: 1 --compared result(s) count for nothing: another tests pin, launch or pytest "
+                "arguments") in said, said
     # the same result without "markers", beside the launches that wrote it: their commands tell
     report, said = again({k: v for k, v in result.items() if k != "markers"}, written)
     assert sorted(report["compared_before"]) == files and report["standing"]["deselected_whole"] == 1, report

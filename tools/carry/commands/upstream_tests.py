@@ -90,7 +90,7 @@ def main(argv: list[str], prog: str) -> int:
                         "whole (none of its tests not compared, regressed, flaky or refusing the world size it ran at) are "
                         "left out, and in a file it began the tests it compared are passed over, to go on "
                         "where earlier runs stopped; a test any of them found regressed runs again; only results of the "
-                        "same upstream, tests pin, pytest arguments and series count")
+                        "same upstream, tests pin, launch, pytest arguments and series count")
     p.add_argument("--look-again", action="append", metavar="TEXT",
                    help="with --compared, repeatable: the known failures of those runs (both sides failed) whose first "
                         "error line, on either side, holds TEXT run again, as a test they did not compare: for when the "

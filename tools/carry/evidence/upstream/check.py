@@ -205,15 +205,15 @@ def _compared_before(upstream: str, pin: TestsPin, digest: str, results: list[di
     series (a patch changed since; or one whose result does not name its series) says nothing of this one; one
     under another marker expression (or one not known) says nothing of what today's deselects."""
     mine = [r for r in results if r.get("upstream") == upstream]
-    # the pin's pytest arguments can change what a test does (a plugin, a warning filter): a run under others is
-    # another run (a result written before results named them is taken as run with the pin's: no pin's arguments
-    # have changed since tests pins began, 2026-12-03)
+    # the pin's launch and pytest arguments can change what a test does (ranks, a plugin, a warning filter): a run
+    # under others is another run (a result written before results named its arguments is taken as run with the
+    # pin's: no pin's arguments have changed since tests pins began, 2026-12-03)
     fit = [r for r in mine if r.get("tests") == pin.describe() and r.get("series_digest") == digest
-           and r.get("args", list(pin.args)) == list(pin.args)]
+           and r.get("launch") == pin.launch and r.get("args", list(pin.args)) == list(pin.args)]
     if len(fit) < len(mine):
-        progress.say(f"{upstream}: {len(mine) - len(fit)} --compared result(s) count for nothing: another tests pin "
-                     f"or pytest arguments, or a series other than this one ({digest}), or written before results "
-                     "named their series")
+        progress.say(f"{upstream}: {len(mine) - len(fit)} --compared result(s) count for nothing: another tests pin, "
+                     f"launch or pytest arguments, or a series other than this one ({digest}), or written before "
+                     "results named their series")
     if others := [r for r in fit if r.get("markers") != pin.markers]:
         told = sorted({f"-m {r['markers']!r}" if r.get("markers") is not None else "markers not told" for r in others})
         progress.say(f"{upstream}: {len(others)} --compared result(s) ran under other markers than today's "

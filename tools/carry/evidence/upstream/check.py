@@ -22,8 +22,8 @@ from ... import progress
 from ...errors import UsageError
 from ...files import write_json
 from ...series.manifest import Series
-from ...series.testspin import TestsPin
 from ...series.repo import command
+from ...series.testspin import TestsPin
 from ...workspace.installed import Installed
 from ...workspace.workdir import WorkDir
 from .. import scratch as scratchdirs
@@ -103,8 +103,7 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     paths = {p.path for p in picked}
     done = {nodeid for nodeid in earlier.by if file_of(nodeid) in paths}
     report = {"upstream": upstream, "tests": pin.describe(), "markers": pin.markers, "args": list(pin.args),
-              "series_digest": digest,
-              "launch": pin.launch,
+              "series_digest": digest, "launch": pin.launch,
               "nproc": opts.nproc or pin.nproc, "selection": [{"path": p.path, "reasons": p.reasons} for p in picked],
               "compared_before": left_out, "tests_compared_before": sorted(done), "standing": stand,
               # what the trees hold beyond their git layout: the pinned wheels' compiled members (installed.py)

@@ -2445,6 +2445,17 @@ def test_a_selected_file_that_holds_no_test_is_named_never_dropped_silently(up, 
     assert read_json(up["tmp"] / "report.json")["upstreams"][0]["no_tests"] == []
 
 
+DESELECTION_FILES = ["tests/unit_tests/test_delta.py", "tests/unit_tests/test_deselected_whole.py"]
+
+
+def _compared_again(up, doc: dict, path: Path) -> tuple[dict, str]:
+    """DOC written to PATH and given to --select-only as --compared: the report of the run that reads it, and
+    what it said."""
+    path.write_text(json.dumps(doc))
+    proc, _ = _run(up, "--select-only", "--compared", path, check=0, env={"GTP_CARRY_VERBOSE": "1"})
+    return read_json(up["tmp"] / "report.json")["upstreams"][0], proc.stdout + proc.stderr
+
+
 def test_a_file_whose_every_test_upstreams_markers_deselect_is_left_out_and_counted_apart(up, tmp_path):
     """Upstream's CI runs none of the tests of a file whose every test its marker expression deselects
     (Megatron-LM's a2a_overlap/ files, pytestmark flaky_in_dev; moe/test_multihot_indices_converter.py,
@@ -2452,7 +2463,7 @@ def test_a_file_whose_every_test_upstreams_markers_deselect_is_left_out_and_coun
     nor "no run knows a test of" (which seven such files were, in every GPU run, until 2026-12-06). A file
     whose deselected test sits beside tests upstream runs is whole once those are compared, and counted as
     compared; one of them not compared keeps it in."""
-    files = ["tests/unit_tests/test_delta.py", "tests/unit_tests/test_deselected_whole.py"]
+    files = DESELECTION_FILES
     _, out = _run(up, "--no-bisect", *[a for f in files for a in ("--files", f)], check=0)
     result = read_json(out / "megatron-lm" / "result.json")
     assert {r["id"].split("::")[0] for r in result["rows"]} == {files[0]}, result["rows"]
@@ -2460,10 +2471,7 @@ def test_a_file_whose_every_test_upstreams_markers_deselect_is_left_out_and_coun
                for s in result["sides"].values()), result["sides"]
 
     def again(doc: dict) -> tuple[dict, str]:
-        path = tmp_path / f"result-{len(list(tmp_path.glob('result-*')))}.json"
-        path.write_text(json.dumps(doc))
-        proc, _ = _run(up, "--select-only", "--compared", path, check=0, env={"GTP_CARRY_VERBOSE": "1"})
-        return read_json(up["tmp"] / "report.json")["upstreams"][0], proc.stdout + proc.stderr
+        return _compared_again(up, doc, tmp_path / "result.json")
 
     assert result["markers"] == "not flaky_in_dev", result.get("markers")   # what it deselected by
     report, said = again(result)
@@ -2494,15 +2502,13 @@ def test_what_an_earlier_run_found_deselected_counts_only_under_todays_markers(u
     again. An older result's markers are read from the commands of the launches beside it. A run under other
     pytest arguments (the pin's args) or another launch counts for nothing at all."""
     from carry.evidence.upstream.earlier import markers_of
-    files = ["tests/unit_tests/test_delta.py", "tests/unit_tests/test_deselected_whole.py"]
+    files = DESELECTION_FILES
     _, out = _run(up, "--no-bisect", *[a for f in files for a in ("--files", f)], check=0)
     written = out / "megatron-lm" / "result.json"
     result = read_json(written)
 
     def again(doc: dict, path: Path) -> tuple[dict, str]:
-        path.write_text(json.dumps(doc))
-        proc, _ = _run(up, "--select-only", "--compared", path, check=0, env={"GTP_CARRY_VERBOSE": "1"})
-        return read_json(up["tmp"] / "report.json")["upstreams"][0], proc.stdout + proc.stderr
+        return _compared_again(up, doc, path)
 
     for markers, told in (("not slow", "-m 'not slow'"), (None, "markers not told")):
         doc = {**result, "markers": markers} if markers else {k: v for k, v in result.items() if k != "markers"}
@@ -2523,6 +2529,13 @@ def test_what_an_earlier_run_found_deselected_counts_only_under_todays_markers(u
     report, said = again({k: v for k, v in result.items() if k != "markers"}, written)
     assert sorted(report["compared_before"]) == files and report["standing"]["deselected_whole"] == 1, report
     assert "ran under other markers" not in said, said
+    # and where two of those launches tell apart, the result tells nothing
+    commands = sorted(written.parent.glob("*/launch-*/command.txt"))
+    assert len(commands) >= 2 and all("-m 'not flaky_in_dev'" in c.read_text() for c in commands), commands
+    commands[-1].write_text(commands[-1].read_text().replace("-m 'not flaky_in_dev'", "-m 'not slow'"))
+    report, said = again({k: v for k, v in result.items() if k != "markers"}, written)
+    assert report["compared_before"] == files[:1] and report["standing"]["deselected_whole"] == 0, report
+    assert "ran under other markers than today's (-m 'not flaky_in_dev'): markers not told;" in said, said
     # pytest takes the last -m given; none is ""; a command that runs no pytest tells nothing
     assert markers_of(["py", "-m", "torch.distributed.run", "-m", "pytest", "-m", "a", "-p", "x", "-m", "b", "f.py"]) == "b"
     assert markers_of(["py", "-m", "pytest", "-p", "x", "f.py"]) == ""

@@ -54,6 +54,7 @@
 #                   UT_MLM_FILES takes several paths, space-separated), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json; default setup-bg's or the pretrain's, whichever writes one);
 #                   UT_MLM_SHARDS=K (default 1): Megatron-LM's files in K parts run side by side (--shard I/K, each its own
 #                   workspace and out folder ut/megatron-lm, ut/megatron-lm-2, ...: one part leaves most of the host's cores idle);
+#                   0 with UT_MLM_BISECT_AGAIN: no part runs, only that bisection (a short session's device time);
 #                   the files a committed GPU run (integration/h100, h200) compared whole on this very series stay out
 #                   (tools/upstream_tests.py --compared; UT_COMPARED=none: run them again; UT_COMPARED=megatron-lm: only
 #                   Megatron-LM's, the others' whole selections run again); UT_TEST_TIMEOUT the seconds a test may run
@@ -341,7 +342,9 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       UT_MLM_FILES=${UT_MLM_FILES:-} UT_MLM_BISECT_AGAIN=${UT_MLM_BISECT_AGAIN:-} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} UT_MLM_SHARDS=${UT_MLM_SHARDS:-1} \
       UT_SETUP=${UT_SETUP:-} UT_MLM_LOOK_AGAIN=${UT_MLM_LOOK_AGAIN:-} UT_TEST_TIMEOUT=${UT_TEST_TIMEOUT:-120} \
       UT_BISECT_BUDGET=${UT_BISECT_BUDGET:-240}
-    case $UT_MLM_SHARDS in [1-9]) ;; *) stamp "refused: UT_MLM_SHARDS is 1 to 9, not '$UT_MLM_SHARDS'"; exit 2 ;; esac
+    case $UT_MLM_SHARDS in [0-9]) ;; *) stamp "refused: UT_MLM_SHARDS is 0 to 9, not '$UT_MLM_SHARDS'"; exit 2 ;; esac
+    [ "$UT_MLM_SHARDS" != 0 ] || [ -n "$UT_MLM_BISECT_AGAIN" ] || {
+      stamp "refused: UT_MLM_SHARDS is 1 to 9 without UT_MLM_BISECT_AGAIN, not '0'"; exit 2; }
     [[ $UT_TEST_TIMEOUT =~ ^[1-9][0-9]*$ ]] || { stamp "refused: UT_TEST_TIMEOUT is whole seconds, not '$UT_TEST_TIMEOUT'"; exit 2; }
     [[ $UT_BISECT_BUDGET =~ ^[1-9][0-9]*$ ]] || { stamp "refused: UT_BISECT_BUDGET is whole seconds, not '$UT_BISECT_BUDGET'"; exit 2; }
     mkdir -p /tmp/o/ut
@@ -354,6 +357,7 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       shards=(); case " $UT_ONLY " in *" megatron-lm "*) for i in $(seq 2 "$UT_MLM_SHARDS"); do shards+=("megatron-lm-$i"); done
         [ -z "$UT_MLM_BISECT_AGAIN" ] || shards+=(megatron-lm-bisect) ;; esac
       for up in $UT_ONLY "${shards[@]}"; do   # a workspace each: a run locks its own
+        [ "$up" = megatron-lm ] && [ "$UT_MLM_SHARDS" = 0 ] && continue   # no part runs: the bisection'"'"'s alone
         u=${up%-bisect}; python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "${u%-[0-9]}" "$@" \
           --source nemo-rl="$S"/nemo-rl.git --cache /tmp/ut-cache > "$U/apply-$up.txt" 2>&1 || stamp "apply $up failed"
       done

@@ -744,12 +744,12 @@ def test_the_upstream_tests_refuse_a_bisection_budget_that_is_not_whole_seconds(
     assert 'UT_BISECT_BUDGET=${UT_BISECT_BUDGET:-240}' in step and '--bisect-budget "$UT_BISECT_BUDGET"' in step
 
 
-@pytest.mark.parametrize("shards", ["0", "10", "two", "-1"])
+@pytest.mark.parametrize("shards", ["10", "two", "-1", "1.5"])
 def test_the_upstream_tests_refuse_a_shard_count_they_cannot_run(tmp_path, shards):
     """UT_MLM_SHARDS=K runs Megatron-LM's files in K parts side by side (tools/upstream_tests.py --shard I/K),
     each part in a workspace and an out folder of its own (a run locks its workspace; one part's results would
-    overwrite another's); a count that is not 1 to 9 exits 2 before anything starts."""
-    step = _upstream_tests_refused(tmp_path, "UT_MLM_SHARDS", shards, "1 to 9")
+    overwrite another's); a count that is not 0 to 9 exits 2 before anything starts."""
+    step = _upstream_tests_refused(tmp_path, "UT_MLM_SHARDS", shards, "0 to 9")
     step = step.split("\n  wait-upstream-tests)", 1)[0]
     # each part: its own workspace (applied for it), its own out folder and JSON, its own --shard
     assert '--workdir "/tmp/ut-work/$name" --only "$up"' in step and '--out "$U/$name" --json "$U/$name.report.json"' in step
@@ -762,11 +762,16 @@ def test_the_upstream_tests_refuse_a_shard_count_they_cannot_run(tmp_path, shard
     assert '[ "$up" != nemo-rl ] && [ -d "$P/site" ] && extra=("PYTHONPATH=$P/site")' in step, step[:800]
 
 
-def test_a_cut_bisection_is_finished_beside_the_shards(tmp_path):
+def test_a_cut_bisection_is_finished_beside_the_shards_or_alone(tmp_path):
     """UT_MLM_BISECT_AGAIN=RESULT: a committed Megatron-LM result whose bisection its budget cut is bisected again
     beside the shards (--bisect-again): its own workspace (applied for Megatron-LM), its own out folder, never
-    --compared (refused with it) nor --budget (no side runs)."""
-    step = _upstream_tests_refused(tmp_path, "UT_MLM_SHARDS", "0", "1 to 9").split("\n  wait-upstream-tests)", 1)[0]
+    --compared (refused with it) nor --budget (no side runs). UT_MLM_SHARDS=0 runs that bisection alone (no part,
+    no part's workspace applied: a short session's device time); 0 without it would run nothing of Megatron-LM's
+    and exits 2 before anything starts."""
+    step = _upstream_tests_refused(tmp_path, "UT_MLM_SHARDS", "0", "1 to 9 without UT_MLM_BISECT_AGAIN")
+    step = step.split("\n  wait-upstream-tests)", 1)[0]
+    assert '[ "$up" = megatron-lm ] && [ "$UT_MLM_SHARDS" = 0 ] && continue' in step
+    assert 'for i in $(seq 1 "$UT_MLM_SHARDS"); do' in step
     assert '[ -z "$UT_MLM_BISECT_AGAIN" ] || shards+=(megatron-lm-bisect)' in step
     assert 'u=${up%-bisect}; python3 tools/apply.py --series gtp --workdir "/tmp/ut-work/$up" --only "${u%-[0-9]}"' in step
     bisect = step.split('if [ -n "$UT_MLM_BISECT_AGAIN" ]; then', 1)[1].split("\n      fi", 1)[0]

@@ -69,6 +69,28 @@ def test_the_readme_is_a_front_door():
         assert f"`python3 tools/{verb}.py" in text, verb
 
 
+def _readme_option_claims(text: str) -> dict[str, set[str]]:
+    """The README's sentence on which commands take --cache and --source: {option: commands}."""
+    para = " ".join(text.split("The commands that fetch upstream inputs take", 1)[1].split("\n\n", 1)[0].split())
+    cache_part, rest = para.split("and the first four", 1)
+    cache = re.findall(r"`(\w+)`", cache_part.split("(", 1)[1].split(")", 1)[0])
+    plain = re.findall(r"`(\w+)`", rest.split(";", 1)[1].split("read only", 1)[0])
+    return {"--cache": set(cache), "--source": set(cache[:4]), "none": set(plain)}
+
+
+def test_the_readme_says_which_commands_take_cache_and_source_as_their_help_does():
+    """README's line on the shared options against each command's own --help: a command the README says takes
+    --cache or --source takes it, and one it says reads only the series takes neither."""
+    claims = _readme_option_claims((ROOT / "README.md").read_text())
+    commands = sorted(p.stem for p in (ROOT / "tools").glob("*.py"))
+    assert claims["--cache"] | claims["none"] == set(commands), (claims, commands)
+    for name in commands:
+        usage = subprocess.run([sys.executable, str(ROOT / "tools" / f"{name}.py"), "--help"], capture_output=True,
+                               text=True, timeout=60).stdout
+        for option in ("--cache", "--source"):
+            assert (f"{option} " in usage) == (name in claims[option]), (name, option)
+
+
 @pytest.mark.parametrize("words", ["shared/gpu/README.md", "/tmp/site", "$OUT", "device call", "call: carry"])
 def test_readme_and_docs_speak_of_the_users_machines_only(words):
     pages = [ROOT / "README.md", ROOT / "integration" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

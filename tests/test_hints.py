@@ -165,7 +165,7 @@ def test_uncommitted_changes_amend_export_or_discard(d):
     alpha = d["ws"] / "megatron/core/alpha.py"
     alpha.write_text(alpha.read_text() + "more = 2\n")
     amend, export, aside, rebuild = hints(apply(d, check=1))
-    assert "commit -a --amend --no-edit" in amend and "tools/export.py" in export
+    assert "--amend --no-edit" in amend and "tools/export.py" in export
     assert "--set-aside megatron-lm" in aside and "tools/apply.py" in rebuild
     sh(d, amend)
     sh(d, export)
@@ -180,6 +180,23 @@ def test_uncommitted_changes_amend_export_or_discard(d):
     assert set(statuses(d).values()) == {"already-applied"}
     (kept,) = (d["work"] / ".carry" / "kept").iterdir()  # discarded from the workspace, kept whole
     assert (kept / "megatron/core/alpha.py").read_text() == "scribbled\n" and (kept / "new.txt").exists()
+
+
+@pytest.mark.parametrize("verb", ["apply", "export"])
+def test_an_untracked_file_is_amended_in_as_the_hint_says(d, verb):
+    """A new file in the workspace: the hint that commits it into the last patch adds it (before,
+    `git commit -a --amend` left it untracked, and export refused again with the same hint)."""
+    apply(d, check=0)
+    (d["ws"] / "megatron/core/brand_new.py").write_text("brand_new = 1\n")
+    if verb == "apply":
+        amend, *_ = hints(apply(d, check=1))
+    else:
+        (amend,) = hints(run(d, "export", "--series", d["series"], "--workdir", d["work"], check=1))
+    sh(d, amend)
+    assert git(d["ws"], "status", "--porcelain") == ""
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    assert "+brand_new = 1" in (d["series"] / "megatron-lm/0004-conflict.patch").read_text()
+    assert set(statuses(d).values()) == {"already-applied"}
 
 
 def test_missing_patch_file_names_lint(d):
@@ -572,12 +589,13 @@ def test_rebase_with_a_patch_left_out_names_retire(d):
     assert "conflict" in res.stdout and "upstreamed" in res.stdout
 
 
-def test_rebase_dirty_workspace_amends(d):
+@pytest.mark.parametrize("what", ["megatron/core/alpha.py", "megatron/core/untracked_new.py"])
+def test_rebase_dirty_workspace_amends(d, what):
     rebase(d, check=1)
     ws = d["cwd"] / "rebase-work" / "megatron-lm"
     git(ws, "am", "--skip")
     d["write_series"](d["v0"], ids=("clean", "threeway", "upstreamed"))
-    (ws / "megatron/core/alpha.py").write_text((ws / "megatron/core/alpha.py").read_text() + "late = 5\n")
+    (ws / what).write_text(((ws / what).read_text() if (ws / what).exists() else "") + "late = 5\n")
     (amend,) = hints(rebase(d, "--continue", check=1))
     sh(d, amend)
     rebase(d, "--continue", check=0)

@@ -30,6 +30,7 @@ from ..shell import Raw, code, release_instead
 from ..workspace import sourcepath, sources, trial
 from ..workspace.am import ABSENT, am_patches, clone_base, older_bases
 from ..workspace.export import format_patch
+from ..workspace.userwork import amend_command
 from .retire import Verdict, commit_retirement, link_signal
 
 MARKER = "carry-rebase.json"
@@ -232,7 +233,7 @@ def _match(job: _Job, statuses: dict[str, str],
                               f"leaves the series first (`{command('retire', job.series, '--against', f'{job.name}={job.onto}', *job.again[:-2])}`)")
     if g.status_porcelain():
         raise DirtyTreeError(f"{job.ws} has uncommitted changes",
-                             hint=f"commit them into their patch's commit ({code('git', '-C', job.ws, 'commit', '-a', '--amend', '--no-edit')} "
+                             hint=f"commit them into their patch's commit ({amend_command(job.ws)} "
                                   "for the last one)")
     return kept, dropped, commits
 

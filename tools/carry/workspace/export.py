@@ -70,7 +70,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
             if dirty:
                 raise DirtyTreeError(f"{name}: {ws} has uncommitted changes ({dirty[0][3:]} ...)",
                                      hint="commit them into the patch they belong to first "
-                                          f"({code('git', '-C', ws, 'commit', '-a', '--amend', '--no-edit')} for the last one)")
+                                          f"({userwork.amend_command(ws)} for the last one)")
             back = userwork.moved_back(name, ws, rec)
             if back:
                 raise back  # not patches gone: an older commit checked out

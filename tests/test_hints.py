@@ -566,6 +566,29 @@ def _resolve(path) -> str:
     return "".join(out)
 
 
+def test_a_rebase_started_again_keeps_the_old_work_whole(d):
+    """The same rebase again, without --continue: the rebase workspace a person was resolving in
+    (a resolution added, notes, a branch) is set aside whole, one line says where, and its restore
+    command, pasted, puts it back (before: deleted, without a word)."""
+    rebase(d, check=1)
+    ws = d["cwd"] / "rebase-work" / "megatron-lm"
+    delta = ws / "megatron/core/delta.py"
+    delta.write_text(_resolve(delta) + "# my resolution, half done\n")
+    git(ws, "add", "megatron/core/delta.py")
+    (ws / "NOTES.txt").write_text("my notes\n")
+    git(ws, "branch", "my-attempt")
+    again = rebase(d, check=1)  # a fresh start: stopped at the same conflict
+    (line,) = [x for x in again.stderr.splitlines() if "kept whole in" in x]
+    restore, delete = re.findall(r"`([^`]+)`", line)
+    assert "--restore" in restore and "--delete" in delete
+    assert not (ws / "NOTES.txt").exists() and "<<<<<<<" in delta.read_text()
+    sh(d, restore)
+    assert (ws / "NOTES.txt").read_text() == "my notes\n"
+    assert "# my resolution, half done" in delta.read_text()
+    assert git(ws, "rev-parse", "--verify", "-q", "my-attempt")
+    assert (Git(ws).git_dir() / "rebase-apply").exists()  # the am in progress, as it was
+
+
 def test_rebase_continue_without_a_rebase_starts_one(d):
     (start,) = hints(rebase(d, "--continue", check=2))
     res = sh(d, start, check=None)

@@ -19,6 +19,7 @@ engine's (it installs and starts dockerd as root).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -431,6 +432,90 @@ def test_export_with_a_fixup_commit_autosquashes(d):
     run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
     assert "+fixed_up = 4" in (d["series"] / "megatron-lm/0002-threeway.patch").read_text()
     assert set(statuses(d).values()) == {"already-applied"}
+
+
+def _hand_edit(patch) -> bytes:
+    """A patch file improved by hand (a line of explanation in its message), not applied yet."""
+    data = patch.read_bytes()
+    head, sep, body = data.partition(b"\n\n")
+    patch.write_bytes(head + sep + b"MY HAND-WRITTEN EXPLANATION\n\n" + body)
+    return patch.read_bytes()
+
+
+@pytest.mark.parametrize("keep", ["mine", "the workspace's"])
+def test_export_never_replaces_a_patch_file_edited_by_hand(d, keep):
+    """A patch file edited since apply read it: export stops, writes nothing, and names both ways on,
+    each of which works pasted as printed (before: "1 written", the edit gone, no copy anywhere)."""
+    apply(d, check=0)
+    patch, last = d["series"] / "megatron-lm/0001-clean.patch", d["series"] / "megatron-lm/0004-conflict.patch"
+    others = {p: p.read_bytes() for p in (d["series"] / "megatron-lm").iterdir() if p != patch}
+    if keep != "mine":  # the last patch's commit amended too: that file, not edited, is not written either
+        _amend_delta(d, "from the workspace")
+    mine = _hand_edit(patch)
+    state = (d["work"] / ".carry" / "state.json").read_bytes()
+    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], check=1)
+    assert str(patch) in failed.stderr and "nothing was written" in failed.stderr
+    assert patch.read_bytes() == mine and {p: p.read_bytes() for p in others} == others
+    assert (d["work"] / ".carry" / "state.json").read_bytes() == state
+    rebuild, replace = hints(failed)
+    if keep == "mine":
+        sh(d, rebuild)
+        run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+        assert b"MY HAND-WRITTEN EXPLANATION" in patch.read_bytes()
+    else:
+        done = sh(d, replace)
+        assert b"MY HAND-WRITTEN" not in patch.read_bytes() and "from the workspace" in last.read_text()
+        (copy,) = [p for p in (d["work"] / ".carry" / "replaced").rglob("*") if p.is_file()]
+        assert copy.read_bytes() == mine and str(copy) in done.stderr
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=0)
+
+
+def _amend_delta(d, text: str) -> None:
+    edit(d["ws"], "megatron/core/delta.py", 30, f"value_30 = {text!r}\n")
+    git(d["ws"], "commit", "-q", "-a", "--amend", "--no-edit")
+
+
+def test_export_replaces_any_version_it_wrote_itself(d):
+    """A file back at an earlier export's bytes (a discarded export, `git checkout patches/`) holds
+    nothing the workspace did not make: export replaces it without a word, as the file apply read."""
+    apply(d, check=0)
+    patch = d["series"] / "megatron-lm/0004-conflict.patch"
+    applied = patch.read_bytes()
+    _amend_delta(d, "first")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    first = patch.read_bytes()
+    _amend_delta(d, "second")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    patch.write_bytes(first)  # the second export discarded
+    _amend_delta(d, "third")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    assert "value_30 = 'third'" in patch.read_text()
+    patch.write_bytes(applied)  # every export discarded: the file apply read
+    _amend_delta(d, "fourth")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    assert "value_30 = 'fourth'" in patch.read_text() and not (d["work"] / ".carry" / "replaced").exists()
+
+
+@pytest.mark.parametrize("hand_edit", [False, True])
+def test_a_record_without_file_hashes_is_vouched_for_by_its_digest(d, hand_edit):
+    """A workspace applied before each file's hash was recorded: its digest (of all the files) says
+    whether they are as apply left them; an amend exports as before, a hand edit stops it."""
+    apply(d, check=0)
+    state = d["work"] / ".carry" / "state.json"
+    doc = read_json(state)
+    for rec in doc["upstreams"].values():
+        for p in rec["patches"]:
+            del p["hashes"]
+    state.write_text(json.dumps(doc))
+    patch = d["series"] / "megatron-lm/0004-conflict.patch"
+    _amend_delta(d, "amended")
+    if hand_edit:
+        mine = _hand_edit(patch)
+        run(d, "export", "--series", d["series"], "--workdir", d["work"], check=1)
+        assert patch.read_bytes() == mine
+    else:
+        run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+        assert "value_30 = 'amended'" in patch.read_text()
 
 
 def test_export_check_drift_exports(d):

@@ -19,6 +19,7 @@ engine's (it installs and starts dockerd as root).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -165,7 +166,7 @@ def test_uncommitted_changes_amend_export_or_discard(d):
     alpha = d["ws"] / "megatron/core/alpha.py"
     alpha.write_text(alpha.read_text() + "more = 2\n")
     amend, export, aside, rebuild = hints(apply(d, check=1))
-    assert "commit -a --amend --no-edit" in amend and "tools/export.py" in export
+    assert "--amend --no-edit" in amend and "tools/export.py" in export
     assert "--set-aside megatron-lm" in aside and "tools/apply.py" in rebuild
     sh(d, amend)
     sh(d, export)
@@ -180,6 +181,23 @@ def test_uncommitted_changes_amend_export_or_discard(d):
     assert set(statuses(d).values()) == {"already-applied"}
     (kept,) = (d["work"] / ".carry" / "kept").iterdir()  # discarded from the workspace, kept whole
     assert (kept / "megatron/core/alpha.py").read_text() == "scribbled\n" and (kept / "new.txt").exists()
+
+
+@pytest.mark.parametrize("verb", ["apply", "export"])
+def test_an_untracked_file_is_amended_in_as_the_hint_says(d, verb):
+    """A new file in the workspace: the hint that commits it into the last patch adds it (before,
+    `git commit -a --amend` left it untracked, and export refused again with the same hint)."""
+    apply(d, check=0)
+    (d["ws"] / "megatron/core/brand_new.py").write_text("brand_new = 1\n")
+    if verb == "apply":
+        amend, *_ = hints(apply(d, check=1))
+    else:
+        (amend,) = hints(run(d, "export", "--series", d["series"], "--workdir", d["work"], check=1))
+    sh(d, amend)
+    assert git(d["ws"], "status", "--porcelain") == ""
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    assert "+brand_new = 1" in (d["series"] / "megatron-lm/0004-conflict.patch").read_text()
+    assert set(statuses(d).values()) == {"already-applied"}
 
 
 def test_missing_patch_file_names_lint(d):
@@ -416,6 +434,90 @@ def test_export_with_a_fixup_commit_autosquashes(d):
     assert set(statuses(d).values()) == {"already-applied"}
 
 
+def _hand_edit(patch) -> bytes:
+    """A patch file improved by hand (a line of explanation in its message), not applied yet."""
+    data = patch.read_bytes()
+    head, sep, body = data.partition(b"\n\n")
+    patch.write_bytes(head + sep + b"MY HAND-WRITTEN EXPLANATION\n\n" + body)
+    return patch.read_bytes()
+
+
+@pytest.mark.parametrize("keep", ["mine", "the workspace's"])
+def test_export_never_replaces_a_patch_file_edited_by_hand(d, keep):
+    """A patch file edited since apply read it: export stops, writes nothing, and names both ways on,
+    each of which works pasted as printed (before: "1 written", the edit gone, no copy anywhere)."""
+    apply(d, check=0)
+    patch, last = d["series"] / "megatron-lm/0001-clean.patch", d["series"] / "megatron-lm/0004-conflict.patch"
+    others = {p: p.read_bytes() for p in (d["series"] / "megatron-lm").iterdir() if p != patch}
+    if keep != "mine":  # the last patch's commit amended too: that file, not edited, is not written either
+        _amend_delta(d, "from the workspace")
+    mine = _hand_edit(patch)
+    state = (d["work"] / ".carry" / "state.json").read_bytes()
+    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], check=1)
+    assert str(patch) in failed.stderr and "nothing was written" in failed.stderr
+    assert patch.read_bytes() == mine and {p: p.read_bytes() for p in others} == others
+    assert (d["work"] / ".carry" / "state.json").read_bytes() == state
+    rebuild, replace = hints(failed)
+    if keep == "mine":
+        sh(d, rebuild)
+        run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+        assert b"MY HAND-WRITTEN EXPLANATION" in patch.read_bytes()
+    else:
+        done = sh(d, replace)
+        assert b"MY HAND-WRITTEN" not in patch.read_bytes() and "from the workspace" in last.read_text()
+        (copy,) = [p for p in (d["work"] / ".carry" / "replaced").rglob("*") if p.is_file()]
+        assert copy.read_bytes() == mine and str(copy) in done.stderr
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=0)
+
+
+def _amend_delta(d, text: str) -> None:
+    edit(d["ws"], "megatron/core/delta.py", 30, f"value_30 = {text!r}\n")
+    git(d["ws"], "commit", "-q", "-a", "--amend", "--no-edit")
+
+
+def test_export_replaces_any_version_it_wrote_itself(d):
+    """A file back at an earlier export's bytes (a discarded export, `git checkout patches/`) holds
+    nothing the workspace did not make: export replaces it without a word, as the file apply read."""
+    apply(d, check=0)
+    patch = d["series"] / "megatron-lm/0004-conflict.patch"
+    applied = patch.read_bytes()
+    _amend_delta(d, "first")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    first = patch.read_bytes()
+    _amend_delta(d, "second")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    patch.write_bytes(first)  # the second export discarded
+    _amend_delta(d, "third")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    assert "value_30 = 'third'" in patch.read_text()
+    patch.write_bytes(applied)  # every export discarded: the file apply read
+    _amend_delta(d, "fourth")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    assert "value_30 = 'fourth'" in patch.read_text() and not (d["work"] / ".carry" / "replaced").exists()
+
+
+@pytest.mark.parametrize("hand_edit", [False, True])
+def test_a_record_without_file_hashes_is_vouched_for_by_its_digest(d, hand_edit):
+    """A workspace applied before each file's hash was recorded: its digest (of all the files) says
+    whether they are as apply left them; an amend exports as before, a hand edit stops it."""
+    apply(d, check=0)
+    state = d["work"] / ".carry" / "state.json"
+    doc = read_json(state)
+    for rec in doc["upstreams"].values():
+        for p in rec["patches"]:
+            del p["hashes"]
+    state.write_text(json.dumps(doc))
+    patch = d["series"] / "megatron-lm/0004-conflict.patch"
+    _amend_delta(d, "amended")
+    if hand_edit:
+        mine = _hand_edit(patch)
+        run(d, "export", "--series", d["series"], "--workdir", d["work"], check=1)
+        assert patch.read_bytes() == mine
+    else:
+        run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+        assert "value_30 = 'amended'" in patch.read_text()
+
+
 def test_export_check_drift_exports(d):
     apply(d, check=0)
     git(d["ws"], "commit", "-q", "--amend", "-m", "demo: conflict change, reworded")
@@ -549,6 +651,29 @@ def _resolve(path) -> str:
     return "".join(out)
 
 
+def test_a_rebase_started_again_keeps_the_old_work_whole(d):
+    """The same rebase again, without --continue: the rebase workspace a person was resolving in
+    (a resolution added, notes, a branch) is set aside whole, one line says where, and its restore
+    command, pasted, puts it back (before: deleted, without a word)."""
+    rebase(d, check=1)
+    ws = d["cwd"] / "rebase-work" / "megatron-lm"
+    delta = ws / "megatron/core/delta.py"
+    delta.write_text(_resolve(delta) + "# my resolution, half done\n")
+    git(ws, "add", "megatron/core/delta.py")
+    (ws / "NOTES.txt").write_text("my notes\n")
+    git(ws, "branch", "my-attempt")
+    again = rebase(d, check=1)  # a fresh start: stopped at the same conflict
+    (line,) = [x for x in again.stderr.splitlines() if "kept whole in" in x]
+    restore, delete = re.findall(r"`([^`]+)`", line)
+    assert "--restore" in restore and "--delete" in delete
+    assert not (ws / "NOTES.txt").exists() and "<<<<<<<" in delta.read_text()
+    sh(d, restore)
+    assert (ws / "NOTES.txt").read_text() == "my notes\n"
+    assert "# my resolution, half done" in delta.read_text()
+    assert git(ws, "rev-parse", "--verify", "-q", "my-attempt")
+    assert (Git(ws).git_dir() / "rebase-apply").exists()  # the am in progress, as it was
+
+
 def test_rebase_continue_without_a_rebase_starts_one(d):
     (start,) = hints(rebase(d, "--continue", check=2))
     res = sh(d, start, check=None)
@@ -572,12 +697,13 @@ def test_rebase_with_a_patch_left_out_names_retire(d):
     assert "conflict" in res.stdout and "upstreamed" in res.stdout
 
 
-def test_rebase_dirty_workspace_amends(d):
+@pytest.mark.parametrize("what", ["megatron/core/alpha.py", "megatron/core/untracked_new.py"])
+def test_rebase_dirty_workspace_amends(d, what):
     rebase(d, check=1)
     ws = d["cwd"] / "rebase-work" / "megatron-lm"
     git(ws, "am", "--skip")
     d["write_series"](d["v0"], ids=("clean", "threeway", "upstreamed"))
-    (ws / "megatron/core/alpha.py").write_text((ws / "megatron/core/alpha.py").read_text() + "late = 5\n")
+    (ws / what).write_text(((ws / what).read_text() if (ws / what).exists() else "") + "late = 5\n")
     (amend,) = hints(rebase(d, "--continue", check=1))
     sh(d, amend)
     rebase(d, "--continue", check=0)

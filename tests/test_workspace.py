@@ -36,7 +36,7 @@ def test_the_record_of_a_real_apply(applied):
     assert state.prefix_commit("megatron-lm", 0) == applied["v0"]
     assert state.prefix_commit("megatron-lm", 2) == state.commit_of(series.patch("threeway"))
     assert state.prefix_commit("megatron-lm", 9) == rec.head
-    state.mark_exported("megatron-lm", "d" * 64, rec.head, [p.commit for p in rec.patches])
+    state.mark_exported("megatron-lm", "d" * 64, rec.head, [p.commit for p in rec.patches], {})
     wd.save_state(state)
     again = wd.load_state()
     assert again.record("megatron-lm").digest == "d" * 64

@@ -10,7 +10,7 @@ from . import options
 
 DESCRIPTION = """\
 The old workspaces a rebuild kept. apply (and the next run after an interrupted one) never deletes
-a workspace it replaces: it moves the whole tree, its .git (every commit, reflog, stash, worktree
+a workspace it replaces, nor rebase a rebase workspace it starts afresh (DIR: rebase's --workdir): it moves the whole tree, its .git (every commit, reflog, stash, worktree
 record, hook, remote) and every file (ignored ones too), to DIR/.carry/kept/<upstream>-<UTC time>,
 and says so in one line. Linked worktrees are pointed at the kept copy and keep working.
 Nothing removes a kept copy but this command:

@@ -13,7 +13,8 @@ DESCRIPTION = """\
 Re-apply one upstream's patches on a new base (3-way), export them normalised, move the pin,
 and summarise each patch: unchanged, refreshed (context only), modified, dropped (already
 upstream), conflicting. A conflict stops with git am in progress in the workspace; resolve it
-there and run again with --continue."""
+there and run again with --continue. Run without --continue, it starts afresh and sets the old
+rebase workspace aside whole (tools/kept.py --workdir of this --workdir restores it)."""
 
 
 def main(argv: list[str], prog: str) -> int:

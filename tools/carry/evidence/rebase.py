@@ -27,9 +27,10 @@ from ..series.manifest import PatchMeta, Series, Upstream
 from ..series.patchfile import parse_file
 from ..series.repo import command
 from ..shell import Raw, code, release_instead
-from ..workspace import sourcepath, sources, trial
+from ..workspace import kept, sourcepath, sources, trial
 from ..workspace.am import ABSENT, am_patches, clone_base, older_bases
 from ..workspace.export import format_patch
+from ..workspace.userwork import amend_command
 from .retire import Verdict, commit_retirement, link_signal
 
 MARKER = "carry-rebase.json"
@@ -161,7 +162,8 @@ def _replay(job: _Job) -> tuple[dict[str, str], dict[str, list[str]], tuple[Patc
     if ws.exists():
         if not (ws / ".git").exists() or not (g.git_dir() / MARKER).exists():
             raise DirtyTreeError(f"{ws} exists and is not a rebase workspace", hint="choose another --workdir")
-        shutil.rmtree(ws)
+        # Started again: what a person did there (a resolution, commits, notes) is kept whole.
+        kept.set_aside(ws.parent, ws, job.name, why="earlier rebase's")
     _new_workspace(job.base, ws, job.onto)
     older = older_bases(job.base)
     statuses: dict[str, str] = {}
@@ -232,7 +234,7 @@ def _match(job: _Job, statuses: dict[str, str],
                               f"leaves the series first (`{command('retire', job.series, '--against', f'{job.name}={job.onto}', *job.again[:-2])}`)")
     if g.status_porcelain():
         raise DirtyTreeError(f"{job.ws} has uncommitted changes",
-                             hint=f"commit them into their patch's commit ({code('git', '-C', job.ws, 'commit', '-a', '--amend', '--no-edit')} "
+                             hint=f"commit them into their patch's commit ({amend_command(job.ws)} "
                                   "for the last one)")
     return kept, dropped, commits
 

@@ -21,7 +21,7 @@ from ..files import read_input_text, write_json
 from ..git import Git
 from ..lock import LOCK_TIMEOUT, sweep_builds
 from ..report import ApplyReport, PatchResult, UpstreamResult
-from ..series.manifest import PatchMeta, Series
+from ..series.manifest import PatchMeta, Series, file_sha256
 from ..series.patchfile import parse_file, safety_problems
 from ..series.patchgit import git_problems
 from ..series.repo import command
@@ -149,6 +149,7 @@ def _apply_staged(txn: _Transaction, name: str, mine: list[PatchMeta]) -> Upstre
     series, opts, wd = txn.series, txn.opts, txn.wd
     base = sources.ready_base(series.upstream(name), opts.cache, opts.sources.get(name))
     digest = series.upstream_digest(name, mine, base.key)
+    hashes = {p.id: file_sha256(series.patch_path(p)) for p in mine}  # what export may replace (carry.workspace.record)
     recorded = txn.state.record(name)
     ours = wd.check_untouched(name, recorded, series)
     # The workspace's own HEAD: what it is now, and stays unless this run succeeds.
@@ -167,7 +168,7 @@ def _apply_staged(txn: _Transaction, name: str, mine: list[PatchMeta]) -> Upstre
     if ours and recorded:
         ur.saved = wd.keep_unknown_commits(name, recorded, ws)
     txn.rebuilt.append(name)
-    txn.new_records[name] = _record(base, digest, ws, mine, ur, made)
+    txn.new_records[name] = _record(base, digest, ws, mine, ur, made, hashes)
     txn.built[name] = txn.new_records[name].head
     return ur
 
@@ -210,14 +211,15 @@ def _build_wheels(series: Series, opts: Options, report: ApplyReport) -> None:
 
 
 def _record(base: sources.Base, digest: str, ws: Path, mine: list[PatchMeta], ur: UpstreamResult,
-            made: list[str]) -> UpstreamRecord:
+            made: list[str], hashes: dict[str, str]) -> UpstreamRecord:
     """``made``: the commits am_patches says it made (read here when it could not say)."""
     commits = made if made else Git(ws).rev_list(f"{base.commit}..HEAD")
     head = commits[-1] if commits else base.commit
     applied = [r for r in ur.patches if r.status == "applied"]
     return UpstreamRecord(base=base.describe, base_key=base.key, base_commit=base.commit, digest=digest, head=head,
                           selected=[p.id for p in mine],
-                          patches=[PatchRecord(r.id, r.file, c) for r, c in zip(applied, commits)], made=commits)
+                          patches=[PatchRecord(r.id, r.file, c, (hashes[r.id],)) for r, c in zip(applied, commits)],
+                          made=commits)
 
 
 def _conflict_message(series: Series, failed: list[UpstreamResult], opts: Options) -> tuple[str, str]:

@@ -12,13 +12,16 @@ export with exit 2 before any file is replaced.
 
 from __future__ import annotations
 
+import hashlib
 import re
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import progress
 from ..errors import DirtyTreeError, DriftError, PatchFormatError, UsageError
-from ..files import fsync_dir, read_input, stage
+from ..files import fsync_dir, read_input, stage, write_atomic
 from ..git import IDENTITY_EMAIL, IDENTITY_NAME, Git
 from ..lock import LOCK_TIMEOUT
 from ..series.lint import file_problems, same_content
@@ -51,7 +54,10 @@ class ExportResult:
     drift: list[str] = field(default_factory=list)
 
 
-def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOCK_TIMEOUT) -> ExportResult:
+def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOCK_TIMEOUT,
+           replace_edited: bool = False) -> ExportResult:
+    """``replace_edited``: replace a patch file edited since the workspace was applied from it (or
+    exported to it), its copy kept in DIR/.carry/replaced; without it, such a file stops the export."""
     wd = WorkDir(workdir)
     wd.require(series)
     result = ExportResult()
@@ -63,6 +69,8 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
         added = False
         exported: dict[str, list[str]] = {}  # per upstream, the commit each patch was written from
         drifted: list[str] = []  # the upstreams whose files differ (--check): the only ones to rebuild
+        edited: list[tuple[PatchMeta, Path, bytes]] = []  # a file changed since apply or export: not ours to lose
+        hashes: dict[str, dict[str, str]] = {}  # per upstream, the hash of each patch file once exported
         for name, rec in state.records():
             ws = wd.workspace(name)
             g = Git(ws)
@@ -70,11 +78,12 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
             if dirty:
                 raise DirtyTreeError(f"{name}: {ws} has uncommitted changes ({dirty[0][3:]} ...)",
                                      hint="commit them into the patch they belong to first "
-                                          f"({code('git', '-C', ws, 'commit', '-a', '--amend', '--no-edit')} for the last one)")
+                                          f"({userwork.amend_command(ws)} for the last one)")
             back = userwork.moved_back(name, ws, rec)
             if back:
                 raise back  # not patches gone: an older commit checked out
             commits = g.rev_list(f"{rec.base_commit}..HEAD")
+            vouched = _as_recorded(series, name, rec)
             new = _new_entries(series, name, rec, len(commits) - len(rec.patches))
             if new:
                 added = True
@@ -89,7 +98,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                          "fold into the patch they fix with "
                          + code(Raw("GIT_SEQUENCE_EDITOR=:"), "git", "-C", ws, "rebase", "-q", "-i", "--autosquash",
                                 rec.base_commit))
-            exported[name] = commits
+            exported[name], hashes[name] = commits, {}
             for commit, applied in zip(commits, rec.patches):
                 meta = series.patch(applied.id)
                 path = series.patch_path(meta)
@@ -97,6 +106,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                 if not data:
                     empty.append((meta, commit))
                     continue
+                hashes[name][meta.id] = _sha(data)
                 old = read_input(path) if path.exists() else None
                 if old == data:
                     result.unchanged.append(meta.file)
@@ -104,6 +114,11 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                     (result.drift if check else result.written).append(meta.file)
                     drifted.append(name)
                     pending.append((meta, path, data))
+                    if old is not None and _sha(old) not in applied.hashes and not vouched:
+                        edited.append((meta, path, old))
+        if edited and not check and not replace_edited:
+            message, hint = _edited_message(series, wd.root, edited)
+            raise DirtyTreeError(message, hint=hint)
         staged = _stage_checked(series, pending, empty, {name: (wd.workspace(name), rec.base_commit)
                                                          for name, rec in state.records()})
         try:
@@ -113,6 +128,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                                      files=result.drift,
                                      hint=_drift_hint(series, wd.root, list(dict.fromkeys(drifted))))
                 return result
+            _keep_copies(wd.root, series, edited)
             for tmp, (_, path, _) in zip(staged, pending):
                 tmp.replace(path)
             staged = []
@@ -130,7 +146,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
         for name, rec in state.records():
             chosen = [fresh.patch(pid) for pid in rec.selected]
             state.mark_exported(name, fresh.upstream_digest(name, chosen, rec.base_key),
-                                Git(wd.workspace(name)).head() or rec.head, exported[name])
+                                Git(wd.workspace(name)).head() or rec.head, exported[name], hashes[name])
         if pending or state.to_dict() != before or added:
             wd.save_state(state)
     return result
@@ -169,6 +185,53 @@ def _stage_checked(series: Series, pending: list[tuple[PatchMeta, Path, bytes]],
             tmp.unlink(missing_ok=True)
         raise
     return staged
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _as_recorded(series: Series, name: str, rec: UpstreamRecord) -> bool:
+    """Every patch file of the upstream is as apply or export last left it: the record's digest
+    (of them all) says so. It vouches for a record from before each file's hash was kept."""
+    known = {p.id for p in series.patches}
+    if not all(pid in known for pid in rec.selected):
+        return False
+    return series.upstream_digest(name, [series.patch(pid) for pid in rec.selected],
+                                  rec.base_key) == rec.digest
+
+
+def _edited_message(series: Series, root: Path, edited: list[tuple[PatchMeta, Path, bytes]]) -> tuple[str, str]:
+    """The refusal of a patch file edited since apply read it (or export wrote it), and both ways on."""
+    ups = list(dict.fromkeys(meta.upstream for meta, _, _ in edited))
+    files = ", ".join(str(path) for _, path, _ in edited)
+    keep = f"`{command('apply', series, '--workdir', root, '--only', ','.join(ups))}`"
+    replace = f"`{command('export', series, '--workdir', root, '--replace-edited')}`"
+    return (f"{files}: changed since the workspace was applied from it (or exported to it), and export would "
+            "replace it with the workspace's version; nothing was written",
+            f"to keep your edit, rebuild the workspace from the patch files: {keep} (with the --source options "
+            "you applied with; a workspace with commits of its own is set aside first, as apply's hint says); to "
+            f"write the workspace's version over it and keep a copy of yours in {replaced_dir(root)}: {replace}")
+
+
+def replaced_dir(root: Path) -> Path:
+    return root / ".carry" / "replaced"
+
+
+def _keep_copies(root: Path, series: Series, edited: list[tuple[PatchMeta, Path, bytes]]) -> None:
+    """--replace-edited: a copy of each edited file, as it is, in DIR/.carry/replaced/<UTC time>/
+    (its path in the series), made before any file is replaced; a line for each says where."""
+    if not edited:
+        return
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    home, n = replaced_dir(root) / stamp, 1
+    while home.exists():
+        n += 1
+        home = replaced_dir(root) / f"{stamp}-{n}"
+    for _, path, old in edited:
+        copy = home / path.relative_to(series.root)
+        write_atomic(copy, old)
+        print(f"[carry] {path}: replaced by the workspace's version; yours is kept in {copy}", file=sys.stderr, flush=True)
 
 
 def _drift_hint(series: Series, root: Path, upstreams: list[str]) -> str:

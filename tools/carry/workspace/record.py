@@ -21,6 +21,10 @@ class PatchRecord:
     id: str
     file: str
     commit: str
+    # The sha256 of each content of the patch file this workspace was applied from or exported to,
+    # oldest first: export replaces a file holding one of these (nothing in it is not the
+    # workspace's), never one edited since (a record from before these were kept has none).
+    hashes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -76,14 +80,17 @@ class State:
         applied = {p.id for r in self.upstreams.values() for p in r.patches}
         self.order = [p.id for p in series.patches if p.id in applied]
 
-    def mark_exported(self, upstream: str, digest: str, head: str, commits: list[str]) -> None:
+    def mark_exported(self, upstream: str, digest: str, head: str, commits: list[str],
+                      hashes: dict[str, str]) -> None:
         """Export wrote the workspace's commits to the patch files: the two agree again, and each
         patch is the commit it was written from (an amend or a rebase in the workspace made new
-        ones; prove and bisect take a patch's tree from here)."""
+        ones; prove and bisect take a patch's tree from here), its file's hash (``hashes``, by id)
+        one more the workspace made."""
         rec = self.upstreams[upstream]
         rec.digest, rec.head = digest, head
         assert len(commits) == len(rec.patches), (upstream, len(commits), len(rec.patches))
-        rec.patches = [PatchRecord(p.id, p.file, commit) for p, commit in zip(rec.patches, commits)]
+        rec.patches = [PatchRecord(p.id, p.file, commit, tuple(dict.fromkeys([*p.hashes, hashes[p.id]]))
+                                   if p.id in hashes else p.hashes) for p, commit in zip(rec.patches, commits)]
 
     # -- the file format ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -94,7 +101,8 @@ class State:
     def from_dict(cls, doc: dict[str, Any]) -> "State":
         ups = {}
         for name, raw in doc.get("upstreams", {}).items():
-            patches = [PatchRecord(p["id"], p["file"], p["commit"]) for p in raw.get("patches", [])]
+            patches = [PatchRecord(p["id"], p["file"], p["commit"], tuple(p.get("hashes", ())))
+                       for p in raw.get("patches", [])]
             ups[name] = UpstreamRecord(
                 base=raw["base"], base_key=raw["base_key"], base_commit=raw["base_commit"], digest=raw["digest"],
                 head=raw["head"], selected=list(raw.get("selected", [p.id for p in patches])), patches=patches,

@@ -20,7 +20,7 @@ from ..errors import DirtyTreeError
 from ..git import Git
 from ..series.manifest import Series
 from ..series.repo import command
-from ..shell import code, run_again, tool
+from ..shell import Raw, code, run_again, tool
 from .am import BASE_TAG
 from .record import UpstreamRecord
 
@@ -162,9 +162,15 @@ def check_untouched(root: Path, name: str, recorded: UpstreamRecord | None, seri
         shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
         raise DirtyTreeError(
             f"{name}: workspace {ws} has uncommitted changes: {shown}",
-            hint=f"commit them into the patch they belong to ({code('git', '-C', ws, 'commit', '-a', '--amend', '--no-edit')} "
+            hint=f"commit them into the patch they belong to ({amend_command(ws)} "
                  f"for the last one) and run {export_cmd}, or, to drop them, {set_aside_hint(root, name, series)}")
     return True
+
+
+def amend_command(ws: Path) -> str:
+    """The command that folds every change in ``ws`` into its last commit: new files too (``git
+    commit -a`` leaves an untracked file out, and the check that refused would refuse again)."""
+    return code("git", "-C", ws, "add", "-A", Raw("&&"), "git", "-C", ws, "commit", "-q", "--amend", "--no-edit")
 
 
 def set_aside_hint(root: Path, name: str, series: Series) -> str:

@@ -114,3 +114,19 @@ def test_prune_removes_only_what_is_older(demo):
     assert res.returncode == 0, res.stderr
     assert not list(kept.iterdir())
     assert "1 kept" not in tool("kept", "--workdir", demo["work"], check=0).stdout
+
+
+# Daylight-saving time all year (from 0:00 on day 0 to 25:00 on day 365): a zone on summer time
+# whatever the date the test runs, as Sydney is in December or New York in July.
+SUMMER_TIME = "EST5EDT,0/0,J365/25"
+
+
+def test_a_copy_made_now_is_new_in_a_zone_on_summer_time(demo):
+    """The copy's name is stamped in UTC; its age is now minus that UTC time, in any time zone."""
+    apply_demo(demo, check=0)
+    tool("kept", "--workdir", demo["work"], "--set-aside", ML, check=0)
+    env = {"TZ": SUMMER_TIME}
+    listed = tool("kept", "--workdir", demo["work"], env=env, check=0).stdout
+    assert " 0.0 h old " in listed, listed
+    tool("kept", "--workdir", demo["work"], "--prune", "--older-than", "30m", env=env, check=0)
+    assert len(list((demo["work"] / ".carry" / "kept").iterdir())) == 1

@@ -10,6 +10,7 @@ commands that restore it or delete it. Only ``tools/kept.py`` deletes such a cop
 
 from __future__ import annotations
 
+import calendar
 import os
 import re
 import shutil
@@ -91,7 +92,7 @@ def entries(root: Path) -> list[Kept]:
     for p in home.iterdir():
         m = _ENTRY.fullmatch(p.name)
         if m and p.is_dir() and not p.is_symlink():
-            made = time.mktime(time.strptime(m["stamp"], _STAMP)) - time.timezone
+            made = calendar.timegm(time.strptime(m["stamp"], _STAMP))  # the stamp is UTC
             out.append(Kept(p, m["name"], made))
     return sorted(out, key=lambda k: (k.made, k.key))
 

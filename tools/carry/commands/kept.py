@@ -12,7 +12,8 @@ DESCRIPTION = """\
 The old workspaces a rebuild kept. apply (and the next run after an interrupted one) never deletes
 a workspace it replaces: it moves the whole tree, its .git (every commit, reflog, stash, worktree
 record, hook, remote) and every file (ignored ones too), to DIR/.carry/kept/<upstream>-<UTC time>,
-and says so in one line. Linked worktrees are pointed at the kept copy and keep working.
+and says so in one line. Linked worktrees, inside the workspace or not, are reconnected where they
+are and keep working.
 Nothing removes a kept copy but this command:
 
   kept.py --workdir DIR                         list them: name, age, size

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..files import fsync_dir
-from ..git import Git
 from ..shell import code, tool
+from . import worktrees
 
 KEPT_DIR = "kept"
 _STAMP = "%Y%m%dT%H%M%SZ"
@@ -47,8 +47,9 @@ def kept_dir(root: Path) -> Path:
 def set_aside(root: Path, tree: Path, name: str, why: str = "replaced") -> Path:
     """Rename ``tree`` (DIR/<name>, or the swap's trash copy of it) to DIR/.carry/kept/<name>-<time>.
 
-    Linked worktrees of the tree are pointed at its new place (``git worktree repair``), so they
-    keep working. Says where it went in one line, with the commands that restore or delete it.
+    Its linked worktrees, and the repository of a linked worktree, are reconnected at their places
+    now (carry.workspace.worktrees), so they keep working. Says where it went in one line, with
+    the commands that restore or delete it.
     """
     home = kept_dir(root)
     home.mkdir(parents=True, exist_ok=True)
@@ -57,10 +58,8 @@ def set_aside(root: Path, tree: Path, name: str, why: str = "replaced") -> Path:
     while dest.exists() or dest.is_symlink():
         n += 1
         dest = home / f"{name}-{stamp}-{n}"
-    os.rename(tree, dest)
+    worktrees.move(tree, dest)
     fsync_dir(home)
-    if (dest / ".git" / "worktrees").is_dir():
-        Git(dest)("worktree", "repair", check=False)
     print(f"[carry] {name}: the {why} workspace is kept whole in {dest}: "
           f"{code(*tool('kept'), '--workdir', root, '--restore', dest.name)} puts it back, "
           f"{code(*tool('kept'), '--workdir', root, '--delete', dest.name)} deletes it", file=sys.stderr, flush=True)
@@ -112,10 +111,8 @@ def restore(root: Path, key: str) -> Path:
     ws = root / k.upstream
     if ws.exists() or ws.is_symlink():
         set_aside(root, ws, k.upstream, why="current")
-    os.rename(k.path, ws)
+    worktrees.move(k.path, ws)
     fsync_dir(root)
-    if (ws / ".git" / "worktrees").is_dir():
-        Git(ws)("worktree", "repair", check=False)
     return ws
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from ..workspace import kept
@@ -64,5 +65,6 @@ def _list(wd: WorkDir) -> None:
     rows = kept.entries(wd.root)
     for k in rows:
         age = (time.time() - k.made) / 3600
-        print(f"{k.key}  {k.upstream}  {age:.1f} h old  {kept.size(k.path) / 2**20:.1f} MiB")
+        what = f"link to {os.readlink(k.path)}" if k.path.is_symlink() else f"{kept.size(k.path) / 2**20:.1f} MiB"
+        print(f"{k.key}  {k.upstream}  {age:.1f} h old  {what}")
     print(f"{len(rows)} kept workspace(s) in {kept.kept_dir(wd.root)}")

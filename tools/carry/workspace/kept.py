@@ -26,7 +26,9 @@ from . import worktrees
 
 KEPT_DIR = "kept"
 _STAMP = "%Y%m%dT%H%M%SZ"
-_ENTRY = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*?)-(?P<stamp>\d{8}T\d{6}Z)(?:-\d+)?")
+# Any name set_aside may be given (a folder of the work directory: a space, a leading dash), so
+# that every copy it says it kept is listed, restored and deleted by that name.
+_ENTRY = re.compile(r"(?P<name>.+?)-(?P<stamp>\d{8}T\d{6}Z)(?:-\d+)?", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,15 @@ def set_aside(root: Path, tree: Path, name: str, why: str = "replaced") -> Path:
     worktrees.move(tree, dest)
     fsync_dir(home)
     print(f"[carry] {name}: the {why} workspace is kept whole in {dest}: "
-          f"{code(*tool('kept'), '--workdir', root, '--restore', dest.name)} puts it back, "
-          f"{code(*tool('kept'), '--workdir', root, '--delete', dest.name)} deletes it", file=sys.stderr, flush=True)
+          f"{code(*tool('kept'), '--workdir', root, *_option('--restore', dest.name))} puts it back, "
+          f"{code(*tool('kept'), '--workdir', root, *_option('--delete', dest.name))} deletes it",
+          file=sys.stderr, flush=True)
     return dest
+
+
+def _option(flag: str, value: str) -> list[str]:
+    """``flag value`` as argparse takes it: a value with a leading dash as ``flag=value``."""
+    return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
 
 
 def linked_worktrees(ws: Path) -> list[Path]:
@@ -90,7 +98,7 @@ def entries(root: Path) -> list[Kept]:
     out = []
     for p in home.iterdir():
         m = _ENTRY.fullmatch(p.name)
-        if m and p.is_dir() and not p.is_symlink():
+        if m and (p.is_dir() or p.is_symlink()):  # a workspace that was a link is kept as the link
             made = calendar.timegm(time.strptime(m["stamp"], _STAMP))  # the stamp is UTC
             out.append(Kept(p, m["name"], made))
     return sorted(out, key=lambda k: (k.made, k.key))
@@ -118,7 +126,10 @@ def restore(root: Path, key: str) -> Path:
 
 def delete(root: Path, key: str) -> Kept:
     k = find(root, key)
-    shutil.rmtree(k.path)
+    if k.path.is_symlink():
+        k.path.unlink()  # the link kept; the tree it points at was never the tool's to keep
+    else:
+        shutil.rmtree(k.path)
     return k
 
 

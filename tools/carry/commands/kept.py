@@ -36,7 +36,7 @@ def main(argv: list[str], prog: str) -> int:
                      help="keep these workspaces (none named: every one, and drop the record) so apply rebuilds them")
     p.add_argument("--older-than", type=kept.parse_age, metavar="AGE", help="with --prune: 30d, 12h, 45m, 90s")
     options.add_lock_timeout(p)
-    a = p.parse_args(argv)
+    a = p.parse_args(_named(argv))
     if a.prune != (a.older_than is not None):
         p.error("--prune and --older-than go together")
     wd = WorkDir(a.workdir)
@@ -59,6 +59,15 @@ def main(argv: list[str], prog: str) -> int:
         else:
             _list(wd)
     return 0
+
+
+def _named(argv: list[str]) -> list[str]:
+    """``--restore NAME`` and ``--delete NAME`` as argparse takes them when NAME begins with a dash
+    (the copy of a folder so named, as the line that kept it prints it): ``--restore=NAME``."""
+    for i, arg in enumerate(argv[:-1]):
+        if arg in ("--restore", "--delete") and argv[i + 1].startswith("-"):
+            return [*argv[:i], f"{arg}={argv[i + 1]}", *argv[i + 2:]]
+    return argv
 
 
 def _list(wd: WorkDir) -> None:

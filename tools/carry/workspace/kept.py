@@ -63,15 +63,10 @@ def set_aside(root: Path, tree: Path, name: str, why: str = "replaced") -> Path:
     worktrees.move(tree, dest)
     fsync_dir(home)
     print(f"[carry] {name}: the {why} workspace is kept whole in {dest}: "
-          f"{code(*tool('kept'), '--workdir', root, *_option('--restore', dest.name))} puts it back, "
-          f"{code(*tool('kept'), '--workdir', root, *_option('--delete', dest.name))} deletes it",
+          f"{code(*tool('kept'), '--workdir', root, '--restore', dest.name)} puts it back, "
+          f"{code(*tool('kept'), '--workdir', root, '--delete', dest.name)} deletes it",
           file=sys.stderr, flush=True)
     return dest
-
-
-def _option(flag: str, value: str) -> list[str]:
-    """``flag value`` as argparse takes it: a value with a leading dash as ``flag=value``."""
-    return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
 
 
 def linked_worktrees(ws: Path) -> list[Path]:

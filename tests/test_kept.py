@@ -114,3 +114,80 @@ def test_prune_removes_only_what_is_older(demo):
     assert res.returncode == 0, res.stderr
     assert not list(kept.iterdir())
     assert "1 kept" not in tool("kept", "--workdir", demo["work"], check=0).stdout
+
+
+# Daylight-saving time all year (from 0:00 on day 0 to 25:00 on day 365): a zone on summer time
+# whatever the date the test runs, as Sydney is in December or New York in July.
+SUMMER_TIME = "EST5EDT,0/0,J365/25"
+
+
+def test_a_copy_made_now_is_new_in_a_zone_on_summer_time(demo):
+    """The copy's name is stamped in UTC; its age is now minus that UTC time, in any time zone."""
+    apply_demo(demo, check=0)
+    tool("kept", "--workdir", demo["work"], "--set-aside", ML, check=0)
+    env = {"TZ": SUMMER_TIME}
+    listed = tool("kept", "--workdir", demo["work"], env=env, check=0).stdout
+    assert " 0.0 h old " in listed, listed
+    tool("kept", "--workdir", demo["work"], "--prune", "--older-than", "30m", env=env, check=0)
+    assert len(list((demo["work"] / ".carry" / "kept").iterdir())) == 1
+
+
+def test_a_workspace_that_is_a_symlink_is_kept_listed_restored_and_deleted_as_a_link(demo):
+    """Every hint a kept line prints works pasted as printed, for a workspace that was a symlink
+    (moved to a bigger disk, linked back): the link is what is kept; what it points at stays."""
+    apply_demo(demo, check=0)
+    ws, target = demo["work"] / ML, demo["tmp"] / "bigger-disk"
+    ws.rename(target)
+    ws.symlink_to(target)
+    demo["write_series"](demo["v0"], ids=("clean", "threeway"))
+    [line] = _kept_lines(apply_demo(demo, check=0).stderr)
+    kept = demo["work"] / ".carry" / "kept"
+    [link] = [p for p in kept.iterdir() if p.is_symlink()]
+    listed = tool("kept", "--workdir", demo["work"], check=0).stdout
+    assert link.name in listed and f"link to {target}" in listed, listed
+    res = _paste(line, 0)
+    assert res.returncode == 0, res.stderr
+    assert ws.is_symlink() and ws.resolve() == target
+    [line] = _kept_lines(tool("kept", "--workdir", demo["work"], "--set-aside", ML, check=0).stderr)
+    res = _paste(line, 1)  # delete: the link goes, the tree it pointed at stays
+    assert res.returncode == 0, res.stderr
+    assert not ws.is_symlink() and not [p for p in kept.iterdir() if p.is_symlink()]
+    assert git(target, "rev-parse", "HEAD")
+
+
+def test_a_repository_of_the_users_set_aside_with_the_workspaces_comes_back_by_its_hint(demo):
+    """--set-aside alone moves every folder of the work directory with a .git: a repository of the
+    user's, whatever its name (a space in it, a leading dash), is kept like a workspace, and its
+    printed --restore and --delete commands work pasted as printed."""
+    apply_demo(demo, check=0)
+    names = ("my notes", "-dash")
+    for name in names:
+        git(demo["work"], "init", "-q", f"./{name}")
+        (demo["work"] / name / "todo.txt").write_text(f"{name}: important\n")
+    res = tool("kept", "--workdir", demo["work"], "--set-aside", check=0)
+    lines = {name: line for name in names for line in _kept_lines(res.stderr) if f"{name}-" in line}
+    assert len(lines) == 2 and len(_kept_lines(res.stderr)) == 3, res.stderr
+    listed = tool("kept", "--workdir", demo["work"], check=0).stdout
+    assert "3 kept workspace(s)" in listed and "my notes" in listed and "-dash" in listed, listed
+    for name, line in lines.items():
+        res = _paste(line, 0)
+        assert res.returncode == 0, res.stderr
+        assert (demo["work"] / name / "todo.txt").read_text() == f"{name}: important\n"
+    res = tool("kept", "--workdir", demo["work"], "--set-aside", check=0)  # the two again (the workspace is kept)
+    assert len(_kept_lines(res.stderr)) == 2, res.stderr
+    for line in _kept_lines(res.stderr):
+        res = _paste(line, 1)
+        assert res.returncode == 0, res.stderr
+    assert [p.name[:len(ML)] for p in (demo["work"] / ".carry" / "kept").iterdir()] == [ML]
+
+
+def test_a_folder_named_with_a_newline_is_listed_and_restored_too(demo):
+    """The one name a kept line cannot show on one line: the copy is still kept.py's to list and restore."""
+    apply_demo(demo, check=0)
+    name = "new\nline"
+    git(demo["work"], "init", "-q", name)
+    tool("kept", "--workdir", demo["work"], "--set-aside", check=0)
+    [copy] = [p.name for p in (demo["work"] / ".carry" / "kept").iterdir() if p.name.startswith(name)]
+    assert "2 kept workspace(s)" in tool("kept", "--workdir", demo["work"], check=0).stdout
+    tool("kept", "--workdir", demo["work"], "--restore", copy, check=0)
+    assert (demo["work"] / name / ".git").is_dir()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from ..workspace import kept
@@ -12,7 +13,8 @@ DESCRIPTION = """\
 The old workspaces a rebuild kept. apply (and the next run after an interrupted one) never deletes
 a workspace it replaces, nor rebase a rebase workspace it starts afresh (DIR: rebase's --workdir): it moves the whole tree, its .git (every commit, reflog, stash, worktree
 record, hook, remote) and every file (ignored ones too), to DIR/.carry/kept/<upstream>-<UTC time>,
-and says so in one line. Linked worktrees are pointed at the kept copy and keep working.
+and says so in one line. Linked worktrees, inside the workspace or not, are reconnected where they
+are and keep working.
 Nothing removes a kept copy but this command:
 
   kept.py --workdir DIR                         list them: name, age, size
@@ -34,7 +36,7 @@ def main(argv: list[str], prog: str) -> int:
                      help="keep these workspaces (none named: every one, and drop the record) so apply rebuilds them")
     p.add_argument("--older-than", type=kept.parse_age, metavar="AGE", help="with --prune: 30d, 12h, 45m, 90s")
     options.add_lock_timeout(p)
-    a = p.parse_args(argv)
+    a = p.parse_args(_named(argv))
     if a.prune != (a.older_than is not None):
         p.error("--prune and --older-than go together")
     wd = WorkDir(a.workdir)
@@ -59,9 +61,19 @@ def main(argv: list[str], prog: str) -> int:
     return 0
 
 
+def _named(argv: list[str]) -> list[str]:
+    """``--restore NAME`` and ``--delete NAME`` as argparse takes them when NAME begins with a dash
+    (the copy of a folder so named, as the line that kept it prints it): ``--restore=NAME``."""
+    for i, arg in enumerate(argv[:-1]):
+        if arg in ("--restore", "--delete") and argv[i + 1].startswith("-"):
+            return [*argv[:i], f"{arg}={argv[i + 1]}", *argv[i + 2:]]
+    return argv
+
+
 def _list(wd: WorkDir) -> None:
     rows = kept.entries(wd.root)
     for k in rows:
         age = (time.time() - k.made) / 3600
-        print(f"{k.key}  {k.upstream}  {age:.1f} h old  {kept.size(k.path) / 2**20:.1f} MiB")
+        what = f"link to {os.readlink(k.path)}" if k.path.is_symlink() else f"{kept.size(k.path) / 2**20:.1f} MiB"
+        print(f"{k.key}  {k.upstream}  {age:.1f} h old  {what}")
     print(f"{len(rows)} kept workspace(s) in {kept.kept_dir(wd.root)}")

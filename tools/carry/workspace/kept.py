@@ -10,6 +10,7 @@ commands that restore it or delete it. Only ``tools/kept.py`` deletes such a cop
 
 from __future__ import annotations
 
+import calendar
 import os
 import re
 import shutil
@@ -20,12 +21,14 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..files import fsync_dir
-from ..git import Git
 from ..shell import code, tool
+from . import worktrees
 
 KEPT_DIR = "kept"
 _STAMP = "%Y%m%dT%H%M%SZ"
-_ENTRY = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*?)-(?P<stamp>\d{8}T\d{6}Z)(?:-\d+)?")
+# Any name set_aside may be given (a folder of the work directory: a space, a leading dash), so
+# that every copy it says it kept is listed, restored and deleted by that name.
+_ENTRY = re.compile(r"(?P<name>.+?)-(?P<stamp>\d{8}T\d{6}Z)(?:-\d+)?", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,9 @@ def kept_dir(root: Path) -> Path:
 def set_aside(root: Path, tree: Path, name: str, why: str = "replaced") -> Path:
     """Rename ``tree`` (DIR/<name>, or the swap's trash copy of it) to DIR/.carry/kept/<name>-<time>.
 
-    Linked worktrees of the tree are pointed at its new place (``git worktree repair``), so they
-    keep working. Says where it went in one line, with the commands that restore or delete it.
+    Its linked worktrees, and the repository of a linked worktree, are reconnected at their places
+    now (carry.workspace.worktrees), so they keep working. Says where it went in one line, with
+    the commands that restore or delete it.
     """
     home = kept_dir(root)
     home.mkdir(parents=True, exist_ok=True)
@@ -56,13 +60,12 @@ def set_aside(root: Path, tree: Path, name: str, why: str = "replaced") -> Path:
     while dest.exists() or dest.is_symlink():
         n += 1
         dest = home / f"{name}-{stamp}-{n}"
-    os.rename(tree, dest)
+    worktrees.move(tree, dest)
     fsync_dir(home)
-    if (dest / ".git" / "worktrees").is_dir():
-        Git(dest)("worktree", "repair", check=False)
     print(f"[carry] {name}: the {why} workspace is kept whole in {dest}: "
           f"{code(*tool('kept'), '--workdir', root, '--restore', dest.name)} puts it back, "
-          f"{code(*tool('kept'), '--workdir', root, '--delete', dest.name)} deletes it", file=sys.stderr, flush=True)
+          f"{code(*tool('kept'), '--workdir', root, '--delete', dest.name)} deletes it",
+          file=sys.stderr, flush=True)
     return dest
 
 
@@ -90,8 +93,8 @@ def entries(root: Path) -> list[Kept]:
     out = []
     for p in home.iterdir():
         m = _ENTRY.fullmatch(p.name)
-        if m and p.is_dir() and not p.is_symlink():
-            made = time.mktime(time.strptime(m["stamp"], _STAMP)) - time.timezone
+        if m and (p.is_dir() or p.is_symlink()):  # a workspace that was a link is kept as the link
+            made = calendar.timegm(time.strptime(m["stamp"], _STAMP))  # the stamp is UTC
             out.append(Kept(p, m["name"], made))
     return sorted(out, key=lambda k: (k.made, k.key))
 
@@ -111,16 +114,17 @@ def restore(root: Path, key: str) -> Path:
     ws = root / k.upstream
     if ws.exists() or ws.is_symlink():
         set_aside(root, ws, k.upstream, why="current")
-    os.rename(k.path, ws)
+    worktrees.move(k.path, ws)
     fsync_dir(root)
-    if (ws / ".git" / "worktrees").is_dir():
-        Git(ws)("worktree", "repair", check=False)
     return ws
 
 
 def delete(root: Path, key: str) -> Kept:
     k = find(root, key)
-    shutil.rmtree(k.path)
+    if k.path.is_symlink():
+        k.path.unlink()  # the link kept; the tree it points at was never the tool's to keep
+    else:
+        shutil.rmtree(k.path)
     return k
 
 

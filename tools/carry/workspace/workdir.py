@@ -40,7 +40,7 @@ from ..series.manifest import Series
 from ..series.repo import command
 from ..shell import again, code, run_again, run_as, tool
 from . import kept as keeping
-from . import userwork
+from . import userwork, worktrees
 from .record import STATE_VERSION, PatchRecord, State, UpstreamRecord  # noqa: F401  (imported from here)
 
 SAVED_PREFIX = userwork.SAVED_PREFIX
@@ -343,8 +343,8 @@ class WorkDir:
                 continue  # already moved in by the interrupted run
             ws = self.workspace(name)
             if (ws.exists() or ws.is_symlink()) and not (trash / name).exists():
-                os.rename(ws, trash / name)
-            os.rename(new, ws)
+                worktrees.move(ws, trash / name)
+            worktrees.move(new, ws)
             progress.checkpoint("swapping")
         self.save_state(state)
         self.journal_file.unlink(missing_ok=True)
@@ -368,7 +368,7 @@ class WorkDir:
             if old.exists() or old.is_symlink():
                 if ws.exists() or ws.is_symlink():
                     keeping.set_aside(self.root, ws, name, why="new")  # moved in already; the user may have worked in it
-                os.rename(old, ws)
+                worktrees.move(old, ws)
             elif self._holds(name, state):
                 before = self.load_state().record(name)
                 if before is None or before.head != state.upstreams[name].head:

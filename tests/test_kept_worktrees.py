@@ -1,0 +1,103 @@
+"""Linked worktrees stay connected when the tool moves a workspace, or a worktree, into .carry/kept
+and back: inside the workspace, beside it in the work directory, outside it.
+
+git links a worktree to its repository both ways by absolute path; a rename of either breaks the
+link, `git status` then fails in the worktree and the repository calls it "prunable", where the
+`git worktree prune` git suggests drops the worktree's index and the only ref to its HEAD. Real
+git, the demo series rebuilt by a series change.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from helpers import apply_demo, git, tool
+
+ML = "megatron-lm"
+EDITED = "megatron/core/alpha.py"
+
+
+def _kept_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "kept whole in" in line]
+
+
+def _paste(line: str, which: int) -> subprocess.CompletedProcess:
+    """Run the ``which``-th backticked command of ``line`` as a user pastes it."""
+    return subprocess.run(["sh", "-c", line.split("`")[2 * which + 1]], capture_output=True, text=True,
+                          env=dict(os.environ))
+
+
+def _work_in(wt) -> str:
+    """A commit on a detached HEAD (no branch holds it) and an uncommitted edit, staged and not, in
+    linked worktree ``wt``; returns the commit."""
+    git(wt, "checkout", "-q", "--detach")
+    git(wt, "commit", "-q", "--allow-empty", "-m", "detached work in a linked worktree")
+    f = wt / EDITED
+    f.write_text(f.read_text() + "# staged\n")
+    git(wt, "add", EDITED)
+    f.write_text(f.read_text() + "# not staged\n")
+    return git(wt, "rev-parse", "HEAD")
+
+
+def _still_works(wt, repo, commit: str) -> None:
+    """``wt`` is a working linked worktree of ``repo`` (both where they are now), at ``commit``,
+    with its edit, and ``repo`` lists it as such (not prunable)."""
+    assert git(wt, "status", "--porcelain") == f"MM {EDITED}"
+    assert git(wt, "rev-parse", "HEAD") == commit
+    assert git(wt, "rev-parse", "--git-common-dir") == str(repo / ".git")
+    listed = git(repo, "worktree", "list", "--porcelain")
+    assert f"worktree {wt}\n" in listed + "\n", listed
+    assert "prunable" not in listed, listed
+
+
+def test_a_worktree_inside_the_workspace_moves_with_it_and_back(demo):
+    apply_demo(demo, check=0)
+    ws = demo["work"] / ML
+    with (ws / ".git/info/exclude").open("a") as f:
+        f.write("/inner/\n")
+    git(ws, "worktree", "add", "-q", "-b", "feat", str(ws / "inner"))
+    commit = _work_in(ws / "inner")
+    demo["write_series"](demo["v0"], ids=("clean", "threeway"))
+    res = apply_demo(demo, check=0)
+    [line] = _kept_lines(res.stderr)
+    [old] = (demo["work"] / ".carry" / "kept").iterdir()
+    _still_works(old / "inner", old, commit)
+    assert "inner" not in git(ws, "worktree", "list")  # the rebuilt tree has none of its own
+    res = _paste(line, 0)  # restore: the old workspace, its worktree inside, back in place
+    assert res.returncode == 0, res.stderr
+    _still_works(ws / "inner", ws, commit)
+
+
+def test_a_worktree_beside_the_workspace_is_set_aside_and_restored(demo):
+    apply_demo(demo, check=0)
+    ws, beside = demo["work"] / ML, demo["work"] / "mlm-feature"
+    git(ws, "worktree", "add", "-q", "-b", "feat", str(beside))
+    commit = _work_in(beside)
+    res = tool("kept", "--workdir", demo["work"], "--set-aside", check=0)  # every folder with a .git
+    lines = _kept_lines(res.stderr)
+    assert len(lines) == 2, res.stderr
+    kept = demo["work"] / ".carry" / "kept"
+    [old] = kept.glob(f"{ML}-*")
+    [wt] = kept.glob("mlm-feature-*")
+    _still_works(wt, old, commit)
+    for line in lines:  # both restored, in the order printed
+        res = _paste(line, 0)
+        assert res.returncode == 0, res.stderr
+    _still_works(beside, ws, commit)
+
+
+def test_a_worktree_git_cannot_reconnect_is_named_and_the_rebuild_goes_on(demo):
+    """A worktree record whose folder is now a repository of its own: git refuses to repair it,
+    the move is done (the tree is kept whole) and the line says so, naming the command that shows it."""
+    apply_demo(demo, check=0)
+    ws, gone = demo["work"] / ML, demo["tmp"] / "gone"
+    git(ws, "worktree", "add", "-q", "-b", "feat", str(gone))
+    subprocess.run(["rm", "-rf", str(gone)], check=True)
+    git(demo["tmp"], "init", "-q", str(gone))
+    demo["write_series"](demo["v0"], ids=("clean", "threeway"))
+    res = apply_demo(demo, check=0)
+    [old] = (demo["work"] / ".carry" / "kept").iterdir()
+    said = [x for x in res.stderr.splitlines() if "could not reconnect" in x]  # at each move: the swap's, the keeping
+    assert said and str(old) in said[-1], res.stderr
+    assert ".git is not a file" in said[-1] and "worktree list" in said[-1], said

@@ -1,0 +1,86 @@
+"""Moving a repository or a linked worktree with the links between them kept.
+
+git ties a linked worktree (``git worktree add``) to its repository both ways: the repository's
+``.git/worktrees/<id>/gitdir`` names the worktree's ``.git`` file, and that file names the
+``<id>`` folder back, each by its full path. A rename of either side, or of a folder holding
+both (a worktree inside a workspace), breaks them: ``git status`` fails in the worktree, and the
+repository calls it "prunable", where the ``git worktree prune`` git suggests drops the
+worktree's index and HEAD, and with it the only ref to a commit made on a detached HEAD.
+``move`` renames, then has git reconnect every linked worktree of the repository it moved, at
+the place each is now, in both directions (``git worktree repair <path>...``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ..git import Git
+from ..shell import code
+
+
+def move(src: Path, dest: Path) -> None:
+    """``os.rename(src, dest)``; then every linked worktree of the repository ``src`` holds (its
+    main worktree or one of its linked ones) is reconnected where it is now (a symlink moves as
+    a link: what it points at stays where it is, and so do the links)."""
+    found = _repository_of(src)
+    here = os.path.realpath(src)
+    os.rename(src, dest)
+    if found is None:
+        return
+    common, trees = found
+    there = os.path.realpath(dest)
+    common = _after(common, here, there)
+    now = [p for p in (_after(t, here, there) for t in trees) if os.path.lexists(os.path.join(p, ".git"))]
+    if not now:
+        return
+    # git -C the common folder: the repository's, bare or not, wherever its main worktree is.
+    res = Git(Path(common))("worktree", "repair", *now, check=False)
+    if not res.ok:
+        print(f"[carry] {dest}: git could not reconnect every linked worktree of the repository moved there "
+              f"({' '.join(res.stderr.split())}); {code('git', '-C', common, 'worktree', 'list')} shows which",
+              file=sys.stderr, flush=True)
+
+
+def _after(path: str, here: str, there: str) -> str:
+    """Where ``path`` is once ``here`` was renamed to ``there``."""
+    if path == here or path.startswith(here + os.sep):
+        return there + path[len(here):]
+    return path
+
+
+def _repository_of(tree: Path) -> tuple[str, list[str]] | None:
+    """The common git folder of the repository whose worktree ``tree`` is (main or linked), with
+    the paths of that repository's linked worktrees; None when ``tree`` is no worktree of a
+    repository with linked ones."""
+    dotgit = tree / ".git"
+    if dotgit.is_dir():
+        common = os.path.realpath(dotgit)
+    elif dotgit.is_file():
+        admin = _pointer(dotgit, "gitdir:")
+        if admin is None or not os.path.isdir(admin):
+            return None
+        shared = _pointer(Path(admin) / "commondir", "")
+        common = os.path.realpath(shared if shared else admin)
+    else:
+        return None
+    trees = []
+    admins = Path(common) / "worktrees"
+    for entry in sorted(admins.iterdir()) if admins.is_dir() else []:
+        gitfile = _pointer(entry / "gitdir", "")
+        if gitfile is not None:
+            trees.append(os.path.dirname(gitfile))
+    return (common, trees) if trees else None
+
+
+def _pointer(path: Path, prefix: str) -> str | None:
+    """The full path file ``path`` holds after ``prefix`` (one line; a relative one is relative to
+    the file's folder), or None when it cannot be read."""
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text.startswith(prefix) or not text[len(prefix):].strip():
+        return None
+    return os.path.normpath(os.path.join(os.path.realpath(path.parent), text[len(prefix):].strip()))

@@ -69,22 +69,6 @@ def set_aside(root: Path, tree: Path, name: str, why: str = "replaced") -> Path:
     return dest
 
 
-def linked_worktrees(ws: Path) -> list[Path]:
-    """The linked worktrees (``git worktree add``) of workspace ``ws`` that exist on disk."""
-    admin = ws / ".git" / "worktrees"
-    if not admin.is_dir() or ws.is_symlink():
-        return []
-    found = []
-    for entry in sorted(admin.iterdir()):
-        try:
-            gitfile = Path((entry / "gitdir").read_text().strip())
-        except OSError:
-            continue
-        if gitfile.exists():
-            found.append(gitfile.parent)
-    return found
-
-
 def entries(root: Path) -> list[Kept]:
     """The kept workspaces of work directory ``root``, oldest first."""
     home = kept_dir(root)

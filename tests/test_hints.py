@@ -583,6 +583,24 @@ def test_rebase_dirty_workspace_amends(d):
     rebase(d, "--continue", check=0)
 
 
+def test_rebase_hidden_edit_shown_then_amended(d):
+    """An edit to a file marked assume-unchanged (git status does not show it) is uncommitted too:
+    the hint clears the mark, then amends."""
+    rebase(d, check=1)
+    ws = d["cwd"] / "rebase-work" / "megatron-lm"
+    git(ws, "am", "--skip")
+    d["write_series"](d["v0"], ids=("clean", "threeway", "upstreamed"))
+    git(ws, "update-index", "--assume-unchanged", "megatron/core/alpha.py")
+    (ws / "megatron/core/alpha.py").write_text((ws / "megatron/core/alpha.py").read_text() + "hidden = 6\n")
+    failed = rebase(d, "--continue", check=1)
+    assert "megatron/core/alpha.py (marked assume-unchanged)" in failed.stderr, failed.stderr
+    clear, amend = hints(failed)
+    sh(d, clear)
+    sh(d, amend)
+    rebase(d, "--continue", check=0)
+    assert "+hidden = 6" in git(ws, "show", "HEAD")
+
+
 def test_rebase_unreadable_marker_starts_again(d):
     rebase(d, check=1)
     ws = d["cwd"] / "rebase-work" / "megatron-lm"

@@ -27,7 +27,7 @@ from ..series.manifest import PatchMeta, Series, Upstream
 from ..series.patchfile import parse_file
 from ..series.repo import command
 from ..shell import Raw, code, release_instead
-from ..workspace import sourcepath, sources, trial
+from ..workspace import sourcepath, sources, trial, userwork
 from ..workspace.am import ABSENT, am_patches, clone_base, older_bases
 from ..workspace.export import format_patch
 from .retire import Verdict, commit_retirement, link_signal
@@ -230,9 +230,10 @@ def _match(job: _Job, statuses: dict[str, str],
                          f"({', '.join(p.id for p in kept)})",
                          hint="one commit per remaining patch, in series order; a patch upstream already has "
                               f"leaves the series first (`{command('retire', job.series, '--against', f'{job.name}={job.onto}', *job.again[:-2])}`)")
-    if g.status_porcelain():
-        raise DirtyTreeError(f"{job.ws} has uncommitted changes",
-                             hint=f"commit them into their patch's commit ({code('git', '-C', job.ws, 'commit', '-a', '--amend', '--no-edit')} "
+    dirty = userwork.uncommitted(job.ws)
+    if dirty:
+        raise DirtyTreeError(f"{job.ws} has uncommitted changes: {dirty.shown()}",
+                             hint=f"{dirty.reveal()}commit them into their patch's commit ({code('git', '-C', job.ws, 'commit', '-a', '--amend', '--no-edit')} "
                                   "for the last one)")
     return kept, dropped, commits
 

@@ -182,6 +182,20 @@ def test_uncommitted_changes_amend_export_or_discard(d):
     assert (kept / "megatron/core/alpha.py").read_text() == "scribbled\n" and (kept / "new.txt").exists()
 
 
+def test_the_rebuild_hint_keeps_the_users_only(d):
+    """The set-aside hint's apply rebuilds what the user selected, not the whole series (offline, the
+    whole series may need an upstream this machine cannot fetch)."""
+    apply(d, "--only", "clean", check=0)
+    (d["ws"] / "mine.txt").write_text("mine\n")
+    failed = apply(d, "--only", "clean", check=1)
+    *_, aside, rebuild = hints(failed)
+    assert words(rebuild)[-2:] == ["--only", "clean"], rebuild
+    sh(d, aside)
+    sh(d, rebuild)
+    (rec,) = read_json(d["work"] / ".carry" / "state.json")["upstreams"].values()
+    assert rec["selected"] == ["clean"]
+
+
 def test_missing_patch_file_names_lint(d):
     (d["series"] / "megatron-lm/0002-threeway.patch").unlink()
     (lint,) = hints(apply(d, check=2))
@@ -499,6 +513,25 @@ def test_prove_without_workspace_or_patch_applies(d):
     assert apply_only.endswith("--only clean")
     sh(d, apply_only)
     run(d, "prove", "--series", d["series"], "--workdir", d["work"], check=0)
+
+
+def test_prove_only_hints_apply_with_that_only(d):
+    """prove --only: the apply its hints name selects the same patches (apply's --only means the same),
+    the first time and when the workspace holds another selection."""
+    from fakeup import GOOD, add_proofs
+    from helpers import SERIES
+
+    add_proofs(d["series"], {"good": GOOD}, {"clean": "good"}, SERIES / "proofs" / "pytest.ini")
+    prove = ["--series", d["series"], "--workdir", d["work"], "--only", "clean,threeway"]
+    (apply_cmd,) = hints(run(d, "prove", *prove, check=2))
+    assert words(apply_cmd)[-2:] == ["--only", "clean,threeway"], apply_cmd
+    sh(d, apply_cmd)
+    run(d, "prove", *prove, check=0)
+    apply(d, "--only", "threeway", check=0)
+    (apply_only,) = hints(run(d, "prove", *prove, check=2))
+    assert words(apply_only)[-2:] == ["--only", "clean,threeway"], apply_only
+    sh(d, apply_only)
+    run(d, "prove", *prove, check=0)
 
 
 def test_bisect_without_workspaces_applies(d, monkeypatch):

@@ -196,6 +196,34 @@ def test_the_rebuild_hint_keeps_the_users_only(d):
     assert rec["selected"] == ["clean"]
 
 
+def test_what_a_rebuild_kept_gets_a_hint_that_fits_it(d):
+    """Only a branch's history is reset to: a notes ref, a stash, a tag the rebuild kept as
+    refs/carry/saved/* each get their own way back, and pasting every hint leaves the branch as it is."""
+    apply(d, check=0)
+    ws = d["ws"]
+    git(ws, "notes", "add", "-m", "review note", "HEAD")
+    old_head = git(ws, "rev-parse", "HEAD")
+    alpha = ws / "megatron/core/alpha.py"
+    alpha.write_text(alpha.read_text() + "stashed = 1\n")
+    git(ws, "stash", "push", "-q", "-m", "mine")
+    git(ws, "checkout", "-q", "--detach")
+    git(ws, "commit", "-q", "--allow-empty", "-m", "tagged")
+    git(ws, "tag", "mine")
+    git(ws, "checkout", "-q", "main")
+    res = apply(d, "--only", "clean", check=0)  # another selection: a rebuild
+    lines = {re.search(r"\(the old (\S+)\)", x)[1]: x for x in res.stdout.splitlines() if "refs/carry/saved/" in x}
+    assert set(lines) == {"refs/notes/commits", "refs/stash", "refs/tags/mine"}, res.stdout
+    head, files = git(ws, "rev-parse", "HEAD"), git(ws, "ls-files")
+    for line in lines.values():
+        assert "reset" not in line, line
+        for cmd in re.findall(r"`([^`]+)`", line):
+            sh(d, cmd)
+    assert git(ws, "rev-parse", "HEAD") == head and git(ws, "ls-files") == files
+    assert git(ws, "notes", "show", old_head) == "review note"
+    assert "stashed = 1" in git(ws, "show", "stash@{0}:megatron/core/alpha.py")
+    assert git(ws, "log", "-1", "--format=%s", "mine") == "tagged"
+
+
 def test_missing_patch_file_names_lint(d):
     (d["series"] / "megatron-lm/0002-threeway.patch").unlink()
     (lint,) = hints(apply(d, check=2))

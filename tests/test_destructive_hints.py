@@ -40,12 +40,10 @@ ALLOWED = {
     ("carry/series/retirement.py", "_check_untouched", "rm -rf … …"):
         "a retirement's staging (copies of patch files and the records retire writes) and its journal; "
         "the originals are untouched (they are removed last) and retire --write makes them again",
-    ("carry/report.py", "render_apply", "git -C … reset -q --hard …"):
-        "printed by the rebuild that just made the workspace: it drops only the commits apply made "
-        "there (apply makes them again); the old tree is kept whole in .carry/kept",
-    ("carry/workspace/workdir.py", "_tell_kept", "git -C … reset -q --hard …"):
-        "printed by the run that just finished or undid a swap, as render_apply's: the tree holds only "
-        "what apply built; the replaced one is kept whole in .carry/kept",
+    ("carry/report.py", "kept_back", "git -C … reset -q --hard …"):
+        "printed, for a kept branch's history only, by the rebuild that just made the workspace or the run "
+        "that just finished or undid a swap: it drops only the commits apply made there (apply makes them "
+        "again); the old tree is kept whole in .carry/kept",
     ("carry/workspace/kept.py", "set_aside", "python3 tools/kept.py --workdir … --delete …"):
         "deletes one kept copy the user names, offered beside --restore on the line that says what it "
         "holds: the one way to free that space, by choice",

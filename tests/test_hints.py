@@ -200,6 +200,48 @@ def test_an_untracked_file_is_amended_in_as_the_hint_says(d, verb):
     assert set(statuses(d).values()) == {"already-applied"}
 
 
+def test_the_rebuild_hint_keeps_the_users_only(d):
+    """The set-aside hint's apply rebuilds what the user selected, not the whole series (offline, the
+    whole series may need an upstream this machine cannot fetch)."""
+    apply(d, "--only", "clean", check=0)
+    (d["ws"] / "mine.txt").write_text("mine\n")
+    failed = apply(d, "--only", "clean", check=1)
+    *_, aside, rebuild = hints(failed)
+    assert words(rebuild)[-2:] == ["--only", "clean"], rebuild
+    sh(d, aside)
+    sh(d, rebuild)
+    (rec,) = read_json(d["work"] / ".carry" / "state.json")["upstreams"].values()
+    assert rec["selected"] == ["clean"]
+
+
+def test_what_a_rebuild_kept_gets_a_hint_that_fits_it(d):
+    """Only a branch's history is reset to: a notes ref, a stash, a tag the rebuild kept as
+    refs/carry/saved/* each get their own way back, and pasting every hint leaves the branch as it is."""
+    apply(d, check=0)
+    ws = d["ws"]
+    git(ws, "notes", "add", "-m", "review note", "HEAD")
+    old_head = git(ws, "rev-parse", "HEAD")
+    alpha = ws / "megatron/core/alpha.py"
+    alpha.write_text(alpha.read_text() + "stashed = 1\n")
+    git(ws, "stash", "push", "-q", "-m", "mine")
+    git(ws, "checkout", "-q", "--detach")
+    git(ws, "commit", "-q", "--allow-empty", "-m", "tagged")
+    git(ws, "tag", "mine")
+    git(ws, "checkout", "-q", "main")
+    res = apply(d, "--only", "clean", check=0)  # another selection: a rebuild
+    lines = {re.search(r"\(the old (\S+)\)", x)[1]: x for x in res.stdout.splitlines() if "refs/carry/saved/" in x}
+    assert set(lines) == {"refs/notes/commits", "refs/stash", "refs/tags/mine"}, res.stdout
+    head, files = git(ws, "rev-parse", "HEAD"), git(ws, "ls-files")
+    for line in lines.values():
+        assert "reset" not in line, line
+        for cmd in re.findall(r"`([^`]+)`", line):
+            sh(d, cmd)
+    assert git(ws, "rev-parse", "HEAD") == head and git(ws, "ls-files") == files
+    assert git(ws, "notes", "show", old_head) == "review note"
+    assert "stashed = 1" in git(ws, "show", "stash@{0}:megatron/core/alpha.py")
+    assert git(ws, "log", "-1", "--format=%s", "mine") == "tagged"
+
+
 def test_missing_patch_file_names_lint(d):
     (d["series"] / "megatron-lm/0002-threeway.patch").unlink()
     (lint,) = hints(apply(d, check=2))
@@ -603,6 +645,25 @@ def test_prove_without_workspace_or_patch_applies(d):
     run(d, "prove", "--series", d["series"], "--workdir", d["work"], check=0)
 
 
+def test_prove_only_hints_apply_with_that_only(d):
+    """prove --only: the apply its hints name selects the same patches (apply's --only means the same),
+    the first time and when the workspace holds another selection."""
+    from fakeup import GOOD, add_proofs
+    from helpers import SERIES
+
+    add_proofs(d["series"], {"good": GOOD}, {"clean": "good"}, SERIES / "proofs" / "pytest.ini")
+    prove = ["--series", d["series"], "--workdir", d["work"], "--only", "clean,threeway"]
+    (apply_cmd,) = hints(run(d, "prove", *prove, check=2))
+    assert words(apply_cmd)[-2:] == ["--only", "clean,threeway"], apply_cmd
+    sh(d, apply_cmd)
+    run(d, "prove", *prove, check=0)
+    apply(d, "--only", "threeway", check=0)
+    (apply_only,) = hints(run(d, "prove", *prove, check=2))
+    assert words(apply_only)[-2:] == ["--only", "clean,threeway"], apply_only
+    sh(d, apply_only)
+    run(d, "prove", *prove, check=0)
+
+
 def test_bisect_without_workspaces_applies(d, monkeypatch):
     from carry.evidence.bisect import PrefixTrees
     from carry.errors import UsageError
@@ -707,6 +768,24 @@ def test_rebase_dirty_workspace_amends(d, what):
     (amend,) = hints(rebase(d, "--continue", check=1))
     sh(d, amend)
     rebase(d, "--continue", check=0)
+
+
+def test_rebase_hidden_edit_shown_then_amended(d):
+    """An edit to a file marked assume-unchanged (git status does not show it) is uncommitted too:
+    the hint clears the mark, then amends."""
+    rebase(d, check=1)
+    ws = d["cwd"] / "rebase-work" / "megatron-lm"
+    git(ws, "am", "--skip")
+    d["write_series"](d["v0"], ids=("clean", "threeway", "upstreamed"))
+    git(ws, "update-index", "--assume-unchanged", "megatron/core/alpha.py")
+    (ws / "megatron/core/alpha.py").write_text((ws / "megatron/core/alpha.py").read_text() + "hidden = 6\n")
+    failed = rebase(d, "--continue", check=1)
+    assert "megatron/core/alpha.py (marked assume-unchanged)" in failed.stderr, failed.stderr
+    clear, amend = hints(failed)
+    sh(d, clear)
+    sh(d, amend)
+    rebase(d, "--continue", check=0)
+    assert "+hidden = 6" in git(ws, "show", "HEAD")
 
 
 def test_rebase_unreadable_marker_starts_again(d):

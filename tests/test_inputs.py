@@ -8,6 +8,7 @@ needed, a folder where a file is) and broken files name what is wrong and exit 2
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -434,7 +435,7 @@ def test_a_checkout_owned_by_another_user_is_named_with_the_fix(demo, tmp_path):
 
 def test_a_rebase_onto_a_base_that_moved_the_file_stops_for_a_person(demo, tmp_path):
     """The new base renamed the patch's file: no silent 3-way rename; the hint's way through works."""
-    from carry.git import Git
+    from carry.git import Git, git_env
     from fakeup import edit
 
     g = Git(demo["up"])
@@ -447,8 +448,12 @@ def test_a_rebase_onto_a_base_that_moved_the_file_stops_for_a_person(demo, tmp_p
     assert "megatron/core/alpha.py, which the tree it applies to does not have" in res.stdout, res.stdout
     ws = tmp_path / "rw" / "megatron-lm"
     assert Git(ws).head() == moved, "the patch was applied to another file"
-    assert "make clean's change by hand" in res.stderr and "commit -a -m SUBJECT" in res.stderr
+    assert "make clean's change by hand" in res.stderr, res.stderr
+    # the hint's commit takes a new file too (git commit -a would leave it out of the patch)
+    (commit,) = re.findall(r"`([^`]*add -A[^`]*commit -m SUBJECT)`", res.stderr)
     edit(ws, "megatron/core/alpha2.py", 5, "value_5 = 'patched'\n")
-    Git(ws)("commit", "-q", "-a", "-m", "demo: clean change")
+    (ws / "megatron/core/alpha_note.py").write_text("note = 1\n")
+    subprocess.run(commit.replace("SUBJECT", "'demo: clean change'"), shell=True, check=True, env=git_env())
     tool("rebase", *args, "--continue", check=0)
-    assert "+++ b/megatron/core/alpha2.py" in (demo["series"] / "megatron-lm/0001-clean.patch").read_text()
+    patch = (demo["series"] / "megatron-lm/0001-clean.patch").read_text()
+    assert "+++ b/megatron/core/alpha2.py" in patch and "+++ b/megatron/core/alpha_note.py" in patch

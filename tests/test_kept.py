@@ -1,9 +1,10 @@
 """A rebuild keeps the whole old workspace aside, and only tools/kept.py removes it (issue 41, items 1-5).
 
 Each form of the user's work that a rebuild lost before: an older stash, a file the
-workspace's own .git/info/exclude ignores, an edit to a skip-worktree file, a commit in a
-linked worktree (which must keep working), a commit only the reflog reaches, an in-progress
-`git rebase -i`, a remote, a hook. Real git, the demo series rebuilt by a series change.
+workspace's own .git/info/exclude ignores, a commit in a linked worktree (which must keep
+working), a commit only the reflog reaches, an in-progress `git rebase -i`, a remote, a hook.
+An edit to a skip-worktree file is an uncommitted edit: it stops the rebuild, and the hint's
+--set-aside keeps it whole. Real git, the demo series rebuilt by a series change.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ def _user_work(ws, tmp):
     marks["stash1"] = git(ws, "rev-parse", "stash@{1}")
     (ws / ".git/info/exclude").write_text("mine.local\n")
     (ws / "mine.local").write_text("ignored but mine\n")
-    git(ws, "update-index", "--skip-worktree", "megatron/core/gamma.py")
-    (ws / "megatron/core/gamma.py").write_text("skip-worktree edit\n")
     head = git(ws, "rev-parse", "HEAD")
     (ws / "reflog.txt").write_text("reflog only\n")
     git(ws, "add", "reflog.txt")
@@ -60,7 +59,6 @@ def _user_work(ws, tmp):
 def _has_it_all(ws, marks) -> None:
     assert git(ws, "rev-parse", "stash@{1}") == marks["stash1"]
     assert (ws / "mine.local").read_text() == "ignored but mine\n"
-    assert (ws / "megatron/core/gamma.py").read_text() == "skip-worktree edit\n"
     assert git(ws, "cat-file", "-t", marks["reflog"]) == "commit"
     assert marks["reflog"] in git(ws, "reflog", "--format=%H")
     assert git(ws, "remote", "get-url", "mine") == "https://example.invalid/mine.git"
@@ -97,6 +95,26 @@ def test_a_rebuild_keeps_the_whole_old_workspace(demo):
     [new] = list(kept.iterdir())
     tool("kept", "--workdir", demo["work"], "--delete", new.name, check=0)
     assert not kept.exists() or not list(kept.iterdir())
+
+
+def test_a_skip_worktree_edit_stops_the_rebuild_and_set_aside_keeps_it(demo):
+    apply_demo(demo, check=0)
+    ws = demo["work"] / ML
+    head = git(ws, "rev-parse", "HEAD")
+    git(ws, "update-index", "--skip-worktree", "megatron/core/gamma.py")
+    (ws / "megatron/core/gamma.py").write_text("skip-worktree edit\n")
+    demo["write_series"](demo["v0"], ids=("clean", "threeway"))
+    res = apply_demo(demo, check=1)
+    assert "uncommitted changes: megatron/core/gamma.py (marked skip-worktree)" in res.stderr, res.stderr
+    assert git(ws, "rev-parse", "HEAD") == head and not (demo["work"] / ".carry" / "kept").exists()
+    assert (ws / "megatron/core/gamma.py").read_text() == "skip-worktree edit\n"
+    hint = [line for line in res.stderr.splitlines() if "next:" in line][0]
+    aside = [c for c in hint.split("`")[1::2] if "--set-aside" in c][0]
+    assert subprocess.run(["sh", "-c", aside], capture_output=True, text=True).returncode == 0
+    apply_demo(demo, check=0)
+    [old] = list((demo["work"] / ".carry" / "kept").iterdir())
+    assert (old / "megatron/core/gamma.py").read_text() == "skip-worktree edit\n"
+    assert git(old, "rev-parse", "HEAD") == head
 
 
 def test_prune_removes_only_what_is_older(demo):

@@ -71,13 +71,31 @@ def render_apply(rep: ApplyReport) -> str:
         elif unchanged:
             out.append(f"{u.name}: {u.workspace} not created (base {u.base})")
         for kept in u.saved:
-            ref, ws = kept["ref"], u.workspace
             out.append(f"{u.name}: kept {kept['commits']} commit(s) the series does not know (the old {kept['from']}) "
-                       f"as {ref}: {code('git', '-C', ws, 'log', '--oneline', f'carry-base..{ref}')} shows that history; "
-                       f"{code('git', '-C', ws, 'reset', '-q', '--hard', ref)} takes them back (then export), "
-                       f"or cherry-pick the ones you want")
+                       f"as {kept['ref']}: {kept_back(u.workspace, kept)}")
         for w in u.wheels:
             out.append(f"{u.name}: wheel {w}")
         for skip in u.wheels_skipped:
             out.append(f"{u.name}: no wheel {skip['file']}: {skip['reason']}")
     return "\n".join(out)
+
+
+def kept_back(ws: object, kept: dict[str, str]) -> str:
+    """What shows the commits kept as ``kept["ref"]`` in workspace ``ws`` and what takes them back, by
+    the ref they were (``kept["from"]``). Only a branch's history (HEAD, a branch) is reset to: reset
+    to a notes or stash commit, the branch would hold that commit's tree (notes, or a stash's
+    merge). A stash goes back on the stash list, notes merge back, any other ref is made again
+    where it was (``update-ref`` with an empty old value: never over a ref there now)."""
+    ref, was = kept["ref"], kept["from"]
+    if was == "HEAD" or was.startswith("refs/heads/"):
+        return (f"{code('git', '-C', ws, 'log', '--oneline', f'carry-base..{ref}')} shows that history; "
+                f"{code('git', '-C', ws, 'reset', '-q', '--hard', ref)} takes them back (then export), "
+                "or cherry-pick the ones you want")
+    if was == "refs/stash":
+        return (f"{code('git', '-C', ws, 'stash', 'show', '-p', '--include-untracked', ref)} shows it (new files too); "
+                f"{code('git', '-C', ws, 'stash', 'store', '-m', 'kept by carry', ref)} puts it back on the stash list")
+    if was.startswith("refs/notes/"):
+        return (f"{code('git', '-C', ws, 'log', '-p', ref)} shows them; "
+                f"{code('git', '-C', ws, 'notes', f'--ref={was}', 'merge', ref)} takes them back")
+    return (f"{code('git', '-C', ws, 'log', '--oneline', ref)} shows them; "
+            f"{code('git', '-C', ws, 'update-ref', was, ref, '')} puts {was} back")

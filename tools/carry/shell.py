@@ -120,6 +120,7 @@ SHARED = {
     "--cache": {"apply", "prove", "retire", "rebase", "nightly", "build-image"},
     "--workdir": {"apply", "export", "prove", "retire"},
     "--lock-timeout": {"apply", "export", "prove"},
+    "--only": {"apply", "prove"},  # patch ids and upstream names, their requires added, in both
 }
 
 
@@ -152,6 +153,13 @@ def carried(verb: str, skip: set[str]) -> list[str]:
         if flag not in skip and verb in SHARED.get(flag, ()) and inv.verb in SHARED[flag]:
             out += _spell(flag, vals)
     return out
+
+
+def unless_own(flag: str, value: str) -> list[str]:
+    """``flag value`` for a hint's command, unless the user gave the running command ``flag``:
+    then none, and carried() spells the user's own (prove --only a,b: apply --only a,b, not
+    --only a, which would drop b)."""
+    return [] if values(flag) else [flag, value]
 
 
 def _spell(flag: str, vals: tuple[str, ...]) -> list[str]:

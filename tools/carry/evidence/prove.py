@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor, wait as futures_wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import progress
+from .. import progress, shell
 from ..errors import CommandError, SourceError, UsageError
 from ..lock import LOCK_TIMEOUT
 from ..git import Git
@@ -344,7 +344,7 @@ def _extract_pairs(series, wd, state, with_proof, tmpd: Path) -> list:
         commit = rec.commit_of(p.id)
         if commit is None:
             raise UsageError(f"{p.upstream}: patch {p.id} is not applied in {wd.root}",
-                             hint=f"`{command('apply', series, '--workdir', wd.root, '--only', p.id)}` first")
+                             hint=f"`{command('apply', series, '--workdir', wd.root, *shell.unless_own('--only', p.id))}` first")
         repo = wd.workspace(p.upstream)
         others = {u: wd.workspace(u) for u, _ in state.records() if u != p.upstream}
         base = tmpd / f"{p.upstream}-base"

@@ -27,7 +27,7 @@ from ..series.manifest import PatchMeta, Series, Upstream
 from ..series.patchfile import parse_file
 from ..series.repo import command
 from ..shell import Raw, code, release_instead
-from ..workspace import kept, sourcepath, sources, trial
+from ..workspace import kept, sourcepath, sources, trial, userwork
 from ..workspace.am import ABSENT, am_patches, clone_base, older_bases
 from ..workspace.export import format_patch
 from ..workspace.userwork import amend_command
@@ -201,7 +201,7 @@ def _stopped(job: _Job, p: PatchMeta, detail: str, statuses: dict[str, str]) -> 
     # A file the new base lacks (moved or removed upstream): git am would follow a rename
     # silently; a person makes the change where it now belongs and commits it.
     first = (f"make {p.id}'s change by hand where it belongs in {ws} (its file is not in the new base: "
-             f"moved or removed upstream?), {code('git', '-C', ws, 'commit', '-a', '-m', Raw('SUBJECT'))}"
+             f"moved or removed upstream?), {code('git', '-C', ws, 'add', '-A', Raw('&&'), 'git', '-C', ws, 'commit', '-m', Raw('SUBJECT'))}"
              if absent else
              f"resolve the conflict in {ws} ({code('git', '-C', ws, 'status')}), "
              f"{code('git', '-C', ws, 'add', Raw('FILES'))}, {code('git', '-C', ws, 'am', '--continue')}")
@@ -232,9 +232,10 @@ def _match(job: _Job, statuses: dict[str, str],
                          f"({', '.join(p.id for p in kept)})",
                          hint="one commit per remaining patch, in series order; a patch upstream already has "
                               f"leaves the series first (`{command('retire', job.series, '--against', f'{job.name}={job.onto}', *job.again[:-2])}`)")
-    if g.status_porcelain():
-        raise DirtyTreeError(f"{job.ws} has uncommitted changes",
-                             hint=f"commit them into their patch's commit ({amend_command(job.ws)} "
+    dirty = userwork.uncommitted(job.ws)
+    if dirty:
+        raise DirtyTreeError(f"{job.ws} has uncommitted changes: {dirty.shown()}",
+                             hint=f"{dirty.reveal()}commit them into their patch's commit ({amend_command(job.ws)} "
                                   "for the last one)")
     return kept, dropped, commits
 

@@ -287,13 +287,13 @@ def _recover_into(g: Git, name: str, target: Path, journal: Path) -> None:
                                                    f"finish it: {code('git', '-C', target, 'am', '--continue')}), "
                                                    "then run the command again")
         g("am", "--quit")  # the killed run's: HEAD, index and files stay as they are, for the checks below
-    dirty = g.status_porcelain()
+    dirty = userwork.uncommitted(target)
     if dirty:
-        shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
         why = (f"; a run of this tool was killed there (its journal {journal} is kept), and going back to where it "
                "started would discard them") if killed else ""
-        raise DirtyTreeError(f"{name}: --into target {target} has uncommitted changes: {shown}{why}",
-                             hint=f"commit them, or put them aside with {code('git', '-C', target, 'stash', 'push', '-u')}"
+        raise DirtyTreeError(f"{name}: --into target {target} has uncommitted changes: {dirty.shown()}{why}",
+                             hint=f"{dirty.reveal()}commit them, or put them aside with "
+                                  f"{code('git', '-C', target, 'stash', 'push', '-u')}"
                                   ", then run the command again")
     if killed is None:
         return

@@ -74,10 +74,10 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
         for name, rec in state.records():
             ws = wd.workspace(name)
             g = Git(ws)
-            dirty = g.status_porcelain()
+            dirty = userwork.uncommitted(ws)
             if dirty:
-                raise DirtyTreeError(f"{name}: {ws} has uncommitted changes ({dirty[0][3:]} ...)",
-                                     hint="commit them into the patch they belong to first "
+                raise DirtyTreeError(f"{name}: {ws} has uncommitted changes ({dirty.shown(1)})",
+                                     hint=f"{dirty.reveal()}commit them into the patch they belong to first "
                                           f"({userwork.amend_command(ws)} for the last one)")
             back = userwork.moved_back(name, ws, rec)
             if back:

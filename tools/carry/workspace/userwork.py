@@ -13,7 +13,9 @@ the workspace aside whole (``tools/kept.py --set-aside``, carry.workspace.kept) 
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DirtyTreeError
@@ -27,6 +29,76 @@ from .record import UpstreamRecord
 SAVED_PREFIX = "refs/carry/saved/"
 
 
+@dataclass(frozen=True)
+class Uncommitted:
+    """What a tree holds that no commit does: ``paths`` as ``git status`` names them, then
+    ``hidden``, the edited files git status does not look at (their index entries are marked
+    assume-unchanged or skip-worktree: `git stash` and `git commit -a` pass them over too)."""
+    ws: Path
+    paths: list[str]
+    hidden: list[tuple[str, str]]  # (path, its marks)
+
+    def __bool__(self) -> bool:
+        return bool(self.paths or self.hidden)
+
+    def shown(self, most: int = 5) -> str:
+        every = self.paths + [f"{path} (marked {marks})" for path, marks in self.hidden]
+        return ", ".join(every[:most]) + (" ..." if len(every) > most else "")
+
+    def reveal(self) -> str:
+        """The commands that let git see the hidden edits, to start a hint with ("" when none). One
+        per mark: git update-index clears only the first of two such options it is given."""
+        clear = [code("git", "-C", self.ws, "update-index", f"--no-{mark}", "--", *paths) for mark in _MARKS
+                 if (paths := [path for path, marks in self.hidden if mark in marks])]
+        if not clear:
+            return ""
+        return f"{' and '.join(clear)} clear the marks (git status, stash and commit -a pass over such files), then "
+
+
+_MARKS = ("assume-unchanged", "skip-worktree")
+
+
+def uncommitted(ws: Path) -> Uncommitted:
+    """Every difference between the tree ``ws`` and its index or HEAD, untracked files included: what
+    ``git status`` shows, and each file whose index entry is marked assume-unchanged or skip-worktree
+    (git status trusts the mark and never reads the file) whose mode, or content filtered as `git add`
+    would filter it, is not its index entry's. A skip-worktree file absent from the tree (a sparse
+    checkout) is no edit; another marked file that is absent is one."""
+    g = Git(ws)
+    hidden: list[str] = []
+    asked: list[tuple[str, str]] = []
+    marks: dict[str, str] = {}
+    for entry in g("ls-files", "-z", "-v", "-s").stdout.split("\0"):
+        meta, _, path = entry.partition("\t")
+        tag, mode, blob = (meta.split() + ["", "", ""])[:3]
+        if not path or not (tag.islower() or tag == "S") or mode not in ("100644", "100755", "120000"):
+            continue  # unmarked (git status reads it), or a submodule
+        marks[path] = ", ".join(m for m, on in zip(_MARKS, (tag.islower(), tag in "Ss")) if on)
+        f = ws / path
+        if not f.is_symlink() and not f.exists():
+            if tag.upper() != "S":
+                hidden.append(path)
+        elif _mode_of(f) != mode:
+            hidden.append(path)
+        elif mode == "120000":
+            if g("hash-object", "--stdin", input=os.readlink(f)).stdout.strip() != blob:
+                hidden.append(path)
+        else:
+            asked.append((path, blob))
+    # one git process hashes the files (a name with a newline cannot be asked so: on its own)
+    batch = [(q, b) for q, b in asked if "\n" not in q]
+    out = g("hash-object", "--stdin-paths", input="".join(f"{q}\n" for q, _ in batch)).stdout.split() if batch else []
+    hidden += [q for (q, b), got in zip(batch, out) if got != b]
+    hidden += [q for q, b in asked if "\n" in q and g("hash-object", f"--path={q}", "--", q).stdout.strip() != b]
+    return Uncommitted(ws, [line[3:] for line in g.status_porcelain()], [(q, marks[q]) for q in sorted(hidden)])
+
+
+def _mode_of(f: Path) -> str:
+    if f.is_symlink():
+        return "120000"
+    if not f.is_file():
+        return "040000"
+    return "100755" if f.stat().st_mode & 0o100 else "100644"
 
 
 def keep_unknown_commits(old_ws: Path, recorded: UpstreamRecord, new: Path) -> list[dict[str, str]]:
@@ -94,13 +166,12 @@ def save_tip(repo: Path, tip: str) -> str:
 
 def refuse_uncommitted(name: str, ws: Path, why: str) -> None:
     """Raise when ``ws`` has uncommitted or untracked edits; ``why`` says what would replace it."""
-    dirty = Git(ws).status_porcelain()
+    dirty = uncommitted(ws)
     if not dirty:
         return
-    shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
     raise DirtyTreeError(
-        f"{name}: workspace {ws} has uncommitted changes ({shown}), and {why}; nothing was moved",
-        hint=f"{code('git', '-C', ws, 'stash', 'push', '-u', '-m', 'kept from carry')} keeps them as a commit (which "
+        f"{name}: workspace {ws} has uncommitted changes ({dirty.shown()}), and {why}; nothing was moved",
+        hint=f"{dirty.reveal()}{code('git', '-C', ws, 'stash', 'push', '-u', '-m', 'kept from carry')} keeps them as a commit (which "
              f"the next run keeps as {SAVED_PREFIX}<time>; {code('git', '-C', ws, 'stash', 'list')} or that ref "
              "gives them back), then run the command again")
 
@@ -157,12 +228,11 @@ def check_untouched(root: Path, name: str, recorded: UpstreamRecord | None, seri
             f"(HEAD {str(head)[:12]}, applied {recorded.head[:12]})",
             hint=f"{export_cmd} writes amended patch commits to the patch files (a new commit needs a "
                  f"[[patches]] entry first); or {set_aside_hint(root, name, series)}")
-    dirty = g.status_porcelain()
+    dirty = uncommitted(ws)
     if dirty:
-        shown = ", ".join(line[3:] for line in dirty[:5]) + (" ..." if len(dirty) > 5 else "")
         raise DirtyTreeError(
-            f"{name}: workspace {ws} has uncommitted changes: {shown}",
-            hint=f"commit them into the patch they belong to ({amend_command(ws)} "
+            f"{name}: workspace {ws} has uncommitted changes: {dirty.shown()}",
+            hint=f"{dirty.reveal()}commit them into the patch they belong to ({amend_command(ws)} "
                  f"for the last one) and run {export_cmd}, or, to drop them, {set_aside_hint(root, name, series)}")
     return True
 

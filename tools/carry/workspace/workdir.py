@@ -36,6 +36,7 @@ from ..errors import (
 from ..files import fsync_dir, read_input_text, write_json
 from ..git import Git
 from ..lock import LOCK_TIMEOUT, DirLock, patience
+from ..report import kept_back
 from ..series.manifest import Series
 from ..series.repo import command
 from ..shell import again, code, run_again, run_as, tool
@@ -54,8 +55,7 @@ def _tell_kept(wd: "WorkDir", kept: dict[str, list[dict[str, str]]], what: str) 
         for k in refs:
             ws = wd.workspace(name)
             print(f"[carry] {name}: {what} the swap an interrupted run left; kept {k['commits']} commit(s) apply "
-                  f"did not make (the old {k['from']}) as {k['ref']}: {code('git', '-C', ws, 'log', '--oneline', k['ref'])} "
-                  f"shows them, {code('git', '-C', ws, 'reset', '-q', '--hard', k['ref'])} takes them back", file=sys.stderr, flush=True)
+                  f"did not make (the old {k['from']}) as {k['ref']}: {kept_back(ws, k)}", file=sys.stderr, flush=True)
 
 
 class SwapError(OperationError):

@@ -282,3 +282,13 @@ def process_alive(pid: int) -> bool:
         return False
     return state != "Z"
 
+
+def kept_lines(stderr: str) -> list[str]:
+    """The lines in which a command says it kept a workspace whole (tools/kept.py's entries)."""
+    return [line for line in stderr.splitlines() if "kept whole in" in line]
+
+
+def paste_kept(line: str, which: int) -> subprocess.CompletedProcess:
+    """Run the ``which``-th backticked command of a kept line as a user pastes it."""
+    return subprocess.run(["sh", "-c", line.split("`")[2 * which + 1]], capture_output=True, text=True,
+                          env=dict(os.environ))

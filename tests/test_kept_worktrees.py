@@ -9,23 +9,14 @@ git, the demo series rebuilt by a series change.
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 from helpers import apply_demo, git, tool
+from helpers import kept_lines as _kept_lines
+from helpers import paste_kept as _paste
 
 ML = "megatron-lm"
 EDITED = "megatron/core/alpha.py"
-
-
-def _kept_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if "kept whole in" in line]
-
-
-def _paste(line: str, which: int) -> subprocess.CompletedProcess:
-    """Run the ``which``-th backticked command of ``line`` as a user pastes it."""
-    return subprocess.run(["sh", "-c", line.split("`")[2 * which + 1]], capture_output=True, text=True,
-                          env=dict(os.environ))
 
 
 def _work_in(wt) -> str:

@@ -55,6 +55,9 @@ _GIT_CONFIG = (
     f"user.name={IDENTITY_NAME}",
     f"user.email={IDENTITY_EMAIL}",
     "rerere.enabled=false",
+    # A checkout's own submodule.recurse would make the tool's checkout and reset --hard write
+    # into its submodules' working trees, over work no check of the outer tree sees.
+    "submodule.recurse=false",
     "uploadpack.allowAnySHA1InWant=true",
     "protocol.file.allow=always",
 )
@@ -192,7 +195,9 @@ class Git:
         return self("cat-file", "-e", f"{rev}^{{commit}}", check=False).ok
 
     def status_porcelain(self) -> list[str]:
-        out = self("status", "--porcelain", "--untracked-files=all").stdout
+        # --ignore-submodules=none: a repository's config (diff.ignoreSubmodules, submodule.<name>.ignore)
+        # must not hide a submodule's edits from the checks that decide a tree holds nothing of the user's
+        out = self("status", "--porcelain", "--untracked-files=all", "--ignore-submodules=none").stdout
         return [line for line in out.splitlines() if line.strip()]
 
     def rev_list(self, spec: str) -> list[str]:

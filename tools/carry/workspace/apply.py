@@ -246,8 +246,12 @@ def _apply_into(series: Series, name: str, target: Path, mine: list[PatchMeta], 
                 check: bool, done: list[tuple[Path, str]], built: dict[str, str]) -> UpstreamResult:
     target = target.expanduser().resolve()
     g = Git(target)
-    if not target.exists() or not g("rev-parse", "--git-dir", check=False).ok:
-        raise UsageError(f"--into {name}={target}: not a git checkout")
+    top = g("rev-parse", "--show-toplevel", check=False) if target.is_dir() else None
+    if top is None or not top.ok:  # none there, a file, or a bare repository (no work tree)
+        raise UsageError(f"--into {name}={target}: not a git checkout (a repository with a work tree)")
+    if Path(top.stdout.strip()).resolve() != target:  # a folder inside one: its reset would take the whole
+        raise UsageError(f"--into {name}={target}: a folder inside the git checkout {top.stdout.strip()}, "
+                         "not the checkout itself", hint="name the checkout's top folder")
     ur = UpstreamResult(name=name, base=f"the checkout {target}", workspace=str(target))
     git_dir = g.git_dir()
     journal = git_dir / "carry-into-journal.json"

@@ -191,9 +191,19 @@ class Git:
     def has_commit(self, rev: str) -> bool:
         return self("cat-file", "-e", f"{rev}^{{commit}}", check=False).ok
 
-    def status_porcelain(self) -> list[str]:
-        out = self("status", "--porcelain", "--untracked-files=all").stdout
-        return [line for line in out.splitlines() if line.strip()]
+    def status_paths(self) -> list[str]:
+        """Each path ``git status`` shows (untracked files one by one; a rename's new name, then its
+        old), as its bytes: -z, never a line git quoted (a name with a quote, a backslash, a newline)."""
+        fields = os.fsdecode(self("status", "--porcelain", "-z", "--untracked-files=all", binary=True).stdout).split("\0")
+        paths: list[str] = []
+        while fields:
+            entry = fields.pop(0)
+            if len(entry) < 4:
+                continue
+            paths.append(entry[3:])
+            if entry[0] in "RC" and fields:
+                paths.append(fields.pop(0))  # the old name: its own field, with no status
+        return paths
 
     def rev_list(self, spec: str) -> list[str]:
         return self("rev-list", "--reverse", spec).stdout.split()

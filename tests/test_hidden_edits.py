@@ -154,3 +154,21 @@ def test_the_recovery_of_a_swap_refuses_a_hidden_edit(demo):
     res = _apply(demo, check=1)
     assert "uncommitted changes (README.md (marked assume-unchanged))" in res.stderr, res.stderr
     assert f.read_text().endswith(EDIT) and (demo["work"] / ".carry" / "journal.json").exists()
+
+
+# A name git would read back otherwise were it given as a line (`hash-object --stdin-paths`
+# C-unquotes one that starts with a double quote: '"notes"' was hashed as notes, and a missing
+# notes stopped every check); each is given to git as an argument after --, read with -z.
+@pytest.mark.parametrize("name, twin", [('"notes"', "notes"), ('"x".txt', None), ("-n", None),
+                                        ("back\\slash", None), ("new\nline", None), (os.fsdecode(b"\xffbyte"), None)])
+def test_a_hidden_edit_of_a_file_with_any_name_is_an_edit(demo, tmp_path, name, twin):
+    target = _checkout(demo, tmp_path)
+    for n in filter(None, (name, twin)):
+        (target / n).write_text("orig\n")  # the twin: what the quoted name reads as once unquoted
+    git(target, "add", "-A")
+    git(target, "commit", "-q", "-m", "my notes")
+    git(target, "update-index", "--assume-unchanged", "--", name)
+    (target / name).write_text("orig\n" + EDIT)
+    res = _into(demo, target, check=1)
+    assert "uncommitted changes: " in res.stderr and "(marked assume-unchanged)" in res.stderr, res.stderr
+    assert (target / name).read_text() == "orig\n" + EDIT

@@ -538,6 +538,29 @@ def test_export_replaces_any_version_it_wrote_itself(d):
     assert "value_30 = 'fourth'" in patch.read_text() and not (d["work"] / ".carry" / "replaced").exists()
 
 
+def test_export_never_replaces_a_file_a_new_entry_names_that_it_did_not_write(d):
+    """A [[patches]] entry added for a new commit, its file drafted by hand first: export read it
+    never, wrote it never (before: the other files as recorded "vouched" for it, and the draft was
+    written over with no copy). It stops like any edited file, and its way past keeps a copy."""
+    apply(d, check=0)
+    edit(d["ws"], "megatron/core/delta.py", 30, "value_30 = 'my new patch'\n")
+    git(d["ws"], "commit", "-q", "-a", "-m", "my new patch")
+    toml = d["series"] / "series.toml"
+    toml.write_text(toml.read_text() + '\n[[patches]]\nid = "mine"\nupstream = "megatron-lm"\ntitle = "my new patch"\n'
+                    'file = "megatron-lm/0005-mine.patch"\nstatus = "pending"\nowner = "me"\nwhy = "a draft"\n'
+                    'retire_when = "never"\nproof = "none: a draft"\n')
+    draft = d["series"] / "megatron-lm/0005-mine.patch"
+    draft.write_bytes(b"MY HAND-DRAFTED PATCH\n")
+    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], check=1)
+    assert str(draft) in failed.stderr and "nothing was written" in failed.stderr
+    assert draft.read_bytes() == b"MY HAND-DRAFTED PATCH\n"
+    (_, replace) = hints(failed)
+    done = sh(d, replace)
+    assert "my new patch" in draft.read_text()
+    (copy,) = [p for p in (d["work"] / ".carry" / "replaced").rglob("*") if p.is_file()]
+    assert copy.read_bytes() == b"MY HAND-DRAFTED PATCH\n" and str(copy) in done.stderr
+
+
 @pytest.mark.parametrize("hand_edit", [False, True])
 def test_a_record_without_file_hashes_is_vouched_for_by_its_digest(d, hand_edit):
     """A workspace applied before each file's hash was recorded: its digest (of all the files) says

@@ -10,6 +10,7 @@ line. Real kills (SIGKILL) at each stop point; real git.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -180,3 +181,34 @@ def test_a_rebase_that_also_retires_is_one_step(history, tmp_path):  # noqa: F81
     assert got.keys() == want.keys() and "retired/plain/record.toml" in got
     assert {k: v for k, v in got.items() if not k.endswith("record.toml")} == \
         {k: v for k, v in want.items() if not k.endswith("record.toml")}
+
+
+def test_rebase_continue_never_replaces_a_patch_file_edited_while_it_was_stopped(history, tmp_path):  # noqa: F811
+    """A patch file edited by hand while the rebase waits on a conflict: --continue stops as export
+    does, writing nothing (before: exit 0, the edit gone, no copy); --replace-edited keeps a copy."""
+    sdir, up = history["series"], history["up"]
+    edit(up, "megatron/core/delta.py", 13, "value_13 = 'context moved'\n")
+    v3 = Git(up).commit_all("upstream: touch context near plain")
+    args = ["--series", sdir, "--onto", f"megatron-lm={v3}", "--source", f"megatron-lm={up}", "--cache",
+            history["cache"], "--workdir", tmp_path / "rw"]
+    tool("rebase", *args, check=1)  # 'different' conflicts: drop it, finish the rest
+    g = Git(tmp_path / "rw" / "megatron-lm")
+    g("am", "--skip")
+    g("am", "-q", "--3way", str(sdir / "megatron-lm/0003-reverted.patch"), str(sdir / "megatron-lm/0004-plain.patch"))
+    from carry.series.edit import remove_patches
+    (sdir / "series.toml").write_text(remove_patches((sdir / "series.toml").read_text(), {"different"}))
+    (sdir / "megatron-lm/0002-different.patch").unlink()
+    patch = sdir / "megatron-lm/0003-reverted.patch"
+    head, sep, body = patch.read_bytes().partition(b"\n\n")
+    mine = head + sep + b"MY EDIT WHILE IT WAS STOPPED\n\n" + body
+    patch.write_bytes(mine)
+    toml = (sdir / "series.toml").read_bytes()
+    failed = tool("rebase", *args, "--continue", check=1)
+    assert str(patch) in failed.stderr and "nothing was written" in failed.stderr, failed.stderr
+    assert patch.read_bytes() == mine and (sdir / "series.toml").read_bytes() == toml
+    replace = re.findall(r"`([^`]+)`", failed.stderr)[-1]
+    assert "--continue --replace-edited" in replace
+    done = tool("rebase", *args, "--continue", "--replace-edited", check=0)
+    assert b"MY EDIT" not in patch.read_bytes() and v3 in (sdir / "series.toml").read_text()
+    (copy,) = [p for p in (tmp_path / "rw" / ".carry" / "replaced").rglob("*") if p.is_file()]
+    assert copy.read_bytes() == mine and str(copy) in done.stderr

@@ -194,11 +194,22 @@ class Git:
     def has_commit(self, rev: str) -> bool:
         return self("cat-file", "-e", f"{rev}^{{commit}}", check=False).ok
 
-    def status_porcelain(self) -> list[str]:
+    def status_paths(self) -> list[str]:
+        """Each path ``git status`` shows (untracked files one by one; a rename's new name, then its
+        old), as its bytes: -z, never a line git quoted (a name with a quote, a backslash, a newline)."""
         # --ignore-submodules=none: a repository's config (diff.ignoreSubmodules, submodule.<name>.ignore)
         # must not hide a submodule's edits from the checks that decide a tree holds nothing of the user's
-        out = self("status", "--porcelain", "--untracked-files=all", "--ignore-submodules=none").stdout
-        return [line for line in out.splitlines() if line.strip()]
+        out = self("status", "--porcelain", "-z", "--untracked-files=all", "--ignore-submodules=none", binary=True)
+        fields = os.fsdecode(out.stdout).split("\0")
+        paths: list[str] = []
+        while fields:
+            entry = fields.pop(0)
+            if len(entry) < 4:
+                continue
+            paths.append(entry[3:])
+            if entry[0] in "RC" and fields:
+                paths.append(fields.pop(0))  # the old name: its own field, with no status
+        return paths
 
     def rev_list(self, spec: str) -> list[str]:
         return self("rev-list", "--reverse", spec).stdout.split()

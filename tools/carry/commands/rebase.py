@@ -24,6 +24,8 @@ def main(argv: list[str], prog: str) -> int:
                    help="the upstream and its new version (PyPI) or commit (git)")
     options.add_workdir(p, default=Path("rebase-work"), help="where the rebase workspace lives (rebase-work)")
     p.add_argument("--continue", dest="cont", action="store_true", help="pick up a resolved workspace")
+    p.add_argument("--replace-edited", action="store_true",
+                   help="write over a patch file edited since the rebase read it, a copy kept in WORKDIR/.carry/replaced")
     options.add_sources(p, help="NAME=PATH: the new base of the --onto upstream from a wheel or checkout")
     options.add_json(p)
     options.add_cache(p)
@@ -31,7 +33,7 @@ def main(argv: list[str], prog: str) -> int:
     series = options.load_series(a)
     name, target = options.upstream_target(a.onto, "--onto", series)
     srcs = options.sources(a, series)
-    rep = rebase(series, name, target, options.cache(a), a.workdir.absolute(), srcs.get(name), a.cont)
+    rep = rebase(series, name, target, options.cache(a), a.workdir.absolute(), srcs.get(name), a.cont, a.replace_edited)
     options.write_report(a.json, rep.to_dict())
     print(f"{name} onto {target}: {rep.new_base}")
     print(report.table([[e.id, e.outcome, e.detail] for e in rep.patches], ["patch", "outcome", "detail"]))

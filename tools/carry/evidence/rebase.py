@@ -27,7 +27,7 @@ from ..series.manifest import PatchMeta, Series, Upstream
 from ..series.patchfile import parse_file
 from ..series.repo import command
 from ..shell import Raw, code, release_instead
-from ..workspace import kept, sourcepath, sources, trial, userwork
+from ..workspace import kept, overwrite, sourcepath, sources, trial, userwork
 from ..workspace.am import ABSENT, am_patches, clone_base, older_bases
 from ..workspace.export import format_patch
 from ..workspace.userwork import amend_command
@@ -85,6 +85,8 @@ class _Job:
     again: list           # --source and --workdir, as the hints that run rebase again need them
     history: list[Path]   # where merged_in is looked up: the new base, and a --source checkout
     rep: RebaseReport
+    replace_edited: bool = False  # --replace-edited: write over a patch file edited since it was read, a copy kept
+    read: dict[str, str] = field(default_factory=dict)  # the sha256 of each patch file as the replay read it
 
     @property
     def g(self) -> Git:
@@ -100,11 +102,12 @@ class _Job:
 
 
 def rebase(series: Series, name: str, onto: str, cache: Path, workdir: Path, source: Path | None,
-           cont: bool = False) -> RebaseReport:
+           cont: bool = False, replace_edited: bool = False) -> RebaseReport:
     """Move ``name``'s patches onto ``onto``. Four steps: replay them on the new base (or, with
     ``cont``, take the workspace a person finished); match its commits to the series; compare
     each new patch with the old; write the series as one journalled step."""
     job = _prepare(series, name, onto, cache, workdir, source)
+    job.replace_edited = replace_edited
     if cont:
         statuses, merged = _resume(job)
     else:
@@ -150,6 +153,7 @@ def _resume(job: _Job) -> tuple[dict[str, str], dict[str, list[str]]]:
         raise DirtyTreeError(f"git am is still in progress in {job.ws}",
                              hint=f"finish it ({code('git', '-C', job.ws, 'am', '--continue')}) or abort it "
                                   f"({code('git', '-C', job.ws, 'am', '--abort')})")
+    job.read = marker.get("read", {})  # none from a rebase started before they were kept: every file differing is refused
     return marker["statuses"], marker.get("merged", {})
 
 
@@ -169,6 +173,7 @@ def _replay(job: _Job) -> tuple[dict[str, str], dict[str, list[str]], tuple[Patc
     statuses: dict[str, str] = {}
     merged: dict[str, list[str]] = {}
     stop = None
+    job.read = {p.id: overwrite.sha(read_input(job.series.patch_path(p))) for p in job.mine}
     for p in job.mine:
         r = am_patches(ws, job.series, [p], older)[0]
         statuses[p.id] = r.status
@@ -181,7 +186,7 @@ def _replay(job: _Job) -> tuple[dict[str, str], dict[str, list[str]], tuple[Patc
             stop = (p, r.detail)
             break
     write_json(g.git_dir() / MARKER, {"base_commit": job.base.commit, "onto": job.onto, "statuses": statuses,
-                                      "merged": merged})
+                                      "merged": merged, "read": job.read})
     return statuses, merged, stop
 
 
@@ -297,7 +302,14 @@ def _write(job: _Job, new_texts: dict[str, bytes], cache: Path, source: Path | N
     if not check.ok:
         raise ConflictError("the refreshed series does not re-apply on the new base; nothing was written:\n"
                             + (check.error or ""))
-    paths = {series.patch_path(series.patch(pid)): body for pid, body in new_texts.items()}
+    pending = [(series.patch(pid), series.patch_path(series.patch(pid)), body) for pid, body in new_texts.items()]
+    edited = overwrite.edited(pending, {pid: (h,) for pid, h in job.read.items()})
+    if edited and not job.replace_edited:  # the check export makes, with the same way past it
+        overwrite.refuse(edited, "the rebase read it", "rebase", f"start the rebase again from the files: "
+                         f"`{job.command()}` (it sets this rebase's workspace aside whole first)",
+                         job.command("--continue", "--replace-edited"), job.ws.parent)
+    overwrite.keep_copies(job.ws.parent, series, edited)
+    paths = {path: body for _, path, body in pending}
     writes = {path: body for path, body in paths.items() if read_input(path) != body}
     commit_retirement(series, text, retired, rep.new_base, f"{new_up.name}={rep.onto} (rebase)",
                       writes=writes, kind="rebase", what=f"{new_up.name} onto {rep.onto}")

@@ -108,7 +108,7 @@ def _am_patches(repo: Path, series: Series, patches: list[PatchMeta],
                 g("am", "--skip", check=False)
             results.append(PatchResult(p.id, p.file, "already-applied", ALREADY))
         else:
-            conflicted = g("diff", "--name-only", "--diff-filter=U", check=False).stdout.split()
+            conflicted = [n for n in g("diff", "--name-only", "-z", "--diff-filter=U", check=False).stdout.split("\0") if n]
             g("am", "--abort", check=False)
             results.append(PatchResult(p.id, p.file, "failed", _conflict_detail(g, path, out, conflicted)))
             failed = True

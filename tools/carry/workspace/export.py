@@ -12,23 +12,20 @@ export with exit 2 before any file is replaced.
 
 from __future__ import annotations
 
-import hashlib
 import re
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import progress
 from ..errors import DirtyTreeError, DriftError, PatchFormatError, UsageError
-from ..files import fsync_dir, read_input, stage, write_atomic
+from ..files import fsync_dir, read_input, stage
 from ..git import IDENTITY_EMAIL, IDENTITY_NAME, Git
 from ..lock import LOCK_TIMEOUT
 from ..series.lint import file_problems, same_content
 from ..series.manifest import PatchMeta, Series, load
 from ..series.repo import command
 from ..shell import Raw, code
-from . import userwork
+from . import overwrite, userwork
 from .workdir import PatchRecord, UpstreamRecord, WorkDir
 
 _FIXED_FROM = f"From: {IDENTITY_NAME} <{IDENTITY_EMAIL}>".encode()
@@ -83,7 +80,8 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
             if back:
                 raise back  # not patches gone: an older commit checked out
             commits = g.rev_list(f"{rec.base_commit}..HEAD")
-            vouched = _as_recorded(series, name, rec)
+            # the record's digest vouches for the files it was made from, never for a new entry's
+            vouched = set(rec.selected) if _as_recorded(series, name, rec) else set()
             new = _new_entries(series, name, rec, len(commits) - len(rec.patches))
             if new:
                 added = True
@@ -106,7 +104,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                 if not data:
                     empty.append((meta, commit))
                     continue
-                hashes[name][meta.id] = _sha(data)
+                hashes[name][meta.id] = overwrite.sha(data)
                 old = read_input(path) if path.exists() else None
                 if old == data:
                     result.unchanged.append(meta.file)
@@ -114,11 +112,15 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                     (result.drift if check else result.written).append(meta.file)
                     drifted.append(name)
                     pending.append((meta, path, data))
-                    if old is not None and _sha(old) not in applied.hashes and not vouched:
-                        edited.append((meta, path, old))
+                    edited += overwrite.edited([(meta, path, data)], {meta.id: applied.hashes}, vouched)
         if edited and not check and not replace_edited:
-            message, hint = _edited_message(series, wd.root, edited)
-            raise DirtyTreeError(message, hint=hint)
+            ups = ",".join(dict.fromkeys(meta.upstream for meta, _, _ in edited))
+            overwrite.refuse(edited, "the workspace was applied from it (or exported to it)", "export",
+                             f"rebuild the workspace from the patch files: "
+                             f"`{command('apply', series, '--workdir', wd.root, '--only', ups)}` (with the --source "
+                             "options you applied with; a workspace with commits of its own is set aside first, as "
+                             "apply's hint says)", command('export', series, '--workdir', wd.root, '--replace-edited'),
+                             wd.root)
         staged = _stage_checked(series, pending, empty, {name: (wd.workspace(name), rec.base_commit)
                                                          for name, rec in state.records()})
         try:
@@ -128,7 +130,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                                      files=result.drift,
                                      hint=_drift_hint(series, wd.root, list(dict.fromkeys(drifted))))
                 return result
-            _keep_copies(wd.root, series, edited)
+            overwrite.keep_copies(wd.root, series, edited)
             for tmp, (_, path, _) in zip(staged, pending):
                 tmp.replace(path)
             staged = []
@@ -187,10 +189,6 @@ def _stage_checked(series: Series, pending: list[tuple[PatchMeta, Path, bytes]],
     return staged
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _as_recorded(series: Series, name: str, rec: UpstreamRecord) -> bool:
     """Every patch file of the upstream is as apply or export last left it: the record's digest
     (of them all) says so. It vouches for a record from before each file's hash was kept."""
@@ -199,39 +197,6 @@ def _as_recorded(series: Series, name: str, rec: UpstreamRecord) -> bool:
         return False
     return series.upstream_digest(name, [series.patch(pid) for pid in rec.selected],
                                   rec.base_key) == rec.digest
-
-
-def _edited_message(series: Series, root: Path, edited: list[tuple[PatchMeta, Path, bytes]]) -> tuple[str, str]:
-    """The refusal of a patch file edited since apply read it (or export wrote it), and both ways on."""
-    ups = list(dict.fromkeys(meta.upstream for meta, _, _ in edited))
-    files = ", ".join(str(path) for _, path, _ in edited)
-    keep = f"`{command('apply', series, '--workdir', root, '--only', ','.join(ups))}`"
-    replace = f"`{command('export', series, '--workdir', root, '--replace-edited')}`"
-    return (f"{files}: changed since the workspace was applied from it (or exported to it), and export would "
-            "replace it with the workspace's version; nothing was written",
-            f"to keep your edit, rebuild the workspace from the patch files: {keep} (with the --source options "
-            "you applied with; a workspace with commits of its own is set aside first, as apply's hint says); to "
-            f"write the workspace's version over it and keep a copy of yours in {replaced_dir(root)}: {replace}")
-
-
-def replaced_dir(root: Path) -> Path:
-    return root / ".carry" / "replaced"
-
-
-def _keep_copies(root: Path, series: Series, edited: list[tuple[PatchMeta, Path, bytes]]) -> None:
-    """--replace-edited: a copy of each edited file, as it is, in DIR/.carry/replaced/<UTC time>/
-    (its path in the series), made before any file is replaced; a line for each says where."""
-    if not edited:
-        return
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    home, n = replaced_dir(root) / stamp, 1
-    while home.exists():
-        n += 1
-        home = replaced_dir(root) / f"{stamp}-{n}"
-    for _, path, old in edited:
-        copy = home / path.relative_to(series.root)
-        write_atomic(copy, old)
-        print(f"[carry] {path}: replaced by the workspace's version; yours is kept in {copy}", file=sys.stderr, flush=True)
 
 
 def _drift_hint(series: Series, root: Path, upstreams: list[str]) -> str:

@@ -68,7 +68,9 @@ def uncommitted(ws: Path) -> Uncommitted:
     hidden: list[str] = []
     asked: list[tuple[str, str]] = []
     marks: dict[str, str] = {}
-    for entry in g("ls-files", "-z", "-v", "-s").stdout.split("\0"):
+    # Every name as its bytes (-z, read as bytes, each byte that is not UTF-8 kept as os.fsdecode
+    # keeps it), and given back to git as an argument after --: never a line git would unquote.
+    for entry in os.fsdecode(g("ls-files", "-z", "-v", "-s", binary=True).stdout).split("\0"):
         meta, _, path = entry.partition("\t")
         tag, mode, blob = (meta.split() + ["", "", ""])[:3]
         if not path or not (tag.islower() or tag == "S") or mode not in ("100644", "100755", "120000"):
@@ -81,16 +83,15 @@ def uncommitted(ws: Path) -> Uncommitted:
         elif _mode_of(f) != mode:
             hidden.append(path)
         elif mode == "120000":
-            if g("hash-object", "--stdin", input=os.readlink(f)).stdout.strip() != blob:
+            if g("hash-object", "--stdin", input=os.fsencode(os.readlink(f))).stdout.strip() != blob:
                 hidden.append(path)
         else:
             asked.append((path, blob))
-    # one git process hashes the files (a name with a newline cannot be asked so: on its own)
-    batch = [(q, b) for q, b in asked if "\n" not in q]
-    out = g("hash-object", "--stdin-paths", input="".join(f"{q}\n" for q, _ in batch)).stdout.split() if batch else []
-    hidden += [q for (q, b), got in zip(batch, out) if got != b]
-    hidden += [q for q, b in asked if "\n" in q and g("hash-object", f"--path={q}", "--", q).stdout.strip() != b]
-    return Uncommitted(ws, [line[3:] for line in g.status_porcelain()], [(q, marks[q]) for q in sorted(hidden)])
+    for i in range(0, len(asked), 200):  # each file filtered as `git add` would, by its own name
+        chunk = asked[i:i + 200]
+        out = g("hash-object", "--", *(q for q, _ in chunk)).stdout.split()
+        hidden += [q for (q, b), got in zip(chunk, out) if got != b]
+    return Uncommitted(ws, g.status_paths(), [(q, marks[q]) for q in sorted(hidden)])
 
 
 def _mode_of(f: Path) -> str:

@@ -119,7 +119,7 @@ def _check_imports(pin: TestsPin, repo: Git, rev: str) -> None:
     """Every module of the repository that a pinned file imports (the files under ``replace`` are the code
     under test, not read) lies in a pinned path; else a ConfigError naming the paths to add, with their
     hashes, and a file that imports each."""
-    files = set(repo("ls-tree", "-r", "--name-only", rev, env=NO_REPLACE).stdout.splitlines())
+    files = set(repo("ls-tree", "-r", "-z", "--name-only", rev, env=NO_REPLACE).stdout.split("\0")) - {""}
     dirs = {f.rsplit("/", i)[0] for f in files for i in range(1, f.count("/") + 1)}
     pinned = pin.path_names
 
@@ -136,7 +136,7 @@ def _check_imports(pin: TestsPin, repo: Git, rev: str) -> None:
         return None
 
     scanned = [p for p in pinned if not (pin.replace and inside(p, [pin.replace]))]
-    grep = repo("grep", "-I", "--full-name", "-E", "-e", r"^[[:space:]]*(from|import)[[:space:]]+[A-Za-z_]", rev,
+    grep = repo("grep", "-z", "-I", "--full-name", "-E", "-e", r"^[[:space:]]*(from|import)[[:space:]]+[A-Za-z_]", rev,
                 "--", *scanned, f":(exclude){pin.replace}" if pin.replace else ":(exclude).git",
                 env=NO_REPLACE, check=False)
     # 1: no line matched; another status, or a word on stderr (git grep goes on past a blob it cannot read, a
@@ -145,8 +145,8 @@ def _check_imports(pin: TestsPin, repo: Git, rev: str) -> None:
         raise SourceError(f"{pin.upstream}'s tests: cannot read the pinned files' imports at {rev[:12]}: "
                           f"{(grep.stderr.strip().splitlines() or ['git grep failed'])[-1]}")
     lacking: dict[str, str] = {}   # a path to pin -> a file that imports from it
-    for line in grep.stdout.splitlines():
-        _, path, text = line.split(":", 2)
+    # -z: each name as it is, ended by a NUL (a name holding a colon or a newline is not split)
+    for path, text in re.findall(re.escape(rev) + r":([^\0]*)\0([^\n]*)", grep.stdout):
         if not path.endswith(".py"):
             continue
         for dotted in _imported(text):

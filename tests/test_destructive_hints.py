@@ -47,6 +47,11 @@ ALLOWED = {
     ("carry/workspace/kept.py", "set_aside", "python3 tools/kept.py --workdir … --delete …"):
         "deletes one kept copy the user names, offered beside --restore on the line that says what it "
         "holds: the one way to free that space, by choice",
+    ("carry/workspace/kept.py", "delete", "git -C … worktree remove …"):
+        "offered only by a --delete the user asked for, after --restore (which keeps everything): git's own "
+        "removal of a linked worktree of the kept copy, which git refuses while the worktree has uncommitted changes",
+    ("carry/workspace/kept.py", "delete", "python3 tools/kept.py --workdir … --delete …"):
+        "the --delete the user asked for, again, once the worktree that stopped it is gone",
     ("carry/evidence/rebase.py", "_resume", "git -C … am --abort"):
         "the git am a person left in rebase's own workspace, offered beside am --continue: it goes back "
         "to the patches rebase applied, which a new rebase applies again",

@@ -147,3 +147,25 @@ def test_a_repository_inside_the_workspace_keeps_its_worktrees_outside(demo):
     res = _paste(line, 0)
     assert res.returncode == 0, res.stderr
     _other_still_works(wt, inner, commit)
+
+
+def test_a_kept_copy_with_a_live_worktree_outside_is_not_deleted(demo):
+    """A kept copy is the repository of the worktree beside the workspace, which keeps working and
+    taking commits: --delete and --prune refuse it (nothing deleted) and name the worktree; the
+    hint's worktree remove, then the delete again, as pasted, delete it."""
+    apply_demo(demo, check=0)
+    ws, beside = demo["work"] / ML, demo["tmp"] / "feature"
+    git(ws, "worktree", "add", "-q", "-b", "feature", str(beside))
+    tool("kept", "--workdir", demo["work"], "--set-aside", ML, check=0)
+    [old] = (demo["work"] / ".carry" / "kept").iterdir()
+    git(beside, "commit", "-q", "--allow-empty", "-m", "made after the move")
+    res = tool("kept", "--workdir", demo["work"], "--delete", old.name, check=1)
+    assert str(beside) in res.stderr and "nothing was deleted" in res.stderr, res.stderr
+    res = tool("kept", "--workdir", demo["work"], "--prune", "--older-than", "0s", check=1)
+    assert f"kept {old.name}" in res.stderr and str(beside) in res.stderr, res.stderr
+    assert git(beside, "log", "-1", "--format=%s") == "made after the move"  # still there, still working
+    hint = res.stderr.split("next: ", 1)[1]
+    for which in (1, 2):  # git worktree remove, then the delete again
+        res = _paste(hint, which)
+        assert res.returncode == 0, res.stderr
+    assert not old.exists() and not beside.exists()

@@ -56,6 +56,24 @@ def repositories_in(tree: Path) -> dict[str, list[str]]:
     return found
 
 
+def outside(tree: Path) -> list[tuple[str, str]]:
+    """(worktree, common git folder) for each linked worktree outside ``tree`` of a repository
+    inside it that still works there (its ``.git`` file names that repository's record of it):
+    what deleting ``tree`` kills."""
+    here = os.path.realpath(tree)
+    live = []
+    for common, trees in repositories_in(tree).items():
+        for t in trees if _within(common, here) else []:  # a repository elsewhere outlives ``tree``
+            admin = _pointer(Path(t) / ".git", "gitdir:")
+            if not _within(t, here) and admin is not None and _within(os.path.realpath(admin), common):
+                live.append((t, common))
+    return live
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + os.sep)
+
+
 def _after(path: str, here: str, there: str) -> str:
     """Where ``path`` is once ``here`` was renamed to ``there``."""
     if path == here or path.startswith(here + os.sep):

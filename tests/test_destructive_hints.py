@@ -47,6 +47,16 @@ ALLOWED = {
     ("carry/workspace/kept.py", "set_aside", "python3 tools/kept.py --workdir … --delete …"):
         "deletes one kept copy the user names, offered beside --restore on the line that says what it "
         "holds: the one way to free that space, by choice",
+    ("carry/workspace/kept.py", "delete", "git -C … worktree remove …"):
+        "offered only by a --delete the user asked for, after --restore (which keeps everything): git's own "
+        "removal of a linked worktree of the kept copy, which git refuses while the worktree has uncommitted changes",
+    ("carry/workspace/kept.py", "delete", "python3 tools/kept.py --workdir … --delete …"):
+        "the --delete the user asked for, again, once the worktree that stopped it is gone",
+    ("carry/series/retirement.py", "_check_untouched", "mv … …"):
+        "moves a file the user edited (series.toml, a patch file) beside itself: a file, never a repository",
+    ("carry/errors.py", "from_os_error", "mv … …"):
+        "a directory in the place of a file the command writes (a record, a cache or series file), moved "
+        "beside itself so the command can write there",
     ("carry/evidence/rebase.py", "_resume", "git -C … am --abort"):
         "the git am a person left in rebase's own workspace, offered beside am --continue: it goes back "
         "to the patches rebase applied, which a new rebase applies again",
@@ -92,6 +102,8 @@ def destroys(words: list[str]) -> bool:
         if not c:
             continue
         if c[0] in ("rm", "rmdir", "shred", "unlink", "truncate"):
+            return True
+        if c[0] == "mv":  # a repository moved by a bare mv orphans its linked worktrees (tools/kept.py --set-aside)
             return True
         if "--delete" in c or "--prune" in c:
             return True
@@ -155,6 +167,7 @@ def _destructive(source: str, where: str) -> set[tuple[str, str, str]]:
     'def f(s):\n    return command("kept", s, "--prune", "--older-than", "1d")',
     'def f():\n    return "run `rm -rf work` first"',
     'def f(ws):\n    return code("git", "-C", ws, "checkout", "-f", "main")',
+    'def f(ws):\n    return code("mv", ws, "ws.old")',  # a repository's linked worktrees orphaned
 ])
 def test_the_scan_sees_each_kind_of_destructive_command(snippet):
     assert _destructive(snippet, "x.py"), snippet
@@ -164,7 +177,6 @@ def test_the_scan_sees_each_kind_of_destructive_command(snippet):
     'def f(ws):\n    return code("git", "-C", ws, "merge", "-q", "--ff-only", "abc")',
     'def f(ws):\n    return code("git", "-C", ws, "stash", "push", "-u")',
     'def f(root):\n    return code(*tool("kept"), "--workdir", root, "--set-aside", "x")',
-    'def f(a, b):\n    return code("mv", a, b)',
 ])
 def test_the_scan_lets_a_command_that_keeps_everything_pass(snippet):
     assert _hints_in(snippet, "x.py") and not _destructive(snippet, "x.py"), snippet

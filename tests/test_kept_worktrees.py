@@ -92,3 +92,80 @@ def test_a_worktree_git_cannot_reconnect_is_named_and_the_rebuild_goes_on(demo):
     said = [x for x in res.stderr.splitlines() if "could not reconnect" in x]  # at each move: the swap's, the keeping
     assert said and str(old) in said[-1], res.stderr
     assert ".git is not a file" in said[-1] and "worktree list" in said[-1], said
+
+
+def _other_repo_work(repo, wt) -> str:
+    """Repository ``repo`` with a linked worktree ``wt`` holding a commit on a detached HEAD and a
+    staged file; returns the commit."""
+    git(repo.parent, "init", "-q", str(repo))
+    (repo / "a").write_text("a\n")
+    git(repo, "add", "a")
+    git(repo, "commit", "-q", "-m", "init")
+    git(repo, "worktree", "add", "-q", "--detach", str(wt))
+    (wt / "b").write_text("b\n")
+    git(wt, "add", "b")
+    git(wt, "commit", "-q", "-m", "detached work")
+    (wt / "c").write_text("staged\n")
+    git(wt, "add", "c")
+    return git(wt, "rev-parse", "HEAD")
+
+
+def _other_still_works(wt, repo, commit: str) -> None:
+    git(repo, "worktree", "prune")  # what git suggests for a prunable one: it must drop nothing
+    assert git(wt, "status", "--porcelain") == "A  c"
+    assert git(wt, "rev-parse", "HEAD") == commit
+    listed = git(repo, "worktree", "list", "--porcelain")
+    assert f"worktree {wt}\n" in listed + "\n" and "prunable" not in listed, listed
+
+
+def test_another_repositorys_worktree_inside_the_workspace_is_reconnected(demo):
+    """A linked worktree of a repository outside the work directory, placed inside the workspace:
+    set aside and restored with the workspace, it stays that repository's working worktree."""
+    apply_demo(demo, check=0)
+    ws, other = demo["work"] / ML, demo["tmp"] / "other"
+    commit = _other_repo_work(other, ws / "other-wt")
+    res = tool("kept", "--workdir", demo["work"], "--set-aside", ML, check=0)
+    [line] = _kept_lines(res.stderr)
+    [old] = (demo["work"] / ".carry" / "kept").iterdir()
+    _other_still_works(old / "other-wt", other, commit)
+    res = _paste(line, 0)
+    assert res.returncode == 0, res.stderr
+    _other_still_works(ws / "other-wt", other, commit)
+
+
+def test_a_repository_inside_the_workspace_keeps_its_worktrees_outside(demo):
+    """A repository of the user's inside the workspace, with a linked worktree outside it: the
+    worktree stays connected to it when the workspace is set aside and restored."""
+    apply_demo(demo, check=0)
+    ws = demo["work"] / ML
+    inner, wt = ws / "inner-repo", demo["tmp"] / "inner-wt"
+    commit = _other_repo_work(inner, wt)
+    res = tool("kept", "--workdir", demo["work"], "--set-aside", ML, check=0)
+    [line] = _kept_lines(res.stderr)
+    [old] = (demo["work"] / ".carry" / "kept").iterdir()
+    _other_still_works(wt, old / "inner-repo", commit)
+    res = _paste(line, 0)
+    assert res.returncode == 0, res.stderr
+    _other_still_works(wt, inner, commit)
+
+
+def test_a_kept_copy_with_a_live_worktree_outside_is_not_deleted(demo):
+    """A kept copy is the repository of the worktree beside the workspace, which keeps working and
+    taking commits: --delete and --prune refuse it (nothing deleted) and name the worktree; the
+    hint's worktree remove, then the delete again, as pasted, delete it."""
+    apply_demo(demo, check=0)
+    ws, beside = demo["work"] / ML, demo["tmp"] / "feature"
+    git(ws, "worktree", "add", "-q", "-b", "feature", str(beside))
+    tool("kept", "--workdir", demo["work"], "--set-aside", ML, check=0)
+    [old] = (demo["work"] / ".carry" / "kept").iterdir()
+    git(beside, "commit", "-q", "--allow-empty", "-m", "made after the move")
+    res = tool("kept", "--workdir", demo["work"], "--delete", old.name, check=1)
+    assert str(beside) in res.stderr and "nothing was deleted" in res.stderr, res.stderr
+    res = tool("kept", "--workdir", demo["work"], "--prune", "--older-than", "0s", check=1)
+    assert f"kept {old.name}" in res.stderr and str(beside) in res.stderr, res.stderr
+    assert git(beside, "log", "-1", "--format=%s") == "made after the move"  # still there, still working
+    hint = res.stderr.split("next: ", 1)[1]
+    for which in (1, 2):  # git worktree remove, then the delete again
+        res = _paste(hint, which)
+        assert res.returncode == 0, res.stderr
+    assert not old.exists() and not beside.exists()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
 import subprocess
 import tarfile
@@ -147,18 +146,26 @@ def test_a_journal_left_by_an_older_run_over_deleted_staging_is_undone(demo):
 def test_a_record_naming_a_head_the_workspace_lacks_hints_what_works(demo):
     """What the old bug's next run left: state.json naming heads whose trees were deleted."""
     apply_demo(demo, check=0)
+    ws = demo["work"] / "megatron-lm"
+    with (ws / ".git/info/exclude").open("a") as f:
+        f.write("/wt/\n")
+    git(ws, "worktree", "add", "-q", "--detach", str(ws / "wt"))  # moved by the hint, it must keep working
+    git(ws / "wt", "commit", "-q", "--allow-empty", "-m", "detached work")
+    detached = git(ws / "wt", "rev-parse", "HEAD")
     state_file = demo["work"] / ".carry" / "state.json"
     state = read_json(state_file)
     state["upstreams"]["megatron-lm"]["head"] = "e" * 40
     state_file.write_text(json.dumps(state))
     res = apply_demo(demo, check=1)
     assert "does not have" in res.stderr and "reset" not in res.stderr, res.stderr
-    ws = demo["work"] / "megatron-lm"
     hint = res.stderr.split("next: ", 1)[1]
-    assert f"`mv {ws} {ws}.old`" in hint
-    os.rename(ws, f"{ws}.old")  # as the hint says
-    apply_demo(demo, check=0)
+    for cmd in hint.split("`")[1::2]:  # as pasted: the set-aside, then the apply
+        done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True)
+        assert done.returncode == 0, (cmd, done.stderr)
     assert _consistent(demo["work"])
+    [old] = (demo["work"] / ".carry" / "kept").iterdir()
+    assert git(old / "wt", "rev-parse", "HEAD") == detached  # the worktree works where it went
+    assert "prunable" not in git(old, "worktree", "list", "--porcelain")
 
 
 # -- 5: an export killed between the patch files and the record -------------------------------

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
+from ..errors import DirtyTreeError
 from ..workspace import kept
 from ..workspace.workdir import WorkDir
 from . import options
@@ -19,8 +21,8 @@ Nothing removes a kept copy but this command:
 
   kept.py --workdir DIR                         list them: name, age, size
   kept.py --workdir DIR --restore NAME          put NAME back as DIR/<upstream> (the tree there now is kept first)
-  kept.py --workdir DIR --delete NAME           delete NAME
-  kept.py --workdir DIR --prune --older-than 30d  delete every copy older than that (s, m, h, d, w)
+  kept.py --workdir DIR --delete NAME           delete NAME (refused while it is the repository of a linked worktree outside it)
+  kept.py --workdir DIR --prune --older-than 30d  delete every copy older than that (s, m, h, d, w), but such a repository
   kept.py --workdir DIR --set-aside NAME        keep workspace DIR/NAME there now (the next apply rebuilds it)
   kept.py --workdir DIR --set-aside             keep every workspace, and drop the record (apply starts anew)"""
 
@@ -52,10 +54,17 @@ def main(argv: list[str], prog: str) -> int:
                   "builds what was set aside anew")
         elif a.prune:
             old = [k for k in kept.entries(wd.root) if time.time() - k.made > a.older_than]
+            skipped = 0
             for k in old:
-                kept.delete(wd.root, k.key)
+                try:
+                    kept.delete(wd.root, k.key)
+                except DirtyTreeError as exc:  # the repository of a live worktree: kept, and said why
+                    skipped += 1
+                    print(f"kept {k.key}: {exc.render()}", file=sys.stderr, flush=True)
+                    continue
                 print(f"deleted {k.key}")
-            print(f"{len(old)} kept workspace(s) deleted")
+            print(f"{len(old) - skipped} kept workspace(s) deleted" + (f", {skipped} kept (see above)" if skipped else ""))
+            return 1 if skipped else 0
         else:
             _list(wd)
     return 0

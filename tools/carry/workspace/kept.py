@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import DirtyTreeError, UsageError
 from ..files import fsync_dir
 from ..shell import code, tool
 from . import worktrees
@@ -104,11 +104,24 @@ def restore(root: Path, key: str) -> Path:
 
 
 def delete(root: Path, key: str) -> Kept:
+    """Delete kept copy ``key``; refused (nothing deleted) while it is the repository of a linked
+    worktree outside it, which the move kept working and which dies with it."""
     k = find(root, key)
     if k.path.is_symlink():
         k.path.unlink()  # the link kept; the tree it points at was never the tool's to keep
-    else:
-        shutil.rmtree(k.path)
+        return k
+    live = worktrees.outside(k.path)
+    if live:
+        wt, repo = live[0]
+        raise DirtyTreeError(
+            f"{k.path} is the repository of linked worktree(s) {', '.join(t for t, _ in live)}, which work there and hold "
+            "commits, a HEAD and an index of their own: deleting it deletes them; nothing was deleted",
+            hint=f"keep them: {code(*tool('kept'), '--workdir', root, '--restore', key)} puts the copy back "
+                 f"(the workspace there now is kept first); or, to drop a worktree (git refuses while it has "
+                 f"uncommitted changes; its branch goes with the copy), {code('git', '-C', repo, 'worktree', 'remove', wt)}"
+                 f"{' and the like for each' if len(live) > 1 else ''}, then "
+                 f"{code(*tool('kept'), '--workdir', root, '--delete', key)} again")
+    shutil.rmtree(k.path)
     return k
 
 

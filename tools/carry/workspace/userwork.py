@@ -183,14 +183,22 @@ def refuse_unknown_commits(name: str, ws: Path, recorded: UpstreamRecord, why: s
     known = [c for c in {recorded.base_commit, *recorded.made} if c and g.has_commit(c)]
     if g("rev-list", "-1", "--all", "--not", *known).stdout.strip():
         raise DirtyTreeError(f"{name}: workspace {ws} has commits apply did not make, and {why}; nothing was moved",
-                             hint=f"move it aside ({code('mv', ws, f'{ws}.mine')}; its commits stay there), "
-                                  "then run the command again")
+                             hint=_keep_all_hint(ws))
 
 
 def refuse_foreign(name: str, ws: Path, why: str) -> None:
     """Raise: ``ws`` is not a workspace apply made, and ``why`` says what would replace it."""
     raise DirtyTreeError(f"{name}: {ws} was not made by tools/apply.py, and {why}; nothing was moved",
-                         hint=f"move it aside ({code('mv', ws, f'{ws}.mine')}), then run the command again")
+                         hint=_keep_all_hint(ws))
+
+
+def _keep_all_hint(ws: Path) -> str:
+    """Set every workspace of the work directory, and the trees the interrupted swap left, aside
+    whole (moved with their linked worktrees kept working), then rebuild: what works while a swap
+    is pending (--set-aside NAME first finishes the swap, which is what refused)."""
+    return (f"set every workspace aside whole ({code(*tool('kept'), '--workdir', ws.parent, '--set-aside')}: they go "
+            "to the work directory's .carry/kept, with the interrupted swap's trees, where tools/kept.py restores or "
+            "deletes them; the record goes too), then run the command again")
 
 
 def _patch_ids(g: Git, *revs: str) -> dict[str, str]:
@@ -218,8 +226,7 @@ def check_untouched(root: Path, name: str, recorded: UpstreamRecord | None, seri
         raise DirtyTreeError(
             f"{name}: the record {record} names HEAD {recorded.head[:12]}, which workspace {ws} "
             f"does not have (its HEAD is {str(head)[:12]})",
-            hint=f"move the workspace aside ({code('mv', ws, ws.with_name(ws.name + '.old'))}; its commits stay there), then "
-                 f"`{command('apply', series, '--workdir', root)}` rebuilds it")
+            hint=set_aside_hint(root, name, series))
     back = moved_back(name, ws, recorded)
     if back:
         raise back

@@ -6,8 +6,9 @@ git ties a linked worktree (``git worktree add``) to its repository both ways: t
 both (a worktree inside a workspace), breaks them: ``git status`` fails in the worktree, and the
 repository calls it "prunable", where the ``git worktree prune`` git suggests drops the
 worktree's index and HEAD, and with it the only ref to a commit made on a detached HEAD.
-``move`` renames, then has git reconnect every linked worktree of the repository it moved, at
-the place each is now, in both directions (``git worktree repair <path>...``).
+``move`` renames, then has git reconnect every linked worktree of each repository the moved
+tree holds a worktree of (its own, one inside it, another repository's linked worktree placed in
+it), at the place each is now, in both directions (``git worktree repair <path>...``).
 """
 
 from __future__ import annotations
@@ -21,26 +22,56 @@ from ..shell import code
 
 
 def move(src: Path, dest: Path) -> None:
-    """``os.rename(src, dest)``; then every linked worktree of the repository ``src`` holds (its
-    main worktree or one of its linked ones) is reconnected where it is now (a symlink moves as
-    a link: what it points at stays where it is, and so do the links)."""
-    found = _repository_of(src)
+    """``os.rename(src, dest)``; then every linked worktree of every repository with a worktree
+    under ``src`` (``src`` itself, a repository inside it, a linked worktree of any repository
+    inside it) is reconnected where it is now, each by its own repository (a symlink moves as a
+    link: what it points at stays where it is, and so do the links)."""
+    found = {} if src.is_symlink() else repositories_in(src)
     here = os.path.realpath(src)
     os.rename(src, dest)
-    if found is None:
-        return
-    common, trees = found
     there = os.path.realpath(dest)
-    common = _after(common, here, there)
-    now = [p for p in (_after(t, here, there) for t in trees) if os.path.lexists(os.path.join(p, ".git"))]
-    if not now:
-        return
-    # git -C the common folder: the repository's, bare or not, wherever its main worktree is.
-    res = Git(Path(common))("worktree", "repair", *now, check=False)
-    if not res.ok:
-        print(f"[carry] {dest}: git could not reconnect every linked worktree of the repository moved there "
-              f"({' '.join(res.stderr.split())}); {code('git', '-C', common, 'worktree', 'list')} shows which",
-              file=sys.stderr, flush=True)
+    for common, trees in found.items():
+        common = _after(common, here, there)
+        now = [p for p in (_after(t, here, there) for t in trees) if os.path.lexists(os.path.join(p, ".git"))]
+        if not now:
+            continue
+        # git -C the common folder: the repository's, bare or not, wherever its main worktree is.
+        res = Git(Path(common))("worktree", "repair", *now, check=False)
+        if not res.ok:
+            print(f"[carry] {dest}: git could not reconnect every linked worktree of the repository {common} "
+                  f"({' '.join(res.stderr.split())}); {code('git', '-C', common, 'worktree', 'list')} shows which",
+                  file=sys.stderr, flush=True)
+
+
+def repositories_in(tree: Path) -> dict[str, list[str]]:
+    """Each repository with linked worktrees that has a worktree (main or linked) at or under
+    ``tree``: its common git folder, with the paths of all its linked worktrees (real paths)."""
+    found: dict[str, list[str]] = {}
+    for top, dirs, files in os.walk(tree):
+        if ".git" in dirs or ".git" in files:
+            dirs[:] = [d for d in dirs if d != ".git"]  # a repository's own folder holds no worktree
+            repo = _repository_of(Path(top))
+            if repo is not None:
+                found.setdefault(*repo)
+    return found
+
+
+def outside(tree: Path) -> list[tuple[str, str]]:
+    """(worktree, common git folder) for each linked worktree outside ``tree`` of a repository
+    inside it that still works there (its ``.git`` file names that repository's record of it):
+    what deleting ``tree`` kills."""
+    here = os.path.realpath(tree)
+    live = []
+    for common, trees in repositories_in(tree).items():
+        for t in trees if _within(common, here) else []:  # a repository elsewhere outlives ``tree``
+            admin = _pointer(Path(t) / ".git", "gitdir:")
+            if not _within(t, here) and admin is not None and _within(os.path.realpath(admin), common):
+                live.append((t, common))
+    return live
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + os.sep)
 
 
 def _after(path: str, here: str, there: str) -> str:
@@ -70,7 +101,7 @@ def _repository_of(tree: Path) -> tuple[str, list[str]] | None:
     for entry in sorted(admins.iterdir()) if admins.is_dir() else []:
         gitfile = _pointer(entry / "gitdir", "")
         if gitfile is not None:
-            trees.append(os.path.dirname(gitfile))
+            trees.append(os.path.realpath(os.path.dirname(gitfile)))
     return (common, trees) if trees else None
 
 

@@ -307,7 +307,7 @@ def _write(job: _Job, new_texts: dict[str, bytes], cache: Path, source: Path | N
     if edited and not job.replace_edited:  # the check export makes, with the same way past it
         overwrite.refuse(edited, "the rebase read it", "rebase", f"start the rebase again from the files: "
                          f"`{job.command()}` (it sets this rebase's workspace aside whole first)",
-                         job.command("--continue", "--replace-edited"), job.ws.parent)
+                         f"`{job.command('--continue', '--replace-edited')}`", job.ws.parent)
     overwrite.keep_copies(job.ws.parent, series, edited)
     paths = {path: body for _, path, body in pending}
     writes = {path: body for path, body in paths.items() if read_input(path) != body}

@@ -119,7 +119,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                              f"rebuild the workspace from the patch files: "
                              f"`{command('apply', series, '--workdir', wd.root, '--only', ups)}` (with the --source "
                              "options you applied with; a workspace with commits of its own is set aside first, as "
-                             "apply's hint says)", command('export', series, '--workdir', wd.root, '--replace-edited'),
+                             "apply's hint says)", f"`{command('export', series, '--workdir', wd.root, '--replace-edited')}`",
                              wd.root)
         staged = _stage_checked(series, pending, empty, {name: (wd.workspace(name), rec.base_commit)
                                                          for name, rec in state.records()})

@@ -43,12 +43,12 @@ def edited(pending: Iterable[tuple[PatchMeta, Path, bytes]], known: Mapping[str,
 def refuse(files: list[Edited], since: str, by: str, keep: str, replace: str, root: Path) -> None:
     """Raise the refusal of ``files``: changed ``since`` (what the tool last read or wrote), about to be
     replaced ``by`` a command; ``keep`` says how to keep the edit, ``replace`` is the same command with
-    --replace-edited (a copy kept under ``root``)."""
+    --replace-edited, in backticks (a copy kept under ``root``)."""
     names = ", ".join(str(path) for _, path, _ in files)
     raise DirtyTreeError(
         f"{names}: changed since {since}, and {by} would replace it with the workspace's version; nothing was written",
         hint=f"to keep your edit, {keep}; to write the workspace's version over it and keep a copy of yours in "
-             f"{replaced_dir(root)}: `{replace}`")
+             f"{replaced_dir(root)}: {replace}")
 
 
 def replaced_dir(root: Path) -> Path:

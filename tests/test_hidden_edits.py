@@ -172,3 +172,24 @@ def test_a_hidden_edit_of_a_file_with_any_name_is_an_edit(demo, tmp_path, name, 
     res = _into(demo, target, check=1)
     assert "uncommitted changes: " in res.stderr and "(marked assume-unchanged)" in res.stderr, res.stderr
     assert (target / name).read_text() == "orig\n" + EDIT
+
+
+def test_an_unedited_marked_file_of_a_checkout_that_converts_line_endings_is_no_edit(demo, tmp_path):
+    """A checkout whose own config converts line endings (core.autocrlf): an unedited marked file holds
+    CRLF where its blob holds LF, as git add would make it. Hashed under the tool's byte-exact config, it
+    read as an edit and refused a clean checkout; it is hashed as the user's git add would. An edit of it
+    is still one."""
+    target = _checkout(demo, tmp_path)
+    mine = Git(target).as_user  # the user's own git, which converts as the checkout's config says
+    git(target, "config", "core.autocrlf", "true")
+    f = target / "notes.txt"
+    f.write_bytes(b"one\r\ntwo\r\n")
+    mine("add", "notes.txt")
+    mine("-c", "user.name=u", "-c", "user.email=u@example.com", "commit", "-qm", "notes")
+    assert git(target, "show", "HEAD:notes.txt") == "one\ntwo"  # LF in the blob
+    mine("update-index", "--assume-unchanged", "notes.txt")
+    f.write_bytes(b"one\r\ntwo\r\nthree\r\n")
+    res = _into(demo, target, check=1)  # an edit: refused
+    assert "uncommitted changes: notes.txt (marked assume-unchanged)" in res.stderr, res.stderr
+    f.write_bytes(b"one\r\ntwo\r\n")  # as checked out: no edit
+    _into(demo, target, check=0)

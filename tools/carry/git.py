@@ -63,6 +63,11 @@ _GIT_CONFIG = (
 )
 
 
+# What would point a git run at another repository, index or config than the one it is run in.
+_ELSEWHERE = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
+              "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_CONFIG")
+
+
 def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     for key in list(env):
@@ -147,6 +152,16 @@ class Git:
                 raise full
             if check:
                 raise CommandError(res.argv, res.returncode, "" if binary else res.stdout, res.stderr)
+        return res
+
+    def as_user(self, *args: str, check: bool = True) -> Result:
+        """git as the user's own git runs here: the user's and the repository's config, none of the
+        tool's own (what `git add` would make of a file, its end-of-line conversion and filters
+        included); only the variables that would point git at another repository are dropped."""
+        env = {k: v for k, v in os.environ.items() if k not in _ELSEWHERE}
+        res = run(["git", "-C", str(self.path), *args], env=env, check=False)
+        if check and not res.ok:
+            raise CommandError(res.argv, res.returncode, res.stdout, res.stderr)
         return res
 
     # -- making repositories -------------------------------------------------

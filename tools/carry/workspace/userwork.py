@@ -87,9 +87,9 @@ def uncommitted(ws: Path) -> Uncommitted:
                 hidden.append(path)
         else:
             asked.append((path, blob))
-    for i in range(0, len(asked), 200):  # each file filtered as `git add` would, by its own name
-        chunk = asked[i:i + 200]
-        out = g("hash-object", "--", *(q for q, _ in chunk)).stdout.split()
+    for i in range(0, len(asked), 200):  # each file filtered as the user's `git add` would, by its own name
+        chunk = asked[i:i + 200]  # (their core.autocrlf, core.eol and filters: not the tool's byte-exact config)
+        out = g.as_user("hash-object", "--", *(q for q, _ in chunk)).stdout.split()
         hidden += [q for (q, b), got in zip(chunk, out) if got != b]
     return Uncommitted(ws, g.status_paths(), [(q, marks[q]) for q in sorted(hidden)])
 

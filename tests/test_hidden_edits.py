@@ -193,3 +193,14 @@ def test_an_unedited_marked_file_of_a_checkout_that_converts_line_endings_is_no_
     assert "uncommitted changes: notes.txt (marked assume-unchanged)" in res.stderr, res.stderr
     f.write_bytes(b"one\r\ntwo\r\n")  # as checked out: no edit
     _into(demo, target, check=0)
+
+
+def test_an_untracked_file_is_named_as_it_is_whatever_its_name(demo, tmp_path):
+    """git status names a path with a quote, a backslash or a newline C-quoted on its line; read with -z,
+    the refusal names the file the user has, byte for byte."""
+    target = _checkout(demo, tmp_path)
+    name = 'my "draft"\\notes.txt'
+    (target / name).write_text("mine\n")
+    res = _into(demo, target, check=1)
+    assert f"uncommitted changes: {name}" in res.stderr, res.stderr
+    assert (target / name).read_text() == "mine\n"

@@ -169,3 +169,25 @@ def test_a_kept_copy_with_a_live_worktree_outside_is_not_deleted(demo):
         res = _paste(hint, which)
         assert res.returncode == 0, res.stderr
     assert not old.exists() and not beside.exists()
+
+
+def test_a_kept_copy_holding_another_repositorys_worktree_is_not_deleted(demo):
+    """A linked worktree of a repository elsewhere, inside the workspace, goes into the kept copy with it
+    and keeps working there: --delete refuses the copy (its HEAD and staged work would die with the
+    folder) and names the worktree; the hint's worktree remove (refused by git while the worktree holds
+    uncommitted work), then the delete again, as pasted, delete it."""
+    apply_demo(demo, check=0)
+    ws, other = demo["work"] / ML, demo["tmp"] / "other"
+    commit = _other_repo_work(other, ws / "other-wt")
+    tool("kept", "--workdir", demo["work"], "--set-aside", ML, check=0)
+    [old] = (demo["work"] / ".carry" / "kept").iterdir()
+    res = tool("kept", "--workdir", demo["work"], "--delete", old.name, check=1)
+    assert str(old / "other-wt") in res.stderr and "nothing was deleted" in res.stderr, res.stderr
+    _other_still_works(old / "other-wt", other, commit)
+    hint = res.stderr.split("next: ", 1)[1]
+    assert _paste(hint, 1).returncode != 0  # git keeps a worktree with uncommitted work
+    git(old / "other-wt", "commit", "-q", "-m", "staged work, committed")
+    for which in (1, 2):
+        res = _paste(hint, which)
+        assert res.returncode == 0, res.stderr
+    assert not old.exists() and "other-wt" not in git(other, "worktree", "list")  # removed by git, as asked

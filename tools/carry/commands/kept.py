@@ -21,7 +21,7 @@ Nothing removes a kept copy but this command:
 
   kept.py --workdir DIR                         list them: name, age, size
   kept.py --workdir DIR --restore NAME          put NAME back as DIR/<upstream> (the tree there now is kept first)
-  kept.py --workdir DIR --delete NAME           delete NAME (refused while it is the repository of a linked worktree outside it)
+  kept.py --workdir DIR --delete NAME           delete NAME (refused while a linked worktree it is the repository of, or holds, still works)
   kept.py --workdir DIR --prune --older-than 30d  delete every copy older than that (s, m, h, d, w), but such a repository
   kept.py --workdir DIR --set-aside NAME        keep workspace DIR/NAME there now (the next apply rebuilds it)
   kept.py --workdir DIR --set-aside             keep every workspace, and drop the record (apply starts anew)"""

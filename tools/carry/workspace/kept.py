@@ -105,17 +105,19 @@ def restore(root: Path, key: str) -> Path:
 
 def delete(root: Path, key: str) -> Kept:
     """Delete kept copy ``key``; refused (nothing deleted) while it is the repository of a linked
-    worktree outside it, which the move kept working and which dies with it."""
+    worktree outside it, which the move kept working and which dies with it, or holds a linked
+    worktree of a repository elsewhere (its HEAD and index die with the folder)."""
     k = find(root, key)
     if k.path.is_symlink():
         k.path.unlink()  # the link kept; the tree it points at was never the tool's to keep
         return k
-    live = worktrees.outside(k.path)
+    live = worktrees.cut_off(k.path)
     if live:
         wt, repo = live[0]
         raise DirtyTreeError(
-            f"{k.path} is the repository of linked worktree(s) {', '.join(t for t, _ in live)}, which work there and hold "
-            "commits, a HEAD and an index of their own: deleting it deletes them; nothing was deleted",
+            f"{k.path} is the repository of, or holds, linked worktree(s) {', '.join(t for t, _ in live)}, which "
+            "work and hold a HEAD and an index of their own (and commits, where it is their repository): deleting it "
+            "deletes them; nothing was deleted",
             hint=f"keep them: {code(*tool('kept'), '--workdir', root, '--restore', key)} puts the copy back "
                  f"(the workspace there now is kept first); or, to drop a worktree (git refuses while it has "
                  f"uncommitted changes; its branch goes with the copy), {code('git', '-C', repo, 'worktree', 'remove', wt)}"

@@ -56,16 +56,19 @@ def repositories_in(tree: Path) -> dict[str, list[str]]:
     return found
 
 
-def outside(tree: Path) -> list[tuple[str, str]]:
-    """(worktree, common git folder) for each linked worktree outside ``tree`` of a repository
-    inside it that still works there (its ``.git`` file names that repository's record of it):
-    what deleting ``tree`` kills."""
+def cut_off(tree: Path) -> list[tuple[str, str]]:
+    """(worktree, common git folder) for each linked worktree that still works and that deleting
+    ``tree`` cuts off: one outside ``tree`` of a repository inside it (its commits, HEAD and index
+    go with the repository), and one inside ``tree`` of a repository elsewhere (its HEAD and index
+    go with the folder). Its ``.git`` file still names that repository's record of it."""
     here = os.path.realpath(tree)
     live = []
     for common, trees in repositories_in(tree).items():
-        for t in trees if _within(common, here) else []:  # a repository elsewhere outlives ``tree``
+        for t in trees:
+            if _within(t, here) == _within(common, here):
+                continue  # both go, or neither: nothing is left cut off
             admin = _pointer(Path(t) / ".git", "gitdir:")
-            if not _within(t, here) and admin is not None and _within(os.path.realpath(admin), common):
+            if admin is not None and _within(os.path.realpath(admin), common):
                 live.append((t, common))
     return live
 

@@ -635,6 +635,28 @@ def test_the_drift_hint_rebuilds_only_what_drifted_offline(d):
     assert patch.read_bytes() == before and (d["work"] / "nemo-rl").is_dir()
 
 
+def test_export_hints_apply_with_the_cache_and_source_apply_was_given(d, tmp_path):
+    """export takes no --cache nor --source; the apply its hints print carries those apply was run with
+    (the record keeps them), so it works pasted as printed on a host that cannot reach the upstream's URL
+    and whose default cache is empty (before, it fetched from the URL and failed)."""
+    toml = d["series"] / "series.toml"
+    toml.write_text(re.sub(r'url = "[^"]*"', 'url = "file:///nonexistent/offline.git"', toml.read_text(), count=1))
+    cache = tmp_path / "my cache"
+    apply(d, "--source", f"megatron-lm={d['up']}", "--cache", cache, check=0)
+    patch = d["series"] / "megatron-lm/0004-conflict.patch"
+    before = patch.read_bytes()
+    _amend_delta(d, "an edit to throw away")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    patch.write_bytes(before)  # the export discarded
+    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=1)
+    _, drop = hints(failed)
+    assert words(drop)[-4:] == ["--cache", str(cache), "--source", f"megatron-lm={d['up']}"], drop
+    assert "options you applied with" not in failed.stderr
+    sh(d, drop)
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=0)
+    assert "throw away" not in (d["ws"] / "megatron/core/delta.py").read_text()
+
+
 def test_retire_write_on_the_pin_says_it_kept_the_pin(d):
     """The README: --write against the current pin "retires nothing and keeps the pin"."""
     res = run(d, "retire", "--series", d["series"], "--against", f"megatron-lm={d['v0']}", "--write",

@@ -25,7 +25,7 @@ from ..series.manifest import PatchMeta, Series, file_sha256
 from ..series.patchfile import parse_file, safety_problems
 from ..series.patchgit import git_problems
 from ..series.repo import command
-from ..shell import code
+from ..shell import code, values
 from . import sources, userwork, wheels
 from .am import am_patches, clone_base, older_bases
 from .workdir import PatchRecord, State, UpstreamRecord, WorkDir
@@ -169,6 +169,7 @@ def _apply_staged(txn: _Transaction, name: str, mine: list[PatchMeta]) -> Upstre
         ur.saved = wd.keep_unknown_commits(name, recorded, ws)
     txn.rebuilt.append(name)
     txn.new_records[name] = _record(base, digest, ws, mine, ur, made, hashes)
+    txn.new_records[name].inputs = _inputs(opts, name)
     txn.built[name] = txn.new_records[name].head
     return ur
 
@@ -220,6 +221,14 @@ def _record(base: sources.Base, digest: str, ws: Path, mine: list[PatchMeta], ur
                           selected=[p.id for p in mine],
                           patches=[PatchRecord(r.id, r.file, c, (hashes[r.id],)) for r, c in zip(applied, commits)],
                           made=commits)
+
+
+def _inputs(opts: Options, name: str) -> list[str]:
+    """The options that told this run where ``name``'s inputs are, absolute: ``--cache`` where the user
+    gave one (else the default, which a later run finds alike) and ``--source`` for ``name``."""
+    out = ["--cache", str(opts.cache.resolve())] if values("--cache") else []
+    src = opts.sources.get(name)
+    return out + (["--source", f"{name}={src.resolve()}"] if src else [])
 
 
 def _conflict_message(series: Series, failed: list[UpstreamResult], opts: Options) -> tuple[str, str]:

@@ -26,7 +26,7 @@ from ..series.manifest import PatchMeta, Series, load
 from ..series.repo import command
 from ..shell import Raw, code
 from . import overwrite, userwork
-from .workdir import PatchRecord, UpstreamRecord, WorkDir
+from .workdir import PatchRecord, State, UpstreamRecord, WorkDir
 
 _FIXED_FROM = f"From: {IDENTITY_NAME} <{IDENTITY_EMAIL}>".encode()
 _FIXED_DATE_HDR = b"Date: Sat, 1 Jan 2000 00:00:00 +0000"
@@ -114,13 +114,11 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                     pending.append((meta, path, data))
                     edited += overwrite.edited([(meta, path, data)], {meta.id: applied.hashes}, vouched)
         if edited and not check and not replace_edited:
-            ups = ",".join(dict.fromkeys(meta.upstream for meta, _, _ in edited))
+            ups = list(dict.fromkeys(meta.upstream for meta, _, _ in edited))
             overwrite.refuse(edited, "the workspace was applied from it (or exported to it)", "export",
-                             f"rebuild the workspace from the patch files: "
-                             f"`{command('apply', series, '--workdir', wd.root, '--only', ups)}` (with the --source "
-                             "options you applied with; a workspace with commits of its own is set aside first, as "
-                             "apply's hint says)", f"`{command('export', series, '--workdir', wd.root, '--replace-edited')}`",
-                             wd.root)
+                             f"rebuild the workspace from the patch files: {_apply_again(series, wd.root, state, ups)} "
+                             "(a workspace with commits of its own is set aside first, as apply's hint says)",
+                             f"`{command('export', series, '--workdir', wd.root, '--replace-edited')}`", wd.root)
         staged = _stage_checked(series, pending, empty, {name: (wd.workspace(name), rec.base_commit)
                                                          for name, rec in state.records()})
         try:
@@ -128,7 +126,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                 if result.drift:
                     raise DriftError("patch files differ from the workspace: " + ", ".join(result.drift),
                                      files=result.drift,
-                                     hint=_drift_hint(series, wd.root, list(dict.fromkeys(drifted))))
+                                     hint=_drift_hint(series, wd.root, state, list(dict.fromkeys(drifted))))
                 return result
             overwrite.keep_copies(wd.root, series, edited)
             for tmp, (_, path, _) in zip(staged, pending):
@@ -199,13 +197,27 @@ def _as_recorded(series: Series, name: str, rec: UpstreamRecord) -> bool:
                                   rec.base_key) == rec.digest
 
 
-def _drift_hint(series: Series, root: Path, upstreams: list[str]) -> str:
+def _drift_hint(series: Series, root: Path, state: State, upstreams: list[str]) -> str:
     """Both ways out of drift: keep the workspace's change, or drop it (e.g. after the files
     export wrote were discarded, `git checkout patches/`): apply rebuilds from the files."""
     keep = f"`{command('export', series, '--workdir', root)}`, then commit the files"
-    drop = f"`{command('apply', series, '--workdir', root, '--only', ','.join(upstreams))}`"
-    return (f"to keep the workspace's change: {keep}; to drop it and go back to the patch files: {drop} "
-            "(with the --source options you applied with)")
+    return (f"to keep the workspace's change: {keep}; to drop it and go back to the patch files: "
+            f"{_apply_again(series, root, state, upstreams)}")
+
+
+def _apply_again(series: Series, root: Path, state: State, upstreams: list[str]) -> str:
+    """The apply that rebuilds ``upstreams`` from the patch files, with the --cache and --source the
+    records say apply was given (export takes neither); a record from before they were kept says so."""
+    pairs: dict[tuple[str, str], None] = {}
+    untold = False
+    for name in upstreams:
+        rec = state.record(name)
+        untold |= rec is None or rec.inputs is None
+        given = rec.inputs if rec and rec.inputs else []
+        pairs.update(dict.fromkeys(zip(given[::2], given[1::2])))  # one --cache for several upstreams
+    inputs = [word for pair in pairs for word in pair]
+    cmd = f"`{command('apply', series, '--workdir', root, '--only', ','.join(upstreams), *inputs)}`"
+    return cmd + (" (with the --cache and --source options you applied with)" if untold else "")
 
 
 def _new_entries(series: Series, upstream: str, rec: UpstreamRecord, extra: int) -> list:

@@ -39,6 +39,10 @@ class UpstreamRecord:
     # The commits apply itself made (export later records a patch's amended commit in ``patches``;
     # those stay the user's, kept by a rebuild unless the rebuilt tree holds the same change).
     made: list[str] = field(default_factory=list)
+    # Where apply was told this upstream's inputs are (``--cache DIR``, ``--source NAME=PATH``, absolute),
+    # for the hint of a command that takes neither (export) and prints an apply; None: a record from
+    # before these were kept, which does not tell.
+    inputs: list[str] | None = None
 
     def commit_of(self, patch_id: str) -> str | None:
         return next((p.commit for p in self.patches if p.id == patch_id), None)
@@ -106,7 +110,8 @@ class State:
             ups[name] = UpstreamRecord(
                 base=raw["base"], base_key=raw["base_key"], base_commit=raw["base_commit"], digest=raw["digest"],
                 head=raw["head"], selected=list(raw.get("selected", [p.id for p in patches])), patches=patches,
-                made=list(raw.get("made", [p.commit for p in patches])))
+                made=list(raw.get("made", [p.commit for p in patches])),
+                inputs=None if raw.get("inputs") is None else [str(a) for a in raw["inputs"]])
         order = doc.get("order")
         if order is None:  # version 1 kept no order: the upstreams' own, in the order they were recorded
             order = [p.id for rec in ups.values() for p in rec.patches]

@@ -657,6 +657,24 @@ def test_export_hints_apply_with_the_cache_and_source_apply_was_given(d, tmp_pat
     assert "throw away" not in (d["ws"] / "megatron/core/delta.py").read_text()
 
 
+def test_an_entry_taken_out_of_the_series_by_hand_is_named_and_the_hint_works(d):
+    """A [[patches]] entry removed from series.toml while its commit is in the workspace: export names that
+    patch and writes nothing (before: "unknown patch id ...; did you mean" another one, exit 2); the hint's
+    set-aside and rebuild, pasted, leave a workspace export agrees with, the old one kept whole."""
+    apply(d, check=0)
+    d["write_series"](d["v0"], ids=("clean", "threeway", "conflict"))
+    files = {p: p.read_bytes() for p in (d["series"] / "megatron-lm").iterdir()}
+    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], check=2)
+    assert "holds the commit(s) of upstreamed, which series.toml no longer names" in failed.stderr, failed.stderr
+    assert "did you mean" not in failed.stderr
+    assert {p: p.read_bytes() for p in (d["series"] / "megatron-lm").iterdir()} == files
+    aside, rebuild = hints(failed)[-2:]
+    sh(d, aside)
+    sh(d, rebuild)
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=0)
+    assert len(list((d["work"] / ".carry" / "kept").iterdir())) == 1
+
+
 def test_retire_write_on_the_pin_says_it_kept_the_pin(d):
     """The README: --write against the current pin "retires nothing and keeps the pin"."""
     res = run(d, "retire", "--series", d["series"], "--against", f"megatron-lm={d['v0']}", "--write",

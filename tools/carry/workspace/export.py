@@ -68,6 +68,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
         drifted: list[str] = []  # the upstreams whose files differ (--check): the only ones to rebuild
         edited: list[tuple[PatchMeta, Path, bytes]] = []  # a file changed since apply or export: not ours to lose
         hashes: dict[str, dict[str, str]] = {}  # per upstream, the hash of each patch file once exported
+        known = {p.id for p in series.patches}
         for name, rec in state.records():
             ws = wd.workspace(name)
             g = Git(ws)
@@ -79,6 +80,13 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
             back = userwork.moved_back(name, ws, rec)
             if back:
                 raise back  # not patches gone: an older commit checked out
+            gone = [p.id for p in rec.patches if p.id not in known]
+            if gone:  # an entry taken out of series.toml by hand: its commit has no file to go to
+                raise UsageError(
+                    f"{name}: the workspace holds the commit(s) of {', '.join(gone)}, which series.toml no longer "
+                    "names: export cannot tell which file each belongs to; nothing was written",
+                    hint="to keep them, put their [[patches]] entries back; to leave them out (a patch upstream has "
+                         f"leaves the series with tools/retire.py), {userwork.set_aside_hint(wd.root, name, series)}")
             commits = g.rev_list(f"{rec.base_commit}..HEAD")
             # the record's digest vouches for the files it was made from, never for a new entry's
             vouched = set(rec.selected) if _as_recorded(series, name, rec) else set()

@@ -246,3 +246,26 @@ def test_into_leaves_a_git_am_of_the_users_alone(demo, tmp_path):
     res = _into(demo, target, check=1)
     assert "git am" in res.stderr and "in progress" in res.stderr, res.stderr
     assert (Git(target).git_dir() / "rebase-apply").exists()
+
+
+def test_a_folder_of_the_users_where_a_killed_swap_would_go_is_kept_by_the_pasted_hint(demo):
+    """A swap killed after its journal; before the next run, a folder of the user's (no .git: not a
+    workspace apply made) took the workspace's place. Finishing the swap would replace it: refused, nothing
+    moved; the hint's --set-aside (every workspace, with the swap's trees) pasted as printed, then the
+    command again, rebuild the workspaces, and the folder is in .carry/kept byte for byte."""
+    d = _two(demo)
+    _run(d, "apply", check=0)
+    d["write"](ml=("clean",), br=("bclean",))
+    kill_at("journalled", *_args(d))
+    ws = d["work"] / BR
+    shutil.rmtree(ws)
+    ws.mkdir()
+    (ws / "my notes.txt").write_text("mine, not the tool's\n")
+    res = _run(d, "apply", check=1)
+    assert "was not made by tools/apply.py" in res.stderr and "nothing was moved" in res.stderr, res.stderr
+    assert (ws / "my notes.txt").read_text() == "mine, not the tool's\n"
+    _paste(res.stderr.split("next: ", 1)[1])
+    _run(d, "apply", check=0)
+    kept = [p for p in (d["work"] / ".carry" / "kept").rglob("my notes.txt")]
+    assert [p.read_text() for p in kept] == ["mine, not the tool's\n"], kept
+    assert (d["work"] / BR / ".git").exists() and (d["work"] / ML / ".git").exists()

@@ -20,19 +20,12 @@ import re
 import shutil
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterator
 
 from .. import progress
-from ..errors import (
-    CarryError,
-    DirtyTreeError,
-    NoSpaceError,
-    OperationError,
-    UsageError,
-    no_space,
-)
+from ..errors import CarryError, DirtyTreeError, NoSpaceError, OperationError, UsageError, no_space
 from ..files import fsync_dir, read_input_text, write_json
 from ..git import Git
 from ..lock import LOCK_TIMEOUT, DirLock, patience
@@ -158,7 +151,7 @@ class WorkDir:
             if bad:
                 raise UsageError(f"{self.root} has no workspace {', '.join(map(repr, bad))} (it has: "
                                  f"{', '.join(p.name for p in self._workspaces()) or 'none'})")
-        for ws in [self.workspace(n) for n in names] or self._workspaces():
+        for ws in [self.workspace(n) for n in names] or self._workspaces() + self._in_the_way():
             keeping.set_aside(self.root, ws, ws.name, why="current")
         if not names and self.meta.is_dir():
             for trash in self.meta.glob("trash-*"):
@@ -171,6 +164,16 @@ class WorkDir:
     def _workspaces(self) -> list[Path]:
         found = self.root.iterdir() if self.root.is_dir() else []
         return sorted(p for p in found if not p.name.startswith(".") and (p / ".git").exists())
+
+    def _in_the_way(self) -> list[Path]:
+        """What is not a repository at a place the record or an interrupted swap's journal has a workspace
+        of (a folder of the user's, a link, a file): the next apply would refuse it as not its own."""
+        names: set[str] = set()
+        for read in (lambda: self.load_state().upstreams, lambda: self._read_journal()[1]):
+            with suppress(CarryError, OSError):  # an unreadable one tells nothing: set aside with the rest
+                names.update(read())
+        return [p for p in map(self.workspace, sorted(n for n in names if _SIMPLE_NAME.fullmatch(n)))
+                if (p.exists() or p.is_symlink()) and not (p / ".git").exists()]
 
     def save_state(self, state: State) -> None:
         write_json(self.state_file, state.to_dict())

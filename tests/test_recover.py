@@ -269,3 +269,25 @@ def test_a_folder_of_the_users_where_a_killed_swap_would_go_is_kept_by_the_paste
     kept = [p for p in (d["work"] / ".carry" / "kept").rglob("my notes.txt")]
     assert [p.read_text() for p in kept] == ["mine, not the tool's\n"], kept
     assert (d["work"] / BR / ".git").exists() and (d["work"] / ML / ".git").exists()
+
+
+def test_a_tree_an_undone_first_swap_left_with_the_users_commit_is_kept_by_the_pasted_hint(demo):
+    """A first apply killed between its renames, its staging lost since, and the user committed in the tree
+    it moved in: the swap is undone, the tree left where it is (nothing of the user's removed) with no record
+    that it is a workspace. Refused; the hint's --set-aside and apply, pasted as printed, rebuild the
+    workspace, and the commit is in .carry/kept (before: "move it away", no command)."""
+    d = _two(demo)
+    kill_at("swapping", *_args(d))
+    ws1 = d["work"] / ML
+    mine = _amend(ws1, "amend in the tree the first swap moved in")
+    for staging in (d["work"] / ".carry").glob("staging-*"):
+        shutil.rmtree(staging)  # the rest of the swap cannot be finished: it is undone
+    res = _run(d, "apply", check=1)
+    assert "was not made by tools/apply.py" in res.stderr, res.stderr
+    assert git(ws1, "rev-parse", "HEAD") == mine
+    aside, rebuild = res.stderr.split("next: ", 1)[1].split("`")[1::2][:2]
+    for cmd in (aside, rebuild):
+        subprocess.run(["sh", "-c", cmd], check=True, capture_output=True, env=dict(os.environ))
+    kept = [p for p in (d["work"] / ".carry" / "kept").iterdir() if (p / ".git").exists()]
+    assert any(git(p, "cat-file", "-t", mine, check=False) == "commit" for p in kept), kept
+    assert git(d["work"] / ML, "rev-parse", "HEAD") != mine

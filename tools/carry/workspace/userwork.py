@@ -217,8 +217,11 @@ def check_untouched(root: Path, name: str, recorded: UpstreamRecord | None, seri
         return False
     g = Git(ws)
     if recorded is None or not (ws / ".git").exists():
+        # a repository (a workspace whose record is gone, one of yours): kept.py sets it aside whole, its
+        # worktrees kept working; anything else is moved by hand
+        mine = (ws / ".git").exists() and not ws.is_symlink()
         raise DirtyTreeError(f"{ws} exists but was not made by tools/apply.py",
-                             hint="move it away or choose another --workdir")
+                             hint=set_aside_hint(root, name, series) if mine else "move it away or choose another --workdir")
     head = g.head()
     record = root / ".carry" / "state.json"
     if head != recorded.head and not g.has_commit(recorded.head):

@@ -79,9 +79,7 @@ def _within(path: str, top: str) -> bool:
 
 def _after(path: str, here: str, there: str) -> str:
     """Where ``path`` is once ``here`` was renamed to ``there``."""
-    if path == here or path.startswith(here + os.sep):
-        return there + path[len(here):]
-    return path
+    return there + path[len(here):] if _within(path, here) else path
 
 
 def _repository_of(tree: Path) -> tuple[str, list[str]] | None:

@@ -657,6 +657,22 @@ def test_export_hints_apply_with_the_cache_and_source_apply_was_given(d, tmp_pat
     assert "throw away" not in (d["ws"] / "megatron/core/delta.py").read_text()
 
 
+def test_a_record_from_before_the_inputs_were_kept_says_to_add_them(d):
+    """A workspace record written before apply kept its --cache and --source (no "inputs"): the hint's apply
+    cannot carry them, and says to add the ones apply was given; one that kept them (none given) says nothing."""
+    apply(d, check=0)
+    state_file = d["work"] / ".carry" / "state.json"
+    _amend_delta(d, "drifted")
+    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=1)
+    assert "options you applied with" not in failed.stderr, failed.stderr
+    doc = json.loads(state_file.read_text())
+    for rec in doc["upstreams"].values():
+        assert rec.pop("inputs") == []
+    state_file.write_text(json.dumps(doc))
+    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=1)
+    assert "(with the --cache and --source options you applied with)" in failed.stderr, failed.stderr
+
+
 def test_an_entry_taken_out_of_the_series_by_hand_is_named_and_the_hint_works(d):
     """A [[patches]] entry removed from series.toml while its commit is in the workspace: export names that
     patch and writes nothing (before: "unknown patch id ...; did you mean" another one, exit 2); the hint's

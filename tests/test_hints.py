@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -652,6 +653,32 @@ def test_export_hints_apply_with_the_cache_and_source_apply_was_given(d, tmp_pat
     _, drop = hints(failed)
     assert words(drop)[-4:] == ["--cache", str(cache), "--source", f"megatron-lm={d['up']}"], drop
     assert "options you applied with" not in failed.stderr
+    sh(d, drop)
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=0)
+    assert "throw away" not in (d["ws"] / "megatron/core/delta.py").read_text()
+
+
+def test_the_hint_names_the_inputs_of_the_last_apply_even_where_it_rebuilt_nothing(d, tmp_path):
+    """The clone given with --source moved, and apply run again naming it where it is now: the workspace is
+    up to date (the pin is a commit), so nothing is rebuilt, but the record takes the new place; export's
+    hint, pasted, works (before, it named the old place, gone)."""
+    toml = d["series"] / "series.toml"
+    toml.write_text(re.sub(r'url = "[^"]*"', 'url = "file:///nonexistent/offline.git"', toml.read_text(), count=1))
+    cache = tmp_path / "cache"
+    apply(d, "--source", f"megatron-lm={d['up']}", "--cache", cache, check=0)
+    moved = tmp_path / "moved clone"
+    shutil.move(d["up"], moved)
+    again = apply(d, "--source", f"megatron-lm={moved}", "--cache", cache, check=0)
+    assert "already-applied" in again.stdout, again.stdout
+    patch = d["series"] / "megatron-lm/0004-conflict.patch"
+    before = patch.read_bytes()
+    _amend_delta(d, "an edit to throw away")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    patch.write_bytes(before)  # the export discarded
+    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=1)
+    _, drop = hints(failed)
+    assert words(drop)[-2:] == ["--source", f"megatron-lm={moved}"], drop
+    shutil.rmtree(cache)  # the rebuild reads the moved clone, not what the cache kept of the old one
     sh(d, drop)
     run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=0)
     assert "throw away" not in (d["ws"] / "megatron/core/delta.py").read_text()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import progress
@@ -157,6 +157,8 @@ def _apply_staged(txn: _Transaction, name: str, mine: list[PatchMeta]) -> Upstre
                         base_commit=base.commit, head=recorded.head if ours and recorded else None)
     if ours and recorded and recorded.digest == digest:
         ur.patches = [PatchResult(p.id, p.file, "already-applied", "workspace is up to date") for p in mine]
+        if recorded.inputs != _inputs(opts, name):  # the inputs moved: a hint's apply must name them as now
+            txn.new_records[name] = replace(recorded, inputs=_inputs(opts, name))
         return ur
     wd.check_swappable([name])
     if txn.staging is None:
@@ -168,8 +170,7 @@ def _apply_staged(txn: _Transaction, name: str, mine: list[PatchMeta]) -> Upstre
     if ours and recorded:
         ur.saved = wd.keep_unknown_commits(name, recorded, ws)
     txn.rebuilt.append(name)
-    txn.new_records[name] = _record(base, digest, ws, mine, ur, made, hashes)
-    txn.new_records[name].inputs = _inputs(opts, name)
+    txn.new_records[name] = _record(base, digest, ws, mine, ur, made, hashes, _inputs(opts, name))
     txn.built[name] = txn.new_records[name].head
     return ur
 
@@ -193,6 +194,8 @@ def _swap_in(txn: _Transaction) -> bool:
         # (or undone) by the next run, so this run must not delete them on its way out.
         swapping, txn.staging = txn.staging, None
         txn.wd.commit(swapping, txn.rebuilt, txn.state.with_upstreams(txn.series, txn.new_records))
+    elif txn.new_records:  # nothing rebuilt; only where the inputs are now
+        txn.wd.save_state(txn.state.with_upstreams(txn.series, txn.new_records))
     for u in report.upstreams:
         u.head = txn.built.get(u.name, u.head)
     _finish_into(txn.into_done)
@@ -212,7 +215,7 @@ def _build_wheels(series: Series, opts: Options, report: ApplyReport) -> None:
 
 
 def _record(base: sources.Base, digest: str, ws: Path, mine: list[PatchMeta], ur: UpstreamResult,
-            made: list[str], hashes: dict[str, str]) -> UpstreamRecord:
+            made: list[str], hashes: dict[str, str], inputs: list[str]) -> UpstreamRecord:
     """``made``: the commits am_patches says it made (read here when it could not say)."""
     commits = made if made else Git(ws).rev_list(f"{base.commit}..HEAD")
     head = commits[-1] if commits else base.commit
@@ -220,7 +223,7 @@ def _record(base: sources.Base, digest: str, ws: Path, mine: list[PatchMeta], ur
     return UpstreamRecord(base=base.describe, base_key=base.key, base_commit=base.commit, digest=digest, head=head,
                           selected=[p.id for p in mine],
                           patches=[PatchRecord(r.id, r.file, c, (hashes[r.id],)) for r, c in zip(applied, commits)],
-                          made=commits)
+                          made=commits, inputs=inputs)
 
 
 def _inputs(opts: Options, name: str) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import subprocess
 
-from helpers import apply_demo, git, tool
+from helpers import apply_demo, git, kill_at, tool
 from helpers import kept_lines as _kept_lines
 from helpers import paste_kept as _paste
 
@@ -58,6 +58,31 @@ def test_a_worktree_inside_the_workspace_moves_with_it_and_back(demo):
     res = _paste(line, 0)  # restore: the old workspace, its worktree inside, back in place
     assert res.returncode == 0, res.stderr
     _still_works(ws / "inner", ws, commit)
+
+
+def test_a_run_killed_between_the_rename_and_the_repair_leaves_the_repair_to_the_next(demo):
+    """apply killed just after it renamed the old workspace (its worktree inside) out of the way, before git
+    reconnected that worktree: the next command under the work directory's lock (here the listing of kept
+    copies) repairs it from the log the move wrote first, and the finished swap keeps it working."""
+    apply_demo(demo, check=0)
+    ws = demo["work"] / ML
+    with (ws / ".git/info/exclude").open("a") as f:
+        f.write("/inner/\n")
+    git(ws, "worktree", "add", "-q", "-b", "feat", str(ws / "inner"))
+    commit = _work_in(ws / "inner")
+    demo["write_series"](demo["v0"], ids=("clean", "threeway"))
+    kill_at("moved", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
+            "--source", f"megatron-lm={demo['up']}")
+    [moved] = (demo["work"] / ".carry").glob(f"trash-*/{ML}")
+    broken = subprocess.run(["git", "-C", str(moved / "inner"), "status"], capture_output=True, text=True)
+    assert broken.returncode != 0, "the kill came after the repair: the test tests nothing"
+    assert (demo["work"] / ".carry" / "moving.json").exists()
+    tool("kept", "--workdir", demo["work"], check=0)
+    assert not (demo["work"] / ".carry" / "moving.json").exists()
+    _still_works(moved / "inner", moved, commit)
+    apply_demo(demo, check=0)  # the swap finished: the old tree kept, its worktree with it
+    [old] = (demo["work"] / ".carry" / "kept").iterdir()
+    _still_works(old / "inner", old, commit)
 
 
 def test_a_worktree_beside_the_workspace_is_set_aside_and_restored(demo):

@@ -60,7 +60,7 @@ def set_aside(root: Path, tree: Path, name: str, why: str = "replaced") -> Path:
     while dest.exists() or dest.is_symlink():
         n += 1
         dest = home / f"{name}-{stamp}-{n}"
-    worktrees.move(tree, dest)
+    worktrees.move(tree, dest, worktrees.log_of(root))
     fsync_dir(home)
     print(f"[carry] {name}: the {why} workspace is kept whole in {dest}: "
           f"{code(*tool('kept'), '--workdir', root, '--restore', dest.name)} puts it back, "
@@ -98,7 +98,7 @@ def restore(root: Path, key: str) -> Path:
     ws = root / k.upstream
     if ws.exists() or ws.is_symlink():
         set_aside(root, ws, k.upstream, why="current")
-    worktrees.move(k.path, ws)
+    worktrees.move(k.path, ws, worktrees.log_of(root))
     fsync_dir(root)
     return ws
 

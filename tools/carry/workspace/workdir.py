@@ -113,14 +113,13 @@ class WorkDir:
         try:
             # The cache's locks taken meanwhile (bases, downloads) wait no longer than this one.
             with DirLock(self.meta / "lock", timeout, what=self.root), patience(timeout):
+                worktrees.resume(worktrees.log_of(self.root))  # a move a killed run left half done
                 progress.checkpoint("locked")
                 yield
         finally:
             if made:
-                try:
+                with suppress(OSError):
                     self.root.rmdir()  # only when the run left nothing in it
-                except OSError:
-                    pass
 
     # -- the record ------------------------------------------------------------------------
     def load_state(self) -> State:
@@ -346,8 +345,8 @@ class WorkDir:
                 continue  # already moved in by the interrupted run
             ws = self.workspace(name)
             if (ws.exists() or ws.is_symlink()) and not (trash / name).exists():
-                worktrees.move(ws, trash / name)
-            worktrees.move(new, ws)
+                worktrees.move(ws, trash / name, worktrees.log_of(self.root))
+            worktrees.move(new, ws, worktrees.log_of(self.root))
             progress.checkpoint("swapping")
         self.save_state(state)
         self.journal_file.unlink(missing_ok=True)
@@ -371,7 +370,7 @@ class WorkDir:
             if old.exists() or old.is_symlink():
                 if ws.exists() or ws.is_symlink():
                     keeping.set_aside(self.root, ws, name, why="new")  # moved in already; the user may have worked in it
-                worktrees.move(old, ws)
+                worktrees.move(old, ws, worktrees.log_of(self.root))
             elif self._holds(name, state):
                 before = self.load_state().record(name)
                 if before is None or before.head != state.upstreams[name].head:

@@ -9,27 +9,68 @@ worktree's index and HEAD, and with it the only ref to a commit made on a detach
 ``move`` renames, then has git reconnect every linked worktree of each repository the moved
 tree holds a worktree of (its own, one inside it, another repository's linked worktree placed in
 it), at the place each is now, in both directions (``git worktree repair <path>...``).
+
+Before the rename it writes what it will repair to a log (the work directory's
+``.carry/moving.json``); a run killed between the rename and the repair leaves the log, and the next
+command that takes the work directory's lock repairs from it (``resume``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
 
+from .. import progress
+from ..files import write_json
 from ..git import Git
 from ..shell import code
 
 
-def move(src: Path, dest: Path) -> None:
+def log_of(workdir: Path) -> Path:
+    """Where the moves within work directory ``workdir`` write what they will repair."""
+    return workdir / ".carry" / "moving.json"
+
+
+def move(src: Path, dest: Path, log: Path) -> None:
     """``os.rename(src, dest)``; then every linked worktree of every repository with a worktree
     under ``src`` (``src`` itself, a repository inside it, a linked worktree of any repository
     inside it) is reconnected where it is now, each by its own repository (a symlink moves as a
-    link: what it points at stays where it is, and so do the links)."""
+    link: what it points at stays where it is, and so do the links). ``log``: where the repair is
+    written down until it is done (see ``resume``)."""
     found = {} if src.is_symlink() else repositories_in(src)
     here = os.path.realpath(src)
+    there = os.path.join(os.path.realpath(dest.parent), dest.name)
+    if found:
+        write_json(log, {"from": here, "to": there, "repositories": found})
     os.rename(src, dest)
-    there = os.path.realpath(dest)
+    progress.checkpoint("moved")
+    _reconnect(found, here, there, dest)
+    log.unlink(missing_ok=True)
+
+
+def resume(log: Path) -> None:
+    """The repair of a move killed after its rename, from its ``log``; nothing where the rename
+    never happened. The log goes either way (an unreadable one, said so: it repairs nothing)."""
+    try:
+        doc = json.loads(log.read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as exc:
+        print(f"[carry] {log} is unreadable ({exc}); {code('git', 'worktree', 'repair')} in a moved linked worktree "
+              "reconnects it by hand", file=sys.stderr, flush=True)
+        log.unlink(missing_ok=True)
+        return
+    here, there = doc.get("from"), doc.get("to")
+    found = doc.get("repositories")
+    if isinstance(here, str) and isinstance(there, str) and isinstance(found, dict) \
+            and os.path.lexists(there) and not os.path.lexists(here):
+        _reconnect({str(c): [str(t) for t in ts] for c, ts in found.items()}, here, there, Path(there))
+    log.unlink(missing_ok=True)
+
+
+def _reconnect(found: dict[str, list[str]], here: str, there: str, dest: Path) -> None:
     for common, trees in found.items():
         common = _after(common, here, there)
         now = [p for p in (_after(t, here, there) for t in trees) if os.path.lexists(os.path.join(p, ".git"))]

@@ -192,12 +192,16 @@ def test_a_repository_of_the_users_set_aside_with_the_workspaces_comes_back_by_i
 
 
 def test_a_folder_named_with_a_newline_is_listed_and_restored_too(demo):
-    """The one name a kept line cannot show on one line: the copy is still kept.py's to list and restore."""
+    """A name holding a newline: its kept line stays one line (the name shown as $'...'), and the restore it
+    prints works pasted; the copy is kept.py's to list too."""
     apply_demo(demo, check=0)
     name = "new\nline"
     git(demo["work"], "init", "-q", name)
-    tool("kept", "--workdir", demo["work"], "--set-aside", check=0)
+    res = tool("kept", "--workdir", demo["work"], "--set-aside", check=0)
+    [line] = [x for x in _kept_lines(res.stderr) if "$'new\\nline" in x]
+    assert line.startswith("[carry] $'new\\nline': the current workspace is kept whole in "), line
     [copy] = [p.name for p in (demo["work"] / ".carry" / "kept").iterdir() if p.name.startswith(name)]
     assert "2 kept workspace(s)" in tool("kept", "--workdir", demo["work"], check=0).stdout
-    tool("kept", "--workdir", demo["work"], "--restore", copy, check=0)
+    pasted = subprocess.run(["bash", "-c", line.split("`")[1]], capture_output=True, text=True)  # $'...' is bash's
+    assert pasted.returncode == 0, pasted.stderr
     assert (demo["work"] / name / ".git").is_dir()

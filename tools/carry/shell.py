@@ -67,6 +67,13 @@ def quote(arg: object) -> str:
     return shlex.quote(text)
 
 
+def shown(text: object) -> str:
+    """``text`` as a message shows it: as it is where every character prints, else as one shell word
+    ($'...'), so that a name holding a newline keeps its message on one line."""
+    text = os.fspath(text) if isinstance(text, os.PathLike) else str(text)
+    return text if text.isprintable() else _ansi_c(text)
+
+
 def line(*argv: object) -> str:
     """A command, each argument one word."""
     return " ".join(quote(a) for a in argv)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import DirtyTreeError, UsageError
 from ..files import fsync_dir
-from ..shell import code, tool
+from ..shell import code, shown, tool
 from . import worktrees
 
 KEPT_DIR = "kept"
@@ -62,7 +62,7 @@ def set_aside(root: Path, tree: Path, name: str, why: str = "replaced") -> Path:
         dest = home / f"{name}-{stamp}-{n}"
     worktrees.move(tree, dest, worktrees.log_of(root))
     fsync_dir(home)
-    print(f"[carry] {name}: the {why} workspace is kept whole in {dest}: "
+    print(f"[carry] {shown(name)}: the {why} workspace is kept whole in {shown(dest)}: "
           f"{code(*tool('kept'), '--workdir', root, '--restore', dest.name)} puts it back, "
           f"{code(*tool('kept'), '--workdir', root, '--delete', dest.name)} deletes it",
           file=sys.stderr, flush=True)

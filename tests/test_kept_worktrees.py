@@ -85,6 +85,17 @@ def test_a_run_killed_between_the_rename_and_the_repair_leaves_the_repair_to_the
     _still_works(old / "inner", old, commit)
 
 
+def test_an_unreadable_move_log_is_said_and_dropped(demo):
+    """A .carry/moving.json cut short (a full disk, say) repairs nothing: the command says so, with the git
+    command that reconnects by hand, drops it and goes on (it never stops every later command)."""
+    apply_demo(demo, check=0)
+    log = demo["work"] / ".carry" / "moving.json"
+    log.write_text('{"from": "/x", "to"')
+    res = tool("kept", "--workdir", demo["work"], check=0)
+    assert f"{log} is unreadable" in res.stderr and "`git worktree repair`" in res.stderr, res.stderr
+    assert not log.exists()
+
+
 def test_a_worktree_beside_the_workspace_is_set_aside_and_restored(demo):
     apply_demo(demo, check=0)
     ws, beside = demo["work"] / ML, demo["work"] / "mlm-feature"

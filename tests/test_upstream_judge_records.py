@@ -183,6 +183,7 @@ CUT_JUDGED = demo.EVIDENCE / "h100" / "2026-12-06-cut-judged"
 AFTER_THE_CUT = demo.EVIDENCE / "h100" / "2026-12-06-after-the-cut"
 SECOND_RUNS = demo.EVIDENCE / "h100" / "2026-12-06-second-runs"
 FIRST_OF_KIND = demo.EVIDENCE / "h100" / "2026-12-06-first-of-kind"
+BUILDER_BISECTED = demo.EVIDENCE / "h100" / "2026-12-07-builder-bisected"
 
 
 def _replayed_rows(shard):
@@ -257,7 +258,7 @@ def test_the_run_after_the_cut_has_no_regression_and_the_dataset_tests_fixed(tmp
     data = [r for r in fixed if r["id"].startswith("tests/unit_tests/data/")]
     assert (len(fixed), len(data)) == (29, 28) and all(r["pristine_reason"].startswith("SystemExit: 1") for r in data)
     pin = demo._result_json(AFTER_THE_CUT / "run" / "megatron-lm" / "megatron-lm")["tests"]
-    results = demo._committed_results("megatron-lm", without=(SECOND_RUNS.name, FIRST_OF_KIND.name))
+    results = demo._committed_results("megatron-lm", without=(SECOND_RUNS.name, FIRST_OF_KIND.name, BUILDER_BISECTED.name))
     # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
     # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind); no run up to this one keeps a launch's
     # command, so none tells the markers it ran under: what they found deselected counts for nothing
@@ -294,7 +295,7 @@ def test_the_second_runs_find_the_cut_runs_crash_flaky_and_confirm_the_dataset_t
                                    for r in data), data
     bisected = {e["id"]: e for e in second["bisect"]}
     assert all(bisected[r["id"]]["note"].startswith("not bisected: ") for r in data)   # confirmed, then cut
-    results = demo._committed_results("megatron-lm", without=(FIRST_OF_KIND.name,))
+    results = demo._committed_results("megatron-lm", without=(FIRST_OF_KIND.name, BUILDER_BISECTED.name))
     # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
     # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind)
     assert demo._standing(first["tests"], results) == {
@@ -332,10 +333,62 @@ def test_the_first_of_kind_run_sets_apart_a_broken_cuda_context_and_bisects_each
     assert notes == {"test_builder": notes["test_builder"], "test_fast_builder": notes["test_fast_builder"]}
     assert "the first 7 patch(es)" in notes["test_builder"] and "the first 5 patch(es)" in notes["test_fast_builder"]
     pin = again["tests"]
-    assert demo._standing(pin, demo._committed_results("megatron-lm")) == {
+    assert demo._standing(pin, demo._committed_results("megatron-lm", without=(BUILDER_BISECTED.name,))) == {
         "files": 208, "compared_whole": 152, "deselected_whole": 7, "left": 49, "left_with_tests_not_compared": 42, "tests_not_compared": 1417,
         "left_with_no_test_known": 7, "tests_compared_in_those_left": 1181}
     demo._a_written_failure_is_red(FIRST_OF_KIND, tmp_path, shards, 5, "megatron-lm")
+
+
+BUILDER_FIRST = "tests/unit_tests/data/test_builder.py::test_fast_builder[0-131072-True-False-True-True-False]"
+
+
+def _probed(bisect: Path, test: str) -> dict[int, str]:
+    """Each probe of a bisection folder (kNNN-fixed: the first NNN patches) that holds records of TEST: its
+    outcome there, merged again from the ranks' own records."""
+    out = {}
+    for probe in sorted(bisect.glob("k[0-9][0-9][0-9]-fixed")):
+        for launch, world in launch_folders(probe):
+            records = read_launch(launch, world).tests.get(test)
+            if records:
+                out[int(probe.name[1:4])] = demo.merge(records, world).outcome
+    return out
+
+
+def test_the_builder_run_bisects_the_dataset_kind_to_its_patch_and_records_it(tmp_path):
+    """integration/h100/2026-12-07-builder-bisected, judged again from the ranks' records: two shards incomplete with
+    no regression among 64 and 71 compared, the tests earlier runs compared passed over (769 and 412), the README's
+    tables these counts. Shard 1's bisection of the first dataset test of its kind: its probes' own records fail it
+    with the first 0, 5, 7 and 8 patches and pass it with the first 9, so it names mlm-dataset-helpers-wheel, the
+    patch series.toml records it beside; the 24 others of its kind are not bisected, and not recorded. The
+    --bisect-again run beside them named no patch. With every committed run, 1,346 tests left (1,417 before). Write
+    a failure into a passed test's patched record in shard 2: a regression."""
+    from carry.series.repo import load_series
+    shards = [(64, 769), (71, 412)]
+    run = demo._unzipped(BUILDER_BISECTED, tmp_path / "good")
+    demo._shards_judged_again(run, BUILDER_BISECTED / "README.md", shards, least=5)
+    first = demo._result_json(run / "run" / "megatron-lm" / "megatron-lm")
+    named = {e["id"]: e for e in first["bisect"] if e.get("first_patch")}
+    assert list(named) == [BUILDER_FIRST], list(named)
+    entry = named[BUILDER_FIRST]
+    assert (entry["first_patch"], entry["first_index"], entry["changed"]) == ("mlm-dataset-helpers-wheel", 9, True)
+    probed = _probed(run / "run" / "megatron-lm" / "megatron-lm" / "bisect", BUILDER_FIRST)
+    assert {k: probed[k] for k in (0, 5, 7, 8, 9)} == {0: "failed", 5: "failed", 7: "failed", 8: "failed", 9: "passed"}, probed
+    assert [(p["k"], p["status"]) for p in entry["probes"]] == [(k, probed[k]) for k in (0, 5, 7, 8, 9)]
+    kind = [r for r in first["rows"] if r["category"] == "fixed"]
+    assert len(kind) == 25 and all(r["pristine_reason"] == "SystemExit: 1" and r["patched"] == "passed" for r in kind)
+    others = [e for e in first["bisect"] if e["id"] != BUILDER_FIRST]
+    assert len(others) == 24 and all(e["note"].startswith("not bisected: ") and "turns at patch 9 of 10, "
+                                     "mlm-dataset-helpers-wheel" in e["note"] for e in others), others[:1]
+    patch = next(p for p in load_series("gtp").patches if p.id == "mlm-dataset-helpers-wheel")
+    assert list(patch.upstream_tests) == [f"megatron-lm:{BUILDER_FIRST}"], patch.upstream_tests
+    again = demo._result_json(run / "run" / "megatron-lm-bisect" / "megatron-lm")
+    assert again["bisected_again"] == 9 and not [e for e in again["bisect"] if e.get("first_patch")]
+    assert again["counts"]["*"] == demo._readme_tables((BUILDER_BISECTED / "README.md").read_text())[2]
+    pin = first["tests"]
+    assert demo._standing(pin, demo._committed_results("megatron-lm")) == {
+        "files": 208, "compared_whole": 152, "deselected_whole": 7, "left": 49, "left_with_tests_not_compared": 42, "tests_not_compared": 1346,
+        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1252}
+    demo._a_written_failure_is_red(BUILDER_BISECTED, tmp_path, shards, 5, "megatron-lm-2")
 
 
 @pytest.mark.slow

@@ -2247,6 +2247,12 @@ def test_the_three_shards_run_has_no_regression_and_its_pristine_side_that_never
     nrl, rows, total = _judged_again(run, "nemo-rl", 380, "run/nemo-rl")
     assert nrl["status"] == "passed" and nrl["not_compared"] == 0 and total == nrl["counts"]["*"] == tables[0], total
     assert total["fixed"] == 103 and nrl["series_digest"] == "55a9fda873e9" and nrl["compared_before"] == []
+    # each bisected to nrl-mcore-fsdp-names (confirmed on the patched trees) and recorded beside it (--record-fixed)
+    from carry.series.repo import load_series
+    named = {e["id"] for e in nrl["bisect"] if e.get("first_patch") == "nrl-mcore-fsdp-names" and e["changed"]}
+    assert named == {r.id for r in rows if r.category == "fixed"} and len(named) == 103
+    patch = next(p for p in load_series("gtp").patches if p.id == "nrl-mcore-fsdp-names")
+    assert sorted(patch.upstream_tests) == sorted(f"nemo-rl:{i}" for i in named)
     bridge, rows, total = _judged_again(run, "megatron-bridge", 5, "run/megatron-bridge")
     assert bridge["status"] == "passed" and total == tables[1] == {"passed": 5}, total
     assert [s["path"] for s in bridge["selection"]] == [HF_SERIALIZATION] and len(bridge["compared_before"]) == 63

@@ -2987,3 +2987,24 @@ def test_the_committed_tests_pins_hold_every_module_their_files_import(upstream,
     pin = load_series("gtp").upstream(upstream).tests
     checked = suite.checkout(pin, tmp_path / "cache", Path(clone))   # raises where a hash or an import is off
     assert checked.repo is not None and not (tmp_path / "cache").exists(), "read from the clone, nothing fetched"
+
+
+def test_every_fixed_test_a_committed_run_bisected_to_a_patch_is_recorded_beside_it():
+    """The committed GPU runs of this series name, for each upstream test the series turns green, the patch that
+    does it (their bisection); series.toml records each beside that patch (--record-fixed), the evidence retire
+    --upstream-tests runs on a new base. A run committed without recording what it found fails here."""
+    from carry.commands.upstream_tests import _result
+    from carry.evidence.upstream.record import fixed_by
+    from carry.series.repo import load_series
+    series = load_series("gtp")
+    digest = series.digest(series.patches)[:12]
+    ours = []
+    for up in ("megatron-lm", "megatron-bridge", "nemo-rl"):
+        found = subprocess.run(["bash", "-c", f". integration/shared-gpu-lib.sh && committed_results {up}"],
+                               cwd=ROOT_DIR, capture_output=True, text=True, check=True).stdout.split()
+        ours += [(ROOT_DIR / f, doc) for f in found if (doc := _result(ROOT_DIR / f)).get("series_digest") == digest]
+    assert len(ours) > 20, len(ours)   # the runs of this series are there, not an empty walk
+    named, _ = fixed_by(series, ours)
+    recorded = {p.id: sorted(p.upstream_tests) for p in series.patches if p.upstream_tests}
+    assert named == recorded, {pid: sorted(set(t) ^ set(recorded.get(pid, []))) for pid, t in named.items()}
+    assert sum(map(len, named.values())) == 104

@@ -62,7 +62,9 @@
 #                   probes share after the sides (default 240: the regressions first; what it does not reach stays unbisected);
 #                   UT_MLM_BISECT_AGAIN=RESULT: a committed Megatron-LM result.json whose
 #                   bisection its budget cut, bisected again beside the shards (--bisect-again: no side runs; out folder
-#                   megatron-lm-bisect; h100/2026-12-06-first-of-kind's dataset kinds need about 5 probes of 45 s each; it
+#                   megatron-lm-bisect; h100/2026-12-06-first-of-kind's dataset kinds need about 5 probes of 45 s each, and
+#                   300 s beside two shards reached 4 of them, 55 to 71 s each, h100/2026-12-07-builder-bisected; the
+#                   RESULT to take up next is that run's run/megatron-lm-bisect/megatron-lm/result.json.gz; it
 #                   replaces UT_MLM_AGAIN, which that run used to run data/test_builder.py again whole);
 #                   UT_MLM_LOOK_AGAIN='TEXT;TEXT'
 #                   runs again the committed runs' Megatron-LM known failures whose first error line holds a TEXT (--look-again:

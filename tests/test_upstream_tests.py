@@ -3008,3 +3008,41 @@ def test_every_fixed_test_a_committed_run_bisected_to_a_patch_is_recorded_beside
     recorded = {p.id: sorted(p.upstream_tests) for p in series.patches if p.upstream_tests}
     assert named == recorded, {pid: sorted(set(t) ^ set(recorded.get(pid, []))) for pid, t in named.items()}
     assert sum(map(len, named.values())) == 104
+
+
+def test_a_begun_file_whose_tests_ended_earlier_launches_goes_after_the_others(up, tmp_path):
+    """Of the files an earlier run began and left (new ground still first), those whose tests ended the most
+    earlier launches go last: a launch the launcher stopped in one of their tests (a rank left behind in it), a
+    test a rank died in (crashed) or ran past its timeout in. Each costs a launch's start-up, and such a file
+    took the budget of every run that met it before the files after it (data/test_builder.py before
+    data/test_get_batch.py, h100/2026-12-07-builder-bisected)."""
+    files = DESELECTION_FILES
+    _, out = _run(up, "--no-bisect", *[a for f in files for a in ("--files", f)], check=0)
+    base = read_json(out / "megatron-lm" / "result.json")
+    a, b = "tests/unit_tests/test_alpha.py", "tests/unit_tests/sub/test_beta.py"
+
+    def row(f: str, name: str, compared: bool) -> dict:
+        o = "passed" if compared else "not-run"
+        return {"id": f"{f}::{name}", "pristine": o, "patched": o, "category": "passed" if compared else "not-compared",
+                "pristine_reason": "", "patched_reason": "", "note": ""}
+
+    doc = {**base, "rows": [row(f, n, c) for f in (a, b) for n, c in (("test_one", True), ("test_two", False))],
+           "tests_compared_before": [], "sides": {s: {**base["sides"][s], "outcomes": {}, "launches": []}
+                                                 for s in ("pristine", "patched")}}
+
+    def order(d: dict) -> list[str]:
+        report, _ = _compared_again(up, d, tmp_path / "result.json")
+        return [s["path"] for s in report["selection"]]
+
+    before = order(doc)
+    first, second = sorted((a, b), key=before.index)
+    assert before.index(second) == before.index(first) + 1 and before[-2:] == [first, second], before  # begun: last
+    stopped = json.loads(json.dumps(doc))
+    stopped["sides"]["pristine"]["launches"] = [{"launch": "launch-01-n4", "world": 4, "stopped": {
+        "grace": 30.0, "peer": "0", "rank": "1", "seconds": 31.0, "test": f"{first}::test_two"}}]
+    assert order(stopped) == [*before[:-2], second, first]
+    crashed = json.loads(json.dumps(doc))
+    crashed["sides"]["patched"]["outcomes"] = {f"{first}::test_two": {
+        "outcome": "crashed", "reason": "the launch died in it", "phase": "call", "seconds": 0.0, "ranks": {"1": "died"},
+        "world": 4}}
+    assert order(crashed) == [*before[:-2], second, first]

@@ -92,9 +92,11 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     # New ground first: a file an earlier run began and did not finish (some of its tests compared, others cut
     # by the budget, flaky, regressed) goes after every file no run has reached, so that it cannot take a
     # night's budget again before them (resharding/test_model_swap.py took two runs' whole budgets,
-    # 2026-12-04 and 2026-12-05).
+    # 2026-12-04 and 2026-12-05). Among each, the files whose tests ended the fewest earlier launches first:
+    # each such test costs a launch (data/test_builder.py's pristine failures, one a launch, kept
+    # data/test_get_batch.py's 339 tests from every run after it, h100/2026-12-07-builder-bisected).
     picked = remaining = sorted((p for p in picked if p.path not in earlier.whole),
-                                key=lambda p: p.path in earlier.begun)
+                                key=lambda p: (p.path in earlier.begun, earlier.ends.get(p.path, 0)))
     if opts.shard:   # after --compared: the K parts of what is left share it out evenly, whatever ran before
         i, k = opts.shard
         picked = picked[i - 1::k]

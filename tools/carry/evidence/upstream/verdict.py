@@ -172,12 +172,15 @@ class Compared:
     - ``deselected``: the files of ``whole`` where none knows a test and one found each test upstream's own marker
       expression deselected (on a side: its CI runs none of them; a file the series changed markers in has rows),
       one that ran under today's MARKERS (its "markers", earlier.read_back): under another expression, or one
-      not known, what it deselected says nothing of what today's deselects."""
+      not known, what it deselected says nothing of what today's deselects;
+    - ``ends``: per test file, how many launches of theirs ended in a test of it (a rank died or ran past the
+      per-test timeout there, or the launcher stopped a rank left behind in it): each costs a launch's start-up."""
     known: dict[str, frozenset[str]]
     by: frozenset[str]
     whole: frozenset[str]
     begun: frozenset[str]
     deselected: frozenset[str]
+    ends: dict[str, int]
 
     @classmethod
     def of(cls, results: list[dict], markers: str) -> Compared:
@@ -194,7 +197,7 @@ class Compared:
                       for side in r.get("sides", {}).values() for nodeid in side.get("deselected", {})} - known.keys()
         return cls({f: frozenset(ids) for f, ids in known.items()}, frozenset(by),
                    frozenset({f for f, ids in known.items() if ids <= by} | empty | deselected), frozenset(begun),
-                   frozenset(deselected))
+                   frozenset(deselected), _launch_ends(results))
 
     def standing(self, selected: set[str]) -> dict[str, int]:
         """Where these runs stand against the SELECTED test files: how many they compared whole and how many are
@@ -259,3 +262,18 @@ def files_without_rows(files: list[str], rows: list[Row], sides) -> list[str]:
     seen = {r.file for r in rows}
     seen |= {file_of(nodeid) for side in sides for nodeid in side.deselected}
     return [f for f in files if f not in seen]
+
+
+def _launch_ends(results: list[dict]) -> dict[str, int]:
+    """Per test file, the launches of RESULTS' sides that ended in a test of it: a test a rank died in or ran past
+    its timeout in (``crashed``, ``timeout``), and the test a rank was left behind in when the launcher stopped it."""
+    ends: dict[str, int] = {}
+    for r in results:
+        for side in r.get("sides", {}).values():
+            tests = [nodeid for nodeid, o in side.get("outcomes", {}).items()
+                     if isinstance(o, dict) and o.get("outcome") in ("crashed", "timeout")]
+            tests += [x["stopped"]["test"] for x in side.get("launches", [])
+                      if isinstance(x.get("stopped"), dict) and isinstance(x["stopped"].get("test"), str)]
+            for nodeid in tests:
+                ends[file_of(nodeid)] = ends.get(file_of(nodeid), 0) + 1
+    return ends

@@ -55,6 +55,8 @@ def resume(log: Path) -> None:
     never happened. The log goes either way (an unreadable one, said so: it repairs nothing)."""
     try:
         doc = json.loads(log.read_text())
+        if not isinstance(doc, dict):
+            raise ValueError(f"a JSON {type(doc).__name__}, not an object")
     except FileNotFoundError:
         return
     except (OSError, ValueError) as exc:
@@ -65,6 +67,7 @@ def resume(log: Path) -> None:
     here, there = doc.get("from"), doc.get("to")
     found = doc.get("repositories")
     if isinstance(here, str) and isinstance(there, str) and isinstance(found, dict) \
+            and all(isinstance(ts, list) for ts in found.values()) \
             and os.path.lexists(there) and not os.path.lexists(here):
         _reconnect({str(c): [str(t) for t in ts] for c, ts in found.items()}, here, there, Path(there))
     log.unlink(missing_ok=True)

@@ -644,13 +644,7 @@ def test_export_hints_apply_with_the_cache_and_source_apply_was_given(d, tmp_pat
     toml.write_text(re.sub(r'url = "[^"]*"', 'url = "file:///nonexistent/offline.git"', toml.read_text(), count=1))
     cache = tmp_path / "my cache"
     apply(d, "--source", f"megatron-lm={d['up']}", "--cache", cache, check=0)
-    patch = d["series"] / "megatron-lm/0004-conflict.patch"
-    before = patch.read_bytes()
-    _amend_delta(d, "an edit to throw away")
-    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
-    patch.write_bytes(before)  # the export discarded
-    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=1)
-    _, drop = hints(failed)
+    failed, drop = _export_discarded(d)
     assert words(drop)[-4:] == ["--cache", str(cache), "--source", f"megatron-lm={d['up']}"], drop
     assert "options you applied with" not in failed.stderr
     sh(d, drop)
@@ -670,18 +664,24 @@ def test_the_hint_names_the_inputs_of_the_last_apply_even_where_it_rebuilt_nothi
     shutil.move(d["up"], moved)
     again = apply(d, "--source", f"megatron-lm={moved}", "--cache", cache, check=0)
     assert "already-applied" in again.stdout, again.stdout
-    patch = d["series"] / "megatron-lm/0004-conflict.patch"
-    before = patch.read_bytes()
-    _amend_delta(d, "an edit to throw away")
-    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
-    patch.write_bytes(before)  # the export discarded
-    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=1)
-    _, drop = hints(failed)
+    failed, drop = _export_discarded(d)
     assert words(drop)[-2:] == ["--source", f"megatron-lm={moved}"], drop
     shutil.rmtree(cache)  # the rebuild reads the moved clone, not what the cache kept of the old one
     sh(d, drop)
     run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=0)
     assert "throw away" not in (d["ws"] / "megatron/core/delta.py").read_text()
+
+
+def _export_discarded(d) -> tuple[subprocess.CompletedProcess, str]:
+    """An amend in the workspace exported, then the written patch file discarded (`git checkout` would): the
+    failed `export --check` and the hint of it that drops the workspace's change (an apply)."""
+    patch = d["series"] / "megatron-lm/0004-conflict.patch"
+    before = patch.read_bytes()
+    _amend_delta(d, "an edit to throw away")
+    run(d, "export", "--series", d["series"], "--workdir", d["work"], check=0)
+    patch.write_bytes(before)
+    failed = run(d, "export", "--series", d["series"], "--workdir", d["work"], "--check", check=1)
+    return failed, hints(failed)[1]
 
 
 def test_a_record_from_before_the_inputs_were_kept_says_to_add_them(d):

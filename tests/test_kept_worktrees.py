@@ -42,7 +42,9 @@ def _still_works(wt, repo, commit: str) -> None:
     assert "prunable" not in listed, listed
 
 
-def test_a_worktree_inside_the_workspace_moves_with_it_and_back(demo):
+def _worktree_inside_then_a_series_change(demo) -> tuple:
+    """The demo applied, a linked worktree inside its workspace with work in it (_work_in), then a series change
+    the next apply rebuilds for: the workspace and the worktree's commit."""
     apply_demo(demo, check=0)
     ws = demo["work"] / ML
     with (ws / ".git/info/exclude").open("a") as f:
@@ -50,6 +52,11 @@ def test_a_worktree_inside_the_workspace_moves_with_it_and_back(demo):
     git(ws, "worktree", "add", "-q", "-b", "feat", str(ws / "inner"))
     commit = _work_in(ws / "inner")
     demo["write_series"](demo["v0"], ids=("clean", "threeway"))
+    return ws, commit
+
+
+def test_a_worktree_inside_the_workspace_moves_with_it_and_back(demo):
+    ws, commit = _worktree_inside_then_a_series_change(demo)
     res = apply_demo(demo, check=0)
     [line] = _kept_lines(res.stderr)
     [old] = (demo["work"] / ".carry" / "kept").iterdir()
@@ -64,13 +71,7 @@ def test_a_run_killed_between_the_rename_and_the_repair_leaves_the_repair_to_the
     """apply killed just after it renamed the old workspace (its worktree inside) out of the way, before git
     reconnected that worktree: the next command under the work directory's lock (here the listing of kept
     copies) repairs it from the log the move wrote first, and the finished swap keeps it working."""
-    apply_demo(demo, check=0)
-    ws = demo["work"] / ML
-    with (ws / ".git/info/exclude").open("a") as f:
-        f.write("/inner/\n")
-    git(ws, "worktree", "add", "-q", "-b", "feat", str(ws / "inner"))
-    commit = _work_in(ws / "inner")
-    demo["write_series"](demo["v0"], ids=("clean", "threeway"))
+    ws, commit = _worktree_inside_then_a_series_change(demo)
     kill_at("moved", "--series", demo["series"], "--workdir", demo["work"], "--cache", demo["cache"],
             "--source", f"megatron-lm={demo['up']}")
     [moved] = (demo["work"] / ".carry").glob(f"trash-*/{ML}")

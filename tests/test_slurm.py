@@ -193,6 +193,14 @@ def runs(night: Path) -> dict[str, dict]:
     return {r["test"]: r for r in read_json(night / "nightly.json")["runs"]}
 
 
+def _said_cancelled(tail: list[str], step: str, node: str) -> bool:
+    """The log of a step stopped past its timeout says it was cancelled: srun's "Job step aborted", or
+    slurmstepd's own line, which comes most times, not always (it travels the step's output, which srun may
+    have closed by then: a busy machine's CI lost it, in both nights of this file)."""
+    said = "\n".join(tail)
+    return f"*** STEP {step} ON {node} CANCELLED" in said or "srun: Job step aborted" in said
+
+
 @pytest.fixture
 def series(demo):
     add_proofs(demo["series"], {"good": GOOD}, {"clean": "good"}, SERIES / "proofs" / "pytest.ini")
@@ -234,7 +242,7 @@ def test_a_night_of_job_steps_whose_exit_status_is_the_jobs(slurm, series, tmp_p
     listed = (night / "cells" / r["steps-left"]["cell"] / "artifacts" / "console.log").read_text().splitlines()
     assert f"{steps['steps-left']} demo--host--steps-left" in listed, listed  # squeue -s answered
     assert r["steps-left"]["status"] == "passed" and not [s for s in listed if s.startswith(steps["hang"] + " ")], listed
-    assert f"*** STEP {steps['hang']} ON {slurm.node} CANCELLED" in "\n".join(hung["tail"]), hung["tail"]
+    assert _said_cancelled(hung["tail"], steps["hang"], slurm.node), hung["tail"]
     assert hung["tail"][-1] == "[carry] killed after 5s", hung["tail"]
     assert {h["cell"] for h in history(root)} == {x["cell"] for x in r.values()}
     assert took < 300, took
@@ -392,11 +400,7 @@ def test_proofs_and_upstream_tests_are_job_steps_judged_as_on_this_machine(slurm
     assert r["proofs[upstreamed]"]["bisect"]["first_patch"] == "clean", r["proofs[upstreamed]"]["bisect"]
     hung = r["hung[conflict]"]
     assert hung["timed_out"] is True and hung["reason"].startswith("did not finish: timed out after 6s (in "), hung
-    # The step was ended by srun, which says so; slurmstepd's own line comes most times, not always
-    # (it travels the step's output, which srun may have closed by then: a busy machine's CI lost it).
-    said = "\n".join(hung["tail"])
-    assert (f"*** STEP {hung['slurm_step']} ON {slurm.node} CANCELLED" in said
-            or "srun: Job step aborted" in said), hung["tail"]
+    assert _said_cancelled(hung["tail"], hung["slurm_step"], slurm.node), hung["tail"]
     assert hung["tail"][-1] == "[carry] killed after 6s", hung["tail"]
 
     here = judged(local)

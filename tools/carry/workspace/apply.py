@@ -157,8 +157,9 @@ def _apply_staged(txn: _Transaction, name: str, mine: list[PatchMeta]) -> Upstre
                         base_commit=base.commit, head=recorded.head if ours and recorded else None)
     if ours and recorded and recorded.digest == digest:
         ur.patches = [PatchResult(p.id, p.file, "already-applied", "workspace is up to date") for p in mine]
-        if recorded.inputs != _inputs(opts, name):  # the inputs moved: a hint's apply must name them as now
-            txn.new_records[name] = replace(recorded, inputs=_inputs(opts, name))
+        now = _inputs(opts, name)
+        if recorded.inputs != now:  # the inputs moved: a hint's apply must name them as now
+            txn.new_records[name] = replace(recorded, inputs=now)
         return ur
     wd.check_swappable([name])
     if txn.staging is None:

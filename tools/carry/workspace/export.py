@@ -89,7 +89,7 @@ def export(series: Series, workdir: Path, check: bool, lock_timeout: float = LOC
                          f"leaves the series with tools/retire.py), {userwork.set_aside_hint(wd.root, name, series)}")
             commits = g.rev_list(f"{rec.base_commit}..HEAD")
             # the record's digest vouches for the files it was made from, never for a new entry's
-            vouched = set(rec.selected) if _as_recorded(series, name, rec) else set()
+            vouched = set(rec.selected) if _as_recorded(series, name, rec, known) else set()
             new = _new_entries(series, name, rec, len(commits) - len(rec.patches))
             if new:
                 added = True
@@ -195,10 +195,10 @@ def _stage_checked(series: Series, pending: list[tuple[PatchMeta, Path, bytes]],
     return staged
 
 
-def _as_recorded(series: Series, name: str, rec: UpstreamRecord) -> bool:
+def _as_recorded(series: Series, name: str, rec: UpstreamRecord, known: set[str]) -> bool:
     """Every patch file of the upstream is as apply or export last left it: the record's digest
-    (of them all) says so. It vouches for a record from before each file's hash was kept."""
-    known = {p.id for p in series.patches}
+    (of them all) says so. It vouches for a record from before each file's hash was kept. ``known``:
+    the series' patch ids."""
     if not all(pid in known for pid in rec.selected):
         return False
     return series.upstream_digest(name, [series.patch(pid) for pid in rec.selected],

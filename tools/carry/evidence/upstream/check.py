@@ -220,7 +220,7 @@ def _compared_before(upstream: str, pin: TestsPin, digest: str, results: list[di
         progress.say(f"{upstream}: {len(others)} --compared result(s) ran under other markers than today's "
                      f"(-m {pin.markers!r}): {', '.join(told)}; what upstream's markers deselected in those counts for "
                      "nothing: only a run under today's leaves a file out for it")
-    return Compared.of(fit, pin.markers), fit
+    return Compared.of(fit, pin.markers, pin.nproc), fit
 
 
 def _both(patched: list[Picked], pristine: list[Picked]) -> list[Picked]:

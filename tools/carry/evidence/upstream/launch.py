@@ -120,7 +120,7 @@ def _at_their_size(side: Side, res: SideResult) -> None:
     """The tests whose outcome refuses the world size they ran at, launched again at the size they ask for."""
     again: dict[int, list[str]] = {}
     for nodeid, o in res.outcomes.items():
-        n = unmet_world(o)
+        n = unmet_world(o, side.pin.nproc)
         if n and side.pin.launch == "torchrun":
             again.setdefault(n, []).append(nodeid)
     for n, ids in sorted(again.items()):

@@ -37,6 +37,12 @@ _INDIVISIBLE = re.compile(r"world_size \((\d+)\) is not divisible by (?:[a-z_ ]+
 # Or its HyperCommGrid refusing a grid larger than the ranks there are past its offset: "Grid shape [2, 2, 2, 1] is
 # over sized with world size 4 and rank offset 0" (megatron/core/hyper_comm_grid.py): it needs offset + 2*2*2*1.
 _GRID = re.compile(r"Grid shape \[(\d+(?:,\s*\d+)*)\] is over sized with world size (\d+) and rank offset (\d+)")
+# Or a skip (or the test's own assertion) that names the devices it needs, "Requires 8 GPUs, got 4", "Requires exactly
+# 2 GPUs (DP=2)" (Megatron-LM's tests; device_count() answers a shared-GPU launch's ranks), or sets what its sizes need
+# against those it saw: "... > torch.cuda.device_count() (8 > 4)" (data/test_get_batch.py), "TP (2) * PP (4) > 4"
+_NEEDS = re.compile(r"\brequire[sd]?\s+(?:at least\s+|exactly\s+|specifically\s+)?(\d+)\s+(?:GPUs?|CUDA devices?|devices|ranks)\b", re.I)
+_COUNT_OVER = re.compile(r"device_count\(\)\s*\((\d+)\s*>\s*(\d+)\)")
+_SIZES_OVER = re.compile(r"((?:[A-Za-z_]+\s*\(\d+\)\s*\*\s*)+[A-Za-z_]+\s*\(\d+\))\s*>\s*(\d+)\b")
 
 
 @dataclass
@@ -279,12 +285,14 @@ def merge(records: dict[str, dict], world: int) -> Outcome:
 
 
 def wants_world(outcome: Outcome) -> int | None:
-    """The world size a test asks to be launched with, if it says so: a skip that names it, or a
-    failure of the parallel state's set-up that refuses the world it ran at (the test's own
-    parallel sizes need that many ranks)."""
+    """The world size a test asks to be launched with, if it says so: a skip that names it or the devices it needs
+    (a launch of that many ranks answers its device count so); a failure of the parallel state's set-up that refuses
+    the world it ran at (its parallel sizes need that many ranks), or its own assertion of the devices it needs."""
     if outcome.outcome == "skipped":
         m = _WORLD.search(outcome.reason)
-        return int(m.group(1) or m.group(2)) if m else None
+        if m:
+            return int(m.group(1) or m.group(2))
+        return _needs(outcome)
     if is_failing(outcome.outcome):
         m = _INDIVISIBLE.search(outcome.reason)
         if m and int(m.group(1)) == outcome.world and int(m.group(2)) > outcome.world:
@@ -293,14 +301,32 @@ def wants_world(outcome: Outcome) -> int | None:
         if g and int(g.group(2)) == outcome.world:
             need = int(g.group(3)) + math.prod(int(x) for x in g.group(1).split(","))
             return need if need > outcome.world else None
+        return _needs(outcome) if outcome.reason.startswith("AssertionError") else None
     return None
 
 
-def unmet_world(outcome: Outcome) -> int | None:
-    """The world size a test asks for (wants_world), where it ran at another: its outcome there is a
-    refusal, not a verdict."""
+def _needs(outcome: Outcome) -> int | None:
+    """The devices OUTCOME's reason says its test needs, or the product of its sizes set against the devices it saw
+    at the world it ran at (a count not the launch's is another launch's)."""
+    m = _NEEDS.search(outcome.reason)
+    if m:
+        return int(m.group(1))
+    c = _COUNT_OVER.search(outcome.reason)
+    if c and int(c.group(2)) == outcome.world:
+        return int(c.group(1))
+    s = _SIZES_OVER.search(outcome.reason)
+    if s and int(s.group(2)) == outcome.world:
+        return math.prod(int(x) for x in re.findall(r"\((\d+)\)", s.group(1)))
+    return None
+
+
+def unmet_world(outcome: Outcome, most: int) -> int | None:
+    """The world size a test asks for (wants_world), where it ran at another and its upstream's CI launches that
+    many: at most MOST ranks (the tests pin's nproc, upstream CI's ranks a node). Its outcome at the size it ran at
+    is a refusal, not a verdict. A test that asks for more ranks than CI has is skipped there too: its own skip,
+    with its reason, stands."""
     n = wants_world(outcome)
-    return n if n and n != outcome.world else None
+    return n if n and n != outcome.world and n <= most else None
 
 
 def unmet_note(n: int, refusal: Outcome, why: str) -> str:

@@ -183,14 +183,14 @@ class Compared:
     ends: dict[str, int]
 
     @classmethod
-    def of(cls, results: list[dict], markers: str) -> Compared:
+    def of(cls, results: list[dict], markers: str, most: int) -> Compared:
         known: dict[str, set[str]] = {}
         for r in results:
             for nodeid in [row["id"] for row in r.get("rows", [])] + list(r.get("tests_compared_before", [])):
                 if "::" in nodeid:
                     known.setdefault(file_of(nodeid), set()).add(nodeid)
         regressed = {row["id"] for r in results for row in r.get("rows", []) if row["category"] == "regression"}
-        by = set().union(*(compared_tests(r) for r in results)) - regressed
+        by = set().union(*(compared_tests(r, most) for r in results)) - regressed
         empty = set().union(*(r.get("no_tests", []) for r in results)) - known.keys()
         begun = {file_of(row["id"]) for r in results for row in r.get("rows", []) if row["category"] != "not-compared"}
         deselected = {file_of(nodeid) for r in results if r.get("markers") == markers
@@ -233,17 +233,17 @@ def look_again(results: list[dict], texts: list[str]) -> dict[str, int]:
     return named
 
 
-def compared_tests(result: dict) -> set[str]:
+def compared_tests(result: dict, most: int) -> set[str]:
     """The tests one run compared and found nothing to look at again: none not compared, regressed or flaky,
-    none refusing the world size it ran at, none from ranks out of step, none of a module that failed to
-    collect on either side, no known failure named to run again (--look-again: "look_again", set by whoever
-    loads the result)."""
-    ids, files = _looked_at_again(result)
+    none refusing the world size it ran at for one CI launches (at most MOST ranks: the pin's nproc, unmet_world),
+    none from ranks out of step, none of a module that failed to collect on either side, no known failure named
+    to run again (--look-again: "look_again", set by whoever loads the result)."""
+    ids, files = _looked_at_again(result, most)
     return {row["id"] for row in result.get("rows", [])
             if row["id"] not in ids and file_of(row["id"]) not in files}
 
 
-def _looked_at_again(result: dict) -> tuple[set[str], set[str]]:
+def _looked_at_again(result: dict, most: int) -> tuple[set[str], set[str]]:
     """(test ids, files) of an earlier run that a later one runs again: see compared_tests."""
     ids = {row["id"] for row in result.get("rows", []) if row["category"] in ("not-compared", "regression", "flaky")}
     ids |= set(result.get("out_of_step", []))
@@ -252,7 +252,7 @@ def _looked_at_again(result: dict) -> tuple[set[str], set[str]]:
     for side in result.get("sides", {}).values():
         files |= {file_of(module) for module in side.get("collect_errors", {})}
         ids |= {nodeid for nodeid, o in side.get("outcomes", {}).items()
-                if unmet_world(Outcome(o["outcome"], o.get("reason", ""), world=o.get("world", 1)))}
+                if unmet_world(Outcome(o["outcome"], o.get("reason", ""), world=o.get("world", 1)), most)}
     return ids, files
 
 

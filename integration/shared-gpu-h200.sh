@@ -51,7 +51,8 @@
 #                   tests /tmp/ut-src), NeMo-RL's from its tree;
 #                   UT_BUDGET seconds per side (default 600); UT_ONLY the upstreams (default all three),
 #                   UT_MLM_FILES / UT_BRIDGE_FILES / UT_NRL_FILES what runs of theirs (default: every selected file;
-#                   UT_MLM_FILES takes several paths, space-separated), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json; default setup-bg's or the pretrain's, whichever writes one);
+#                   UT_MLM_FILES takes several paths, space-separated: the eight largest files left by --select-only's
+#                   standing, 500 compared in 850 s a side, two shards, h100/2026-12-07-get-batch), UT_SETUP the setup's out folder (NeMo-RL's tests wait for its model.json; default setup-bg's or the pretrain's, whichever writes one);
 #                   UT_MLM_SHARDS=K (default 1): Megatron-LM's files in K parts run side by side (--shard I/K, each its own
 #                   workspace and out folder ut/megatron-lm, ut/megatron-lm-2, ...: one part leaves most of the host's cores idle);
 #                   0 with UT_MLM_BISECT_AGAIN: no part runs, only that bisection (a short session's device time);
@@ -63,9 +64,11 @@
 #                   UT_MLM_BISECT_AGAIN=RESULT: a committed Megatron-LM result.json whose
 #                   bisection its budget cut, bisected again beside the shards (--bisect-again: no side runs; out folder
 #                   megatron-lm-bisect; h100/2026-12-06-first-of-kind's dataset kinds need about 5 probes of 45 s each, and
-#                   300 s beside two shards reached 4 of them, 55 to 71 s each, h100/2026-12-07-builder-bisected; the
-#                   RESULT to take up next is that run's run/megatron-lm-bisect/megatron-lm/result.json.gz; it
-#                   replaces UT_MLM_AGAIN, which that run used to run data/test_builder.py again whole);
+#                   300 s beside two shards reached 4 of them, 55 to 71 s each, h100/2026-12-07-builder-bisected, and
+#                   as many again in h100/2026-12-07-get-batch: each run begins again with the patched trees and the
+#                   base, so the kinds left need a session's bisection alone (UT_MLM_SHARDS=0) or a longer
+#                   UT_BISECT_BUDGET; it replaces UT_MLM_AGAIN, which first-of-kind used to run data/test_builder.py
+#                   again whole);
 #                   UT_MLM_LOOK_AGAIN='TEXT;TEXT'
 #                   runs again the committed runs' Megatron-LM known failures whose first error line holds a TEXT (--look-again:
 #                   the host has what they lacked since, e.g. 'async def functions are not natively supported')

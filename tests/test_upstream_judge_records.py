@@ -427,3 +427,35 @@ def test_a_nightly_cell_its_timeout_cut_is_judged_from_its_records_and_never_gre
     assert "upstream-tests[megatron-lm]: cut at its timeout, judged from the records its launches left" in (
         out / "summary.md").read_text()
 
+
+def test_the_get_batch_run_compares_the_largest_files_left_and_its_skips_that_ask_for_eight_ranks_are_no_verdict(tmp_path):
+    """integration/h100/2026-12-07-get-batch, judged again from the ranks' records: two shards incomplete with no
+    regression among the device's 389 and 111 compared, the tests earlier runs compared passed over (16 and 223), the
+    README's tables the device's counts. 83 of shard 1's skips name the devices their test needs ("(8 > 4)",
+    "requires 8 GPUs"): today's judge has them not compared, each asking for eight ranks; shard 2's 16 skips check a
+    fixed 8 (CI skips them too) and stand. Shard 1's six moved tests are flaky by its bisection's own records; the
+    --bisect-again beside them named no patch. With every committed run, 1,023 tests left. Write a failure into a
+    passed test's patched record in shard 1: a regression."""
+    shards = [(389, 16), (111, 223)]
+    run = demo._unzipped(GET_BATCH, tmp_path / "good")
+    assert demo._shards_judged_again(run, GET_BATCH / "README.md", shards, least=5) == [83, 0]
+    first, rows, _ = demo._judged_again(run, "megatron-lm", 5, "run/megatron-lm")
+    asked = [r for r in rows if r.note == "it asks for 8 ranks"]
+    device = {d["id"]: d for d in first["rows"]}
+    assert len(asked) == 83 and all(device[r.id]["category"] == "skipped" for r in asked)
+    assert {device[r.id]["patched_reason"].split(" (")[0] for r in asked} == {
+        "Skipping test because tp_size * pp_size * cp_size > torch.cuda.device_count()",
+        "Skipping test because tp_size * cp_size > torch.cuda.device_count()", "requires 8 GPUs"}
+    assert all(why.endswith("(8 > 4)") for why in (device[r.id]["patched_reason"] for r in asked) if "device_count" in why)
+    flaky = [r for r in rows if r.category == "flaky"]
+    assert len(flaky) == 6 and not [e for e in first["bisect"] if e.get("first_patch")]
+    second = demo._result_json(run / "run" / "megatron-lm-2" / "megatron-lm")
+    kept = {d["patched_reason"] for d in second["rows"] if d["category"] == "skipped"}
+    assert kept == {"TP*PP*EP > 8 is larger than world size"}, kept
+    again = demo._result_json(run / "run" / "megatron-lm-bisect" / "megatron-lm")
+    assert again["bisected_again"] == 9 and not [e for e in again["bisect"] if e.get("first_patch")]
+    assert again["counts"]["*"] == demo._readme_tables((GET_BATCH / "README.md").read_text())[2]
+    assert demo._standing(first["tests"], demo._committed_results("megatron-lm")) == {
+        "files": 208, "compared_whole": 146, "deselected_whole": 7, "left": 55, "left_with_tests_not_compared": 48, "tests_not_compared": 1023,
+        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1599}
+    demo._a_written_failure_is_red(GET_BATCH, tmp_path, shards, 5, "megatron-lm")

@@ -208,6 +208,12 @@ def _replayed_rows(shard):
 from carry.evidence.upstream.results import launch_folders, read_launch   # noqa: E402
 
 
+def _markers_and_ranks(results: list[dict]) -> tuple[str, int]:
+    """The marker expression and the ranks a node of CI (nproc) of the Megatron-LM tests pin RESULTS ran."""
+    pin = demo._mlm_pin(results[0]["tests"])
+    return pin.markers, pin.nproc
+
+
 def _as_recorded(o: str) -> str:
     # the consoles are not committed: a death faulthandler ended (timeout) reads as a crash from the records alone
     return "crashed" if o == "timeout" else o
@@ -273,7 +279,7 @@ def test_the_run_after_the_cut_has_no_regression_and_the_dataset_tests_fixed(tmp
         "files": 208, "compared_whole": 142, "deselected_whole": 0, "left": 66, "left_with_tests_not_compared": 52, "tests_not_compared": 1749,
         "left_with_no_test_known": 14, "tests_compared_in_those_left": 1099}
     from carry.evidence.upstream.verdict import Compared
-    assert "tests/unit_tests/training/test_param_norm.py" not in Compared.of(results, demo._mlm_pin(results[0]["tests"]).markers, 8).whole
+    assert "tests/unit_tests/training/test_param_norm.py" not in Compared.of(results, *_markers_and_ranks(results)).whole
     demo._a_written_failure_is_red(AFTER_THE_CUT, tmp_path, [(16, 619), (44, 435)], 5, "megatron-lm")
 
 
@@ -308,7 +314,7 @@ def test_the_second_runs_find_the_cut_runs_crash_flaky_and_confirm_the_dataset_t
     assert demo._standing(first["tests"], results) == {
         "files": 208, "compared_whole": 145, "deselected_whole": 7, "left": 56, "left_with_tests_not_compared": 49, "tests_not_compared": 1604,
         "left_with_no_test_known": 7, "tests_compared_in_those_left": 1089}
-    assert "tests/unit_tests/training/test_param_norm.py" not in Compared.of(results, demo._mlm_pin(results[0]["tests"]).markers, 8).whole
+    assert "tests/unit_tests/training/test_param_norm.py" not in Compared.of(results, *_markers_and_ranks(results)).whole
     demo._a_written_failure_is_red(SECOND_RUNS, tmp_path, shards, 5, "megatron-lm-2")
 
 

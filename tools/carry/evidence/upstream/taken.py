@@ -105,7 +105,8 @@ def replay(side, res, ran: list[str] | None, ours: list[str]):
         took.entry["replayed"] = True
         wanted |= set(took.got.collected)
     for nodeid, o in list(res.outcomes.items()):
-        if n := unmet_world(o, side.pin.nproc):   # its refusal of the size it ran at is no verdict, and no launch at N ran it
+        # its refusal of the size it ran at is no verdict, and no launch at N ran it
+        if n := unmet_world(o, side.pin.nproc):
             del res.outcomes[nodeid]
             res.not_run[nodeid] = unmet_note(n, o, " before the run was cut")
     # what no launch reached: the side's budget ended it where its last launch was killed for it, else the cut

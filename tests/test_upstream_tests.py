@@ -179,6 +179,13 @@ TESTS = {
             def test_fixed_in_three_cases(case):
                 assert delta.value_3 == "harmless"
 
+        if os.environ.get("DEMO_FIXED_AT_THREE"):   # the harmless patch turns it green, at the three ranks it asks for
+            def test_fixed_at_three_ranks():
+                if int(os.environ["WORLD_SIZE"]) != 3:
+                    import pytest
+                    pytest.skip("Test requires world_size=3, but got " + os.environ["WORLD_SIZE"])
+                assert delta.value_3 == "harmless"
+
         if os.environ.get("PRISTINE_FLAKY_MARKER"):   # only the runs that ask have it
             def test_flaky_on_the_pristine_base():
                 if delta.value_3 != "harmless":
@@ -1110,6 +1117,40 @@ def test_the_cases_of_one_fixed_test_are_bisected_its_first_alone_then_the_other
     assert {k: v for k, v in asked.items() if k.endswith("-rest")} == {
         k: cases[1:] for k in ("k000-fixed-rest", "k001-fixed-rest", "k002-fixed-rest", "k003-fixed-rest")}, asked
     assert proc.returncode == 0 and report["ok"], proc.stderr
+
+
+def _probed_at(bisect: Path) -> tuple[list[str], list[str]]:
+    """A bisection folder's probes, and each launch of theirs as PROBE/LAUNCH (launch-NN-nWORLD)."""
+    probes = sorted(d.name for d in bisect.iterdir() if d.is_dir())
+    return probes, sorted(f"{p}/{x.name}" for p in probes for x in (bisect / p).glob("launch-*"))
+
+
+def test_a_moved_test_that_asks_for_another_size_is_probed_at_it_at_once(up, tmp_path):
+    """A fixed test that skips at the two ranks of the first launch, asking for three, gets its verdict from the
+    launch at three. The bisection's probes launch it at three at once: at two each would be refused again, a
+    launch lost a probe (on one H100, 42 to 78 s each: h100/2026-12-07-eight-ranks); it names the patch that
+    turns it green. So does --bisect-again of a run whose bisection budget ran out, from that run's sides."""
+    env = {"DEMO_FIXED_AT_THREE": "1"}
+    nodeid = "tests/unit_tests/test_delta.py::test_fixed_at_three_ranks"
+    _run(up, "--files", "tests/unit_tests/test_delta.py", "--bisect-budget", "1", env=env, check=0)   # a fixed test: no regression
+    cut = tmp_path / "cut.json"
+    shutil.copy(up["tmp"] / "out" / "megatron-lm" / "result.json", cut)
+    assert [(b["id"], b.get("first_patch")) for b in read_json(cut)["bisect"]] == [(nodeid, None)]
+    for side in ("pristine", "patched"):   # the run itself learned the size from the refusal at two
+        assert read_json(cut)["sides"][side]["outcomes"][nodeid]["world"] == 3
+    shutil.rmtree(up["tmp"] / "out")
+    proc, out = _run(up, "--files", "tests/unit_tests/test_delta.py", env=env)
+    report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+    assert [(b["id"], b["category"], b.get("first_patch")) for b in report["bisect"]] == [
+        (nodeid, "fixed", "harmless")], report["bisect"]
+    probes, launches = _probed_at(out / "megatron-lm" / "bisect")
+    assert len(probes) >= 3 and launches == [f"{p}/launch-01-n3" for p in probes], launches
+    assert proc.returncode == 0 and report["ok"], proc.stderr
+    _run(up, "--bisect-again", cut, "--out", tmp_path / "again", env=env)
+    again = read_json(tmp_path / "again" / "megatron-lm" / "result.json")
+    assert [(b["id"], b.get("first_patch")) for b in again["bisect"]] == [(nodeid, "harmless")], again["bisect"]
+    probes, launches = _probed_at(tmp_path / "again" / "megatron-lm" / "bisect")
+    assert len(probes) >= 3 and launches == [f"{p}/launch-01-n3" for p in probes], launches
 
 
 @pytest.mark.parametrize("files, moved, status", [

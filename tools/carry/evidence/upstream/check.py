@@ -168,7 +168,7 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
         # never a green one (the bisection may still find a regression flaky, never a pass a failure).
         _write(out, {**report, **_unbisected(_summary(rows, results, pin.root, t0, empty))}, rows, results)
         progress.checkpoint("upstream-bisecting")
-        found = _bisect_rows(series, upstream, prefix, repo, rows, files, out / "bisect", opts)
+        found = _bisect_rows(series, upstream, prefix, repo, rows, files, out / "bisect", opts, results=results)
     report.update(_summary(rows, results, pin.root, t0, empty))
     if found is not None:
         report["bisect"] = found
@@ -243,7 +243,7 @@ def _timed(fn, side, seconds: dict, name: str):
 
 def make_side(name: str, series: Series, upstream: str, folder: Path, files: list[str], trees: dict[str, Path],
           out: Path, opts: Options, deadline: float | None, only: list[str] | None = None,
-          compared: set[str] = frozenset()) -> Side:
+          compared: set[str] = frozenset(), worlds: dict[str, int] | None = None) -> Side:
     u = series.upstream(upstream)
     own = folder if u.python_path in (".", "") else folder / u.python_path
     others = [str(t if series.upstream(n).python_path in (".", "") else t / series.upstream(n).python_path)
@@ -253,18 +253,19 @@ def make_side(name: str, series: Series, upstream: str, folder: Path, files: lis
     files = [f for f in files if (folder / f).exists()]   # a file only the other side has: none of its tests here
     return Side(name, u.tests, folder, files, [str(own), *others, *([str(te)] if te else [])], out, nproc=opts.nproc, deadline=deadline,
                 test_timeout=opts.test_timeout, shared_gpu=opts.shared_gpu, only=only, compared=frozenset(compared),
-                **kwargs)
+                worlds=dict(worlds or {}), **kwargs)
 
 
 def run_once(label: str, series: Series, upstream: str, repo, trees: dict[str, Path], files: list[str], ids: list[str],
              out: Path, opts: Options, deadline: float | None = None,
-             finish: Callable[[str, Path], None] | None = None) -> dict[str, str]:
+             finish: Callable[[str, Path], None] | None = None, worlds: dict[str, int] | None = None) -> dict[str, str]:
     """IDS (of UPSTREAM's tests, in FILES) run once on TREES as one side in OUT (its folder OUT/tree, which
-    FINISH(upstream, folder) may complete as an install would): each one's outcome."""
+    FINISH(upstream, folder) may complete as an install would): each one's outcome. WORLDS: the ranks a run found
+    some of them ask for (launched so at once)."""
     folder = suite.side_folder(series.upstream(upstream).tests, repo, trees[upstream], out / "tree")
     if finish is not None:
         finish(upstream, folder)
-    res = run_side(make_side(label, series, upstream, folder, files, trees, out, opts, deadline, ids))
+    res = run_side(make_side(label, series, upstream, folder, files, trees, out, opts, deadline, ids, worlds=worlds))
     return {i: outcome_in(res, i) for i in ids}
 
 
@@ -313,15 +314,18 @@ def _summary(rows: list[Row], results: dict[str, SideResult], root: str, seconds
 
 
 def _bisect_rows(series: Series, upstream: str, prefix: PrefixTrees, repo, rows: list[Row], files: list[str],
-                 out: Path, opts: Options, another_host: bool = False) -> list[dict]:
+                 out: Path, opts: Options, another_host: bool = False,
+                 results: dict[str, SideResult] | None = None) -> list[dict]:
     """Each regression and each fixed test run again and bisected (movers.bisect_movers), each probe's tests
-    run once on its prefix's trees in its own folder under OUT; with ``bisect_budget_s`` the probes share that
+    run once on its prefix's trees in its own folder under OUT, a test the sides' RESULTS found asking for another
+    size launched at it; with ``bisect_budget_s`` the probes share that
     many seconds, and a test a probe did not reach is left not bisected. bisect.json: their entries."""
+    worlds = {i: n for res in (results or {}).values() for i, n in res.asked().items()}
     deadline = time.monotonic() + opts.bisect_budget_s if opts.bisect_budget_s else None
 
     def probe(k: int, ids: list[str], folder: str) -> dict[str, str]:
         return run_once(f"bisect k={k}", series, upstream, repo, prefix.trees(k), files, ids, out / folder, opts,
-                        deadline)
+                        deadline, worlds=worlds)
 
     found = bisect_movers(rows, prefix.order, [p.id for p in series.patches], probe, another_host)
     (out / "bisect.json").parent.mkdir(parents=True, exist_ok=True)
@@ -353,7 +357,8 @@ def _bisect_again(series: Series, upstream: str, prefix: PrefixTrees, repo, doc:
     progress.say(f"{upstream}: bisecting again {len(pending)} test(s) whose bisection named no patch")
     # a flaky verdict needs both runs on one host, and this one may lack what the run's host had
     found = {e["id"]: e for e in _bisect_rows(series, upstream, prefix, repo, pending, sorted({r.file for r in pending}),
-                                                opts.out / upstream / "bisect", opts, another_host=True)}
+                                                opts.out / upstream / "bisect", opts, another_host=True,
+                                                results=results)}
     report = {k: v for k, v in doc.items() if k not in ("rows", "sides", "look_again")}
     report.update(_summary(rows, results, pin.root, doc.get("seconds", {}), doc.get("no_tests", [])),
                   bisect=[found.get(r.id) or done[r.id] for r in rows if r.id in found or r.id in done],

@@ -64,6 +64,7 @@ class Side:
     shared_gpu: bool = False
     only: list[str] | None = None   # run just these test ids (a probe)
     compared: frozenset[str] = frozenset()   # test ids an earlier run compared (--compared): passed over
+    worlds: dict[str, int] = field(default_factory=dict)   # test id -> the ranks a run found it asks for (a probe's)
     step_grace: float = step.GRACE  # a rank still in a test this long after a peer failed it and left is behind
 
 
@@ -86,11 +87,14 @@ class SideResult:
         return cls({k: Outcome(**o) for k, o in d["outcomes"].items()}, dict(d["not_run"]), dict(d["collect_errors"]),
                    dict(d.get("deselected", {})), list(d["launches"]))
 
+    def asked(self) -> dict[str, int]:
+        """Each test whose outcome came from a launch at another size than the side's first: the size it asked for."""
+        first = self.launches[0]["world"] if self.launches else None
+        return {i: o.world for i, o in self.outcomes.items() if o.world != first}
+
 
 LAUNCH_TRIES = 4
 RESERVE = 0.35  # of a side's time budget, kept for the tests that ask for another world size
-
-
 
 
 def run_side(side: Side) -> SideResult:
@@ -103,10 +107,14 @@ def run_side(side: Side) -> SideResult:
     reserve = full is not None and side.pin.launch == "torchrun"
     if reserve:  # the first launches stop early enough for the re-launches to have time
         side.deadline = time.monotonic() + (full - time.monotonic()) * (1 - RESERVE)
+    # a probe's tests that a run found asking for another size launch at it at once, never refused again first
+    asked = {i: side.worlds[i] for i in side.only or () if side.worlds.get(i, world) != world}
     try:
-        _launches(side, res, world, side.only)
+        _launches(side, res, world, [i for i in side.only if i not in asked] if asked else side.only)
     finally:
         side.deadline = full
+    for n in sorted(set(asked.values())):
+        _launches(side, res, n, [i for i, m in asked.items() if m == n])
     _at_their_size(side, res)
     if reserve:
         _resume(side, res, world)

@@ -502,6 +502,9 @@ def test_the_eight_ranks_run_compares_thirteen_files_and_its_shared_gpu_failures
     assert not [p.id for p in load_series("gtp").patches if f"megatron-lm:{GET_BATCH_FIXED}" in p.upstream_tests]
     kept = {d["patched_reason"] for d in second["rows"] if d["category"] == "skipped"}
     assert kept == {"TP*PP*EP > 8 is larger than world size", "EP > 1 needs to be used with MoE"}, kept
+    at_eight = [r["id"] for res in (first, second) for r in res["rows"] if r["category"] != "not-compared"
+                and res["sides"]["patched"]["outcomes"][r["id"]]["world"] == 8]
+    assert len(at_eight) == 71, len(at_eight)   # the README's figure: launched at the size they asked for
     assert demo._standing(first["tests"], demo._committed_results("megatron-lm")) == {
         "files": 208, "compared_whole": 149, "deselected_whole": 7, "left": 52, "left_with_tests_not_compared": 45, "tests_not_compared": 739,
         "left_with_no_test_known": 7, "tests_compared_in_those_left": 1781}

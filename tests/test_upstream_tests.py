@@ -2789,6 +2789,24 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
     assert (f"megatron-lm: of the {n} selected test file(s), the --compared runs compared 0 whole; {n} left: 1 holding "
             f"1 test(s) some run collected and none compared (and 1 compared, passed over), {n - 1} no run knows a "
             "test of") in proc.stdout, proc.stdout
+    # and each file's own figures, in the report and the printed table: what is left of it, what ended launches
+    stopped = json.loads(json.dumps(cut))   # neither test compared, and a launch stopped in the second
+    for row in stopped["rows"]:
+        row.update(pristine="not-run", patched="not-run", category="not-compared")
+    stopped["sides"]["patched"]["launches"][0]["stopped"] = {"rank": 1, "test": ids[1]}
+    (up["tmp"] / "stopped.json").write_text(json.dumps(stopped))
+    for doc, left, ended, words in ((earlier, 1, 0, "1 of 2 "),
+                                    (up["tmp"] / "stopped.json", 2, 1, "2 of 2, 1 launch(es) ended in it ")):
+        proc, _ = _run(up, "--select-only", "--compared", doc, check=0)
+        picked = {e["path"]: e for e in read_json(up["tmp"] / "report.json")["upstreams"][0]["selection"]}
+        assert {k: picked["tests/unit_tests/test_delta.py"][k] for k in ("tests_known", "tests_not_compared", "launches_ended")} \
+            == {"tests_known": 2, "tests_not_compared": left, "launches_ended": ended}, picked
+        assert len(picked) == n and all(e["tests_not_compared"] is None and e["tests_known"] == 0
+                                        for path, e in picked.items() if path != "tests/unit_tests/test_delta.py"), picked
+        assert re.search(r"\ntests/unit_tests/test_delta\.py +" + re.escape(words), proc.stdout), proc.stdout
+        assert "left (tests not compared)" in proc.stdout and " no test known " in proc.stdout, proc.stdout
+    _run(up, "--select-only", check=0)   # without --compared: no figures, no column
+    assert "tests_known" not in read_json(up["tmp"] / "report.json")["upstreams"][0]["selection"][0]
     # a run of other files passes over none of them (nor names them: the tests of its own files only)
     _run(up, "--select-only", "--files", "tests/unit_tests/test_alpha.py", "--compared", earlier, check=0)
     assert read_json(up["tmp"] / "report.json")["upstreams"][0]["tests_compared_before"] == []

@@ -134,7 +134,9 @@ def main(argv: list[str], prog: str) -> int:
             print(f"{r['upstream']}: {len(r['selection'])} test file(s){shard}{before}, {r['tests']}")
             if a.compared:
                 print(f"{r['upstream']}: {standing_line(r['standing'])}")
-            print(report.table([[s["path"], "; ".join(s["reasons"])] for s in r["selection"]], ["file", "why"]))
+            left = [[_left(s)] if "tests_known" in s else [] for s in r["selection"]]
+            print(report.table([[s["path"], *n, "; ".join(s["reasons"])] for s, n in zip(r["selection"], left)],
+                               ["file", *(["left (tests not compared)"] if any(left) else []), "why"]))
         return 0
     for r in reports:
         print(f"{r['upstream']}: {r.get('status', '?')}: {r.get('reason', '')}")
@@ -192,6 +194,15 @@ def _record_fixed(a: argparse.Namespace) -> int:
     if not added:
         print("nothing new to record: series.toml is unchanged")
     return 0
+
+
+def _left(entry: dict) -> str:
+    """A selected file's figures left after --compared, in words: "N of M" tests some run knows there and none
+    compared, and the launches that ended in one of them."""
+    if entry["tests_not_compared"] is None:
+        return "no test known"
+    ended = entry["launches_ended"]
+    return f"{entry['tests_not_compared']} of {entry['tests_known']}" + (f", {ended} launch(es) ended in it" if ended else "")
 
 
 def _wrapped(usage: str, indent: int, width: int = 100) -> str:

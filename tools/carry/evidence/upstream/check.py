@@ -106,7 +106,8 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     done = {nodeid for nodeid in earlier.by if file_of(nodeid) in paths}
     report = {"upstream": upstream, "tests": pin.describe(), "markers": pin.markers, "args": list(pin.args),
               "series_digest": digest, "launch": pin.launch,
-              "nproc": opts.nproc or pin.nproc, "selection": [{"path": p.path, "reasons": p.reasons} for p in picked],
+              "nproc": opts.nproc or pin.nproc,   # with --compared, each file's figures left (Compared.left_in)
+              "selection": [{"path": p.path, "reasons": p.reasons, **(earlier.left_in(p.path) if fit else {})} for p in picked],
               "compared_before": left_out, "tests_compared_before": sorted(done), "standing": stand,
               # what the trees hold beyond their git layout: the pinned wheels' compiled members (installed.py)
               **({"installed": prefix.finish.added} if isinstance(prefix.finish, Installed) and prefix.finish.added else {}),

@@ -199,6 +199,13 @@ class Compared:
                    frozenset({f for f, ids in known.items() if ids <= by} | empty | deselected), frozenset(begun),
                    frozenset(deselected), _launch_ends(results))
 
+    def left_in(self, path: str) -> dict[str, int | None]:
+        """Of one test file left: the tests these runs know there, how many of them none compared (None where no run
+        knows a test of it), and how many of their launches ended in one of its tests (each such test costs one)."""
+        known = self.known.get(path, ())
+        return {"tests_known": len(known), "tests_not_compared": sum(t not in self.by for t in known) if known else None,
+                "launches_ended": self.ends.get(path, 0)}
+
     def standing(self, selected: set[str]) -> dict[str, int]:
         """Where these runs stand against the SELECTED test files: how many they compared whole and how many are
         left; of those, the files that hold tests some run knows and none compared (and how many such tests:

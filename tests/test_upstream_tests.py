@@ -1172,6 +1172,22 @@ def test_a_run_cut_during_its_bisection_keeps_its_comparison_and_is_never_green(
     assert set(result["sides"]) == {"pristine", "patched"} and result["counts"]["*"], result
 
 
+def test_the_size_a_side_found_a_test_asks_for_is_one_of_its_launches_never_a_size_a_result_left_out():
+    """SideResult.asked, what a bisection's probes launch a test at: the size of a later launch of the side that gave
+    the test its outcome. An outcome a result wrote without its size (read back as 1) asks for nothing, nor does
+    one from the first launch's size, nor a side with no launch."""
+    from carry.evidence.upstream.launch import SideResult
+    side = SideResult.from_dict({"outcomes": {"t::at_four": {"outcome": "passed", "world": 4},
+                                              "t::at_eight": {"outcome": "passed", "world": 8},
+                                              "t::unsized": {"outcome": "passed"}},
+                                 "not_run": {}, "collect_errors": {},
+                                 "launches": [{"world": 4}, {"world": 4}, {"world": 8}]})
+    assert side.asked() == {"t::at_eight": 8}
+    assert SideResult.from_dict({"outcomes": {"t::unsized": {"outcome": "passed"}}, "not_run": {}, "collect_errors": {},
+                                 "launches": [{"world": 4}]}).asked() == {}
+    assert SideResult().asked() == {}
+
+
 def test_a_test_not_compared_beside_passing_ones_is_never_green():
     """The summary of a run where some tests passed on both sides and one was not reached: incomplete,
     not ok, whatever passed."""

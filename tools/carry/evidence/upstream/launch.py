@@ -88,9 +88,10 @@ class SideResult:
                    dict(d.get("deselected", {})), list(d["launches"]))
 
     def asked(self) -> dict[str, int]:
-        """Each test whose outcome came from a launch at another size than the side's first: the size it asked for."""
-        first = self.launches[0]["world"] if self.launches else None
-        return {i: o.world for i, o in self.outcomes.items() if o.world != first}
+        """Each test whose outcome came from a launch at another size than the side's first: the size it asked for
+        (a size one of the side's launches had: an outcome a result wrote without its size reads as 1)."""
+        sizes = [x.get("world") for x in self.launches]
+        return {i: o.world for i, o in self.outcomes.items() if o.world in sizes[1:] and o.world != sizes[0]}
 
 
 LAUNCH_TRIES = 4

@@ -65,7 +65,8 @@
 #                   probes share after the sides (default 240: the regressions first; what it does not reach stays unbisected);
 #                   UT_MLM_BISECT_AGAIN=RESULT: a committed Megatron-LM result.json whose
 #                   bisection its budget cut, bisected again beside the shards (--bisect-again: no side runs; out folder
-#                   megatron-lm-bisect; h100/2026-12-06-first-of-kind's dataset kinds need about 5 probes of 45 s each, and
+#                   megatron-lm-bisect; UT_MLM_BISECT_AGAIN_BUDGET its probes' seconds, default UT_BISECT_BUDGET: it
+#                   starts with the shards, so it may take as long as their sides; h100/2026-12-06-first-of-kind's dataset kinds need about 5 probes of 45 s each, and
 #                   300 s beside two shards reached 4 of them, 55 to 71 s each, h100/2026-12-07-builder-bisected, and
 #                   as many again in h100/2026-12-07-get-batch: each run begins again with the patched trees and the
 #                   base, so the kinds left need a session's bisection alone (UT_MLM_SHARDS=0) or a longer
@@ -349,11 +350,14 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       UT_MLM_FILES=${UT_MLM_FILES:-} UT_MLM_BISECT_AGAIN=${UT_MLM_BISECT_AGAIN:-} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} UT_MLM_SHARDS=${UT_MLM_SHARDS:-1} \
       UT_SETUP=${UT_SETUP:-} UT_MLM_LOOK_AGAIN=${UT_MLM_LOOK_AGAIN:-} UT_TEST_TIMEOUT=${UT_TEST_TIMEOUT:-120} \
       UT_BISECT_BUDGET=${UT_BISECT_BUDGET:-240}
+    export UT_MLM_BISECT_AGAIN_BUDGET=${UT_MLM_BISECT_AGAIN_BUDGET:-$UT_BISECT_BUDGET}
     case $UT_MLM_SHARDS in [0-9]) ;; *) stamp "refused: UT_MLM_SHARDS is 0 to 9, not '$UT_MLM_SHARDS'"; exit 2 ;; esac
     [ "$UT_MLM_SHARDS" != 0 ] || [ -n "$UT_MLM_BISECT_AGAIN" ] || {
       stamp "refused: UT_MLM_SHARDS is 1 to 9 without UT_MLM_BISECT_AGAIN, not '0'"; exit 2; }
     [[ $UT_TEST_TIMEOUT =~ ^[1-9][0-9]*$ ]] || { stamp "refused: UT_TEST_TIMEOUT is whole seconds, not '$UT_TEST_TIMEOUT'"; exit 2; }
     [[ $UT_BISECT_BUDGET =~ ^[1-9][0-9]*$ ]] || { stamp "refused: UT_BISECT_BUDGET is whole seconds, not '$UT_BISECT_BUDGET'"; exit 2; }
+    [[ $UT_MLM_BISECT_AGAIN_BUDGET =~ ^[1-9][0-9]*$ ]] || {
+      stamp "refused: UT_MLM_BISECT_AGAIN_BUDGET is whole seconds, not '$UT_MLM_BISECT_AGAIN_BUDGET'"; exit 2; }
     mkdir -p /tmp/o/ut
     setsid nohup bash -c '
       . integration/shared-gpu-lib.sh   # stamp; setup_model; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env; compared_args; unpack_tests_ferry
@@ -415,11 +419,12 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         run megatron-lm "$name" --tests-source megatron-lm="$P/megatron-lm" --nproc 4 "${mlm_files[@]}" "${sh[@]}" &
       done
       # UT_MLM_BISECT_AGAIN=RESULT: a committed Megatron-LM result whose bisection its budget cut, bisected again
-      # beside the shards (tools/upstream_tests.py --bisect-again: no side runs; UT_BISECT_BUDGET its probes'"'"' seconds)
+      # beside the shards (tools/upstream_tests.py --bisect-again: no side runs; UT_MLM_BISECT_AGAIN_BUDGET its probes'"'"'
+      # seconds, default UT_BISECT_BUDGET: the probes start with the shards, so they may take as long as their sides)
       if [ -n "$UT_MLM_BISECT_AGAIN" ]; then
-        env PYTHONPATH="$P/site" timeout -k 30 $((UT_BISECT_BUDGET + 300)) python3 tools/upstream_tests.py \
+        env PYTHONPATH="$P/site" timeout -k 30 $((UT_MLM_BISECT_AGAIN_BUDGET + 300)) python3 tools/upstream_tests.py \
           --workdir /tmp/ut-work/megatron-lm-bisect --bisect-again "$UT_MLM_BISECT_AGAIN" --python "$V" --shared-gpu \
-          --test-timeout "$UT_TEST_TIMEOUT" --bisect-budget "$UT_BISECT_BUDGET" --cache /tmp/ut-cache --nproc 4 \
+          --test-timeout "$UT_TEST_TIMEOUT" --bisect-budget "$UT_MLM_BISECT_AGAIN_BUDGET" --cache /tmp/ut-cache --nproc 4 \
           --tests-source megatron-lm="$P/megatron-lm" --out "$U/megatron-lm-bisect" --json "$U/megatron-lm-bisect.report.json" \
           > "$U/megatron-lm-bisect.console.txt" 2>&1 &
       fi

@@ -744,6 +744,19 @@ def test_the_upstream_tests_refuse_a_bisection_budget_that_is_not_whole_seconds(
     assert 'UT_BISECT_BUDGET=${UT_BISECT_BUDGET:-240}' in step and '--bisect-budget "$UT_BISECT_BUDGET"' in step
 
 
+@pytest.mark.parametrize("budget", ["0", "none", "-5", "2.5"])
+def test_a_bisection_again_has_a_budget_of_its_own_in_whole_seconds(tmp_path, budget):
+    """UT_MLM_BISECT_AGAIN_BUDGET (default UT_BISECT_BUDGET) is --bisect-again's --bisect-budget: its probes start
+    with the shards, so they may take as long as the shards' sides, while the shards' own bisection keeps
+    UT_BISECT_BUDGET after them; a value that is not whole seconds exits 2 before anything starts."""
+    step = _upstream_tests_refused(tmp_path, "UT_MLM_BISECT_AGAIN_BUDGET", budget, "whole seconds")
+    assert 'UT_MLM_BISECT_AGAIN_BUDGET=${UT_MLM_BISECT_AGAIN_BUDGET:-$UT_BISECT_BUDGET}' in step
+    bisect = step.split('if [ -n "$UT_MLM_BISECT_AGAIN" ]; then', 1)[1].split("\n      fi", 1)[0]
+    assert '--bisect-budget "$UT_MLM_BISECT_AGAIN_BUDGET"' in bisect and "$((UT_MLM_BISECT_AGAIN_BUDGET + 300))" in bisect
+    shard = step.split("  run() {", 1)[1].split("\n      }", 1)[0]
+    assert '--bisect-budget "$UT_BISECT_BUDGET"' in shard and "AGAIN_BUDGET" not in shard
+
+
 @pytest.mark.parametrize("shards", ["10", "two", "-1", "1.5"])
 def test_the_upstream_tests_refuse_a_shard_count_they_cannot_run(tmp_path, shards):
     """UT_MLM_SHARDS=K runs Megatron-LM's files in K parts side by side (tools/upstream_tests.py --shard I/K),

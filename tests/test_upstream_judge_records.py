@@ -187,6 +187,7 @@ FIRST_OF_KIND = demo.EVIDENCE / "h100" / "2026-12-06-first-of-kind"
 BUILDER_BISECTED = demo.EVIDENCE / "h100" / "2026-12-07-builder-bisected"
 GET_BATCH = demo.EVIDENCE / "h100" / "2026-12-07-get-batch"
 EIGHT_RANKS = demo.EVIDENCE / "h100" / "2026-12-07-eight-ranks"
+SMALL_FILES = demo.EVIDENCE / "h100" / "2026-12-07-small-files"
 
 
 def _replayed_rows(shard):
@@ -261,9 +262,10 @@ def test_the_run_after_the_cut_has_no_regression_and_the_dataset_tests_fixed(tmp
     """integration/h100/2026-12-06-after-the-cut, judged again from the ranks' records: two shards incomplete
     with no regression among 16 and 44 compared, the tests earlier runs compared passed over (619 and 435), the
     README's tables these counts; 28 of its 29 fixed tests the dataset tests whose pristine compile_helpers()
-    fails. With every committed run, 142 of the 208 files compared whole (149 by the judge of its day, before it
-    read a skip that names the devices it needs as asking for them); the cut run's unconfirmed regression
-    keeps its file open. Write a failure into a passed test's patched record in shard 1: a regression."""
+    fails. With every committed run, 145 of the 208 files compared whole (149 by the judge of its day, before it
+    read a skip that names the devices it needs as asking for them; 142 before a regression its run's bisection
+    never took up was passed over where another run compared the test); the cut run's unconfirmed regression
+    keeps its file open (no other run compared that test yet). Write a failure into a passed test's patched record in shard 1: a regression."""
     run = demo._unzipped(AFTER_THE_CUT, tmp_path / "good")
     demo._shards_judged_again(run, AFTER_THE_CUT / "README.md", [(16, 619), (44, 435)], least=5)
     fixed = [r for sub in ("megatron-lm", "megatron-lm-2")
@@ -272,13 +274,13 @@ def test_the_run_after_the_cut_has_no_regression_and_the_dataset_tests_fixed(tmp
     assert (len(fixed), len(data)) == (29, 28) and all(r["pristine_reason"].startswith("SystemExit: 1") for r in data)
     pin = demo._result_json(AFTER_THE_CUT / "run" / "megatron-lm" / "megatron-lm")["tests"]
     results = demo._committed_results("megatron-lm", without=(SECOND_RUNS.name, FIRST_OF_KIND.name, BUILDER_BISECTED.name,
-                                                                   GET_BATCH.name, EIGHT_RANKS.name))
+                                                                   GET_BATCH.name, EIGHT_RANKS.name, SMALL_FILES.name))
     # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
     # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind); no run up to this one keeps a launch's
     # command, so none tells the markers it ran under: what they found deselected counts for nothing
     assert demo._standing(pin, results) == {
-        "files": 208, "compared_whole": 142, "deselected_whole": 0, "left": 66, "left_with_tests_not_compared": 52, "tests_not_compared": 1749,
-        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1099}
+        "files": 208, "compared_whole": 145, "deselected_whole": 0, "left": 63, "left_with_tests_not_compared": 49, "tests_not_compared": 1693,
+        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1106}
     from carry.evidence.upstream.verdict import Compared
     assert "tests/unit_tests/training/test_param_norm.py" not in Compared.of(results, *_markers_and_ranks(results)).whole
     demo._a_written_failure_is_red(AFTER_THE_CUT, tmp_path, [(16, 619), (44, 435)], 5, "megatron-lm")
@@ -294,8 +296,9 @@ def test_the_second_runs_find_the_cut_runs_crash_flaky_and_confirm_the_dataset_t
     tables these counts. The cut run's unconfirmed regression failed on the patched trees, then passed on the same
     trees (flaky, its pristine runs passed), and keeps test_param_norm.py open; the 29 dataset tests fixed by the
     series passed twice on the patched trees (the bisection reached no prefix that tells a patch: not bisected).
-    With every committed run, 145 of the 208 files compared whole (152 by the judge of its day). Write a failure
-    into a passed test's patched record in shard 2: a regression."""
+    With every committed run, 148 of the 208 files compared whole (152 by the judge of its day, 145 before an
+    unconfirmed regression another run compared was passed over). Write a failure into a passed test's patched
+    record in shard 2: a regression."""
     from carry.evidence.upstream.verdict import Compared
     shards = [(139, 472), (85, 630)]
     run = demo._unzipped(SECOND_RUNS, tmp_path / "good")
@@ -309,12 +312,12 @@ def test_the_second_runs_find_the_cut_runs_crash_flaky_and_confirm_the_dataset_t
                                    for r in data), data
     bisected = {e["id"]: e for e in second["bisect"]}
     assert all(bisected[r["id"]]["note"].startswith("not bisected: ") for r in data)   # confirmed, then cut
-    results = demo._committed_results("megatron-lm", without=(FIRST_OF_KIND.name, BUILDER_BISECTED.name, GET_BATCH.name, EIGHT_RANKS.name))
+    results = demo._committed_results("megatron-lm", without=(FIRST_OF_KIND.name, BUILDER_BISECTED.name, GET_BATCH.name, EIGHT_RANKS.name, SMALL_FILES.name))
     # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
     # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind)
     assert demo._standing(first["tests"], results) == {
-        "files": 208, "compared_whole": 145, "deselected_whole": 7, "left": 56, "left_with_tests_not_compared": 49, "tests_not_compared": 1604,
-        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1089}
+        "files": 208, "compared_whole": 148, "deselected_whole": 7, "left": 53, "left_with_tests_not_compared": 46, "tests_not_compared": 1548,
+        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1096}
     assert "tests/unit_tests/training/test_param_norm.py" not in Compared.of(results, *_markers_and_ranks(results)).whole
     demo._a_written_failure_is_red(SECOND_RUNS, tmp_path, shards, 5, "megatron-lm-2")
 
@@ -326,8 +329,9 @@ def test_the_first_of_kind_run_sets_apart_a_broken_cuda_context_and_bisects_each
     its CUDA context, set apart today (not compared). The run of data/test_builder.py again (no --compared)
     compared 13, 9 of them fixed; its bisection asked for the first test of each kind alone (test_builder and
     test_fast_builder, failing alike on the pristine base) and its budget ran out before a patch was named. With
-    every committed run, 145 of the 208 files compared whole (152 by the judge of its day). Write a failure into a
-    passed test's patched record in shard 1: a regression."""
+    every committed run, 148 of the 208 files compared whole (152 by the judge of its day, 145 before an
+    unconfirmed regression another run compared was passed over). Write a failure into a passed test's patched
+    record in shard 1: a regression."""
     shards = [(87, 394), (96, 685)]
     run = demo._unzipped(FIRST_OF_KIND, tmp_path / "good")
     demo._shards_judged_again(run, FIRST_OF_KIND / "README.md", shards, least=5)
@@ -347,9 +351,9 @@ def test_the_first_of_kind_run_sets_apart_a_broken_cuda_context_and_bisects_each
     assert notes == {"test_builder": notes["test_builder"], "test_fast_builder": notes["test_fast_builder"]}
     assert "the first 7 patch(es)" in notes["test_builder"] and "the first 5 patch(es)" in notes["test_fast_builder"]
     pin = again["tests"]
-    assert demo._standing(pin, demo._committed_results("megatron-lm", without=(BUILDER_BISECTED.name, GET_BATCH.name, EIGHT_RANKS.name))) == {
-        "files": 208, "compared_whole": 145, "deselected_whole": 7, "left": 56, "left_with_tests_not_compared": 49, "tests_not_compared": 1476,
-        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1217}
+    assert demo._standing(pin, demo._committed_results("megatron-lm", without=(BUILDER_BISECTED.name, GET_BATCH.name, EIGHT_RANKS.name, SMALL_FILES.name))) == {
+        "files": 208, "compared_whole": 148, "deselected_whole": 7, "left": 53, "left_with_tests_not_compared": 46, "tests_not_compared": 1420,
+        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1224}
     demo._a_written_failure_is_red(FIRST_OF_KIND, tmp_path, shards, 5, "megatron-lm")
 
 
@@ -374,8 +378,9 @@ def test_the_builder_run_bisects_the_dataset_kind_to_its_patch_and_records_it(tm
     tables these counts. Shard 1's bisection of the first dataset test of its kind: its probes' own records fail it
     with the first 0, 5, 7 and 8 patches and pass it with the first 9, so it names mlm-dataset-helpers-wheel, the
     patch series.toml records it beside; the 24 others of its kind are not bisected, and not recorded. The
-    --bisect-again run beside them named no patch. With every committed run, 1,405 tests left by today's judge
-    (1,346 by the judge of its day; 1,476 before it). Write
+    --bisect-again run beside them named no patch. With every committed run, 1,349 tests left by today's judge
+    (1,346 by the judge of its day; 1,420 before it; 1,405 before an unconfirmed regression another run compared
+    was passed over). Write
     a failure into a passed test's patched record in shard 2: a regression."""
     from carry.series.repo import load_series
     shards = [(64, 769), (71, 412)]
@@ -400,9 +405,9 @@ def test_the_builder_run_bisects_the_dataset_kind_to_its_patch_and_records_it(tm
     assert again["bisected_again"] == 9 and not [e for e in again["bisect"] if e.get("first_patch")]
     assert again["counts"]["*"] == demo._readme_tables((BUILDER_BISECTED / "README.md").read_text())[2]
     pin = first["tests"]
-    assert demo._standing(pin, demo._committed_results("megatron-lm", without=(GET_BATCH.name, EIGHT_RANKS.name))) == {
-        "files": 208, "compared_whole": 145, "deselected_whole": 7, "left": 56, "left_with_tests_not_compared": 49, "tests_not_compared": 1405,
-        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1288}
+    assert demo._standing(pin, demo._committed_results("megatron-lm", without=(GET_BATCH.name, EIGHT_RANKS.name, SMALL_FILES.name))) == {
+        "files": 208, "compared_whole": 151, "deselected_whole": 7, "left": 50, "left_with_tests_not_compared": 43, "tests_not_compared": 1349,
+        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1247}
     demo._a_written_failure_is_red(BUILDER_BISECTED, tmp_path, shards, 5, "megatron-lm-2")
 
 
@@ -441,7 +446,8 @@ def test_the_get_batch_run_compares_the_largest_files_left_and_its_skips_that_as
     README's tables the device's counts. 83 of shard 1's skips name the devices their test needs ("(8 > 4)",
     "requires 8 GPUs"): today's judge has them not compared, each asking for eight ranks; shard 2's 16 skips check a
     fixed 8 (CI skips them too) and stand. Shard 1's six moved tests are flaky by its bisection's own records; the
-    --bisect-again beside them named no patch. With every committed run up to it, 1,023 tests left. Write a failure into a
+    --bisect-again beside them named no patch. With every committed run up to it, 967 tests left (1,023 before an
+    unconfirmed regression another run compared was passed over). Write a failure into a
     passed test's patched record in shard 1: a regression."""
     shards = [(389, 16), (111, 223)]
     run = demo._unzipped(GET_BATCH, tmp_path / "good")
@@ -462,9 +468,9 @@ def test_the_get_batch_run_compares_the_largest_files_left_and_its_skips_that_as
     again = demo._result_json(run / "run" / "megatron-lm-bisect" / "megatron-lm")
     assert again["bisected_again"] == 9 and not [e for e in again["bisect"] if e.get("first_patch")]
     assert again["counts"]["*"] == demo._readme_tables((GET_BATCH / "README.md").read_text())[2]
-    assert demo._standing(first["tests"], demo._committed_results("megatron-lm", without=(EIGHT_RANKS.name,))) == {
-        "files": 208, "compared_whole": 146, "deselected_whole": 7, "left": 55, "left_with_tests_not_compared": 48, "tests_not_compared": 1023,
-        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1599}
+    assert demo._standing(first["tests"], demo._committed_results("megatron-lm", without=(EIGHT_RANKS.name, SMALL_FILES.name))) == {
+        "files": 208, "compared_whole": 152, "deselected_whole": 7, "left": 49, "left_with_tests_not_compared": 42, "tests_not_compared": 967,
+        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1558}
     demo._a_written_failure_is_red(GET_BATCH, tmp_path, shards, 5, "megatron-lm")
 
 
@@ -478,7 +484,8 @@ def test_the_eight_ranks_run_compares_thirteen_files_and_its_shared_gpu_failures
     patched trees for the shared GPU (out of memory, cuBLAS's allocation) and passed there when the bisection ran them
     again: flaky by the bisection's own records, none a patch's. Its one fixed test crashed the pristine side's launch
     (EAGAIN on two ranks) and is not bisected, and no patch records it. Shard 2's skips are the ones upstream's CI
-    takes too. With every committed run, 739 tests left. Write a failure into a passed test's patched record in shard
+    takes too. With every committed run up to it, 683 tests left (739 before an unconfirmed regression another run
+    compared was passed over). Write a failure into a passed test's patched record in shard
     2: a regression."""
     from carry.series.repo import load_series
     shards = [(80, 338), (212, 384)]
@@ -505,7 +512,8 @@ def test_the_eight_ranks_run_compares_thirteen_files_and_its_shared_gpu_failures
     at_eight = [r["id"] for res in (first, second) for r in res["rows"] if r["category"] != "not-compared"
                 and res["sides"]["patched"]["outcomes"][r["id"]]["world"] == 8]
     assert len(at_eight) == 71, len(at_eight)   # the README's figure: launched at the size they asked for
-    assert demo._standing(first["tests"], demo._committed_results("megatron-lm")) == {
-        "files": 208, "compared_whole": 149, "deselected_whole": 7, "left": 52, "left_with_tests_not_compared": 45, "tests_not_compared": 739,
-        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1781}
+    assert demo._standing(first["tests"], demo._committed_results("megatron-lm", without=(SMALL_FILES.name,))) == {
+        "files": 208, "compared_whole": 155, "deselected_whole": 7, "left": 46, "left_with_tests_not_compared": 39, "tests_not_compared": 683,
+        "left_with_no_test_known": 7, "tests_compared_in_those_left": 1740}
     demo._a_written_failure_is_red(EIGHT_RANKS, tmp_path, shards, 5, "megatron-lm-2")
+

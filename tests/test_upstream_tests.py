@@ -2504,7 +2504,7 @@ def _a_written_failure_is_red(evidence: Path, tmp_path: Path, shards: list[tuple
 PASSED_OVER = EVIDENCE / "h100" / "2026-12-06-mlm-passed-over"
 LATER = ("2026-12-06-cut-judged", "2026-12-06-after-the-cut", "2026-12-06-second-runs",
          "2026-12-06-first-of-kind", "2026-12-07-builder-bisected", "2026-12-07-get-batch",
-         "2026-12-07-eight-ranks")   # the runs after data-helpers
+         "2026-12-07-eight-ranks", "2026-12-07-small-files")   # the runs after data-helpers
 
 
 def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_it(tmp_path):
@@ -2537,7 +2537,8 @@ def test_the_whole_budget_run_has_no_regression_and_leaves_68_files(tmp_path):
     """integration/h100/2026-12-06-mlm-whole-budget, judged again from the ranks' records: Megatron-LM's two
     shards incomplete with no regression among 731 and 1,507 compared, the tests earlier runs compared passed
     over (489 and 304, no row here), the README's tables these counts. With every committed run, read as
-    --compared reads them, 140 of the 208 files are compared whole and 1,989 tests of 54 files are left (1,958 by the judge of the day).
+    --compared reads them, 135 of the 208 files are compared whole and 2,026 tests of 59 files are left (1,958 by the judge of
+    the day; 2,027 before an unconfirmed regression another run compared was passed over).
     Write a failure into a passed test's patched record in shard 1: a regression."""
     run = _unzipped(WHOLE_BUDGET, tmp_path / "good")
     _shards_judged_again(run, WHOLE_BUDGET / "README.md", [(731, 489), (1507, 304)], least=700, flaky_runs_named=True)
@@ -2546,8 +2547,8 @@ def test_the_whole_budget_run_has_no_regression_and_leaves_68_files(tmp_path):
     # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind); no run up to this one keeps a launch's
     # command, so none tells the markers it ran under: what they found deselected counts for nothing
     assert _standing(pin, _committed_results("megatron-lm", without=("2026-12-06-data-helpers", *LATER))) == {
-        "files": 208, "compared_whole": 134, "deselected_whole": 0, "left": 74, "left_with_tests_not_compared": 60, "tests_not_compared": 2027,
-        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1011}
+        "files": 208, "compared_whole": 135, "deselected_whole": 0, "left": 73, "left_with_tests_not_compared": 59, "tests_not_compared": 2026,
+        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1009}
     # the mutation: one passed test fails on shard 1's patched side
     _a_written_failure_is_red(WHOLE_BUDGET, tmp_path, [(731, 489), (1507, 304)], 700, "megatron-lm", flaky_runs_named=True)
 
@@ -2560,8 +2561,9 @@ def test_the_data_helpers_run_has_no_regression_and_its_helper_failures_open_aga
     incomplete with no regression among 153 and 88 compared, the tests earlier runs compared passed over (443
     and 585), the README's tables these counts. Its dataset tests failed with SystemExit: 1 on both sides, for
     the compiled helpers the trees lacked (fixed since: installed.py); those known failures are the rows
-    --look-again "SystemExit: 1" runs again. With every committed run: 143 of the 208 files compared whole; with
-    that text, the 3 files whose only failures they were open again. Write a failure into a passed test's
+    --look-again "SystemExit: 1" runs again. With every committed run up to it: 139 of the 208 files compared whole
+    (137 before an unconfirmed regression another run compared was passed over); with that text, the 3 files whose
+    only failures they were open again. Write a failure into a passed test's
     patched record in shard 1: a regression."""
     from carry.evidence.upstream.verdict import look_again
     run = _unzipped(DATA_HELPERS, tmp_path / "good")
@@ -2576,13 +2578,13 @@ def test_the_data_helpers_run_has_no_regression_and_its_helper_failures_open_aga
     # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind); no run up to this one keeps a launch's
     # command, so none tells the markers it ran under: what they found deselected counts for nothing
     assert _standing(pin, _committed_results("megatron-lm", without=LATER)) == {
-        "files": 208, "compared_whole": 137, "deselected_whole": 0, "left": 71, "left_with_tests_not_compared": 57, "tests_not_compared": 1853,
-        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1051}
+        "files": 208, "compared_whole": 139, "deselected_whole": 0, "left": 69, "left_with_tests_not_compared": 55, "tests_not_compared": 1811,
+        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1082}
     reopened = _committed_results("megatron-lm", without=LATER)
     assert look_again(reopened, ["SystemExit: 1"]) == {"SystemExit: 1": 9}
     assert _standing(pin, reopened) == {
-        "files": 208, "compared_whole": 134, "deselected_whole": 0, "left": 74, "left_with_tests_not_compared": 60, "tests_not_compared": 1859,
-        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1049}
+        "files": 208, "compared_whole": 136, "deselected_whole": 0, "left": 72, "left_with_tests_not_compared": 58, "tests_not_compared": 1818,
+        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1079}
     # the mutation: one passed test fails on shard 1's patched side
     _a_written_failure_is_red(DATA_HELPERS, tmp_path, [(153, 443), (88, 585)], 20, "megatron-lm", flaky_runs_named=True)
 
@@ -2773,8 +2775,9 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
     """In a file an earlier run began (Megatron-LM's transformer/test_attention.py: 113 tests compared, one flaky),
     --compared runs only what that run left to look at again: its tests not compared, regressed or flaky. The
     launches pass over the others (the skip list each side's pytest reads), the new rows are the rest of the
-    file, and the two runs together compare the file whole. A test any run found regressed is never passed
-    over, whatever another run found."""
+    file, and the two runs together compare the file whole. A test a run found regressed, which its bisection
+    took up, is never passed over, whatever another run found; one its bisection never took up is passed over
+    once another run compared it (flaky: it failed once and passed once on the same trees)."""
     files = ("--files", "tests/unit_tests/test_delta.py")
     env = {**os.environ, "DEMO_ASKS_FOR_THREE": "1"}   # test_delta.py's second test: at 3 ranks, where it asks
     out, first, ids = _delta_run_of_two(up, env)
@@ -2849,9 +2852,11 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
     # the second run alone does not: the test it passed over was compared by the earlier one only
     _run(up, "--select-only", "--compared", out / "megatron-lm" / "result.json", check=0)
     assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == []
-    # a test one run found regressed: no run passes over it, nor leaves its file out
+    # a test one run found regressed, which that run's bisection took up (an entry of its "bisect": run again or
+    # bisected): no run passes over it, nor leaves its file out, whatever another run found
     broke = json.loads(json.dumps(first))
     broke["rows"][0].update(patched="failed", category="regression")
+    broke["bisect"] = [{"id": ids[0], "category": "regression", "note": "not bisected: the budget ran out"}]
     (up["tmp"] / "broke.json").write_text(json.dumps(broke))
     _run(up, "--select-only", "--compared", up["tmp"] / "earlier.json", "--compared", out / "megatron-lm" / "result.json",
          "--compared", up["tmp"] / "broke.json", check=0)
@@ -2860,6 +2865,24 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
     (up["tmp"] / "whole.json").write_text(json.dumps(first))   # one run compared it whole, another found it regressed
     _run(up, "--select-only", "--compared", up["tmp"] / "whole.json", "--compared", up["tmp"] / "broke.json", check=0)
     assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == []
+    # one its run's bisection never took up (cut, not finished; or it ran other tests): a patched failure seen once.
+    # Alone it holds the file open; with another run on the series that compared the test with nothing to look at
+    # again, it failed once and passed once on the same trees: flaky, passed over, said so, the file whole
+    verbose = {**os.environ, "GTP_CARRY_VERBOSE": "1"}
+    for bisect in ("not finished", [{"id": ids[1], "category": "fixed", "note": "not bisected"}]):
+        (up["tmp"] / "once.json").write_text(json.dumps({**broke, "bisect": bisect}))
+        _run(up, "--select-only", "--compared", up["tmp"] / "once.json", check=0)
+        report = read_json(up["tmp"] / "report.json")["upstreams"][0]
+        assert report["compared_before"] == [] and ids[0] not in report["tests_compared_before"], report
+        proc, _ = _run(up, "--select-only", "--compared", up["tmp"] / "whole.json", "--compared", up["tmp"] / "once.json",
+                       check=0, env=verbose)
+        assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == ["tests/unit_tests/test_delta.py"]
+        assert (f"megatron-lm: 1 test(s) a run found regressed, unconfirmed by its bisection, another compared with "
+                f"nothing to look at again: flaky, passed over ({ids[0]}, ...)") in proc.stderr, proc.stderr
+    # the entry of another run's bisection takes up no regression of this one
+    (up["tmp"] / "whole.json").write_text(json.dumps({**first, "bisect": broke["bisect"]}))
+    _run(up, "--select-only", "--compared", up["tmp"] / "whole.json", "--compared", up["tmp"] / "once.json", check=0)
+    assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == ["tests/unit_tests/test_delta.py"]
 
 
 def test_look_again_runs_the_known_failures_whose_error_it_names_and_refuses_a_text_that_names_none(up):

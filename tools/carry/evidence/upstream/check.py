@@ -207,9 +207,8 @@ def _compared_before(upstream: str, pin: TestsPin, digest: str, results: list[di
     series (a patch changed since; or one whose result does not name its series) says nothing of this one; one
     under another marker expression (or one not known) says nothing of what today's deselects."""
     mine = [r for r in results if r.get("upstream") == upstream]
-    # the pin's launch and pytest arguments can change what a test does (ranks, a plugin, a warning filter): a run
-    # under others is another run (a result written before results named its arguments is taken as run with the
-    # pin's: no pin's arguments have changed since tests pins began, 2026-12-03)
+    # the pin's launch and pytest arguments can change what a test does (ranks, a plugin, a warning filter): a run under
+    # others is another (one written before results named them ran the pin's: none changed since pins began, 2026-12-03)
     fit = [r for r in mine if r.get("tests") == pin.describe() and r.get("series_digest") == digest
            and r.get("launch") == pin.launch and r.get("args", list(pin.args)) == list(pin.args)]
     if len(fit) < len(mine):
@@ -221,7 +220,10 @@ def _compared_before(upstream: str, pin: TestsPin, digest: str, results: list[di
         progress.say(f"{upstream}: {len(others)} --compared result(s) ran under other markers than today's "
                      f"(-m {pin.markers!r}): {', '.join(told)}; what upstream's markers deselected in those counts for "
                      "nothing: only a run under today's leaves a file out for it")
-    return Compared.of(fit, pin.markers, pin.nproc), fit
+    if (earlier := Compared.of(fit, pin.markers, pin.nproc)).cleared:   # flaky: see Compared
+        progress.say(f"{upstream}: {len(earlier.cleared)} test(s) a run found regressed, unconfirmed by its bisection, "
+                     f"another compared with nothing to look at again: flaky, passed over ({min(earlier.cleared)}, ...)")
+    return earlier, fit
 
 
 def _both(patched: list[Picked], pristine: list[Picked]) -> list[Picked]:

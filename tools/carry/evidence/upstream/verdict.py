@@ -166,21 +166,28 @@ class Compared:
       a verdict), came from ranks out of step (earlier.read_back, by whoever loads the result) or
       is a known failure named to run again (--look-again); while its module failed to collect on either side
       in every run that knows it (it ran no test there: what kept it from importing may be there now); and for
-      as long as any run found a test of it regressed. A row that names the file alone (a side that never
-      collected it) says nothing against the runs that compared its tests;
+      as long as a run found a test of it regressed and its bisection took that regression up (ran it again
+      or bisected it: an entry of its "bisect"). A regression its run's bisection never took up (cut, or not
+      finished) is one patched failure seen once: where another run on this series compared the same test
+      with nothing to look at again, the test failed once and passed once on the same trees, flaky as a
+      bisection's second run would have found it (``cleared``); until one does, it holds its file open. A row
+      that names the file alone (a side that never collected it) says nothing against the runs that compared
+      its tests;
     - ``begun``: the files a test of which one of them compared, not only collected;
     - ``deselected``: the files of ``whole`` where none knows a test and one found each test upstream's own marker
       expression deselected (on a side: its CI runs none of them; a file the series changed markers in has rows),
       one that ran under today's MARKERS (its "markers", earlier.read_back): under another expression, or one
       not known, what it deselected says nothing of what today's deselects;
     - ``ends``: per test file, how many launches of theirs ended in a test of it (a rank died or ran past the
-      per-test timeout there, or the launcher stopped a rank left behind in it): each costs a launch's start-up."""
+      per-test timeout there, or the launcher stopped a rank left behind in it): each costs a launch's start-up;
+    - ``cleared``: the tests of ``by`` that one of them found regressed without its bisection taking that up."""
     known: dict[str, frozenset[str]]
     by: frozenset[str]
     whole: frozenset[str]
     begun: frozenset[str]
     deselected: frozenset[str]
     ends: dict[str, int]
+    cleared: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, results: list[dict], markers: str, most: int) -> Compared:
@@ -189,15 +196,21 @@ class Compared:
             for nodeid in [row["id"] for row in r.get("rows", [])] + list(r.get("tests_compared_before", [])):
                 if "::" in nodeid:
                     known.setdefault(file_of(nodeid), set()).add(nodeid)
-        regressed = {row["id"] for r in results for row in r.get("rows", []) if row["category"] == "regression"}
-        by = set().union(*(compared_tests(r, most) for r in results)) - regressed
+        regressed, taken_up = set(), set()
+        for r in results:
+            mine = {row["id"] for row in r.get("rows", []) if row["category"] == "regression"}
+            regressed |= mine
+            taken_up |= mine & {e.get("id") for e in (r["bisect"] if isinstance(r.get("bisect"), list) else [])
+                                if isinstance(e, dict)}
+        # (compared_tests leaves out a run's own regressions: one in by was compared by another run)
+        by = set().union(*(compared_tests(r, most) for r in results)) - taken_up
         empty = set().union(*(r.get("no_tests", []) for r in results)) - known.keys()
         begun = {file_of(row["id"]) for r in results for row in r.get("rows", []) if row["category"] != "not-compared"}
         deselected = {file_of(nodeid) for r in results if r.get("markers") == markers
                       for side in r.get("sides", {}).values() for nodeid in side.get("deselected", {})} - known.keys()
         return cls({f: frozenset(ids) for f, ids in known.items()}, frozenset(by),
                    frozenset({f for f, ids in known.items() if ids <= by} | empty | deselected), frozenset(begun),
-                   frozenset(deselected), _launch_ends(results))
+                   frozenset(deselected), _launch_ends(results), frozenset(by & regressed))
 
     def left_in(self, path: str) -> dict[str, int | None]:
         """Of one test file left: the tests these runs know there, how many of them none compared (None where no run

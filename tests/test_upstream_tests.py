@@ -2814,12 +2814,35 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
         row.update(pristine="not-run", patched="not-run", category="not-compared")
     stopped["sides"]["patched"]["launches"][0]["stopped"] = {"rank": 1, "test": ids[1]}
     (up["tmp"] / "stopped.json").write_text(json.dumps(stopped))
-    for doc, left, ended, words in ((earlier, 1, 0, "1 of 2 "),
-                                    (up["tmp"] / "stopped.json", 2, 1, "2 of 2, 1 launch(es) ended in it ")):
-        proc, _ = _run(up, "--select-only", "--compared", doc, check=0)
+    # the second test not compared for the ranks it asks for: its row's note (results.unmet_note's words), or, as an
+    # older judge left it, its refusal at two ranks taken for its outcome (a skip that names the size it needs)
+    asked = json.loads(json.dumps(cut))
+    next(r for r in asked["rows"] if r["id"] == ids[1])["note"] = (
+        "it asks for 3 ranks (Test requires world_size=3, but got 2 at 2); no launch at 3 ranks gave it an outcome: "
+        "the side's time budget ran out before it")
+    (up["tmp"] / "asked.json").write_text(json.dumps(asked))
+    older = json.loads(json.dumps(first))
+    for side in older["sides"].values():
+        side["outcomes"][ids[1]] = {"outcome": "skipped", "reason": "Test requires world_size=3, but got 2", "world": 2}
+    (up["tmp"] / "older.json").write_text(json.dumps(older))
+    # and where another run compared it since (at three ranks), it asks for nothing more: the first test is left
+    both = json.loads(json.dumps(asked))
+    next(r for r in both["rows"] if r["id"] == ids[0]).update(pristine="not-run", patched="not-run", category="not-compared")
+    (up["tmp"] / "both.json").write_text(json.dumps(both))
+    since = json.loads(json.dumps(both))
+    next(r for r in since["rows"] if r["id"] == ids[1]).update(
+        next(r for r in first["rows"] if r["id"] == ids[1]))   # compared, as the first run did
+    (up["tmp"] / "since.json").write_text(json.dumps(since))
+    for docs, left, ended, asks, words in (
+            ([earlier], 1, 0, {}, "1 of 2 "), ([up["tmp"] / "stopped.json"], 2, 1, {}, "2 of 2, 1 launch(es) ended in it "),
+            ([up["tmp"] / "asked.json"], 1, 0, {"3": 1}, "1 of 2, 1 ask for 3 ranks "),
+            ([up["tmp"] / "older.json"], 1, 0, {"3": 1}, "1 of 2, 1 ask for 3 ranks "),
+            ([up["tmp"] / "both.json", up["tmp"] / "since.json"], 1, 0, {}, "1 of 2 ")):
+        proc, _ = _run(up, "--select-only", *(a for d in docs for a in ("--compared", d)), check=0)
         picked = {e["path"]: e for e in read_json(up["tmp"] / "report.json")["upstreams"][0]["selection"]}
-        assert {k: picked["tests/unit_tests/test_delta.py"][k] for k in ("tests_known", "tests_not_compared", "launches_ended")} \
-            == {"tests_known": 2, "tests_not_compared": left, "launches_ended": ended}, picked
+        figures = ("tests_known", "tests_not_compared", "launches_ended", "asking_for_ranks")
+        assert {k: picked["tests/unit_tests/test_delta.py"][k] for k in figures} \
+            == {"tests_known": 2, "tests_not_compared": left, "launches_ended": ended, "asking_for_ranks": asks}, picked
         assert len(picked) == n and all(e["tests_not_compared"] is None and e["tests_known"] == 0
                                         for path, e in picked.items() if path != "tests/unit_tests/test_delta.py"), picked
         assert re.search(r"\ntests/unit_tests/test_delta\.py +" + re.escape(words), proc.stdout), proc.stdout

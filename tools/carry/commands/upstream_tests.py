@@ -198,11 +198,14 @@ def _record_fixed(a: argparse.Namespace) -> int:
 
 def _left(entry: dict) -> str:
     """A selected file's figures left after --compared, in words: "N of M" tests some run knows there and none
-    compared, and the launches that ended in one of them."""
+    compared, the launches that ended in one of them, and how many of them ask for more ranks (a launch of that
+    many: h100/2026-12-07-eight-ranks ran such files in one shard, two of two sides at eight ranks being 32
+    processes on one GPU)."""
     if entry["tests_not_compared"] is None:
         return "no test known"
-    ended = entry["launches_ended"]
-    return f"{entry['tests_not_compared']} of {entry['tests_known']}" + (f", {ended} launch(es) ended in it" if ended else "")
+    ended, asking = entry["launches_ended"], entry.get("asking_for_ranks") or {}
+    return (f"{entry['tests_not_compared']} of {entry['tests_known']}" + (f", {ended} launch(es) ended in it" if ended else "")
+            + "".join(f", {k} ask for {n} ranks" for n, k in asking.items()))
 
 
 def _wrapped(usage: str, indent: int, width: int = 100) -> str:

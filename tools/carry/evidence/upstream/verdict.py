@@ -17,8 +17,9 @@ the other side ran them, it is each of those tests' ``error`` instead (one row p
 
 from __future__ import annotations
 
+import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .launch import SideResult
 from .results import Outcome, is_failing, unmet_world
@@ -180,7 +181,10 @@ class Compared:
       not known, what it deselected says nothing of what today's deselects;
     - ``ends``: per test file, how many launches of theirs ended in a test of it (a rank died or ran past the
       per-test timeout there, or the launcher stopped a rank left behind in it): each costs a launch's start-up;
-    - ``cleared``: the tests of ``by`` that one of them found regressed without its bisection taking that up."""
+    - ``cleared``: the tests of ``by`` that one of them found regressed without its bisection taking that up;
+    - ``asks``: per test, the most ranks one of them found it asks for (a refusal at the size it ran at, read as
+      launch.unmet_world reads it, or a row not compared for it: results.unmet_note's words): where none of
+      them reached it at that size, a run of its file needs a launch of that many."""
     known: dict[str, frozenset[str]]
     by: frozenset[str]
     whole: frozenset[str]
@@ -188,6 +192,7 @@ class Compared:
     deselected: frozenset[str]
     ends: dict[str, int]
     cleared: frozenset[str] = frozenset()
+    asks: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, results: list[dict], markers: str, most: int) -> Compared:
@@ -210,14 +215,15 @@ class Compared:
                       for side in r.get("sides", {}).values() for nodeid in side.get("deselected", {})} - known.keys()
         return cls({f: frozenset(ids) for f, ids in known.items()}, frozenset(by),
                    frozenset({f for f, ids in known.items() if ids <= by} | empty | deselected), frozenset(begun),
-                   frozenset(deselected), _launch_ends(results), frozenset(by & regressed))
+                   frozenset(deselected), _launch_ends(results), frozenset(by & regressed), _asks(results, most))
 
     def left_in(self, path: str) -> dict[str, int | None]:
         """Of one test file left: the tests these runs know there, how many of them none compared (None where no run
         knows a test of it), and how many of their launches ended in one of its tests (each such test costs one)."""
         known = self.known.get(path, ())
+        asking = Counter(str(self.asks[t]) for t in known if t not in self.by and t in self.asks)
         return {"tests_known": len(known), "tests_not_compared": sum(t not in self.by for t in known) if known else None,
-                "launches_ended": self.ends.get(path, 0)}
+                "launches_ended": self.ends.get(path, 0), "asking_for_ranks": dict(sorted(asking.items()))}
 
     def standing(self, selected: set[str]) -> dict[str, int]:
         """Where these runs stand against the SELECTED test files: how many they compared whole and how many are
@@ -281,6 +287,22 @@ def files_without_rows(files: list[str], rows: list[Row], sides) -> list[str]:
     seen = {r.file for r in rows}
     seen |= {file_of(nodeid) for side in sides for nodeid in side.deselected}
     return [f for f in files if f not in seen]
+
+
+_ASKED = re.compile(r"\bit asks for (\d+) ranks \(")   # results.unmet_note's words
+
+
+def _asks(results: list[dict], most: int) -> dict[str, int]:
+    """Per test, the most ranks RESULTS found it asks for (see Compared.asks)."""
+    asks: dict[str, int] = {}
+    for r in results:
+        found = [(row["id"], int(m.group(1))) for row in r.get("rows", []) if (m := _ASKED.search(row.get("note") or ""))]
+        for side in r.get("sides", {}).values():
+            found += [(nodeid, n) for nodeid, o in side.get("outcomes", {}).items() if isinstance(o, dict) and (
+                n := unmet_world(Outcome(o["outcome"], o.get("reason", ""), world=o.get("world", 1)), most))]
+        for nodeid, n in found:
+            asks[nodeid] = max(n, asks.get(nodeid, 0))
+    return asks
 
 
 def _launch_ends(results: list[dict]) -> dict[str, int]:

@@ -2771,6 +2771,46 @@ def _delta_run_of_two(up, env: dict) -> tuple[Path, dict, list[str]]:
     return out, first, ids
 
 
+def test_a_test_an_earlier_run_found_asking_for_more_ranks_is_launched_at_them_at_once(up):
+    """A test an earlier run (--compared) found asking for more ranks and did not compare (the budget ended before
+    its launch at them: Compared.asks) goes straight to a launch of that many: the launch at the first size passes
+    it over (its skip list), never refused there again. On one H100 the eight-rank tests left were most of what
+    was left (h100/2026-12-07-small-files: 242 of 255 not reached)."""
+    from carry.evidence.upstream.results import read_launch
+    env = {**os.environ, "DEMO_ASKS_FOR_THREE": "1"}   # test_delta.py's second test: at 3 ranks, where it asks
+    out, first, ids = _delta_run_of_two(up, env)
+    note = ("it asks for 3 ranks (Test requires world_size=3, but got 2 at 2); no launch at 3 ranks gave it an "
+            "outcome: the side's time budget ran out before it")
+    asked = json.loads(json.dumps(first))
+    next(r for r in asked["rows"] if r["id"] == ids[1]).update(pristine="not-run", patched="not-run",
+                                                                category="not-compared", note=note)
+    for side in asked["sides"].values():
+        del side["outcomes"][ids[1]]
+        side["not_run"][ids[1]] = note
+    (up["tmp"] / "asked.json").write_text(json.dumps(asked))
+    shutil.rmtree(out)
+    _, out = _run(up, "--no-bisect", "--files", "tests/unit_tests/test_delta.py", "--compared", up["tmp"] / "asked.json",
+                  env=env)
+    again = read_json(out / "megatron-lm" / "result.json")
+    assert [(r["id"], r["category"]) for r in again["rows"]] == [(ids[1], "passed")], again["rows"]
+    for side in ("pristine", "patched"):
+        assert again["sides"][side]["outcomes"][ids[1]]["world"] == 3
+        folder = out / "megatron-lm" / side
+        assert sorted(p.name for p in folder.glob("launch-*")) == ["launch-01-n2", "launch-02-n3"]
+        assert set(ids) <= set((folder / "launch-01-n2" / "skip.txt").read_text().split())
+        assert not read_launch(folder / "launch-01-n2", 2).tests and ids[1] in read_launch(folder / "launch-02-n3", 3).tests
+    # where another run compared it since, it is passed over like any test compared: no launch at three
+    flaky = lambda doc: [r.update(category="flaky") for r in doc["rows"] if r["id"] == ids[0]] and doc  # noqa: E731
+    (up["tmp"] / "asked.json").write_text(json.dumps(flaky(asked)))   # the first test to look at again in both
+    (up["tmp"] / "since.json").write_text(json.dumps(flaky(json.loads(json.dumps(first)))))
+    shutil.rmtree(out)
+    _, out = _run(up, "--no-bisect", "--files", "tests/unit_tests/test_delta.py", "--compared", up["tmp"] / "asked.json",
+                  "--compared", up["tmp"] / "since.json", env=env)
+    assert [r["id"] for r in read_json(out / "megatron-lm" / "result.json")["rows"]] == [ids[0]]
+    for side in ("pristine", "patched"):
+        assert [p.name for p in (out / "megatron-lm" / side).glob("launch-*")] == ["launch-01-n2"], side
+
+
 def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_began(up):
     """In a file an earlier run began (Megatron-LM's transformer/test_attention.py: 113 tests compared, one flaky),
     --compared runs only what that run left to look at again: its tests not compared, regressed or flaky. The

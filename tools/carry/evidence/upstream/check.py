@@ -135,7 +135,7 @@ def check_upstream(series: Series, upstream: str, prefix: PrefixTrees, trees: di
     files = [p.path for p in picked]
     deadline = time.monotonic() + opts.budget_s if opts.budget_s else None
     sides = {name: make_side(name, series, upstream, folders[name], files, tree_set, out / name, opts, deadline,
-                         compared=done)
+                         compared=done, worlds=earlier.asks)   # a test that asked for more ranks: launched so at once
              for name, tree_set in (("pristine", pristine_trees), ("patched", trees))}
     t0: dict[str, float] = {}
     results: dict[str, SideResult] = {}

@@ -64,7 +64,7 @@ class Side:
     shared_gpu: bool = False
     only: list[str] | None = None   # run just these test ids (a probe)
     compared: frozenset[str] = frozenset()   # test ids an earlier run compared (--compared): passed over
-    worlds: dict[str, int] = field(default_factory=dict)   # test id -> the ranks a run found it asks for (a probe's)
+    worlds: dict[str, int] = field(default_factory=dict)   # test id -> the ranks a run found it asks for
     step_grace: float = step.GRACE  # a rank still in a test this long after a peer failed it and left is behind
 
 
@@ -108,10 +108,13 @@ def run_side(side: Side) -> SideResult:
     reserve = full is not None and side.pin.launch == "torchrun"
     if reserve:  # the first launches stop early enough for the re-launches to have time
         side.deadline = time.monotonic() + (full - time.monotonic()) * (1 - RESERVE)
-    # a probe's tests that a run found asking for another size launch at it at once, never refused again first
-    asked = {i: side.worlds[i] for i in side.only or () if side.worlds.get(i, world) != world}
+    # the tests a run found asking for another size launch at it at once, never refused again first: a probe's, or
+    # (torchrun) those of the side's files --compared runs told of and did not compare (Compared.asks)
+    heads = {from_cwd(side, f) for f in side.files} if side.only is None and side.pin.launch == "torchrun" else set()
+    asked = {i: n for i, n in side.worlds.items()   # (one compared before: _launches passes it over at any size)
+             if n != world and (i in side.only if side.only is not None else i.split("::", 1)[0] in heads)}
     try:
-        _launches(side, res, world, [i for i in side.only if i not in asked] if asked else side.only)
+        _launches(side, res, world, side.only and [i for i in side.only if i not in asked], resume=asked)
     finally:
         side.deadline = full
     for n in sorted(set(asked.values())):

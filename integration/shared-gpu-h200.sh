@@ -56,7 +56,10 @@
 #                   UT_MLM_SHARDS=K (default 1): Megatron-LM's files in K parts run side by side (--shard I/K, each its own
 #                   workspace and out folder ut/megatron-lm, ut/megatron-lm-2, ...: one part leaves most of the host's cores idle;
 #                   but two parts of two sides at eight ranks are 32 processes on one GPU: out of memory and EAGAIN made
-#                   six tests flaky or unconfirmed in h100/2026-12-07-eight-ranks, so files of eight-rank tests take one);
+#                   six tests flaky or unconfirmed in h100/2026-12-07-eight-ranks, so files of eight-rank tests take one:
+#                   --select-only's column says which, "55 ask for 8 ranks"; two shards of 34 files in
+#                   h100/2026-12-07-small-files had 242 such tests left unreached, the eight-rank launches' start-up
+#                   118 to 124 s under that load);
 #                   0 with UT_MLM_BISECT_AGAIN: no part runs, only that bisection (a short session's device time);
 #                   the files a committed GPU run (integration/h100, h200) compared whole on this very series stay out
 #                   (tools/upstream_tests.py --compared; UT_COMPARED=none: run them again; UT_COMPARED=megatron-lm: only

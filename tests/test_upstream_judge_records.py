@@ -222,11 +222,11 @@ def _as_recorded(o: str) -> str:
 
 
 def test_the_cut_run_judged_from_its_records_is_what_they_hold(tmp_path):
-    """integration/h100/2026-12-06-cut-judged: a run whose machine was given back before it wrote its result,
-    judged by --judge-records. Replayed again from the committed records, each shard's rows are its result's,
-    test by test, but for shard 1's 35 whose records on a side came after their rank's CUDA context broke, and shard
-    2's 5 skips that asked for eight ranks (not compared today); the README's tables are its counts; shard 2's one regression (a crash on the patched trees,
-    unconfirmed) stands, and shard 1 has none. Write a failure into a passed test's patched record: a
+    """integration/h100/2026-12-06-cut-judged: a run whose machine was given back before it wrote its result, judged by
+    --judge-records. Replayed again from the committed records, each shard's rows are its result's, test by test, but
+    for shard 1's 35 whose records on a side came after their rank's CUDA context broke, and shard 2's 5 skips that
+    asked for eight ranks (not compared today); the README's tables are its counts; shard 2's one regression (a crash on
+    the patched trees, unconfirmed) stands, and shard 1 has none. Write a failure into a passed test's patched record: a
     regression more."""
     tables = demo._readme_tables((CUT_JUDGED / "README.md").read_text())
     run = demo._unzipped(CUT_JUDGED, tmp_path / "good")
@@ -259,13 +259,12 @@ def test_the_cut_run_judged_from_its_records_is_what_they_hold(tmp_path):
 
 
 def test_the_run_after_the_cut_has_no_regression_and_the_dataset_tests_fixed(tmp_path):
-    """integration/h100/2026-12-06-after-the-cut, judged again from the ranks' records: two shards incomplete
-    with no regression among 16 and 44 compared, the tests earlier runs compared passed over (619 and 435), the
-    README's tables these counts; 28 of its 29 fixed tests the dataset tests whose pristine compile_helpers()
-    fails. With every committed run, 145 of the 208 files compared whole (149 by the judge of its day, before it
-    read a skip that names the devices it needs as asking for them; 142 before a regression its run's bisection
-    never took up was passed over where another run compared the test); the cut run's unconfirmed regression
-    keeps its file open (no other run compared that test yet). Write a failure into a passed test's patched record in shard 1: a regression."""
+    """integration/h100/2026-12-06-after-the-cut, judged again from the ranks' records: two shards incomplete with no
+    regression among 16 and 44 compared, the tests earlier runs compared passed over (619 and 435), the README's tables
+    these counts; 28 of its 29 fixed tests the dataset tests whose pristine compile_helpers() fails. With every
+    committed run, 145 of the 208 files compared whole (149 by the judge of its day, before it read a skip that names
+    the devices it needs as asking for them; 142 before the standing read regressions as h100/2026-12-07-small-files does); the cut run's unconfirmed regression keeps its file open (no other run
+    compared that test yet). Write a failure into a passed test's patched record in shard 1: a regression."""
     run = demo._unzipped(AFTER_THE_CUT, tmp_path / "good")
     demo._shards_judged_again(run, AFTER_THE_CUT / "README.md", [(16, 619), (44, 435)], least=5)
     fixed = [r for sub in ("megatron-lm", "megatron-lm-2")
@@ -292,13 +291,13 @@ CUT_CRASH = ("tests/unit_tests/training/test_param_norm.py::test_moe_gradient_st
 
 def test_the_second_runs_find_the_cut_runs_crash_flaky_and_confirm_the_dataset_tests_fixed(tmp_path):
     """integration/h100/2026-12-06-second-runs, judged again from the ranks' records: two shards incomplete with no
-    regression among 139 and 85 compared, the tests earlier runs compared passed over (472 and 630), the README's
-    tables these counts. The cut run's unconfirmed regression failed on the patched trees, then passed on the same
-    trees (flaky, its pristine runs passed), and keeps test_param_norm.py open; the 29 dataset tests fixed by the
-    series passed twice on the patched trees (the bisection reached no prefix that tells a patch: not bisected).
-    With every committed run, 148 of the 208 files compared whole (152 by the judge of its day, 145 before an
-    unconfirmed regression another run compared was passed over). Write a failure into a passed test's patched
-    record in shard 2: a regression."""
+    regression among 139 and 85 compared, the tests earlier runs compared passed over (472 and 630), the README's tables
+    these counts. The cut run's unconfirmed regression failed on the patched trees, then passed on the same trees
+    (flaky, its pristine runs passed), and keeps test_param_norm.py open; the 29 dataset tests fixed by the series
+    passed twice on the patched trees (the bisection reached no prefix that tells a patch: not bisected). With every
+    committed run, 148 of the 208 files compared whole (152 by the judge of its day, 145 before the standing read
+    regressions as h100/2026-12-07-small-files does). Write a failure into a passed test's patched record in shard 2: a
+    regression."""
     from carry.evidence.upstream.verdict import Compared
     shards = [(139, 472), (85, 630)]
     run = demo._unzipped(SECOND_RUNS, tmp_path / "good")
@@ -324,14 +323,13 @@ def test_the_second_runs_find_the_cut_runs_crash_flaky_and_confirm_the_dataset_t
 
 def test_the_first_of_kind_run_sets_apart_a_broken_cuda_context_and_bisects_each_kind_first(tmp_path):
     """integration/h100/2026-12-06-first-of-kind, judged again from the ranks' records: two shards incomplete with no
-    regression among 87 and 96 compared, the tests earlier runs compared passed over (394 and 685), the README's
-    tables these counts. Shard 2's device judge counted 131: 35 tests a rank ran after a device-side assert broke
-    its CUDA context, set apart today (not compared). The run of data/test_builder.py again (no --compared)
-    compared 13, 9 of them fixed; its bisection asked for the first test of each kind alone (test_builder and
-    test_fast_builder, failing alike on the pristine base) and its budget ran out before a patch was named. With
-    every committed run, 148 of the 208 files compared whole (152 by the judge of its day, 145 before an
-    unconfirmed regression another run compared was passed over). Write a failure into a passed test's patched
-    record in shard 1: a regression."""
+    regression among 87 and 96 compared, the tests earlier runs compared passed over (394 and 685), the README's tables
+    these counts. Shard 2's device judge counted 131: 35 tests a rank ran after a device-side assert broke its CUDA
+    context, set apart today (not compared). The run of data/test_builder.py again (no --compared) compared 13, 9 of
+    them fixed; its bisection asked for the first test of each kind alone (test_builder and test_fast_builder, failing
+    alike on the pristine base) and its budget ran out before a patch was named. With every committed run, 148 of the
+    208 files compared whole (152 by the judge of its day, 145 before the standing read regressions as
+    h100/2026-12-07-small-files does). Write a failure into a passed test's patched record in shard 1: a regression."""
     shards = [(87, 394), (96, 685)]
     run = demo._unzipped(FIRST_OF_KIND, tmp_path / "good")
     demo._shards_judged_again(run, FIRST_OF_KIND / "README.md", shards, least=5)
@@ -373,15 +371,14 @@ def _probed(bisect: Path, test: str) -> dict[int, str]:
 
 
 def test_the_builder_run_bisects_the_dataset_kind_to_its_patch_and_records_it(tmp_path):
-    """integration/h100/2026-12-07-builder-bisected, judged again from the ranks' records: two shards incomplete with
-    no regression among 64 and 71 compared, the tests earlier runs compared passed over (769 and 412), the README's
-    tables these counts. Shard 1's bisection of the first dataset test of its kind: its probes' own records fail it
-    with the first 0, 5, 7 and 8 patches and pass it with the first 9, so it names mlm-dataset-helpers-wheel, the
-    patch series.toml records it beside; the 24 others of its kind are not bisected, and not recorded. The
-    --bisect-again run beside them named no patch. With every committed run, 1,349 tests left by today's judge
-    (1,346 by the judge of its day; 1,420 before it; 1,405 before an unconfirmed regression another run compared
-    was passed over). Write
-    a failure into a passed test's patched record in shard 2: a regression."""
+    """integration/h100/2026-12-07-builder-bisected, judged again from the ranks' records: two shards incomplete with no
+    regression among 64 and 71 compared, the tests earlier runs compared passed over (769 and 412), the README's tables
+    these counts. Shard 1's bisection of the first dataset test of its kind: its probes' own records fail it with the
+    first 0, 5, 7 and 8 patches and pass it with the first 9, so it names mlm-dataset-helpers-wheel, the patch
+    series.toml records it beside; the 24 others of its kind are not bisected, and not recorded. The --bisect-again run
+    beside them named no patch. With every committed run, 1,349 tests left by today's judge (1,346 by the judge of its
+    day; 1,420 before it; 1,405 before the standing read regressions as h100/2026-12-07-small-files does). Write a
+    failure into a passed test's patched record in shard 2: a regression."""
     from carry.series.repo import load_series
     shards = [(64, 769), (71, 412)]
     run = demo._unzipped(BUILDER_BISECTED, tmp_path / "good")
@@ -443,12 +440,12 @@ def test_a_nightly_cell_its_timeout_cut_is_judged_from_its_records_and_never_gre
 def test_the_get_batch_run_compares_the_largest_files_left_and_its_skips_that_ask_for_eight_ranks_are_no_verdict(tmp_path):
     """integration/h100/2026-12-07-get-batch, judged again from the ranks' records: two shards incomplete with no
     regression among the device's 389 and 111 compared, the tests earlier runs compared passed over (16 and 223), the
-    README's tables the device's counts. 83 of shard 1's skips name the devices their test needs ("(8 > 4)",
-    "requires 8 GPUs"): today's judge has them not compared, each asking for eight ranks; shard 2's 16 skips check a
-    fixed 8 (CI skips them too) and stand. Shard 1's six moved tests are flaky by its bisection's own records; the
-    --bisect-again beside them named no patch. With every committed run up to it, 967 tests left (1,023 before an
-    unconfirmed regression another run compared was passed over). Write a failure into a
-    passed test's patched record in shard 1: a regression."""
+    README's tables the device's counts. 83 of shard 1's skips name the devices their test needs ("(8 > 4)", "requires 8
+    GPUs"): today's judge has them not compared, each asking for eight ranks; shard 2's 16 skips check a fixed 8 (CI
+    skips them too) and stand. Shard 1's six moved tests are flaky by its bisection's own records; the --bisect-again
+    beside them named no patch. With every committed run up to it, 967 tests left (1,023 before the standing read
+    regressions as h100/2026-12-07-small-files does). Write a failure into a passed test's patched record in shard 1: a
+    regression."""
     shards = [(389, 16), (111, 223)]
     run = demo._unzipped(GET_BATCH, tmp_path / "good")
     assert demo._shards_judged_again(run, GET_BATCH / "README.md", shards, least=5) == [83, 0]
@@ -483,10 +480,9 @@ def test_the_eight_ranks_run_compares_thirteen_files_and_its_shared_gpu_failures
     README's tables the device's counts, and today's judge refusing none of them. Its five flaky tests failed on the
     patched trees for the shared GPU (out of memory, cuBLAS's allocation) and passed there when the bisection ran them
     again: flaky by the bisection's own records, none a patch's. Its one fixed test crashed the pristine side's launch
-    (EAGAIN on two ranks) and is not bisected, and no patch records it. Shard 2's skips are the ones upstream's CI
-    takes too. With every committed run up to it, 683 tests left (739 before an unconfirmed regression another run
-    compared was passed over). Write a failure into a passed test's patched record in shard
-    2: a regression."""
+    (EAGAIN on two ranks) and is not bisected, and no patch records it. Shard 2's skips are the ones upstream's CI takes
+    too. With every committed run up to it, 683 tests left (739 before the standing read regressions as
+    h100/2026-12-07-small-files does). Write a failure into a passed test's patched record in shard 2: a regression."""
     from carry.series.repo import load_series
     shards = [(80, 338), (212, 384)]
     run = demo._unzipped(EIGHT_RANKS, tmp_path / "good")

@@ -2538,7 +2538,7 @@ def test_the_whole_budget_run_has_no_regression_and_leaves_68_files(tmp_path):
     shards incomplete with no regression among 731 and 1,507 compared, the tests earlier runs compared passed
     over (489 and 304, no row here), the README's tables these counts. With every committed run, read as
     --compared reads them, 135 of the 208 files are compared whole and 2,026 tests of 59 files are left (1,958 by the judge of
-    the day; 2,027 before an unconfirmed regression another run compared was passed over).
+    the day; 2,027 before the standing read regressions as h100/2026-12-07-small-files does).
     Write a failure into a passed test's patched record in shard 1: a regression."""
     run = _unzipped(WHOLE_BUDGET, tmp_path / "good")
     _shards_judged_again(run, WHOLE_BUDGET / "README.md", [(731, 489), (1507, 304)], least=700, flaky_runs_named=True)
@@ -2562,7 +2562,7 @@ def test_the_data_helpers_run_has_no_regression_and_its_helper_failures_open_aga
     and 585), the README's tables these counts. Its dataset tests failed with SystemExit: 1 on both sides, for
     the compiled helpers the trees lacked (fixed since: installed.py); those known failures are the rows
     --look-again "SystemExit: 1" runs again. With every committed run up to it: 139 of the 208 files compared whole
-    (137 before an unconfirmed regression another run compared was passed over); with that text, the 3 files whose
+    (137 before the standing read regressions as h100/2026-12-07-small-files does); with that text, the 3 files whose
     only failures they were open again. Write a failure into a passed test's
     patched record in shard 1: a regression."""
     from carry.evidence.upstream.verdict import look_again
@@ -2578,13 +2578,13 @@ def test_the_data_helpers_run_has_no_regression_and_its_helper_failures_open_aga
     # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind); no run up to this one keeps a launch's
     # command, so none tells the markers it ran under: what they found deselected counts for nothing
     assert _standing(pin, _committed_results("megatron-lm", without=LATER)) == {
-        "files": 208, "compared_whole": 139, "deselected_whole": 0, "left": 69, "left_with_tests_not_compared": 55, "tests_not_compared": 1811,
-        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1082}
+        "files": 208, "compared_whole": 139, "deselected_whole": 0, "left": 69, "left_with_tests_not_compared": 55, "tests_not_compared": 1812,
+        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1081}
     reopened = _committed_results("megatron-lm", without=LATER)
     assert look_again(reopened, ["SystemExit: 1"]) == {"SystemExit: 1": 9}
     assert _standing(pin, reopened) == {
-        "files": 208, "compared_whole": 136, "deselected_whole": 0, "left": 72, "left_with_tests_not_compared": 58, "tests_not_compared": 1818,
-        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1079}
+        "files": 208, "compared_whole": 136, "deselected_whole": 0, "left": 72, "left_with_tests_not_compared": 58, "tests_not_compared": 1819,
+        "left_with_no_test_known": 14, "tests_compared_in_those_left": 1078}
     # the mutation: one passed test fails on shard 1's patched side
     _a_written_failure_is_red(DATA_HELPERS, tmp_path, [(153, 443), (88, 585)], 20, "megatron-lm", flaky_runs_named=True)
 
@@ -2771,6 +2771,14 @@ def _delta_run_of_two(up, env: dict) -> tuple[Path, dict, list[str]]:
     return out, first, ids
 
 
+def _asked_for_three() -> str:
+    """The note of a test that asked for three ranks at two and had no launch at three, in the words the judge
+    writes it (results.unmet_note), which Compared.asks reads back."""
+    from carry.evidence.upstream.results import unmet_note
+    refusal = Outcome("skipped", "Test requires world_size=3, but got 2", world=2)
+    return unmet_note(3, refusal, ": the side's time budget ran out before it")
+
+
 def test_a_test_an_earlier_run_found_asking_for_more_ranks_is_launched_at_them_at_once(up):
     """A test an earlier run (--compared) found asking for more ranks and did not compare (the budget ended before
     its launch at them: Compared.asks) goes straight to a launch of that many: the launch at the first size passes
@@ -2779,8 +2787,7 @@ def test_a_test_an_earlier_run_found_asking_for_more_ranks_is_launched_at_them_a
     from carry.evidence.upstream.results import read_launch
     env = {**os.environ, "DEMO_ASKS_FOR_THREE": "1"}   # test_delta.py's second test: at 3 ranks, where it asks
     out, first, ids = _delta_run_of_two(up, env)
-    note = ("it asks for 3 ranks (Test requires world_size=3, but got 2 at 2); no launch at 3 ranks gave it an "
-            "outcome: the side's time budget ran out before it")
+    note = _asked_for_three()
     asked = json.loads(json.dumps(first))
     next(r for r in asked["rows"] if r["id"] == ids[1]).update(pristine="not-run", patched="not-run",
                                                                 category="not-compared", note=note)
@@ -2817,7 +2824,9 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
     launches pass over the others (the skip list each side's pytest reads), the new rows are the rest of the
     file, and the two runs together compare the file whole. A test a run found regressed, which its bisection
     took up, is never passed over, whatever another run found; one its bisection never took up is passed over
-    once another run compared it (flaky: it failed once and passed once on the same trees)."""
+    once another run's patched trees passed it (flaky: it failed once and passed once on the same trees), never
+    where both sides failed it again; and a regression row today's judge of its run's sides does not find (a side
+    that never ran the test) is none."""
     files = ("--files", "tests/unit_tests/test_delta.py")
     env = {**os.environ, "DEMO_ASKS_FOR_THREE": "1"}   # test_delta.py's second test: at 3 ranks, where it asks
     out, first, ids = _delta_run_of_two(up, env)
@@ -2857,9 +2866,7 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
     # the second test not compared for the ranks it asks for: its row's note (results.unmet_note's words), or, as an
     # older judge left it, its refusal at two ranks taken for its outcome (a skip that names the size it needs)
     asked = json.loads(json.dumps(cut))
-    next(r for r in asked["rows"] if r["id"] == ids[1])["note"] = (
-        "it asks for 3 ranks (Test requires world_size=3, but got 2 at 2); no launch at 3 ranks gave it an outcome: "
-        "the side's time budget ran out before it")
+    next(r for r in asked["rows"] if r["id"] == ids[1])["note"] = _asked_for_three()
     (up["tmp"] / "asked.json").write_text(json.dumps(asked))
     older = json.loads(json.dumps(first))
     for side in older["sides"].values():
@@ -2919,6 +2926,7 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
     # bisected): no run passes over it, nor leaves its file out, whatever another run found
     broke = json.loads(json.dumps(first))
     broke["rows"][0].update(patched="failed", category="regression")
+    broke["sides"]["patched"]["outcomes"][ids[0]].update(outcome="failed", reason="AssertionError: boom")
     broke["bisect"] = [{"id": ids[0], "category": "regression", "note": "not bisected: the budget ran out"}]
     (up["tmp"] / "broke.json").write_text(json.dumps(broke))
     _run(up, "--select-only", "--compared", up["tmp"] / "earlier.json", "--compared", out / "megatron-lm" / "result.json",
@@ -2940,12 +2948,30 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
         proc, _ = _run(up, "--select-only", "--compared", up["tmp"] / "whole.json", "--compared", up["tmp"] / "once.json",
                        check=0, env=verbose)
         assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == ["tests/unit_tests/test_delta.py"]
-        assert (f"megatron-lm: 1 test(s) a run found regressed, unconfirmed by its bisection, another compared with "
-                f"nothing to look at again: flaky, passed over ({ids[0]}, ...)") in proc.stderr, proc.stderr
+        assert (f"megatron-lm: 1 test(s) a run found regressed, unconfirmed by its bisection, another's patched trees "
+                f"passed: flaky, passed over ({ids[0]}, ...)") in proc.stderr, proc.stderr
     # the entry of another run's bisection takes up no regression of this one
     (up["tmp"] / "whole.json").write_text(json.dumps({**first, "bisect": broke["bisect"]}))
     _run(up, "--select-only", "--compared", up["tmp"] / "whole.json", "--compared", up["tmp"] / "once.json", check=0)
     assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == ["tests/unit_tests/test_delta.py"]
+    # another run where both sides failed it is no pass on the same trees: the regression still holds the file
+    both = json.loads(json.dumps(first))
+    both["rows"][0].update(pristine="failed", patched="failed", category="known-failure")
+    for side in both["sides"].values():
+        side["outcomes"][ids[0]].update(outcome="failed", reason="AssertionError: boom")
+    (up["tmp"] / "both.json").write_text(json.dumps(both))
+    _run(up, "--select-only", "--compared", up["tmp"] / "both.json", "--compared", up["tmp"] / "once.json", check=0)
+    assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == []
+    # a regression row an older judge wrote where the pristine side never ran the test (its side never began:
+    # h100/2026-12-06-mlm-three-shards) is none by today's judge of that result's sides, taken up or not
+    never = json.loads(json.dumps(broke))
+    del never["sides"]["pristine"]["outcomes"][ids[0]]
+    never["sides"]["pristine"]["not_run"][ids[0]] = "the launch ended (exit 1) before any test ended"
+    (up["tmp"] / "never.json").write_text(json.dumps(never))
+    _run(up, "--select-only", "--compared", up["tmp"] / "whole.json", "--compared", up["tmp"] / "never.json", check=0)
+    assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == ["tests/unit_tests/test_delta.py"]
+    _run(up, "--select-only", "--compared", up["tmp"] / "never.json", check=0)   # alone: a test not compared
+    assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == []
 
 
 def test_look_again_runs_the_known_failures_whose_error_it_names_and_refuses_a_text_that_names_none(up):

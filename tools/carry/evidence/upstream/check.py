@@ -222,7 +222,7 @@ def _compared_before(upstream: str, pin: TestsPin, digest: str, results: list[di
                      "nothing: only a run under today's leaves a file out for it")
     if (earlier := Compared.of(fit, pin.markers, pin.nproc)).cleared:   # flaky: see Compared
         progress.say(f"{upstream}: {len(earlier.cleared)} test(s) a run found regressed, unconfirmed by its bisection, "
-                     f"another compared with nothing to look at again: flaky, passed over ({min(earlier.cleared)}, ...)")
+                     f"another's patched trees passed: flaky, passed over ({min(earlier.cleared)}, ...)")
     return earlier, fit
 
 

@@ -109,10 +109,10 @@ def run_side(side: Side) -> SideResult:
     if reserve:  # the first launches stop early enough for the re-launches to have time
         side.deadline = time.monotonic() + (full - time.monotonic()) * (1 - RESERVE)
     # the tests a run found asking for another size launch at it at once, never refused again first: a probe's, or
-    # (torchrun) those of the side's files --compared runs told of and did not compare (Compared.asks)
-    heads = {from_cwd(side, f) for f in side.files} if side.only is None and side.pin.launch == "torchrun" else set()
-    asked = {i: n for i, n in side.worlds.items()   # (one compared before: _launches passes it over at any size)
-             if n != world and (i in side.only if side.only is not None else i.split("::", 1)[0] in heads)}
+    # (torchrun) those of the side's files --compared runs told of (Compared.asks; one compared: _launches passes it over)
+    heads = {from_cwd(side, f) for f in side.files} if side.pin.launch == "torchrun" else set()
+    mine = set(side.only) if side.only is not None else {i for i in side.worlds if i.split("::", 1)[0] in heads}
+    asked = {i: n for i, n in side.worlds.items() if n != world and i in mine}
     try:
         _launches(side, res, world, side.only and [i for i in side.only if i not in asked], resume=asked)
     finally:

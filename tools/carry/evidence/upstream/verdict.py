@@ -167,13 +167,14 @@ class Compared:
       a verdict), came from ranks out of step (earlier.read_back, by whoever loads the result) or
       is a known failure named to run again (--look-again); while its module failed to collect on either side
       in every run that knows it (it ran no test there: what kept it from importing may be there now); and for
-      as long as a run found a test of it regressed and its bisection took that regression up (ran it again
-      or bisected it: an entry of its "bisect"). A regression its run's bisection never took up (cut, or not
-      finished) is one patched failure seen once: where another run on this series compared the same test
-      with nothing to look at again, the test failed once and passed once on the same trees, flaky as a
-      bisection's second run would have found it (``cleared``); until one does, it holds its file open. A row
-      that names the file alone (a side that never collected it) says nothing against the runs that compared
-      its tests;
+      as long as a run found a test of it regressed (a row today's judge of that run's own sides finds again:
+      _still_regressed) and its bisection took that regression up (ran it again or bisected it: an entry of its
+      "bisect"). A regression its run's bisection never took up (cut, or not finished) is one patched failure
+      seen once: where another run on this series compared the same test with nothing to look at again and the
+      patched trees passed it, the test failed once and passed once on the same trees, flaky as a bisection's
+      second run would have found it (``cleared``); until one does (both sides failing it is no pass), it holds
+      its file open. A row that names the file alone (a side that never collected it) says nothing against the
+      runs that compared its tests;
     - ``begun``: the files a test of which one of them compared, not only collected;
     - ``deselected``: the files of ``whole`` where none knows a test and one found each test upstream's own marker
       expression deselected (on a side: its CI runs none of them; a file the series changed markers in has rows),
@@ -201,14 +202,16 @@ class Compared:
             for nodeid in [row["id"] for row in r.get("rows", [])] + list(r.get("tests_compared_before", [])):
                 if "::" in nodeid:
                     known.setdefault(file_of(nodeid), set()).add(nodeid)
-        regressed, taken_up = set(), set()
+        regressed, taken_up, passed = set(), set(), set()
         for r in results:
-            mine = {row["id"] for row in r.get("rows", []) if row["category"] == "regression"}
+            mine = _still_regressed(r, {row["id"] for row in r.get("rows", []) if row["category"] == "regression"})
             regressed |= mine
             taken_up |= mine & {e.get("id") for e in (r["bisect"] if isinstance(r.get("bisect"), list) else [])
                                 if isinstance(e, dict)}
-        # (compared_tests leaves out a run's own regressions: one in by was compared by another run)
-        by = set().union(*(compared_tests(r, most) for r in results)) - taken_up
+            passed |= {row["id"] for row in r.get("rows", []) if row["patched"] in ("passed", "xpassed")}
+        # compared_tests leaves out a run's own regressions: one in by was compared by another run, and it is cleared
+        # only where the patched trees passed it there (both sides failing it again is no pass on the same trees)
+        by = set().union(*(compared_tests(r, most) for r in results)) - taken_up - (regressed - passed)
         empty = set().union(*(r.get("no_tests", []) for r in results)) - known.keys()
         begun = {file_of(row["id"]) for r in results for row in r.get("rows", []) if row["category"] != "not-compared"}
         deselected = {file_of(nodeid) for r in results if r.get("markers") == markers
@@ -277,9 +280,28 @@ def _looked_at_again(result: dict, most: int) -> tuple[set[str], set[str]]:
     files: set[str] = set()
     for side in result.get("sides", {}).values():
         files |= {file_of(module) for module in side.get("collect_errors", {})}
-        ids |= {nodeid for nodeid, o in side.get("outcomes", {}).items()
-                if unmet_world(Outcome(o["outcome"], o.get("reason", ""), world=o.get("world", 1)), most)}
+        ids |= _refusals(side, most).keys()
     return ids, files
+
+
+def _still_regressed(result: dict, ids: set[str]) -> set[str]:
+    """Of IDS, a result's regression rows, those today's judge finds regressed again from the result's own sides
+    (compare): a row an older judge wrote where a side never ran the test is none (h100/2026-12-06-mlm-three-shards'
+    pristine side never began: 87 such rows). All of them where its sides cannot be read."""
+    if not ids:
+        return ids
+    try:
+        sides = {name: SideResult.from_dict(side) for name, side in result["sides"].items()}
+        return ids & {r.id for r in compare(sides["pristine"], sides["patched"]) if r.category == "regression"}
+    except (KeyError, TypeError):
+        return ids
+
+
+def _refusals(side: dict, most: int) -> dict[str, int]:
+    """Of a result's side (its "sides" entry): each test whose outcome refused the size it ran at, and the size it asks
+    for (unmet_world: at most MOST ranks)."""
+    return {nodeid: n for nodeid, o in side.get("outcomes", {}).items() if isinstance(o, dict)
+            and (n := unmet_world(Outcome(o["outcome"], o.get("reason", ""), world=o.get("world", 1)), most))}
 
 
 def files_without_rows(files: list[str], rows: list[Row], sides) -> list[str]:
@@ -299,8 +321,7 @@ def _asks(results: list[dict], most: int) -> dict[str, int]:
     for r in results:
         found = [(row["id"], int(m.group(1))) for row in r.get("rows", []) if (m := _ASKED.search(row.get("note") or ""))]
         for side in r.get("sides", {}).values():
-            found += [(nodeid, n) for nodeid, o in side.get("outcomes", {}).items() if isinstance(o, dict) and (
-                n := unmet_world(Outcome(o["outcome"], o.get("reason", ""), world=o.get("world", 1)), most))]
+            found += _refusals(side, most).items()
         for nodeid, n in found:
             asks[nodeid] = max(n, asks.get(nodeid, 0))
     return asks

@@ -265,3 +265,38 @@ def test_a_rank_left_behind_stops_the_launch_and_what_ranks_ran_out_of_step_is_r
     said = _records(side.out / "launch-01-n2" / "rank-1.jsonl")
     assert [(r["id"].split("::")[1], r["outcome"]) for r in said if r["ev"] == "end"] == [
         ("test_fails_on_one_rank_before_the_collective", "failed"), ("test_needs_every_rank", "failed")], said
+
+
+def test_a_test_told_to_ask_for_another_size_launches_at_it_only_from_its_own_sides_files(tmp_path):
+    """--compared runs tell of tests asking for another size (Compared.asks, the side's ``worlds``), for every file
+    of the selection. A shard's side runs some of them: its tests launch at their size at once, without a first-size
+    refusal, and another shard's tests told of the same way are neither launched nor counted as not reached here.
+    For real: torchrun, two ranks first, then one."""
+    from carry.evidence.upstream.launch import Side, run_side
+    from carry.series.testspin import TestsPin
+    tests = tmp_path / "side" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "test_mine.py").write_text(textwrap.dedent("""
+        import os
+
+
+        def test_plain():
+            pass
+
+
+        def test_asks_for_one():
+            assert os.environ["WORLD_SIZE"] == "1", "launched at the size it asks for"
+    """))
+    (tests / "test_other_shards.py").write_text("def test_asks_for_one():\n    pass\n")
+    pin = TestsPin(upstream="demo", root="tests", launch="torchrun", source="tree", nproc=2)
+    told = {"tests/test_mine.py::test_asks_for_one": 1, "tests/test_other_shards.py::test_asks_for_one": 1}
+    side = Side(name="patched", pin=pin, folder=tmp_path / "side", files=["tests/test_mine.py"], pythonpath=[],
+                out=tmp_path / "out", deadline=time.monotonic() + 240, test_timeout=200, worlds=told)
+    res = run_side(side)
+    assert [x["world"] for x in res.launches] == [2, 1], res.launches
+    assert {i: (o.outcome, o.world) for i, o in res.outcomes.items()} == {
+        "tests/test_mine.py::test_plain": ("passed", 2), "tests/test_mine.py::test_asks_for_one": ("passed", 1)}, \
+        res.outcomes
+    assert res.not_run == {}, res.not_run
+    first = {r["id"] for r in _records(side.out / "launch-01-n2" / "rank-0.jsonl") if r["ev"] == "start"}
+    assert "tests/test_mine.py::test_asks_for_one" not in first, "never refused again at the first size first"

@@ -1,19 +1,17 @@
-"""One side of an upstream's tests, run with the upstream's own launch until every selected test has
-an outcome or the time budget is spent.
+"""One side of an upstream's tests, run with the upstream's own launch until every selected test has an outcome or the
+time budget is spent.
 
-A launch is ``torchrun --nproc-per-node N -m pytest`` (or plain ``pytest``) in the side's folder, with
-the reporter (site/) on the path and upstream CI's ``-m`` and options. Two stops are lifted, because
-every test's outcome is wanted: ``--maxfail`` (NeMo-RL's addopts stop at the first failure) and the stop
-at a module that fails to collect (``--continue-on-collection-errors``: that module is one ``error``). When a launch dies inside a test
-(a crash, a hung collective the reporter ended), that test gets its outcome, ``crashed`` or
-``timeout``, and the next launch goes on after it: one bad test does not cost the rest. Tests that
-refused the world size they ran at (a skip that names another, ``launch with torchrun
---nproc-per-node=4``; Megatron's parallel set-up refusing it) are launched again at the size they ask
-for, and only those runs decide them: one no launch there reached is not run, never its refusal read
-as a skip or a failure. With a time budget, the first launches of a torchrun
-side stop at 65% of it so that these have the rest, and what they leave of it goes back to the tests
-the first launches did not reach. A plain pytest side never launches at another size: its first
-launches have the whole budget.
+A launch is ``torchrun --nproc-per-node N -m pytest`` (or plain ``pytest``) in the side's folder, with the reporter
+(site/) on the path and upstream CI's ``-m`` and options. Two stops are lifted, because every test's outcome is
+wanted: ``--maxfail`` (NeMo-RL's addopts stop at the first failure) and the stop at a module that fails to collect
+(``--continue-on-collection-errors``: that module is one ``error``). When a launch dies inside a test (a crash, a hung
+collective the reporter ended), that test gets its outcome, ``crashed`` or ``timeout``, and the next launch goes on
+after it: one bad test does not cost the rest. Tests that refused the world size they ran at (a skip that names
+another, ``launch with torchrun --nproc-per-node=4``; Megatron's parallel set-up refusing it) are launched again at
+the size they ask for, and only those runs decide them: one no launch there reached is not run, never its refusal read
+as a skip or a failure. With a time budget, the first launches of a torchrun side stop at 65% of it so that these have
+the rest, and what they leave of it goes back to the tests the first launches did not reach. A plain pytest side never
+launches at another size: its first launches have the whole budget.
 """
 
 from __future__ import annotations
@@ -67,6 +65,13 @@ class Side:
     worlds: dict[str, int] = field(default_factory=dict)   # test id -> the ranks a run found it asks for
     step_grace: float = step.GRACE  # a rank still in a test this long after a peer failed it and left is behind
 
+    def asked_elsewhere(self, world: int) -> dict[str, int]:
+        """Tests asking for another size than WORLD (launched at it at once): a probe's own, or (torchrun) those of the
+        side's files --compared runs told of (Compared.asks; _launches passes over one compared), never another's."""
+        heads = {from_cwd(self, f) for f in self.files} if self.pin.launch == "torchrun" else set()
+        mine = set(self.only) if self.only is not None else {i for i in self.worlds if i.split("::", 1)[0] in heads}
+        return {i: n for i, n in self.worlds.items() if n != world and i in mine}
+
 
 @dataclass
 class SideResult:
@@ -104,15 +109,10 @@ def run_side(side: Side) -> SideResult:
         return res
     world = side.nproc or side.pin.nproc
     full = side.deadline
-    # Only torchrun launches again at another world size: a plain pytest side keeps no reserve for it.
-    reserve = full is not None and side.pin.launch == "torchrun"
+    reserve = full is not None and side.pin.launch == "torchrun"   # only torchrun launches again at another size
     if reserve:  # the first launches stop early enough for the re-launches to have time
         side.deadline = time.monotonic() + (full - time.monotonic()) * (1 - RESERVE)
-    # the tests a run found asking for another size launch at it at once, never refused again first: a probe's, or
-    # (torchrun) those of the side's files --compared runs told of (Compared.asks; one compared: _launches passes it over)
-    heads = {from_cwd(side, f) for f in side.files} if side.pin.launch == "torchrun" else set()
-    mine = set(side.only) if side.only is not None else {i for i in side.worlds if i.split("::", 1)[0] in heads}
-    asked = {i: n for i, n in side.worlds.items() if n != world and i in mine}
+    asked = side.asked_elsewhere(world)
     try:
         _launches(side, res, world, side.only and [i for i in side.only if i not in asked], resume=asked)
     finally:

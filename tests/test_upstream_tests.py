@@ -2504,7 +2504,7 @@ def _a_written_failure_is_red(evidence: Path, tmp_path: Path, shards: list[tuple
 PASSED_OVER = EVIDENCE / "h100" / "2026-12-06-mlm-passed-over"
 LATER = ("2026-12-06-cut-judged", "2026-12-06-after-the-cut", "2026-12-06-second-runs",
          "2026-12-06-first-of-kind", "2026-12-07-builder-bisected", "2026-12-07-get-batch",
-         "2026-12-07-eight-ranks", "2026-12-07-small-files")   # the runs after data-helpers
+         "2026-12-07-eight-ranks", "2026-12-07-small-files", "2026-12-07-eight-rank-shard")   # after data-helpers
 
 
 def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_it(tmp_path):

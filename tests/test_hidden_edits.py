@@ -195,6 +195,28 @@ def test_an_unedited_marked_file_of_a_checkout_that_converts_line_endings_is_no_
     _into(demo, target, check=0)
 
 
+def test_a_clean_checkout_whose_git_writes_crlf_is_clean_and_an_edit_there_still_stops_the_run(demo, tmp_path):
+    """A checkout cloned with core.autocrlf=true holds every text file with CRLF where its blobs hold LF: the user's
+    git status is clean. Read under the tool's byte-exact config, every file was an edit, and the run refused a
+    clean checkout with a hint that does nothing (`git stash push -u` has no local changes to save). The checkout's
+    edits are what the user's own git status shows: the clean one is applied onto, and a real edit is still
+    refused and kept."""
+    target = tmp_path / "checkout"
+    subprocess.run(["git", "clone", "-q", "-c", "core.autocrlf=true", str(demo["up"]), str(target)], check=True)
+    mine = Git(target).as_user  # the user's own git: it converts as the checkout's config says
+    mine("checkout", "-q", "-B", "main", demo["v0"])
+    f = target / "megatron" / "core" / "alpha.py"
+    assert b"\r\n" in f.read_bytes() and mine("status", "--porcelain").stdout == ""
+    edited = f.read_bytes() + EDIT.replace("\n", "\r\n").encode()
+    f.write_bytes(edited)
+    res = _into(demo, target, check=1)
+    assert re.search(r"uncommitted changes: megatron/core/alpha\.py$", res.stderr, re.M), res.stderr
+    assert f.read_bytes() == edited
+    mine("checkout", "--", "megatron/core/alpha.py")
+    _into(demo, target, check=0)
+    assert mine("status", "--porcelain").stdout == "" and git(target, "rev-parse", "HEAD") != git(target, "rev-parse", demo["v0"])
+
+
 def test_an_untracked_file_is_named_as_it_is_whatever_its_name(demo, tmp_path):
     """git status names a path with a quote, a backslash or a newline C-quoted on its line; read with -z,
     the refusal names the file the user has, byte for byte."""

@@ -154,14 +154,14 @@ class Git:
                 raise CommandError(res.argv, res.returncode, "" if binary else res.stdout, res.stderr)
         return res
 
-    def as_user(self, *args: str, check: bool = True) -> Result:
+    def as_user(self, *args: str, check: bool = True, binary: bool = False) -> Result:
         """git as the user's own git runs here: the user's and the repository's config, none of the
         tool's own (what `git add` would make of a file, its end-of-line conversion and filters
         included); only the variables that would point git at another repository are dropped."""
         env = {k: v for k, v in os.environ.items() if k not in _ELSEWHERE}
-        res = run(["git", "-C", str(self.path), *args], env=env, check=False)
+        res = run(["git", "-C", str(self.path), *args], env=env, check=False, binary=binary)
         if check and not res.ok:
-            raise CommandError(res.argv, res.returncode, res.stdout, res.stderr)
+            raise CommandError(res.argv, res.returncode, "" if binary else res.stdout, res.stderr)
         return res
 
     # -- making repositories -------------------------------------------------
@@ -210,11 +210,14 @@ class Git:
         return self("cat-file", "-e", f"{rev}^{{commit}}", check=False).ok
 
     def status_paths(self) -> list[str]:
-        """Each path ``git status`` shows (untracked files one by one; a rename's new name, then its
-        old), as its bytes: -z, never a line git quoted (a name with a quote, a backslash, a newline)."""
+        """Each path the user's own ``git status`` shows (untracked files one by one; a rename's new name, then its
+        old), as its bytes: -z, never a line git quoted (a name with a quote, a backslash, a newline). Read with the
+        user's config (as_user): a file is an edit as their git converts it (core.autocrlf, filters), never a clean
+        checkout of CRLF files read byte for byte against LF blobs, which no stash the hint names would put aside."""
         # --ignore-submodules=none: a repository's config (diff.ignoreSubmodules, submodule.<name>.ignore)
         # must not hide a submodule's edits from the checks that decide a tree holds nothing of the user's
-        out = self("status", "--porcelain", "-z", "--untracked-files=all", "--ignore-submodules=none", binary=True)
+        out = self.as_user("status", "--porcelain", "-z", "--untracked-files=all", "--ignore-submodules=none",
+                           binary=True)
         fields = os.fsdecode(out.stdout).split("\0")
         paths: list[str] = []
         while fields:

@@ -144,6 +144,9 @@ class Git:
             argv += ["-c", item]
         res = run([*argv, *args], env=git_env(env), input=input, check=False, binary=binary,
                   timeout=timeout)
+        return self._answered(res, check, binary)
+
+    def _answered(self, res: Result, check: bool, binary: bool) -> Result:
         if not res.ok:
             # A full disk is no answer of git's for a caller to read (a conflict, a missing
             # commit): it stops the command, named as what it is, with or without check.
@@ -157,12 +160,11 @@ class Git:
     def as_user(self, *args: str, check: bool = True, binary: bool = False) -> Result:
         """git as the user's own git runs here: the user's and the repository's config, none of the
         tool's own (what `git add` would make of a file, its end-of-line conversion and filters
-        included); only the variables that would point git at another repository are dropped."""
-        env = {k: v for k, v in os.environ.items() if k not in _ELSEWHERE}
-        res = run(["git", "-C", str(self.path), *args], env=env, check=False, binary=binary)
-        if check and not res.ok:
-            raise CommandError(res.argv, res.returncode, "" if binary else res.stdout, res.stderr)
-        return res
+        included); only the variables that would point git at another repository are dropped, and its messages are
+        English (LC_ALL=C), as the tool reads them (a full disk)."""
+        env = {**{k: v for k, v in os.environ.items() if k not in _ELSEWHERE}, "LC_ALL": "C"}
+        return self._answered(run(["git", "-C", str(self.path), *args], env=env, check=False, binary=binary),
+                              check, binary)
 
     # -- making repositories -------------------------------------------------
     def init(self) -> None:

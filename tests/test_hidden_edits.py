@@ -214,7 +214,8 @@ def test_a_clean_checkout_whose_git_writes_crlf_is_clean_and_an_edit_there_still
     assert f.read_bytes() == edited
     mine("checkout", "--", "megatron/core/alpha.py")
     _into(demo, target, check=0)
-    assert mine("status", "--porcelain").stdout == "" and git(target, "rev-parse", "HEAD") != git(target, "rev-parse", demo["v0"])
+    assert mine("status", "--porcelain").stdout == ""
+    assert git(target, "rev-parse", "HEAD") != git(target, "rev-parse", demo["v0"])   # applied onto
 
 
 def test_an_untracked_file_is_named_as_it_is_whatever_its_name(demo, tmp_path):

@@ -273,8 +273,7 @@ def test_the_run_after_the_cut_has_no_regression_and_the_dataset_tests_fixed(tmp
     data = [r for r in fixed if r["id"].startswith("tests/unit_tests/data/")]
     assert (len(fixed), len(data)) == (29, 28) and all(r["pristine_reason"].startswith("SystemExit: 1") for r in data)
     pin = demo._result_json(AFTER_THE_CUT / "run" / "megatron-lm" / "megatron-lm")["tests"]
-    results = demo._committed_results("megatron-lm", without=(SECOND_RUNS.name, FIRST_OF_KIND.name, BUILDER_BISECTED.name,
-                                                                   GET_BATCH.name, EIGHT_RANKS.name, SMALL_FILES.name, EIGHT_RANK_SHARD.name))
+    results = demo._committed_through("megatron-lm", AFTER_THE_CUT.name)
     # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
     # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind); no run up to this one keeps a launch's
     # command, so none tells the markers it ran under: what they found deselected counts for nothing
@@ -312,7 +311,7 @@ def test_the_second_runs_find_the_cut_runs_crash_flaky_and_confirm_the_dataset_t
                                    for r in data), data
     bisected = {e["id"]: e for e in second["bisect"]}
     assert all(bisected[r["id"]]["note"].startswith("not bisected: ") for r in data)   # confirmed, then cut
-    results = demo._committed_results("megatron-lm", without=(FIRST_OF_KIND.name, BUILDER_BISECTED.name, GET_BATCH.name, EIGHT_RANKS.name, SMALL_FILES.name, EIGHT_RANK_SHARD.name))
+    results = demo._committed_through("megatron-lm", SECOND_RUNS.name)
     # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
     # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind)
     assert demo._standing(first["tests"], results) == {
@@ -350,7 +349,7 @@ def test_the_first_of_kind_run_sets_apart_a_broken_cuda_context_and_bisects_each
     assert notes == {"test_builder": notes["test_builder"], "test_fast_builder": notes["test_fast_builder"]}
     assert "the first 7 patch(es)" in notes["test_builder"] and "the first 5 patch(es)" in notes["test_fast_builder"]
     pin = again["tests"]
-    assert demo._standing(pin, demo._committed_results("megatron-lm", without=(BUILDER_BISECTED.name, GET_BATCH.name, EIGHT_RANKS.name, SMALL_FILES.name, EIGHT_RANK_SHARD.name))) == {
+    assert demo._standing(pin, demo._committed_through("megatron-lm", FIRST_OF_KIND.name)) == {
         "files": 208, "compared_whole": 148, "deselected_whole": 7, "left": 53, "left_with_tests_not_compared": 46, "tests_not_compared": 1420,
         "left_with_no_test_known": 7, "tests_compared_in_those_left": 1224}
     demo._a_written_failure_is_red(FIRST_OF_KIND, tmp_path, shards, 5, "megatron-lm")
@@ -403,7 +402,7 @@ def test_the_builder_run_bisects_the_dataset_kind_to_its_patch_and_records_it(tm
     assert again["bisected_again"] == 9 and not [e for e in again["bisect"] if e.get("first_patch")]
     assert again["counts"]["*"] == demo._readme_tables((BUILDER_BISECTED / "README.md").read_text())[2]
     pin = first["tests"]
-    assert demo._standing(pin, demo._committed_results("megatron-lm", without=(GET_BATCH.name, EIGHT_RANKS.name, SMALL_FILES.name, EIGHT_RANK_SHARD.name))) == {
+    assert demo._standing(pin, demo._committed_through("megatron-lm", BUILDER_BISECTED.name)) == {
         "files": 208, "compared_whole": 151, "deselected_whole": 7, "left": 50, "left_with_tests_not_compared": 43, "tests_not_compared": 1349,
         "left_with_no_test_known": 7, "tests_compared_in_those_left": 1247}
     demo._a_written_failure_is_red(BUILDER_BISECTED, tmp_path, shards, 5, "megatron-lm-2")
@@ -466,7 +465,7 @@ def test_the_get_batch_run_compares_the_largest_files_left_and_its_skips_that_as
     again = demo._result_json(run / "run" / "megatron-lm-bisect" / "megatron-lm")
     assert again["bisected_again"] == 9 and not [e for e in again["bisect"] if e.get("first_patch")]
     assert again["counts"]["*"] == demo._readme_tables((GET_BATCH / "README.md").read_text())[2]
-    assert demo._standing(first["tests"], demo._committed_results("megatron-lm", without=(EIGHT_RANKS.name, SMALL_FILES.name, EIGHT_RANK_SHARD.name))) == {
+    assert demo._standing(first["tests"], demo._committed_through("megatron-lm", GET_BATCH.name)) == {
         "files": 208, "compared_whole": 152, "deselected_whole": 7, "left": 49, "left_with_tests_not_compared": 42, "tests_not_compared": 967,
         "left_with_no_test_known": 7, "tests_compared_in_those_left": 1558}
     demo._a_written_failure_is_red(GET_BATCH, tmp_path, shards, 5, "megatron-lm")
@@ -509,7 +508,7 @@ def test_the_eight_ranks_run_compares_thirteen_files_and_its_shared_gpu_failures
     at_eight = [r["id"] for res in (first, second) for r in res["rows"] if r["category"] != "not-compared"
                 and res["sides"]["patched"]["outcomes"][r["id"]]["world"] == 8]
     assert len(at_eight) == 71, len(at_eight)   # the README's figure: launched at the size they asked for
-    assert demo._standing(first["tests"], demo._committed_results("megatron-lm", without=(SMALL_FILES.name, EIGHT_RANK_SHARD.name))) == {
+    assert demo._standing(first["tests"], demo._committed_through("megatron-lm", EIGHT_RANKS.name)) == {
         "files": 208, "compared_whole": 155, "deselected_whole": 7, "left": 46, "left_with_tests_not_compared": 39, "tests_not_compared": 683,
         "left_with_no_test_known": 7, "tests_compared_in_those_left": 1740}
     demo._a_written_failure_is_red(EIGHT_RANKS, tmp_path, shards, 5, "megatron-lm-2")
@@ -558,7 +557,7 @@ def test_the_small_files_run_has_no_regression_and_bisects_the_last_dataset_kind
     assert len(kind) == 9 and all(r["patched"] == "passed" for r in kind)
     patch = next(p for p in load_series("gtp").patches if p.id == "mlm-dataset-helpers-wheel")
     assert sorted(patch.upstream_tests) == sorted(f"megatron-lm:{t}" for t in (BUILDER_FIRST, *SMALL_FILES_NAMED))
-    assert demo._standing(first["tests"], demo._committed_results("megatron-lm", without=(EIGHT_RANK_SHARD.name,))) == {
+    assert demo._standing(first["tests"], demo._committed_through("megatron-lm", SMALL_FILES.name)) == {
         "files": 208, "compared_whole": 165, "deselected_whole": 7, "left": 36, "left_with_tests_not_compared": 29,
         "tests_not_compared": 596, "left_with_no_test_known": 7, "tests_compared_in_those_left": 1520}
     demo._a_written_failure_is_red(SMALL_FILES, tmp_path, shards, 5, "megatron-lm")
@@ -587,7 +586,7 @@ def test_the_eight_rank_shard_compares_thirty_eight_rank_tests_with_no_regressio
         assert set(at_four) == {refused}, at_four
         assert res["sides"][side]["not_run"][refused].startswith("it asks for 8 ranks (RuntimeError: world_size (4)")
     assert next(r for r in res["rows"] if r["id"] == refused)["category"] == "not-compared"
-    assert demo._standing(res["tests"], demo._committed_results("megatron-lm")) == {
+    assert demo._standing(res["tests"], demo._committed_through("megatron-lm", EIGHT_RANK_SHARD.name)) == {
         "files": 208, "compared_whole": 170, "deselected_whole": 7, "left": 31, "left_with_tests_not_compared": 24,
         "tests_not_compared": 566, "left_with_no_test_known": 7, "tests_compared_in_those_left": 1430}
     demo._a_written_failure_is_red(EIGHT_RANK_SHARD, tmp_path, shards, 5, "megatron-lm")

@@ -2502,9 +2502,17 @@ def _a_written_failure_is_red(evidence: Path, tmp_path: Path, shards: list[tuple
 
 
 PASSED_OVER = EVIDENCE / "h100" / "2026-12-06-mlm-passed-over"
-LATER = ("2026-12-06-cut-judged", "2026-12-06-after-the-cut", "2026-12-06-second-runs",
-         "2026-12-06-first-of-kind", "2026-12-07-builder-bisected", "2026-12-07-get-batch",
-         "2026-12-07-eight-ranks", "2026-12-07-small-files", "2026-12-07-eight-rank-shard")   # after data-helpers
+# The committed Megatron-LM runs from whole-budget on, in the order they ran (several a day: their names do not sort
+# so). A replay's standing counts the runs up to its own (_committed_through); a new run is appended here alone.
+IN_ORDER = ("2026-12-06-mlm-whole-budget", "2026-12-06-data-helpers", "2026-12-06-cut-judged",
+            "2026-12-06-after-the-cut", "2026-12-06-second-runs", "2026-12-06-first-of-kind",
+            "2026-12-07-builder-bisected", "2026-12-07-get-batch", "2026-12-07-eight-ranks", "2026-12-07-small-files",
+            "2026-12-07-eight-rank-shard")
+
+
+def _committed_through(upstream: str, run: str | None) -> list[dict]:
+    """_committed_results of every committed run but those IN_ORDER after RUN (None: before the first of them)."""
+    return _committed_results(upstream, without=IN_ORDER[IN_ORDER.index(run) + 1 if run else 0:])
 
 
 def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_it(tmp_path):
@@ -2517,7 +2525,7 @@ def test_the_passed_over_run_has_no_regression_and_counts_with_the_runs_before_i
     from carry.evidence.upstream.check import _compared_before
     run = _unzipped(PASSED_OVER, tmp_path / "good")
     _shards_judged_again(run, PASSED_OVER / "README.md", [(384, 335), (184, 208)], least=50)
-    results = _committed_results("megatron-lm", without=("2026-12-06-mlm-whole-budget", "2026-12-06-data-helpers", *LATER))
+    results = _committed_through("megatron-lm", None)
     pin = _result_json(PASSED_OVER / "run" / "megatron-lm" / "megatron-lm")["tests"]
     earlier = _compared_before("megatron-lm", _mlm_pin(pin), "55a9fda873e9", results)[0]
     whole = earlier.whole
@@ -2546,7 +2554,7 @@ def test_the_whole_budget_run_has_no_regression_and_leaves_68_files(tmp_path):
     # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
     # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind); no run up to this one keeps a launch's
     # command, so none tells the markers it ran under: what they found deselected counts for nothing
-    assert _standing(pin, _committed_results("megatron-lm", without=("2026-12-06-data-helpers", *LATER))) == {
+    assert _standing(pin, _committed_through("megatron-lm", "2026-12-06-mlm-whole-budget")) == {
         "files": 208, "compared_whole": 135, "deselected_whole": 0, "left": 73, "left_with_tests_not_compared": 59, "tests_not_compared": 2026,
         "left_with_no_test_known": 14, "tests_compared_in_those_left": 1009}
     # the mutation: one passed test fails on shard 1's patched side
@@ -2577,10 +2585,10 @@ def test_the_data_helpers_run_has_no_regression_and_its_helper_failures_open_aga
     # 31 tests fewer compared than the device's judge had them: their records came after their rank's CUDA
     # context broke (results._set_poisoned, h100/2026-12-06-first-of-kind); no run up to this one keeps a launch's
     # command, so none tells the markers it ran under: what they found deselected counts for nothing
-    assert _standing(pin, _committed_results("megatron-lm", without=LATER)) == {
+    assert _standing(pin, _committed_through("megatron-lm", "2026-12-06-data-helpers")) == {
         "files": 208, "compared_whole": 139, "deselected_whole": 0, "left": 69, "left_with_tests_not_compared": 55, "tests_not_compared": 1812,
         "left_with_no_test_known": 14, "tests_compared_in_those_left": 1081}
-    reopened = _committed_results("megatron-lm", without=LATER)
+    reopened = _committed_through("megatron-lm", "2026-12-06-data-helpers")
     assert look_again(reopened, ["SystemExit: 1"]) == {"SystemExit: 1": 9}
     assert _standing(pin, reopened) == {
         "files": 208, "compared_whole": 136, "deselected_whole": 0, "left": 72, "left_with_tests_not_compared": 58, "tests_not_compared": 1819,
@@ -2971,6 +2979,10 @@ def test_compared_passes_over_the_tests_an_earlier_run_compared_in_a_file_it_beg
     _run(up, "--select-only", "--compared", up["tmp"] / "whole.json", "--compared", up["tmp"] / "never.json", check=0)
     assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == ["tests/unit_tests/test_delta.py"]
     _run(up, "--select-only", "--compared", up["tmp"] / "never.json", check=0)   # alone: a test not compared
+    assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == []
+    # a result whose sides cannot be read keeps the regression rows it wrote: one its bisection took up holds the file
+    (up["tmp"] / "blind.json").write_text(json.dumps({k: v for k, v in broke.items() if k != "sides"}))
+    _run(up, "--select-only", "--compared", up["tmp"] / "whole.json", "--compared", up["tmp"] / "blind.json", check=0)
     assert read_json(up["tmp"] / "report.json")["upstreams"][0]["compared_before"] == []
 
 

@@ -68,7 +68,7 @@ class Side:
     def asked_elsewhere(self, world: int) -> dict[str, int]:
         """Tests asking for another size than WORLD (launched at it at once): a probe's own, or (torchrun) those of the
         side's files --compared runs told of (Compared.asks; _launches passes over one compared), never another's."""
-        heads = {from_cwd(self, f) for f in self.files} if self.pin.launch == "torchrun" else set()
+        heads = {from_cwd(self, f) for f in self.files} if self.only is None and self.pin.launch == "torchrun" else ()
         mine = set(self.only) if self.only is not None else {i for i in self.worlds if i.split("::", 1)[0] in heads}
         return {i: n for i, n in self.worlds.items() if n != world and i in mine}
 

@@ -227,7 +227,8 @@ class Compared:
         known = self.known.get(path, ())
         asking = Counter(str(self.asks[t]) for t in known if t not in self.by and t in self.asks)
         return {"tests_known": len(known), "tests_not_compared": sum(t not in self.by for t in known) if known else None,
-                "launches_ended": self.ends.get(path, 0), "asking_for_ranks": dict(sorted(asking.items(), key=lambda kv: int(kv[0])))}
+                "launches_ended": self.ends.get(path, 0),
+                "asking_for_ranks": dict(sorted(asking.items(), key=lambda kv: int(kv[0])))}
 
     def standing(self, selected: set[str]) -> dict[str, int]:
         """Where these runs stand against the SELECTED test files: how many they compared whole and how many are

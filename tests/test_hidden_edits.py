@@ -212,7 +212,8 @@ def test_a_clean_checkout_whose_git_writes_crlf_is_clean_and_an_edit_there_still
     res = _into(demo, target, check=1)
     assert re.search(r"uncommitted changes: megatron/core/alpha\.py$", res.stderr, re.M), res.stderr
     assert f.read_bytes() == edited
-    mine("checkout", "--", "megatron/core/alpha.py")
+    _paste(res.stderr)   # the hint as printed: the stash takes the edit, and the run goes on
+    assert b"my hidden edit" in mine("stash", "show", "-p", binary=True).stdout
     _into(demo, target, check=0)
     assert mine("status", "--porcelain").stdout == ""
     assert git(target, "rev-parse", "HEAD") != git(target, "rev-parse", demo["v0"])   # applied onto

@@ -189,6 +189,7 @@ GET_BATCH = demo.EVIDENCE / "h100" / "2026-12-07-get-batch"
 EIGHT_RANKS = demo.EVIDENCE / "h100" / "2026-12-07-eight-ranks"
 SMALL_FILES = demo.EVIDENCE / "h100" / "2026-12-07-small-files"
 EIGHT_RANK_SHARD = demo.EVIDENCE / "h100" / "2026-12-07-eight-rank-shard"
+MOE_AND_OPTIMIZER = demo.EVIDENCE / "h100" / "2026-12-07-moe-and-optimizer-files"
 
 
 def _replayed_rows(shard):
@@ -590,3 +591,35 @@ def test_the_eight_rank_shard_compares_thirty_eight_rank_tests_with_no_regressio
         "files": 208, "compared_whole": 170, "deselected_whole": 7, "left": 31, "left_with_tests_not_compared": 24,
         "tests_not_compared": 566, "left_with_no_test_known": 7, "tests_compared_in_those_left": 1430}
     demo._a_written_failure_is_red(EIGHT_RANK_SHARD, tmp_path, shards, 5, "megatron-lm")
+
+
+def test_the_moe_and_optimizer_run_compares_fifty_eight_eight_rank_tests_with_no_regression(tmp_path):
+    """integration/h100/2026-12-07-moe-and-optimizer-files, judged again from the ranks' records: one shard of nine
+    files whose tests left ask for eight ranks, incomplete with no regression among the device's 58 compared, the
+    tests earlier runs compared passed over (708), the README's table the device's counts. Every test compared ran
+    at eight ranks on both sides; the one the pristine launch died in passed on the patched trees and on the
+    pristine base when the bisection ran it again: flaky, no patch's. With every committed run,
+    test_serialization.py is compared whole. Write a failure into a passed test's patched record: a regression."""
+    shards = [(58, 708)]
+    run = demo._unzipped(MOE_AND_OPTIMIZER, tmp_path / "good")
+    assert demo._shards_judged_again(run, MOE_AND_OPTIMIZER / "README.md", shards, least=5) == [0]
+    res = demo._result_json(run / "run" / "megatron-lm" / "megatron-lm")
+    compared = [r for r in res["rows"] if r["category"] != "not-compared"]
+    worlds = {s: {res["sides"][s]["outcomes"][r["id"]]["world"] for r in compared} for s in ("pristine", "patched")}
+    assert worlds == {"pristine": {8}, "patched": {8}}, worlds
+    flaky = [r for r in res["rows"] if r["category"] == "flaky"]
+    assert [(r["pristine"], r["patched"]) for r in flaky] == [("crashed", "passed")], flaky
+    probe = next(e for e in res["bisect"] if e["id"] == flaky[0]["id"])
+    assert [(p["k"], p["status"]) for p in probe["probes"]] == [(0, "passed")] and probe["first_patch"] is None, probe
+    serialization = "tests/unit_tests/dist_checkpointing/test_serialization.py"
+    assert sum(r["id"].startswith(serialization) for r in compared) == 7
+    before = demo._committed_through("megatron-lm", EIGHT_RANK_SHARD.name)
+    after = demo._committed_through("megatron-lm", MOE_AND_OPTIMIZER.name)
+    from carry.evidence.upstream.check import _compared_before
+    pin = demo._mlm_pin(res["tests"])
+    assert serialization not in _compared_before("megatron-lm", pin, "55a9fda873e9", before)[0].whole
+    assert serialization in _compared_before("megatron-lm", pin, "55a9fda873e9", after)[0].whole
+    assert demo._standing(res["tests"], after) == {
+        "files": 208, "compared_whole": 171, "deselected_whole": 7, "left": 30, "left_with_tests_not_compared": 23,
+        "tests_not_compared": 509, "left_with_no_test_known": 7, "tests_compared_in_those_left": 1447}
+    demo._a_written_failure_is_red(MOE_AND_OPTIMIZER, tmp_path, shards, 5, "megatron-lm")

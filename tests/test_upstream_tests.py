@@ -2507,7 +2507,7 @@ PASSED_OVER = EVIDENCE / "h100" / "2026-12-06-mlm-passed-over"
 IN_ORDER = ("2026-12-06-mlm-whole-budget", "2026-12-06-data-helpers", "2026-12-06-cut-judged",
             "2026-12-06-after-the-cut", "2026-12-06-second-runs", "2026-12-06-first-of-kind",
             "2026-12-07-builder-bisected", "2026-12-07-get-batch", "2026-12-07-eight-ranks", "2026-12-07-small-files",
-            "2026-12-07-eight-rank-shard")
+            "2026-12-07-eight-rank-shard", "2026-12-07-moe-and-optimizer-files")
 
 
 def _committed_through(upstream: str, run: str | None) -> list[dict]:

@@ -31,7 +31,8 @@ that patch's upstream_tests in series.toml (and runs nothing). --bisect-again RE
 bisection of a run whose --bisect-budget ran out, running no side again.
 
 Verdicts per test: regression (pristine did not fail, patched does: bisected to a patch), fixed
-(the series turns a failing upstream test green: bisected too), known-failure (both fail), and
+(the series turns a failing upstream test green: bisected too), known-failure (both fail, each for
+the test: a side past the per-test timeout or out of GPU memory is no verdict, not compared), and
 the tests that behave the same. Needs the workspaces from tools/apply.py.
 
 On a host with one GPU, --shared-gpu runs the ranks on it, each process its own NCCL_HOSTID, and

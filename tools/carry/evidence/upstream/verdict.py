@@ -5,7 +5,10 @@
   and each is bisected to the patch that made it;
 - ``fixed``: pristine fails, patched passes: the carry fixes upstream's own test (evidence for the patch
   that turns it green, found by the same bisection);
-- ``known-failure``: both fail (listed with each side's first error line, never counted green);
+- ``known-failure``: both fail (listed with each side's first error line, never counted green), each for the
+  test's own reason: where a side's failure is the machine's limit (machine_limit: it ran past the per-test
+  timeout, or ran out of GPU memory or host threads, which every rank of both sides shares on one GPU), no
+  verdict, ``not-compared`` (a later run runs it again);
 - ``passed``, ``skipped``, ``xfailed``: the same on both sides; ``new``: only the patched side has it,
   and it passes; ``changed``: another move that is not a failure either way (a skip that now runs);
 - ``not-compared``: a side did not reach it (its time budget, the launch), said why;
@@ -84,6 +87,31 @@ def classify(p: str, q: str) -> tuple[str, str]:
     return "changed", f"{p} on pristine, {q} patched"
 
 
+# the machine's limits, not the test's: what a failure says where the GPU's memory (every rank of both sides on one GPU
+# in --shared-gpu) or the host's threads ran out
+_MACHINE = re.compile(r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED"
+                      r"|Resource temporarily unavailable")
+
+
+def machine_limit(outcome: str, reason: str) -> str:
+    """Why one side's failure says nothing of the test, only of the machine it ran on (its per-test timeout, its GPU's
+    memory, its threads), or "" where the failure is the test's."""
+    if outcome == "timeout":
+        return "ran past the per-test timeout"
+    if is_failing(outcome) and (m := _MACHINE.search(reason or "")):
+        return f"met the machine's limit ({m.group(0)})"
+    return ""
+
+
+def no_verdict(p: str, p_reason: str, q: str, q_reason: str) -> str:
+    """Of a test both sides failed (P and Q, each with its first error line): the note that makes it no verdict where a
+    side's failure is the machine's limit (machine_limit), else "": a known failure, each side failing for the test."""
+    for side, outcome, reason in (("pristine", p, p_reason), ("patched", q, q_reason)):
+        if limit := machine_limit(outcome, reason):
+            return f"no verdict: the {side} side {limit}, not the test's failure; a later run runs it again"
+    return ""
+
+
 def outcome_in(side: SideResult, nodeid: str) -> str:
     """One test's outcome in a run of just some tests (a bisection's probe): its own, else ``error`` when
     its module failed to collect there, else ``not-run``."""
@@ -126,10 +154,12 @@ def compare(pristine: SideResult, patched: SideResult) -> list[Row]:
         p = a[nodeid].outcome if nodeid in a else "not-run" if _not_run(pristine, nodeid) else "absent"
         q = b[nodeid].outcome if nodeid in b else "not-run" if _not_run(patched, nodeid) else "absent"
         category, note = classify(p, q)
+        why = (a[nodeid].reason if nodeid in a else "", b[nodeid].reason if nodeid in b else "")
         if category == "not-compared":
             note = _not_run(pristine, nodeid) or _not_run(patched, nodeid) or ""
-        rows.append(Row(nodeid, p, q, category, a[nodeid].reason if nodeid in a else "",
-                        b[nodeid].reason if nodeid in b else "", note))
+        elif category == "known-failure" and (limit := no_verdict(p, why[0], q, why[1])):
+            category, note = "not-compared", limit
+        rows.append(Row(nodeid, p, q, category, why[0], why[1], note))
     return rows
 
 
@@ -267,7 +297,8 @@ def compared_tests(result: dict, most: int) -> set[str]:
     """The tests one run compared and found nothing to look at again: none not compared, regressed or flaky,
     none refusing the world size it ran at for one CI launches (at most MOST ranks: the pin's nproc, unmet_world),
     none from ranks out of step, none of a module that failed to collect on either side, no known failure named
-    to run again (--look-again: "look_again", set by whoever loads the result)."""
+    to run again (--look-again: "look_again", set by whoever loads the result), and none an older judge took for a
+    known failure where a side met the machine's limit (no_verdict)."""
     ids, files = _looked_at_again(result, most)
     return {row["id"] for row in result.get("rows", [])
             if row["id"] not in ids and file_of(row["id"]) not in files}
@@ -276,6 +307,9 @@ def compared_tests(result: dict, most: int) -> set[str]:
 def _looked_at_again(result: dict, most: int) -> tuple[set[str], set[str]]:
     """(test ids, files) of an earlier run that a later one runs again: see compared_tests."""
     ids = {row["id"] for row in result.get("rows", []) if row["category"] in ("not-compared", "regression", "flaky")}
+    ids |= {row["id"] for row in result.get("rows", []) if row["category"] == "known-failure"   # an older judge's
+            and no_verdict(row["pristine"], row.get("pristine_reason") or "",
+                           row["patched"], row.get("patched_reason") or "")}
     ids |= set(result.get("out_of_step", []))
     ids |= set(result.get("look_again", []))   # known failures named by --look-again: the host has changed since
     files: set[str] = set()

@@ -64,7 +64,10 @@
 #                   the files a committed GPU run (integration/h100, h200) compared whole on this very series stay out
 #                   (tools/upstream_tests.py --compared; UT_COMPARED=none: run them again; UT_COMPARED=megatron-lm: only
 #                   Megatron-LM's, the others' whole selections run again); UT_TEST_TIMEOUT the seconds a test may run
-#                   (default 120: a hung collective must not take the budget); UT_BISECT_BUDGET the seconds the bisection's
+#                   (default 120: a hung collective must not take the budget); UT_ONE_SIDE=1 runs the pristine side, then the
+#                   patched (--one-side-at-a-time; default 0: both at once): half the processes on the GPU, for the tests whose
+#                   side ran out of its memory beside the other's (no verdict: verdict.no_verdict; 16 processes of two sides at
+#                   eight ranks, h100/2026-12-07-moe-and-optimizer-files), at twice the wall time; UT_BISECT_BUDGET the seconds the bisection's
 #                   probes share after the sides (default 240: the regressions first; what it does not reach stays unbisected);
 #                   UT_MLM_BISECT_AGAIN=RESULT: a committed Megatron-LM result.json whose
 #                   bisection its budget cut, bisected again beside the shards (--bisect-again: no side runs; out folder
@@ -352,12 +355,13 @@ from harness.host import cases; print(cases.LEARNING_LR)")
     export S UT_BUDGET=${UT_BUDGET:-600} UT_ONLY=${UT_ONLY:-"megatron-lm megatron-bridge nemo-rl"} \
       UT_MLM_FILES=${UT_MLM_FILES:-} UT_MLM_BISECT_AGAIN=${UT_MLM_BISECT_AGAIN:-} UT_BRIDGE_FILES=${UT_BRIDGE_FILES:-} UT_MLM_SHARDS=${UT_MLM_SHARDS:-1} \
       UT_SETUP=${UT_SETUP:-} UT_MLM_LOOK_AGAIN=${UT_MLM_LOOK_AGAIN:-} UT_TEST_TIMEOUT=${UT_TEST_TIMEOUT:-120} \
-      UT_BISECT_BUDGET=${UT_BISECT_BUDGET:-240}
+      UT_BISECT_BUDGET=${UT_BISECT_BUDGET:-240} UT_ONE_SIDE=${UT_ONE_SIDE:-0}
     export UT_MLM_BISECT_AGAIN_BUDGET=${UT_MLM_BISECT_AGAIN_BUDGET:-$UT_BISECT_BUDGET}
     case $UT_MLM_SHARDS in [0-9]) ;; *) stamp "refused: UT_MLM_SHARDS is 0 to 9, not '$UT_MLM_SHARDS'"; exit 2 ;; esac
     [ "$UT_MLM_SHARDS" != 0 ] || [ -n "$UT_MLM_BISECT_AGAIN" ] || {
       stamp "refused: UT_MLM_SHARDS is 1 to 9 without UT_MLM_BISECT_AGAIN, not '0'"; exit 2; }
     [[ $UT_TEST_TIMEOUT =~ ^[1-9][0-9]*$ ]] || { stamp "refused: UT_TEST_TIMEOUT is whole seconds, not '$UT_TEST_TIMEOUT'"; exit 2; }
+    case $UT_ONE_SIDE in 0|1) ;; *) stamp "refused: UT_ONE_SIDE is 0 or 1, not '$UT_ONE_SIDE'"; exit 2 ;; esac
     [[ $UT_BISECT_BUDGET =~ ^[1-9][0-9]*$ ]] || { stamp "refused: UT_BISECT_BUDGET is whole seconds, not '$UT_BISECT_BUDGET'"; exit 2; }
     [[ $UT_MLM_BISECT_AGAIN_BUDGET =~ ^[1-9][0-9]*$ ]] || {
       stamp "refused: UT_MLM_BISECT_AGAIN_BUDGET is whole seconds, not '$UT_MLM_BISECT_AGAIN_BUDGET'"; exit 2; }
@@ -410,6 +414,7 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         # out; --look-again: the known failures to run again, UT_MLM_LOOK_AGAIN)
         local compared=() a
         while IFS= read -r -d "" a; do compared+=("$a"); done < <(compared_args "$up")
+        [ "$UT_ONE_SIDE" = 0 ] || compared+=(--one-side-at-a-time)   # pristine, then patched: half the GPU'"'"'s processes
         env "${extra[@]}" timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$name" --only "$up" \
           --python "$V" --shared-gpu --budget "$UT_BUDGET" --test-timeout "$UT_TEST_TIMEOUT" --bisect-budget "$UT_BISECT_BUDGET" --cache /tmp/ut-cache \
           --out "$U/$name" --json "$U/$name.report.json" "${compared[@]}" "$@" > "$U/$name.console.txt" 2>&1

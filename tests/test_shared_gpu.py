@@ -734,6 +734,17 @@ def test_the_upstream_tests_refuse_a_per_test_timeout_that_is_not_whole_seconds(
     assert 'UT_TEST_TIMEOUT=${UT_TEST_TIMEOUT:-120}' in step and '--test-timeout "$UT_TEST_TIMEOUT"' in step
 
 
+@pytest.mark.parametrize("value", ["2", "yes", "true", " "])
+def test_the_upstream_tests_run_one_side_at_a_time_only_when_told_with_0_or_1(tmp_path, value):
+    """UT_ONE_SIDE=1 (default 0) passes --one-side-at-a-time to each run: the pristine side, then the patched, half the
+    processes on the GPU for the tests a side of which ran out of its memory beside the other's (no verdict, run
+    again); any value but 0 or 1 exits 2 before anything starts."""
+    step = _upstream_tests_refused(tmp_path, "UT_ONE_SIDE", value, "0 or 1")
+    assert "UT_ONE_SIDE=${UT_ONE_SIDE:-0}" in step
+    run = step.split("  run() {", 1)[1].split("\n      }", 1)[0]
+    assert '[ "$UT_ONE_SIDE" = 0 ] || compared+=(--one-side-at-a-time)' in run and '"${compared[@]}"' in run, run
+
+
 @pytest.mark.parametrize("budget", ["0", "none", "-5", "2.5"])
 def test_the_upstream_tests_refuse_a_bisection_budget_that_is_not_whole_seconds(tmp_path, budget):
     """UT_BISECT_BUDGET (default 240) is tools/upstream_tests.py's --bisect-budget on the GPU host: the seconds

@@ -414,10 +414,12 @@ from harness.host import cases; print(cases.LEARNING_LR)")
         # out; --look-again: the known failures to run again, UT_MLM_LOOK_AGAIN)
         local compared=() a
         while IFS= read -r -d "" a; do compared+=("$a"); done < <(compared_args "$up")
-        [ "$UT_ONE_SIDE" = 0 ] || compared+=(--one-side-at-a-time)   # pristine, then patched: half the GPU'"'"'s processes
-        env "${extra[@]}" timeout -k 30 $((UT_BUDGET * 2 + 300)) python3 tools/upstream_tests.py --workdir "/tmp/ut-work/$name" --only "$up" \
+        local order=(); [ "$UT_ONE_SIDE" = 0 ] || order=(--one-side-at-a-time)   # pristine, then patched: half the processes
+        # the sides (one after the other: twice the budget), the bisection, and room to judge and write
+        env "${extra[@]}" timeout -k 30 $((UT_BUDGET * (2 + UT_ONE_SIDE) + UT_BISECT_BUDGET + 300)) python3 tools/upstream_tests.py \
+          --workdir "/tmp/ut-work/$name" --only "$up" \
           --python "$V" --shared-gpu --budget "$UT_BUDGET" --test-timeout "$UT_TEST_TIMEOUT" --bisect-budget "$UT_BISECT_BUDGET" --cache /tmp/ut-cache \
-          --out "$U/$name" --json "$U/$name.report.json" "${compared[@]}" "$@" > "$U/$name.console.txt" 2>&1
+          --out "$U/$name" --json "$U/$name.report.json" "${order[@]}" "${compared[@]}" "$@" > "$U/$name.console.txt" 2>&1
         stamp "$name exit $?"
       }
       mlm_files=(); for f in $UT_MLM_FILES; do mlm_files+=(--files "$f"); done   # paths, space-separated

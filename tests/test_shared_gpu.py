@@ -742,7 +742,15 @@ def test_the_upstream_tests_run_one_side_at_a_time_only_when_told_with_0_or_1(tm
     step = _upstream_tests_refused(tmp_path, "UT_ONE_SIDE", value, "0 or 1")
     assert "UT_ONE_SIDE=${UT_ONE_SIDE:-0}" in step
     run = step.split("  run() {", 1)[1].split("\n      }", 1)[0]
-    assert '[ "$UT_ONE_SIDE" = 0 ] || compared+=(--one-side-at-a-time)' in run and '"${compared[@]}"' in run, run
+    assert '[ "$UT_ONE_SIDE" = 0 ] || order=(--one-side-at-a-time)' in run and '"${order[@]}"' in run, run
+    # the run's own timeout outlasts its sides, one after the other or both at once, and its bisection: never
+    # tighter than before (2 budgets and 300 s) for both at once
+    (limit,) = re.findall(r"timeout -k 30 \$\(\((.+?)\)\) python3 tools/upstream_tests.py", run)
+    for one_side, budget, bisect in ((1, 1000, 250), (1, 600, 900), (0, 1000, 250), (0, 600, 900)):
+        got = subprocess.run(["bash", "-c", f"UT_ONE_SIDE={one_side} UT_BUDGET={budget} UT_BISECT_BUDGET={bisect}; "
+                              f"echo $(({limit}))"], capture_output=True, text=True, check=True).stdout
+        need = budget * (2 if one_side else 1) + bisect
+        assert int(got) > need + 120 and (one_side or int(got) >= 2 * budget + 300), (limit, one_side, got)
 
 
 @pytest.mark.parametrize("budget", ["0", "none", "-5", "2.5"])

@@ -99,7 +99,9 @@
 # Device time (one H200, 2026-12-04): 16 ferry calls of about 3.5 s (parts of 30 MiB: a call carries the
 # checkout too, 64 MB in all (written 64 MiB: 64.7 MB was refused, 2026-12-06); stage without --part-mib sizes the parts to the tree as it is: on 2026-12-05 the tree
 # had grown to 38 MiB, each call with a 30 MiB part was refused, and the waits after them spent the session; with the
-# evidence's files over 20 KB gzipped the tree is 16.9 MB: parts of 45 MiB, 12 calls for the tests, te and nrl ferries), 376 to 473 s of setup and pretrain (535 s beside Megatron-LM's tests, the GPU at
+# evidence's files over 20 KB gzipped the tree is 16.9 MB: parts of 45 MiB, 12 calls for the tests, te and nrl ferries;
+# by 2026-12-07 the runs' records had grown it to 37.6 MB again: parts of 18 MiB, 29 calls of 10 to 25 s that day, one
+# machine lost between two batches of them; each h100 run's run/ is now its run.tar.xz, 16 MB the tree), 376 to 473 s of setup and pretrain (535 s beside Megatron-LM's tests, the GPU at
 # 88 GB then: h200/2026-12-04-beyond-gtp-folder), about 1,020 s for a wave of two learning cases at NeMo-RL's
 # recipe's shape (h200/2026-12-05-learning-at-3e-5: 462 s of setup and pretrain, steps of 92 to 121 s, 127 GB at
 # the peak); one session's 1,800 s holds one wave and no more (NIGHTLY_CELL=0 put learning-gtp-off and learning-sign-flip in one: 352 s, then 688 s for the two, h200/2026-12-05-learning-other-halves). Send the waits
@@ -370,6 +372,8 @@ from harness.host import cases; print(cases.LEARNING_LR)")
       . integration/shared-gpu-lib.sh   # stamp; setup_model; venv_ok: the setup'"'"'s venv, with TE and megatron-bridge'"'"'s deps; nrl_tests_env; compared_args; unpack_tests_ferry
       P=/tmp/ut-src; U=/tmp/o/ut; V=/tmp/nrl-run/venv/bin/python
       case " $UT_ONLY " in *" megatron-lm "*|*" megatron-bridge "*) unpack_tests_ferry "$P" || stamp "the tests ferry did not unpack whole in $P (its archives or its wheels: the lines above)" ;; esac
+      # the committed runs, kept as run.tar.xz: unpacked before anything reads what they compared (--compared)
+      unpack_runs || { stamp "the committed runs did not unpack (integration/h100/*/run.tar.xz: the lines above): nothing they compared would stay out"; exit 1; }
       # the setup unpacks the sources first, then builds the venv; none running, or one that ended without them, ends this
       while_setup test -e /tmp/nrl-run/.payload-ok || { stamp "no payload in /tmp/nrl-run and no setup running (setup-bg first; /tmp/o/setup.console)"; exit 1; }
       shards=(); case " $UT_ONLY " in *" megatron-lm "*) for i in $(seq 2 "$UT_MLM_SHARDS"); do shards+=("megatron-lm-$i"); done

@@ -49,7 +49,14 @@ wave_width() {  # wave_width TOTAL_MIB: how many learning cases one GPU of that 
   [[ $mib =~ ^[0-9]+$ ]] || mib=0
   if [ "$mib" -ge 133000 ]; then echo 2; else echo 1; fi
 }
+unpack_runs() {  # unpack_runs: each committed GPU run kept as run.tar.xz (integration/h100/*/) unpacked beside it, into
+  # run/, which git ignores (carry.evidence.records: the stdlib alone, so any python3); one unpacked from the same
+  # archive is left as it is. What the runs compared is read from there: a run not unpacked would count for nothing
+  PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tools${PYTHONPATH:+:$PYTHONPATH}" \
+    python3 -m carry.evidence.records unpack integration >&2
+}
 committed_results() {  # committed_results UPSTREAM: the result.json of each committed GPU run of UPSTREAM's tests
+  unpack_runs || return 1
   find integration/h100 integration/h200 -path "*/${1:?upstream}/result.json*" -not -path "*/bisect/*" 2>/dev/null | sort
 }
 compared_args() {  # compared_args UPSTREAM: tools/upstream_tests.py's arguments for where the committed GPU runs
@@ -59,6 +66,7 @@ compared_args() {  # compared_args UPSTREAM: tools/upstream_tests.py's arguments
   # on a kind of GPU their runs have not had, say)
   local up=${1:?upstream} f text again=() n=0
   case " ${UT_COMPARED:-all} " in " all "|*" $up "*) ;; *) return 0 ;; esac
+  unpack_runs || return 1   # here too: committed_results' own failure is lost in the loop's process substitution
   while IFS= read -r f; do printf '%s\0' --compared "$f"; n=$((n + 1)); done < <(committed_results "$up")
   if [ "$up" = megatron-lm ] && [ "$n" -gt 0 ] && [ -n "${UT_MLM_LOOK_AGAIN:-}" ]; then
     IFS=";" read -ra again <<< "$UT_MLM_LOOK_AGAIN"

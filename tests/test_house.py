@@ -329,13 +329,30 @@ EVIDENCE_PLAIN_BYTES = 20 * 1024
 
 def test_the_committed_evidence_keeps_its_larger_files_gzipped():
     """Each run under integration/h100, h200 and cpu-runs: a file over 20 KB is gzipped (markdown, images
-    and scripts apart). A checkout of 38 MiB of plain logs once left no room beside a device call's 64 MiB."""
+    and scripts apart), or a run's records archive (carry.evidence.records). A checkout of 38 MiB of plain logs
+    once left no room beside a device call's 64 MiB."""
     from helpers import git
     tracked = git(ROOT, "ls-files", "integration/h100", "integration/h200", "integration/cpu-runs").splitlines()
     assert len(tracked) > 100, len(tracked)   # the evidence is there to check
-    plain = [f for f in tracked if not f.endswith((".gz", ".md", ".png", ".py", ".sh"))
+    plain = [f for f in tracked if not f.endswith((".gz", ".md", ".png", ".py", ".sh", "/run.tar.xz"))
              and (ROOT / f).stat().st_size > EVIDENCE_PLAIN_BYTES]
     assert not plain, f"gzip these (gzip -n, as the others): {plain[:10]}"
+
+
+def consoles_in(files: list[str]) -> list[str]:
+    """The launches' consoles among FILES (console.log, console.tail.txt, gzipped or not)."""
+    return [f for f in files if re.search(r"/launch-[^/]+/console(\.tail)?\.(log|txt)(\.gz)?$", f)]
+
+
+def evidence_files(root: Path) -> list[str]:
+    """The committed evidence's files under ROOT's integration/h100, h200 and cpu-runs, with what each run's
+    records archive holds (RUN/run.tar.xz's members named as unpacked, RUN/run/...), so that a check of the
+    files sees inside the archives too."""
+    from helpers import git
+    from carry.evidence.records import FOLDER, members
+    tracked = git(root, "ls-files", "integration/h100", "integration/h200", "integration/cpu-runs").splitlines()
+    inside = [f"{Path(f).parent}/{FOLDER}/{m}" for f in tracked if f.endswith("/run.tar.xz") for m in members(root / f)]
+    return tracked + inside
 
 
 def test_the_committed_evidence_quotes_no_upstream_source():
@@ -343,8 +360,7 @@ def test_the_committed_evidence_quotes_no_upstream_source():
     reports, which print upstream's test functions whole: the GPU host packs its tail to read there, but it
     is no evidence to commit (the ranks' records hold each outcome and its first error line). 68 such
     logs and tails had been committed with six runs; their READMEs say they are left out."""
-    from helpers import git
-    tracked = git(ROOT, "ls-files", "integration/h100", "integration/h200", "integration/cpu-runs").splitlines()
-    assert len(tracked) > 100, len(tracked)   # the evidence is there to check
-    consoles = [f for f in tracked if re.search(r"/launch-[^/]+/console(\.tail)?\.(log|txt)(\.gz)?$", f)]
+    tracked = evidence_files(ROOT)
+    assert len(tracked) > 1000, len(tracked)   # the evidence is there to check, the archives' members with it
+    consoles = consoles_in(tracked)
     assert not consoles, f"leave out the launches' consoles: {consoles[:10]}"

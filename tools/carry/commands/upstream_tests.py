@@ -245,7 +245,9 @@ def _result(path: Path, flag: str = "--compared") -> dict:
     """An earlier run's result.json (gzipped or not), or a usage error that says what is wrong with it."""
     import gzip
     import json
+    from ..evidence.records import unpacked_for
     try:
+        unpacked_for(path)   # a committed run's records are kept as run.tar.xz beside the run/ they unpack to
         data = path.read_bytes()
         doc = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
     except OSError as exc:

@@ -224,3 +224,21 @@ def test_the_module_run_by_hand_explains_itself_and_exits_as_every_command_does(
     _rewritten(run / "run.tar.xz", _edit_member("environment.txt", b"x\n"))
     (run / records.STAMP).unlink()
     assert records.main(["unpack", str(tmp_path / "integration")]) == 1 and "sha256" in capsys.readouterr().err
+
+
+def test_two_unpacks_at_once_take_turns_on_the_archive(tmp_path):
+    """Two test sessions in one checkout unpacking the same run: the second waits for the first's lock on the
+    archive, then finds the folder stamped. Mutation, red here: unpack without the lock."""
+    import fcntl
+    import threading
+    run = _run(tmp_path)
+    archive = records.pack(run)
+    (run / records.STAMP).unlink()
+    done = threading.Event()
+    with open(archive, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)   # another session, in the middle of its unpack
+        worker = threading.Thread(target=lambda: (records.unpack(archive), done.set()))
+        worker.start()
+        assert not done.wait(1.0), "it wrote while another held the archive"
+    worker.join(30)
+    assert done.is_set() and (run / records.STAMP).is_file()

@@ -20,6 +20,7 @@ nothing: the folder is written beside it and moved in whole.
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import hashlib
 import io
@@ -81,7 +82,14 @@ def pack(run: Path) -> Path:
 
 def unpack(archive: Path) -> Path:
     """ARCHIVE's records in the run/ folder beside it, checked against its manifest; nothing written where one
-    does not verify. Returns the folder."""
+    does not verify. Returns the folder. Two at once (two test sessions in one checkout) take turns: each holds
+    a lock on the archive itself while it looks and writes, and the second finds the folder stamped."""
+    with open(archive, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        return _unpack(archive)
+
+
+def _unpack(archive: Path) -> Path:
     folder = archive.parent / FOLDER
     raw = archive.read_bytes()
     digest = _sha(raw)

@@ -242,3 +242,25 @@ def test_two_unpacks_at_once_take_turns_on_the_archive(tmp_path):
         assert not done.wait(1.0), "it wrote while another held the archive"
     worker.join(30)
     assert done.is_set() and (run / records.STAMP).is_file()
+
+
+def test_an_unpack_cut_half_way_leaves_nothing_beside_and_the_folder_there_whole(tmp_path, monkeypatch):
+    """A write that fails half-way (a full disk): the half-written folder goes, the one there stays as it was, the
+    stamp untouched. Mutation, red here: no clean-up of the folder being written."""
+    run = _run(tmp_path)
+    archive = records.pack(run)
+    before, stamp = _contents(run / "run"), (run / records.STAMP).read_text()
+    (run / records.STAMP).write_text("another archive's\n")
+    real, calls = Path.write_bytes, []
+
+    def full_disk(self, data):
+        calls.append(self)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device", str(self))
+        return real(self, data)
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        records.unpack(archive)
+    monkeypatch.undo()
+    assert sorted(p.name for p in run.iterdir()) == [records.STAMP, "README.md", "run", "run.tar.xz"]
+    assert _contents(run / "run") == before and (run / records.STAMP).read_text() == "another archive's\n" != stamp

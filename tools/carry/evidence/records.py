@@ -33,6 +33,7 @@ import tarfile
 from pathlib import Path
 
 from ..errors import CarryError, IntegrityError, UsageError
+from ..files import write_atomic
 
 ARCHIVE = "run.tar.xz"
 FOLDER = "run"
@@ -72,11 +73,9 @@ def pack(run: Path) -> Path:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tf.addfile(info, io.BytesIO(data))
-    archive = run / ARCHIVE
-    tmp = archive.with_name(f".{ARCHIVE}.{os.getpid()}")
-    tmp.write_bytes(lzma.compress(buf.getvalue(), preset=9 | lzma.PRESET_EXTREME))
-    os.replace(tmp, archive)
-    (run / STAMP).write_text(_sha(archive.read_bytes()) + "\n")
+    archive, packed = run / ARCHIVE, lzma.compress(buf.getvalue(), preset=9 | lzma.PRESET_EXTREME)
+    write_atomic(archive, packed)
+    write_atomic(run / STAMP, _sha(packed) + "\n")
     return archive
 
 
@@ -104,17 +103,21 @@ def _unpack(archive: Path) -> Path:
         raise IntegrityError(f"{archive}: {e}") from e
     tmp = archive.parent / f".{FOLDER}.unpacking.{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    for name, data in members.items():
-        out = tmp / name
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(data)
+    try:
+        for name, data in members.items():
+            out = tmp / name
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(data)
+    except BaseException:   # a full disk, an interrupt: nothing half-written stays, the folder there is untouched
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     old = archive.parent / f".{FOLDER}.replaced.{os.getpid()}"
     stamp.unlink(missing_ok=True)
     if folder.exists():
         os.replace(folder, old)
     os.replace(tmp, folder)
     shutil.rmtree(old, ignore_errors=True)
-    stamp.write_text(digest + "\n")
+    write_atomic(stamp, digest + "\n")
     return folder
 
 
@@ -183,7 +186,7 @@ def main(argv: list[str]) -> int:
     except CarryError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    print(f"usage:\n{__doc__.split(chr(10) * 2)[-1].rstrip()}", file=sys.stderr)
+    print("usage:\n" + __doc__.split("\n\n")[-1].rstrip(), file=sys.stderr)
     return 2
 
 
